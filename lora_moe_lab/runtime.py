@@ -1,0 +1,84 @@
+"""Device choice, capture mode, and CUDA-only helpers that are safe on a CPU-only machine.
+
+Import order matters for the Triton interpreter: `@triton.jit` reads TRITON_INTERPRET when the
+decorator runs, so this module (imported first by the package) sets it before any kernel module
+is imported on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+
+_HAS_CUDA = torch.cuda.is_available()
+if not _HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
+    # No GPU: run Triton programs one by one on numpy. Must happen before kernels are decorated.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def has_cuda() -> bool:
+    return _HAS_CUDA
+
+
+def interpreter() -> bool:
+    """True when Triton kernels run under the CPU interpreter (no GPU, or forced by the user)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if _HAS_CUDA else torch.device("cpu")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """'auto'/None -> CUDA when present else CPU; asking for CUDA without one is a clear error."""
+    if device is None or device == "auto":
+        return default_device()
+    dev = torch.device(device)
+    if dev.type == "cuda" and not _HAS_CUDA:
+        raise ValueError(f"device {device!r} requested but this machine has no CUDA GPU")
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"unsupported device {device!r}: use 'cuda', 'cpu' or 'auto'")
+    return dev
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for the GPU. This IS a host-device sync point; a no-op on CPU."""
+    if _HAS_CUDA and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def sync_debug_mode(mode: str = "error"):
+    """torch.cuda.set_sync_debug_mode where CUDA exists ('warn' or 'error'); nothing on CPU."""
+    if not _HAS_CUDA:
+        yield False
+        return
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield True
+    finally:
+        torch.cuda.set_sync_debug_mode(prev)
+
+
+# --- capture mode -------------------------------------------------------------------------
+# While a CUDA graph is being recorded the host cannot know which adapters the *future* batches
+# will use, so every guard records the LoRA kernels unconditionally (their early exit decides
+# on the GPU at replay time). The flag is thread-local, like torch's own capture state.
+_state = threading.local()
+
+
+def in_capture_mode() -> bool:
+    return getattr(_state, "capture", False)
+
+
+@contextlib.contextmanager
+def capture_mode(enabled: bool = True):
+    prev = in_capture_mode()
+    _state.capture = enabled
+    try:
+        yield
+    finally:
+        _state.capture = prev
