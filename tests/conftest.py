@@ -1,0 +1,25 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+import lora_moe_lab  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel module is imported)
+import torch  # noqa: E402
+
+from lora_moe_lab import runtime  # noqa: E402
+
+
+def rel_err(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+@pytest.fixture
+def device():
+    return runtime.default_device()
+
+
+def fp32_tol(device):
+    """DESIGN.md: fp32 exact paths (CPU, interpreter) < 1e-5; fp32 on GPU with tf32 dots < 5e-3."""
+    return 5e-3 if torch.device(device).type == "cuda" else 1e-5
