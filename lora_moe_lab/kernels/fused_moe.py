@@ -1,0 +1,88 @@
+"""Base fused-MoE grouped GEMM (one `@triton.jit` kernel; the launcher is `lora_moe_lab.triton_ops.moe_gemm`).
+
+The (token, k) pairs were grouped by expert and padded to blocks of BLOCK_M rows by the alignment
+(`kernels/align.py`). One program computes a BLOCK_M x BLOCK_N tile of
+
+    out[pair, n] = sum_k x[row(pair), k] * w[expert(block), n, k]      (* routed_weight[pair])
+
+where row(pair) = pair // top_k when GATHER (x holds one row per token, e.g. gate_up) and
+row(pair) = pair otherwise (x holds one row per pair, e.g. the down projection). Every row of a
+block belongs to the same expert, so the whole tile is one dense matmul against one expert's
+weights: the gather happens on the activation side only. Padding rows carry the sentinel id
+num_pairs and are masked out of loads and stores.
+"""
+import triton
+import triton.language as tl
+
+
+# num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
+# specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
+# at any M then covers all M, and CUDA-graph capture never triggers a compile.
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def fused_moe_kernel(
+    x_ptr,  # (rows, K): activations, rows = M (GATHER) or M*top_k
+    w_ptr,  # (E, N, K): expert weights, one (N, K) matrix per expert
+    out_ptr,  # (M*top_k, N): one output row per (token, k) pair; every row is written
+    sorted_ids_ptr,  # (EM,) int32: pair ids grouped by expert, sentinel = num_pairs
+    expert_ids_ptr,  # (EM // BLOCK_M,) int32: expert of each block, -1 past the end
+    ntpp_ptr,  # (1,) int32: num_tokens_post_padded, blocks starting at or past it are empty
+    rw_ptr,  # (M*top_k,) float32 routed weights (read only when HAS_RW)
+    N, K,
+    num_pairs,  # M * top_k, also the sentinel value
+    num_blocks,  # EM // BLOCK_M
+    top_k,
+    stride_xm, stride_xk,
+    stride_we, stride_wn, stride_wk,
+    stride_om, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GATHER: tl.constexpr, HAS_RW: tl.constexpr,
+):
+    # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
+    # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
+    # are served from L2 instead of HBM.
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_pid_n
+    group_id = pid // in_group
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+
+    # Blocks past the padded end hold only sentinels: nothing to compute, nothing to write.
+    ntpp = tl.load(ntpp_ptr)
+    if pid_m * BLOCK_M >= ntpp:
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    valid = pair < num_pairs
+    pair = tl.where(valid, pair, 0).to(tl.int64)  # keep padded rows' addresses in bounds
+    if GATHER:
+        row = pair // top_k
+    else:
+        row = pair
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    # w tile loaded as (BLOCK_K, BLOCK_N) so the dot needs no transpose.
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(xt, wt, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+
+    if HAS_RW:
+        rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
+        acc = acc * rw[:, None]
+    out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
