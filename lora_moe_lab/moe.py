@@ -33,7 +33,7 @@ def get_backend(name: str, device: torch.device):
 
 
 def _block_m(backend, M: int, top_k: int, E: int) -> int:
-    return getattr(backend, "block_m", torch_ops.block_m)(M, top_k, E)
+    return backend.block_m(M, top_k, E)
 
 
 class LoRAHook:
@@ -45,7 +45,7 @@ class LoRAHook:
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
         S = self.info.lora_ids.shape[0]
-        bm = _block_m(self.backend, topk_ids.shape[0], topk_ids.shape[1], self.E)
+        bm = self.backend.lora_block_m(topk_ids.shape[0], topk_ids.shape[1], self.E, S)
         self.align = moe_align(topk_ids, self.E, bm, self.info.token_lora_mapping, S)
 
     def gate_up(self, x, inter, top_k):

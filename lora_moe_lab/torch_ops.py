@@ -84,6 +84,10 @@ def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
+def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
+    return block_m(num_tokens, top_k, num_experts)
+
+
 def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
     I = inter.shape[-1] // 2
     return torch.nn.functional.silu(inter[..., :I]) * inter[..., I:]

@@ -92,10 +92,10 @@ def _random_batch(lab, rng, mode):
 
 
 @pytest.mark.parametrize("mode", ["none", "some", "all"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_guards_identical_and_match_reference(mode, seed, device):
+@pytest.mark.parametrize("seed,backend", [(0, "torch"), (1, "torch"), (2, "triton")])
+def test_guards_identical_and_match_reference(mode, seed, backend, device):
     rng = random.Random(seed * 10 + len(mode))
-    lab = build_lab("tiny", num_layers=2, max_loras=3, max_rank=8, device=str(device), backend="torch", seed=seed)
+    lab = build_lab("tiny", num_layers=2, max_loras=3, max_rank=8, device=str(device), backend=backend, seed=seed)
     lab.pool.load("r2", rank=2)  # ranks differ per slot (zero-padded to the pool max)
     lab.pool.load("r8", rank=8, scaling=0.5)
     lab.pool.load("r5", rank=5)

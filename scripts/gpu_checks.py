@@ -1,0 +1,161 @@
+"""One GPU call: host-sync checks of the whole forward and CUDA-graph capture/replay checks.
+
+    PYTHONPATH=. python3 scripts/gpu_checks.py --out DIR
+
+(1) 0 host syncs per forward for cpu_flag and launch_always at M = 1, 16, 1024, 16384 inside a
+    region where torch's sync debug mode is "error" (alignment and batch upload included);
+    the sync guard must raise there (it syncs once per layer, by design).
+(2) CUDA graph: capture a whole forward under capture mode, replay it with the adapter set
+    switched in place (none -> some -> all -> none), compare with eager each time.
+(3) The sync guard captured WITHOUT the capture-mode rule fails; report outer error + inner cause.
+(4) Replay vs eager time at M=16 and M=4096, 48 layers.
+Writes checks.json + graph_timing.csv + meta.json under DIR, prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lora_moe_lab import graphs  # noqa: E402
+from lora_moe_lab.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
+from lora_moe_lab.meta import metadata  # noqa: E402
+from lora_moe_lab.moe import build_lab  # noqa: E402
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def sync_checks(lab, Ms, rows):
+    names = sorted(lab.pool.loaded())
+    for M in Ms:
+        R = min(M, 8)
+        counts = [M // R + (1 if i < M % R else 0) for i in range(R)]
+        adapters = [names[i % len(names)] if i % 2 == 0 else None for i in range(R)]
+        x = lab.random_input(M, seed=M)
+        batch = LoRABatchInfo.build(lab.pool, adapters, counts)
+        for guard in ("cpu_flag", "launch_always", "sync"):
+            t = LoRABatchTensors.from_batch(batch, lab.device)
+            lab.model(x, batch, t, guard=guard)  # warm-up: compile kernels, fill allocator caches
+            torch.cuda.synchronize()
+            err = None
+            prev = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                t = LoRABatchTensors.from_batch(batch, lab.device)  # batch upload inside the region too
+                lab.model(x, batch, t, guard=guard)
+            except RuntimeError as e:
+                err = str(e).splitlines()[0]
+            finally:
+                torch.cuda.set_sync_debug_mode(prev)
+            torch.cuda.synchronize()
+            ok = (err is None) if guard != "sync" else (err is not None)
+            rows.append(dict(check="no_host_sync", M=M, guard=guard, ok=ok, detail=err or "0 syncs"))
+            print(rows[-1], flush=True)
+
+
+def graph_checks(lab, rows):
+    names = sorted(lab.pool.loaded())
+    counts = [4] * 4
+    for guard in ("sync", "cpu_flag", "launch_always"):
+        cap = graphs.CapturedForward(lab, counts, guard=guard)
+        for label, adapters in [("none", [None] * 4), ("some", [names[0], None, names[1], None]),
+                                ("all", [names[i % len(names)] for i in range(4)]), ("none again", [None] * 4)]:
+            x = lab.random_input(16, seed=len(label))
+            y = cap.replay(x, adapters).clone()
+            b, t = lab.make_batch(adapters, counts)
+            ye = lab.model(x, b, t, guard="cpu_flag")
+            e = rel(y, ye)
+            rows.append(dict(check="graph_replay_equals_eager", guard=guard, adapters=label, rel_err=e,
+                             ok=e < 1e-6, detail=f"rel err {e:.2e}"))
+            print(rows[-1], flush=True)
+    fail = graphs.try_capture(lab, counts, "sync", use_capture_mode=False)
+    rows.append(dict(check="sync_guard_fails_in_capture_without_rule", ok=fail is not None and "capturing" in fail.inner,
+                     detail=str(fail)))
+    print(rows[-1], flush=True)
+    ok = graphs.try_capture(lab, counts, "sync", use_capture_mode=True)
+    rows.append(dict(check="sync_guard_captures_with_rule", ok=ok is None, detail=str(ok)))
+    print(rows[-1], flush=True)
+
+
+def time_ms(fn, reps=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def replay_vs_eager(lab, out_rows):
+    names = sorted(lab.pool.loaded())
+    for M in (16, 4096):
+        R = 16
+        counts = [M // R] * R
+        adapters = [names[i % len(names)] if i % 2 else None for i in range(R)]
+        x = lab.random_input(M)
+        b, t = lab.make_batch(adapters, counts)
+        for guard in ("sync", "cpu_flag", "launch_always"):
+            eager = time_ms(lambda: lab.model(x, b, t, guard=guard))
+            row = dict(M=M, layers=len(lab.model.layers), guard=guard, mode="eager", median_ms=eager)
+            out_rows.append(row)
+            print(row, flush=True)
+        cap = graphs.CapturedForward(lab, counts, guard="launch_always")
+        cap.load_batch(x, adapters)
+        rep = time_ms(lambda: cap.graph.replay())
+        row = dict(M=M, layers=len(lab.model.layers), guard="any (captured)", mode="graph", median_ms=rep)
+        out_rows.append(row)
+        print(row, flush=True)
+        del cap
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--preset", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=48)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows, timing = [], []
+    small = build_lab(a.preset, num_layers=2, dtype="bfloat16", max_loras=4, max_rank=16)
+    for i, r in enumerate((8, 16, 4)):
+        small.pool.load(f"a{i}", rank=r)
+    sync_checks(small, (1, 16, 1024, 16384), rows)
+    graph_checks(small, rows)
+    del small
+    torch.cuda.empty_cache()
+    big = build_lab(a.preset, num_layers=a.layers, dtype="bfloat16", max_loras=4, max_rank=16)
+    for i, r in enumerate((8, 16)):
+        big.pool.load(f"a{i}", rank=r)
+    replay_vs_eager(big, timing)
+    meta = metadata(params=vars(a))
+    json.dump(dict(meta=meta, checks=rows), open(os.path.join(a.out, "checks.json"), "w"), indent=1, default=str)
+    import csv
+    with open(os.path.join(a.out, "graph_timing.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(timing[0]) + list(meta))
+        w.writeheader()
+        for r in timing:
+            w.writerow({**r, **meta})
+    print("\n%-42s %-14s %-6s %s" % ("check", "guard", "M", "ok"))
+    for r in rows:
+        print("%-42s %-14s %-6s %s" % (r["check"], r.get("guard", ""), r.get("M", r.get("adapters", "")), r["ok"]))
+    for r in timing:
+        print(f"M={r['M']:<6} {r['guard']:<16} {r['mode']:<6} {r['median_ms']:.3f} ms")
+    print("ALL OK" if all(r["ok"] for r in rows) else "SOME CHECKS FAILED")
+
+
+if __name__ == "__main__":
+    main()
