@@ -1,0 +1,646 @@
+"""One benchmark harness: device-event timing on a GPU, wall clock on CPU, a CUDA-graph variant, and
+sweeps that append tidy CSV rows (one per finished measurement, flushed at once).
+
+    t = time_device(lambda: lab.model(x, batch, tensors, guard="sync"), warmup=3, reps=10)
+    t.median_us, t.p10_us, t.p90_us, t.reps
+
+    python -m lora_moe_lab.bench sweep --preset tiny --tokens 16 64 --guards sync cpu_flag \
+        --active 0 0.5 --mode eager --reps 5 --out build/tiny.csv
+    python -m lora_moe_lab.bench sweep ... --out build/tiny.csv --resume   # finish an interrupted sweep
+    python -m lora_moe_lab.bench lost build/tiny.csv                      # time lost per sync
+    python -m lora_moe_lab.bench meta                                      # what a row's metadata is
+
+Timing on a GPU: each repetition starts on an idle device with an empty queue (synchronize first),
+records a CUDA event, calls the forward, records a second event, and the elapsed time between the
+two events is the sample. So a sample covers the host issuing the work while the device runs it,
+and every guard sync inside it - the quantity the lesson is about. The median and the 10th/90th
+percentiles of `reps` samples are reported after `warmup` untimed calls (Triton compiles and
+auto-tunes during warm-up). On CPU the same loop runs on the wall clock (perf_counter).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime as _dt
+import gc
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from . import runtime
+from .config import PRESETS, check_dtype, get_shape
+
+GUARDS = ("sync", "cpu_flag", "launch_always")
+MODES = ("eager", "graph")
+
+META_COLUMNS = ["gpu", "torch", "triton", "cuda", "python", "date_utc", "git_commit"]
+KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests"]
+RESULT_COLUMNS = ["warmup", "reps", "median_us", "p10_us", "p90_us", "mean_us", "wall_median_us", "timer",
+                  "syncs_per_forward", "error"]
+COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    median_us: float
+    p10_us: float
+    p90_us: float
+    mean_us: float
+    reps: int
+    timer: str  # "cuda_events" or "wall"
+    wall_median_us: float  # host wall clock per rep (on a GPU: from issue to the end event's completion)
+    samples_us: list[float] = field(default_factory=list, repr=False)
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) without numpy."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return float(s[0])
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def _summarise(samples: list[float], wall: list[float], timer: str) -> Timing:
+    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9),
+                  statistics.fmean(samples), len(samples), timer, statistics.median(wall), list(samples))
+
+
+def _check_counts(warmup: int, reps: int) -> None:
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(reps, int) or reps <= 0:
+        raise ValueError(f"reps must be a positive int, got {reps!r}")
+
+
+def time_device(fn: Callable[[], object], warmup: int = 3, reps: int = 10, *, cuda: bool | None = None) -> Timing:
+    """Time `fn()`: CUDA events per repetition on a GPU, perf_counter on CPU.
+
+    Each repetition starts from an idle device (`synchronize` before it), so queued work of one
+    repetition never overlaps the next and host launch costs show where they are exposed.
+    """
+    _check_counts(warmup, reps)
+    cuda = runtime.has_cuda() if cuda is None else cuda
+    for _ in range(warmup):
+        fn()
+    runtime.synchronize()
+    samples, wall = [], []
+    if cuda:
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()  # host waits for this rep's work; the next rep starts on an idle GPU
+            wall.append((time.perf_counter() - t0) * 1e6)
+            samples.append(start.elapsed_time(end) * 1e3)  # ms -> us
+        return _summarise(samples, wall, "cuda_events")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        dt = (time.perf_counter() - t0) * 1e6
+        samples.append(dt)
+        wall.append(dt)
+    return _summarise(samples, wall, "wall")
+
+
+class GraphForward:
+    """A minimal CUDA-graph capture of `fn` for timing (independent of lora_moe_lab.graphs).
+
+    Warm-up runs on a side stream (torch's recipe: the first calls compile Triton kernels and
+    allocate, which must not happen inside capture), then one call is captured under
+    `capture_mode()`, so every guard records the LoRA kernels and none of them syncs.
+    """
+
+    def __init__(self, fn: Callable[[], object], warmup: int = 2):
+        if not runtime.has_cuda():
+            raise RuntimeError("CUDA-graph timing needs a CUDA GPU; this machine has none")
+        with runtime.capture_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(max(warmup, 1)):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = fn()  # keep the graph's output (and its memory pool) alive
+        torch.cuda.synchronize()
+
+    def replay(self):
+        self.graph.replay()
+        return self.out
+
+
+def time_graph(fn: Callable[[], object], warmup: int = 3, reps: int = 10) -> Timing:
+    """Capture `fn` once, then time graph replays with `time_device`."""
+    g = GraphForward(fn, warmup=warmup)
+    try:
+        return time_device(g.replay, warmup=warmup, reps=reps)
+    finally:
+        del g
+
+
+# ----------------------------------------------------------------------------------------------
+# Metadata
+# ----------------------------------------------------------------------------------------------
+def _git_dir(start: Path) -> Path | None:
+    for p in [start, *start.parents]:
+        g = p / ".git"
+        if g.is_dir():
+            return g
+        if g.is_file():  # worktree / submodule: "gitdir: <path>"
+            txt = g.read_text().strip()
+            if txt.startswith("gitdir:"):
+                d = Path(txt.split(":", 1)[1].strip())
+                return d if d.is_absolute() else (p / d).resolve()
+    return None
+
+
+def git_commit(start: Path | None = None) -> str:
+    """HEAD's commit read from .git directly (no git binary needed); '' when not in a repository."""
+    g = _git_dir((start or Path(__file__).resolve().parent))
+    if g is None:
+        return ""
+    try:
+        head = (g / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head
+        ref = head.split(":", 1)[1].strip()
+        common = g
+        if (g / "commondir").is_file():  # linked worktree: refs live in the common dir
+            common = (g / (g / "commondir").read_text().strip()).resolve()
+        for base in (g, common):
+            f = base / ref
+            if f.is_file():
+                return f.read_text().strip()
+        for base in (g, common):
+            packed = base / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+    except OSError:
+        pass
+    return ""
+
+
+def git_dirty(start: Path | None = None) -> bool | None:
+    """Uncommitted changes to tracked files? None when the git binary is missing."""
+    exe = shutil.which("git")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=str(start or Path(__file__).resolve().parent), timeout=10)
+        return bool(r.stdout.strip()) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def metadata() -> dict:
+    """Where and with what a row was measured (no hostname)."""
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:  # pragma: no cover - triton missing
+        tv = ""
+    cuda = runtime.has_cuda()
+    return {
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "triton": tv,
+        "cuda": (torch.version.cuda or "") if cuda else "",
+        "python": platform.python_version(),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git_commit": git_commit(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Sweeps
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class SweepSpec:
+    """The grid: every combination of the list fields (itertools.product), in this loop order:
+    preset, layers, rank (a model is built once for each), then tokens, active, guard, mode."""
+
+    presets: list[str] = field(default_factory=lambda: ["tiny"])
+    layers: list[int | None] = field(default_factory=lambda: [None])  # None: the preset's own count
+    tokens: list[int] = field(default_factory=lambda: [16, 128])
+    guards: list[str] = field(default_factory=lambda: list(GUARDS))
+    active: list[float] = field(default_factory=lambda: [0.0, 0.5])
+    ranks: list[int] = field(default_factory=lambda: [16])
+    modes: list[str] = field(default_factory=lambda: ["eager"])
+    dtype: str = "auto"  # bfloat16 on a GPU, float32 on CPU
+    backend: str = "auto"  # triton on a GPU, torch on CPU
+    device: str = "auto"
+    requests: int = 8  # requests per batch (fewer when there are fewer tokens)
+    warmup: int = 3
+    reps: int = 10
+    seed: int = 0
+
+    def resolved(self) -> "SweepSpec":
+        """Validate every field and fill in the 'auto' choices; raises ValueError with a clear message."""
+        dev = runtime.resolve_device(self.device)
+        backend = self.backend
+        if backend == "auto":
+            backend = "triton" if dev.type == "cuda" else "torch"
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"unknown backend {self.backend!r}; choose 'torch', 'triton' or 'auto'")
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if dev.type == "cuda" else "float32"
+        check_dtype(dtype, dev, backend)
+        for p in self.presets:
+            if p not in PRESETS:
+                raise ValueError(f"unknown preset {p!r}; choose from {sorted(PRESETS)}")
+        for name in ("presets", "layers", "tokens", "guards", "active", "ranks", "modes"):
+            if not list(getattr(self, name)):
+                raise ValueError(f"{name} is empty: give at least one value")
+        for L in self.layers:
+            if L is not None and (not isinstance(L, int) or L <= 0):
+                raise ValueError(f"layers must be positive ints, got {L!r}")
+        for m in self.tokens:
+            if not isinstance(m, int) or isinstance(m, bool) or m <= 0:
+                raise ValueError(f"tokens must be positive ints, got {m!r}")
+        for g in self.guards:
+            if g not in GUARDS:
+                raise ValueError(f"unknown guard {g!r}; choose from {list(GUARDS)}")
+        for a in self.active:
+            if not (isinstance(a, (int, float)) and 0.0 <= a <= 1.0):
+                raise ValueError(f"active fractions must be in [0, 1], got {a!r}")
+        for r in self.ranks:
+            if not isinstance(r, int) or r <= 0:
+                raise ValueError(f"ranks must be positive ints, got {r!r}")
+        for m in self.modes:
+            if m not in MODES:
+                raise ValueError(f"unknown mode {m!r}; choose from {list(MODES)}")
+        if "graph" in self.modes and dev.type != "cuda":
+            raise ValueError("mode 'graph' (CUDA-graph replay) needs a CUDA GPU; use --mode eager on CPU")
+        if not isinstance(self.requests, int) or self.requests <= 0:
+            raise ValueError(f"requests must be a positive int, got {self.requests!r}")
+        _check_counts(self.warmup, self.reps)
+        return SweepSpec(list(self.presets), list(self.layers), list(self.tokens),
+                         list(self.guards), [float(a) for a in self.active], list(self.ranks), list(self.modes),
+                         dtype, backend, str(dev), self.requests, self.warmup, self.reps, self.seed)
+
+    def grid(self) -> list[dict]:
+        """The parameter rows, in run order (resolve first)."""
+        rows = []
+        for preset, layers, rank, tokens, active, guard, mode in itertools.product(
+                self.presets, self.layers, self.ranks, self.tokens, self.active, self.guards, self.modes):
+            layers = get_shape(preset).num_layers if layers is None else layers
+            rows.append(dict(preset=preset, layers=layers, tokens=tokens, guard=guard, active=active, rank=rank,
+                             mode=mode, dtype=self.dtype, backend=self.backend,
+                             requests=min(self.requests, tokens)))
+        return rows
+
+
+def _norm(col: str, v) -> str:
+    if col in ("layers", "tokens", "rank", "requests"):
+        return str(int(float(v)))
+    if col == "active":
+        return f"{float(v):.6g}"
+    return str(v)
+
+
+def row_key(row: dict) -> tuple:
+    """The parameter key of a row (what --resume compares), normalised so CSV strings match."""
+    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+
+
+def read_done(path: Path) -> set[tuple]:
+    """Keys of the rows already measured without error in an existing sweep CSV."""
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    with path.open(newline="") as f:
+        r = csv.DictReader(f)
+        if r.fieldnames != COLUMNS:
+            raise ValueError(f"{path} has columns {r.fieldnames}, not this harness's schema {COLUMNS}: "
+                             "write to a new file")
+        return {row_key(row) for row in r if not row.get("error")}
+
+
+def split_tokens(tokens: int, requests: int) -> list[int]:
+    base, extra = divmod(tokens, requests)
+    return [base + (1 if i < extra else 0) for i in range(requests)]
+
+
+class _LabCache:
+    """One model at a time (48 layers of qwen3-30b-a3b weights are ~60 GB): free before building."""
+
+    def __init__(self, build):
+        self.build, self.key, self.lab = build, None, None
+
+    def get(self, spec: SweepSpec, preset: str, layers: int, rank: int):
+        key = (preset, layers, rank)
+        if key != self.key:
+            self.free()
+            lab = self.build(preset=preset, num_layers=layers, max_loras=4, max_rank=rank, dtype=spec.dtype,
+                             device=spec.device, backend=spec.backend, seed=spec.seed)
+            lab.pool.load("bench", rank=rank)
+            self.key, self.lab = key, lab
+        return self.lab
+
+    def free(self):
+        self.key, self.lab = None, None
+        gc.collect()
+        if runtime.has_cuda():
+            torch.cuda.empty_cache()
+
+
+def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
+    """One sweep row's results: timing of the forward and the guard syncs of one forward."""
+    from .guards import count_guard_syncs
+
+    R = p["requests"]
+    n_active = round(p["active"] * R)
+    adapters = ["bench" if i < n_active else None for i in range(R)]
+    batch, tensors = lab.make_batch(adapters=adapters, token_counts=split_tokens(p["tokens"], R))
+    x = lab.random_input(p["tokens"], seed=seed)
+    guard = p["guard"]
+
+    def fwd():
+        return lab.model(x, batch, tensors, guard=guard)
+
+    with torch.no_grad():
+        if p["mode"] == "graph":
+            g = GraphForward(fwd, warmup=warmup)
+            fn = g.replay
+        else:
+            g, fn = None, fwd
+        with count_guard_syncs() as c:  # one untimed forward: how many syncs the guard made
+            fn()
+        runtime.synchronize()
+        t = time_device(fn, warmup=warmup, reps=reps)
+        del g
+    return dict(warmup=warmup, reps=t.reps, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
+                mean_us=t.mean_us, wall_median_us=t.wall_median_us, timer=t.timer, syncs_per_forward=c.count,
+                error="")
+
+
+def _meta_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".meta.json")
+
+
+def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
+              progress: bool = True, on_row: Callable[[dict, int], None] | None = None,
+              build: Callable | None = None, max_seconds: float | None = None):
+    """Run the grid, appending each finished row to `out` at once (flushed), and return the whole
+    CSV as a DataFrame. With resume=True rows whose key is already in `out` (without error) are
+    skipped. A row that raises is written with its error message and the sweep goes on; rows with
+    an error are measured again on resume. `on_row(row, i)` runs after each row is written.
+    `max_seconds` stops starting new rows after that much time (the rows so far are kept).
+    """
+    import pandas as pd
+
+    spec = spec.resolved()
+    out = Path(out)
+    if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
+        raise FileExistsError(f"{out} exists: pass resume=True (--resume) to continue it or overwrite=True")
+    if overwrite and out.exists():
+        out.unlink()
+    done = read_done(out) if resume else set()
+    if build is None:
+        from .moe import build_lab as build
+    meta = metadata()
+    grid = spec.grid()
+    todo = [p for p in grid if row_key(p) not in done]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mp = _meta_path(out)
+    sessions = json.loads(mp.read_text()).get("sessions", []) if (resume and mp.exists()) else []
+    sessions.append(dict(meta, spec=asdict(spec), rows_planned=len(grid), rows_skipped=len(grid) - len(todo)))
+    mp.write_text(json.dumps({"columns": COLUMNS, "key": KEY_COLUMNS, "sessions": sessions}, indent=1))
+    labs = _LabCache(build)
+    t_start = time.perf_counter()
+    new_file = not out.exists() or out.stat().st_size == 0
+    bar = _progress(len(grid), len(grid) - len(todo), progress)
+    try:
+        with out.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            if new_file:
+                w.writeheader()
+                f.flush()
+            for i, p in enumerate(todo):
+                if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
+                    print(f"time budget of {max_seconds:.0f} s spent: stopping with {len(todo) - i} rows left "
+                          "(run again with --resume)", file=sys.stderr)
+                    break
+                bar.set_description(f"{p['preset']} M={p['tokens']} {p['guard']} a={p['active']:g} {p['mode']}")
+                try:
+                    lab = labs.get(spec, p["preset"], p["layers"], p["rank"])
+                    res = measure(lab, p, warmup=spec.warmup, reps=spec.reps, seed=spec.seed)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as e:  # noqa: BLE001 - a failed row is recorded, the sweep goes on
+                    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+                    res = dict(warmup=spec.warmup, reps=0, median_us="", p10_us="", p90_us="", mean_us="",
+                               wall_median_us="", timer="", syncs_per_forward="", error=msg)
+                    if runtime.has_cuda():
+                        labs.free()  # e.g. out of memory: start the next row from a clean allocator
+                row = dict(meta, **{k: p[k] for k in KEY_COLUMNS}, **res)
+                w.writerow(row)
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(1)
+                if res["median_us"] != "":
+                    bar.set_postfix_str(f"{res['median_us'] / 1e3:.3f} ms")
+                if on_row is not None:
+                    on_row(row, i)
+    finally:
+        bar.close()
+        labs.free()
+    return pd.read_csv(out)
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    if tqdm is None or not enabled:
+        class _Null:
+            def update(self, n=1): pass
+            def set_description(self, s): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return _Null()
+    return tqdm(total=total, initial=initial, unit="row", file=sys.stderr, dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Analyses on a sweep DataFrame
+# ----------------------------------------------------------------------------------------------
+def clean(df):
+    """Rows measured without error, one per parameter key (the latest)."""
+    d = df
+    if "error" in d.columns:
+        d = d[d["error"].isna() | (d["error"].astype(str) == "")]
+    d = d[d["median_us"].notna()]
+    keys = [c for c in KEY_COLUMNS if c in d.columns]
+    return d.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+
+
+def time_lost_per_sync(df, baseline: str = "cpu_flag"):
+    """Pair each `sync` row with the `baseline` row of the same parameters:
+    lost_us = t_sync - t_baseline, us_per_sync = lost_us / syncs of the sync row, ratio = t_sync / t_baseline."""
+    d = clean(df)
+    keys = [c for c in KEY_COLUMNS if c != "guard" and c in d.columns]
+    if "gpu" in d.columns:
+        keys = ["gpu"] + keys
+    s = d[d["guard"] == "sync"][keys + ["median_us", "syncs_per_forward"]]
+    b = d[d["guard"] == baseline][keys + ["median_us"]]
+    m = s.merge(b, on=keys, suffixes=("_sync", "_base"))
+    m = m.rename(columns={"median_us_sync": "t_sync_us", "median_us_base": f"t_{baseline}_us",
+                          "syncs_per_forward": "syncs"})
+    m["lost_us"] = m["t_sync_us"] - m[f"t_{baseline}_us"]
+    m["us_per_sync"] = m["lost_us"] / m["syncs"].where(m["syncs"] > 0)
+    m["ratio"] = m["t_sync_us"] / m[f"t_{baseline}_us"]
+    return m
+
+
+def summary_table(df):
+    """Compact table: M, preset, guard, active, mode, median ms, sync/cpu_flag ratio, us lost per sync."""
+    d = clean(df).copy()
+    lost = time_lost_per_sync(d)
+    keys = [c for c in KEY_COLUMNS if c != "guard"]
+    d = d.merge(lost[keys + ["ratio", "us_per_sync"]], on=keys, how="left")
+    d.loc[d["guard"] != "sync", ["ratio", "us_per_sync"]] = float("nan")
+    d["median_ms"] = d["median_us"] / 1e3
+    cols = ["tokens", "preset", "layers", "guard", "active", "mode", "median_ms", "syncs_per_forward", "ratio",
+            "us_per_sync"]
+    return d[cols].sort_values(["preset", "tokens", "mode", "active", "guard"]).reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+def _fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
+    return v
+
+
+def _preset(s: str) -> str:
+    if s not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose from {', '.join(sorted(PRESETS))}")
+    return s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.bench",
+                                description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sweep", help="run a grid of forwards and append one CSV row per measurement",
+                       description="Every combination of the list options (itertools.product). Device-event "
+                                   "timing on a GPU, wall clock on CPU. Rows are appended as they finish.")
+    s.add_argument("--preset", nargs="+", type=_preset, default=["tiny"], help="model shape presets (default: tiny)")
+    s.add_argument("--layers", nargs="+", type=_pos_int, default=None,
+                   help="MoE layers per forward (default: the preset's own count)")
+    s.add_argument("--tokens", "-M", nargs="+", type=_pos_int, default=[16, 128], help="tokens per forward (M)")
+    s.add_argument("--guards", nargs="+", choices=GUARDS, default=list(GUARDS), help="guard strategies")
+    s.add_argument("--active", nargs="+", type=_fraction, default=[0.0, 0.5],
+                   help="fraction of requests that use an adapter")
+    s.add_argument("--rank", nargs="+", type=_pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
+    s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
+    s.add_argument("--requests", type=_pos_int, default=8, help="requests per batch (default 8)")
+    s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
+    s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    s.add_argument("--warmup", type=_nonneg_int, default=3, help="untimed calls before timing (default 3)")
+    s.add_argument("--reps", type=_pos_int, default=10, help="timed repetitions per row (default 10)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="CSV file to append rows to (a .meta.json is written beside it)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="skip rows whose parameters are already in --out")
+    g.add_argument("--overwrite", action="store_true", help="start --out afresh")
+    s.add_argument("--max-minutes", type=float, default=None, help="stop starting new rows after this long")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lost = sub.add_parser("lost", help="time lost per sync from a sweep CSV (sync vs cpu_flag rows)")
+    lost.add_argument("csv")
+    sub.add_parser("meta", help="print the metadata a row records, as JSON")
+    p.sweep_parser = s  # errors found after parsing are reported with the sweep sub-command's usage
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.cmd == "meta":
+        print(json.dumps(metadata(), indent=1))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
+        if a.cmd == "lost":
+            if not Path(a.csv).exists():
+                parser.error(f"no such file: {a.csv}")
+            print(time_lost_per_sync(pd.read_csv(a.csv)).to_string(index=False))
+            return 0
+        spec = SweepSpec(presets=a.preset, layers=a.layers or [None], tokens=a.tokens, guards=a.guards,
+                         active=a.active, ranks=a.rank, modes=a.mode, dtype=a.dtype, backend=a.backend,
+                         device=a.device, requests=a.requests, warmup=a.warmup, reps=a.reps, seed=a.seed)
+        sp = parser.sweep_parser
+        try:
+            spec.resolved()
+        except ValueError as e:
+            sp.error(str(e))
+        if Path(a.out).exists() and Path(a.out).stat().st_size > 0 and not (a.resume or a.overwrite):
+            sp.error(f"{a.out} exists: pass --resume to continue it, --overwrite to start afresh, "
+                         "or choose another --out")
+        try:
+            df = run_sweep(spec, a.out, resume=a.resume, overwrite=a.overwrite, progress=not a.no_progress,
+                           max_seconds=None if a.max_minutes is None else 60 * a.max_minutes)
+        except ValueError as e:  # e.g. a CSV of another schema
+            sp.error(str(e))
+        print(summary_table(df).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
