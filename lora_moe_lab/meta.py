@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_commit() -> str:
+    """The checkout's commit; GIT_COMMIT in the environment wins (a copied tree may lack .git)."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=5).stdout.strip() or _commit_from_files()

@@ -7,7 +7,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --find-links .whl papermill ipykernel plotly ipywidgets nbconvert nbformat nbclient >/dev/null 2>&1 \
   || echo "wheel install failed (notebook steps will fail)"
 python3 -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
-export GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 for step in "$@"; do
   mkdir -p "$OUT/$step"; t0=$(date +%s)
   case $step in
