@@ -94,7 +94,9 @@ def try_capture(lab, token_counts: list[int], guard: str, *, use_capture_mode: b
     """
     _need_cuda()
     M, R = sum(token_counts), len(token_counts)
-    x = torch.randn(M, lab.shape.hidden, device=lab.device).to(lab.dtype)
+    # Inputs from a CPU generator: a capture that fails midway can leave the default CUDA
+    # generator in capture state ("Offset increment outside graph capture") for later random calls.
+    x = torch.randn(M, lab.shape.hidden, generator=torch.Generator().manual_seed(0)).to(lab.device, lab.dtype)
     names = sorted(lab.pool.loaded())
     batch, tensors = lab.make_batch([names[0] if names else None] + [None] * (R - 1), token_counts)
     lab.model(x, batch, tensors, guard=guard)  # eager warm-up (may sync: not capturing yet)
