@@ -237,11 +237,14 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K)
     nb = align.expert_ids.shape[1]
-    grid = (nb * triton_cdiv(N, cfg.block_n),)
+    # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
+    # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.
+    nb_launch = min(nb, num_pairs)
+    grid = (nb_launch * triton_cdiv(N, cfg.block_n),)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
-        N, K, num_pairs, nb, top_k,
+        N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
@@ -296,13 +299,16 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     n_tiles = triton_cdiv(N, cfg.block_n)
     split = max(1, min(cfg.split_n, n_tiles))
     n_per_split = triton_cdiv(n_tiles, split) * cfg.block_n
-    grid = (S * nb * split,)
+    # Busy blocks of a slot lie at its start and number at most num_pairs (each holds a pair): launch
+    # only those (static bound). The debug exit-code mode launches every block so each gets a code.
+    nb_launch = nb if exit_codes is not None else min(nb, num_pairs)
+    grid = (S * nb_launch * split,)
     rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
     ex = exit_codes if exit_codes is not None else align.expert_ids
     fused_moe_lora_kernel[grid](
         x, lora_a, lora_b, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         lora_ids, adapter_enabled, rw, ex,
-        N, K, R, num_pairs, nb, top_k, n_per_split,
+        N, K, R, num_pairs, nb_launch, top_k, n_per_split,
         x.stride(0), x.stride(1),
         *lora_a.stride(), *lora_b.stride(),
         out.stride(0), out.stride(1),

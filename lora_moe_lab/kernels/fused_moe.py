@@ -29,7 +29,7 @@ def fused_moe_kernel(
     rw_ptr,  # (M*top_k,) float32 routed weights (read only when HAS_RW)
     N, K,
     num_pairs,  # M * top_k, also the sentinel value
-    num_blocks,  # EM // BLOCK_M
+    num_blocks,  # token blocks launched: min(EM // BLOCK_M, num_pairs) (the busy ones lie first)
     top_k,
     stride_xm, stride_xk,
     stride_we, stride_wn, stride_wk,

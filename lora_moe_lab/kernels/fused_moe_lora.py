@@ -43,7 +43,7 @@ def fused_moe_lora_kernel(
     exit_ptr,  # (S, EM // BLOCK_M) int32 exit codes (WRITE_EXIT only)
     N, K, R,
     num_pairs,  # M * top_k, also the sentinel
-    num_blocks,  # EM // BLOCK_M
+    num_blocks,  # blocks launched per slot: EM // BLOCK_M, or min(that, num_pairs) (busy ones lie first)
     top_k,
     n_per_split,  # columns per program along N, a multiple of BLOCK_N
     stride_xm, stride_xk,
@@ -133,19 +133,23 @@ def fused_moe_lora_kernel(
         n = n_start + n0 + offs_n
         n_ok = n < N
         b_ptrs = b_base + n[None, :] * stride_bn + offs_r[:, None] * stride_br  # (BLOCK_R, BLOCK_N) = B.T tile
+        b_mask = r_ok[:, None] & n_ok[None, :]
         o_mask = valid[:, None] & n_ok[None, :]
         o_ptrs = out_ptr + pair[:, None] * stride_om + n[None, :] * stride_on
-        bt0 = tl.load(b_ptrs, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+        # All loads of the iteration first (both slices), then the dots, then the stores: the
+        # compiler may not move a load of `out` above a store to `out`, so this order keeps the
+        # two slices' memory round trips overlapped instead of back to back.
+        bt0 = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        o0 = tl.load(o_ptrs, mask=o_mask, other=0.0)
+        if P == 2:
+            bt1 = tl.load(b_ptrs + stride_bp, mask=b_mask, other=0.0)
+            o1 = tl.load(o_ptrs + N * stride_on, mask=o_mask, other=0.0)
         d0 = tl.dot(t0, bt0)
         if HAS_RW:
             d0 = d0 * rw[:, None]
-        o0 = tl.load(o_ptrs, mask=o_mask, other=0.0)
         tl.store(o_ptrs, (o0.to(tl.float32) + d0).to(out_ptr.dtype.element_ty), mask=o_mask)
         if P == 2:
-            bt1 = tl.load(b_ptrs + stride_bp, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
             d1 = tl.dot(t1, bt1)
             if HAS_RW:
                 d1 = d1 * rw[:, None]
-            o1_ptrs = o_ptrs + N * stride_on
-            o1 = tl.load(o1_ptrs, mask=o_mask, other=0.0)
-            tl.store(o1_ptrs, (o1.to(tl.float32) + d1).to(out_ptr.dtype.element_ty), mask=o_mask)
+            tl.store(o_ptrs + N * stride_on, (o1.to(tl.float32) + d1).to(out_ptr.dtype.element_ty), mask=o_mask)
