@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -305,3 +306,60 @@ def test_recorded_traces(path):
         assert (m["idle_after_sync_ns"] > 0).all()
     else:
         assert (m["idle_after_sync_ns"] == 0).all()
+
+
+# --- plots -----------------------------------------------------------------------------------
+def _n_bars(fig):
+    return sum(len(tr.x) for tr in fig.data if tr.x is not None)
+
+
+def test_timeline_small(hand):
+    from lora_moe_lab import plots
+
+    fig = plots.timeline(hand)
+    names = {tr.name for tr in fig.data}
+    assert {"launch call", "host sync (blocked)", "sync returns", "GPU kernel", "GPU memcpy",
+            "idle: after_sync", "idle: host_launch_wait", "idle: kernel_to_kernel"} <= names
+    lanes = set(fig.layout.yaxis.categoryarray)
+    assert {"host: runtime", "GPU 0 stream 7", "GPU idle", "host: forward"} <= lanes
+    gpu = [tr for tr in fig.data if tr.name == "GPU kernel"][0]
+    assert len(gpu.x) == 8 and "K1" in list(gpu.customdata[:, 0])
+    f1 = plots.timeline(hand, forward=1)
+    assert "host sync (blocked)" not in {tr.name for tr in f1.data}  # forward 1 has no sync
+    fig.to_json()  # serialisable
+
+
+def test_timeline_big_is_bounded():
+    from lora_moe_lab import plots
+
+    doc, _ = S.model_trace("sync", n_forwards=3, n_layers=48, kernels_per_layer=20)
+    t = T.load_trace(doc)
+    assert len(t.kernels) > 2500
+    fig = plots.timeline(t, max_events=20_000)  # everything
+    assert _n_bars(fig) > 5000 and len(fig.data) <= 15
+    fig = plots.timeline(t, max_events=2000)  # too many: windowed to the first forward ...
+    assert len(fig.data) <= 15 and _n_bars(fig) <= 2200
+    assert fig.layout.title.text.endswith("forward 0")
+    fig = plots.timeline(t, forward=1, max_events=300)  # ... and merged into buckets
+    assert _n_bars(fig) <= 400
+    assert any("ops (merged)" in str(c) for tr in fig.data if tr.customdata is not None
+               for c in tr.customdata[:, 0])
+
+
+def test_idle_breakdown_and_queue_plot(hand):
+    from lora_moe_lab import plots
+
+    m = T.forward_metrics(hand)
+    fig = plots.idle_breakdown(m)
+    assert [tr.name for tr in fig.data] == ["busy", "idle: after_sync", "idle: host_launch_wait",
+                                            "idle: kernel_to_kernel", "idle: other"]
+    assert list(fig.data[1].y) == [32.299, 0.0]
+    rows = []
+    for guard in ("sync", "cpu_flag"):
+        doc, _ = S.model_trace(guard, n_forwards=2)
+        rows.append({"guard": guard, "M": 16, **T.summarize(T.load_trace(doc))})
+    fig = plots.idle_breakdown(pd.DataFrame(rows))
+    assert list(fig.data[0].x) == ["sync / 16", "cpu_flag / 16"]
+    assert fig.data[1].y[0] > 0 and fig.data[1].y[1] == 0
+    q = plots.queue_depth_plot(hand, forward=0)
+    assert max(q.data[0].y) == 3
