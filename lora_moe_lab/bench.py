@@ -178,7 +178,10 @@ def _git_dir(start: Path) -> Path | None:
 
 
 def git_commit(start: Path | None = None) -> str:
-    """HEAD's commit read from .git directly (no git binary needed); '' when not in a repository."""
+    """HEAD's commit read from .git directly (no git binary needed); GIT_COMMIT in the environment
+    wins (a copied tree on a GPU machine may lack .git); '' when neither is there."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     g = _git_dir((start or Path(__file__).resolve().parent))
     if g is None:
         return ""

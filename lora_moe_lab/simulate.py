@@ -31,7 +31,9 @@ import pandas as pd
 from .config import MoEShape, get_shape
 
 GUARDS = ("sync", "cpu_flag", "launch_always")
-TIMELINE_COLUMNS = ["lane", "start_ns", "end_ns", "name", "category", "layer", "op"]
+# One row per host segment or device op; `op` joins a launch (host) to its kernel (gpu); issue_ns is
+# when a device op entered the queue (NaN on host rows).
+TIMELINE_COLUMNS = ["lane", "start_ns", "end_ns", "name", "category", "layer", "op", "issue_ns"]
 
 # Production figures this lab is about (DESIGN.md): Qwen3-30B-A3B, TP=4, 48 MoE layers, batch 128,
 # input length 2048, guard removed.
@@ -114,12 +116,13 @@ def simulate(ops: Sequence[Op], *, timeline: bool = False) -> SimResult:
             syncs += 1
             after_sync = True
             if timeline:
-                rows.append(("host", wait_from, h_end, op.name, cat or "sync", op.layer, i))
+                rows.append(("host", wait_from, h_end, op.name, cat or "sync", op.layer, i, np.nan))
             h = h_end
             continue
         h_end = h + op.host_us
         if timeline and op.host_us > 0:
-            rows.append(("host", h, h_end, op.name, cat or ("host" if op.kind == "host" else "launch"), op.layer, i))
+            hc = (cat or "host") if op.kind == "host" else "launch"  # the host side of a kernel is its launch
+            rows.append(("host", h, h_end, op.name, hc, op.layer, i, np.nan))
         h = h_end
         if op.kind == "host":
             continue
@@ -132,7 +135,7 @@ def simulate(ops: Sequence[Op], *, timeline: bool = False) -> SimResult:
         end = start + dur
         busy += dur
         if timeline:
-            rows.append(("gpu", start, end, op.name, cat or op.kind, op.layer, i))
+            rows.append(("gpu", start, end, op.name, cat or op.kind, op.layer, i, h))
         dfree = end
     fwd = max(h, dfree)
     tl = None
@@ -140,7 +143,75 @@ def simulate(ops: Sequence[Op], *, timeline: bool = False) -> SimResult:
         tl = pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
         for c in ("start_ns", "end_ns"):
             tl[c] = np.round(tl[c].to_numpy(dtype=float) * ns).astype("int64")
+        tl["issue_ns"] = pd.array(np.round(tl["issue_ns"].to_numpy(dtype=float) * ns), dtype="Int64")
     return SimResult(fwd, h, dfree, busy, fwd - busy, stall, blocked, syncs, device_ops, tl)
+
+
+_RUNTIME_NAME = {"launch": "cudaLaunchKernel", "sync": "cudaStreamSynchronize", "graph_launch": "cudaGraphLaunch"}
+
+
+def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launch_call_ns: int = 2000):
+    """A simulated timeline as `trace.TraceTables` (one forward), so the trace analyses
+    (`trace.forward_metrics`, `idle_gaps`, `layer_breakdown`, `queue_depth`) and the plots built
+    on them read a simulated forward exactly as a recorded one. Host launch segments become
+    `cudaLaunchKernel` runtime calls (correlated with their kernel), syncs `cudaStreamSynchronize`,
+    the graph launch `cudaGraphLaunch`; each layer's host span becomes a `moe_layer_{i}` range.
+    A launch segment of the model is PyTorch dispatch followed by the CUDA call: only its last
+    `launch_call_ns` become the `cudaLaunchKernel` call, as in a profiler trace (the trace's gap
+    categories look at when that call began)."""
+    from . import trace
+
+    tl = timeline
+    host = tl[tl["lane"] == "host"]
+    gpu = tl[tl["lane"] == "gpu"]
+    end = int(tl["end_ns"].max()) if len(tl) else 0
+    rt_rows, launch_of = [], {}
+    graph = host[host["category"] == "graph_launch"]
+    for r in host.itertuples():
+        name = _RUNTIME_NAME.get(r.category)
+        if name is None:
+            continue  # host work that calls no CUDA API
+        s, e = int(r.start_ns), int(r.end_ns)
+        if r.category == "launch":
+            s = max(s, e - int(launch_call_ns))
+        rt_rows.append(dict(name=name, cat="cuda_runtime", pid=1, tid=1, start_ns=s, end_ns=e, dur_ns=e - s,
+                            correlation=int(r.op), external_id=None, is_sync=name == "cudaStreamSynchronize",
+                            forward=0))
+        launch_of[int(r.op)] = (name, s, e)
+    g0 = ("cudaGraphLaunch", int(graph.iloc[0]["start_ns"]), int(graph.iloc[0]["end_ns"])) if len(graph) else None
+    k_rows = []
+    for r in gpu.itertuples():
+        ln = launch_of.get(int(r.op)) or g0
+        if ln is None:  # issued with no host cost: a zero-length launch at its issue time
+            t = int(r.issue_ns) if not pd.isna(r.issue_ns) else int(r.start_ns)
+            ln = ("cudaLaunchKernel", t, t)
+        k_rows.append(dict(name=r.name, kind="memcpy" if r.category == "memcpy" else "kernel", device=0, stream=7,
+                           start_ns=int(r.start_ns), end_ns=int(r.end_ns), dur_ns=int(r.end_ns - r.start_ns),
+                           correlation=int(r.op), external_id=None, launch_name=ln[0], launch_start_ns=ln[1],
+                           launch_end_ns=ln[2], launch_tid=1, forward=0))
+    ann = [dict(name=forward_name, pid=1, tid=1, start_ns=0, end_ns=end, dur_ns=end, external_id=None, forward=0)]
+    hl = host[host["layer"] >= 0]
+    if len(hl):
+        spans = hl.groupby("layer")["start_ns"].min().sort_index()
+        starts = spans.to_numpy(dtype=np.int64)
+        ends = np.append(starts[1:], int(host["end_ns"].max()))
+        for layer, s, e in zip(spans.index, starts, ends):
+            ann.append(dict(name=f"moe_layer_{int(layer)}", pid=1, tid=1, start_ns=int(s), end_ns=int(e),
+                            dur_ns=int(e - s), external_id=None, forward=0))
+    kernels = trace._frame(k_rows, trace._KCOLS)
+    runtime = trace._frame(rt_rows, trace._RCOLS)
+    sync_rows = [dict(name=r["name"], source="runtime", kind=None, pid=1, tid=1, stream=None, start_ns=r["start_ns"],
+                      end_ns=r["end_ns"], dur_ns=r["dur_ns"], correlation=r["correlation"], forward=0)
+                 for r in rt_rows if r["is_sync"]]
+    memcpys = kernels[kernels["kind"] == "memcpy"].copy()
+    memcpys["direction"] = None
+    return trace.TraceTables(
+        kernels=kernels, runtime=runtime, syncs=trace._frame(sync_rows, trace._SCOLS), memcpys=memcpys,
+        annotations=trace._frame(ann, trace._ACOLS), gpu_annotations=trace._frame([], trace._ACOLS),
+        cpu_ops=trace._frame([], trace._ACOLS),
+        forwards=pd.DataFrame([dict(forward=0, name=forward_name, start_ns=0, end_ns=end, dur_ns=end)],
+                              columns=["forward", "name", "start_ns", "end_ns", "dur_ns"]),
+        doc={"labels": {"source": "simulate"}}, path=None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,31 +334,34 @@ def layer_spec(shape: MoEShape, tokens: int, guard: str, *, active: float = 0.0,
 
 
 def _costs(spec: list[tuple], params: CostModel, graph: bool, tp: int) -> list[tuple]:
-    """(name, kind, category, host_us, device_us, wait_us) per op of a layer spec."""
+    """(name, kind, category, n, host_us, device_us, wait_us) per op group of a layer spec: n
+    identical kernel launches, each costing host_us to issue and device_us to run."""
     out = []
     for name, kind, cat, nl, flops, bytes_ in spec:
         if kind == "host":
-            h = 0.0 if graph else params.host_layer_us
-            out.append((name, kind, cat, h, 0.0, 0.0))
+            out.append((name, kind, cat, 1, 0.0 if graph else params.host_layer_us, 0.0, 0.0))
         elif kind == "sync":
-            out.append((name, kind, cat, params.sync_us, 0.0, 0.0))
+            out.append((name, kind, cat, 1, params.sync_us, 0.0, 0.0))
         elif kind == "collective":
-            out.append((name, kind, cat, 0.0 if graph else params.launch_us, params.collective_us(bytes_, tp),
+            out.append((name, kind, cat, 1, 0.0 if graph else params.launch_us, params.collective_us(bytes_, tp),
                         params.skew_us))
         else:
-            h = 0.0 if graph else params.launch_us * nl + (params.triton_extra_us if name in TRITON_OPS else 0.0)
-            out.append((name, kind, cat, h,
-                        params.device_us(flops, bytes_, nl), 0.0))
+            h = 0.0 if graph else params.launch_us + (params.triton_extra_us if name in TRITON_OPS else 0.0)
+            out.append((name, kind, cat, nl, h, params.device_us(flops, bytes_, nl) / nl, 0.0))
     return out
 
 
 def layer_ops(shape: MoEShape, tokens: int, guard: str, *, params: CostModel = CostModel(), layer: int = 0,
               graph: bool = False, tp: int = 1, **kw) -> list[Op]:
-    """The ops of one MoE layer with host and device costs from `params` (see `layer_spec`)."""
+    """The ops of one MoE layer with host and device costs from `params` (see `layer_spec`); an op
+    group of n launches becomes n kernels that share its work evenly."""
     spec = layer_spec(shape, tokens, guard, graph=graph, tp=tp, **kw)
-    return [Op(name, kind, h, d, w, layer=layer, category=cat)
-            for name, kind, cat, h, d, w in _costs(spec, params, graph, tp)
-            if not (kind == "host" and h == 0.0)]
+    ops = []
+    for name, kind, cat, n, h, d, w in _costs(spec, params, graph, tp):
+        if kind == "host" and h == 0.0:
+            continue
+        ops += [Op(name, kind, h, d, w, layer=layer, category=cat)] * n
+    return ops
 
 
 def forward_ops(shape: MoEShape | str, tokens: int, guard: str, *, layers: int | None = None,
@@ -316,18 +390,26 @@ _KIND = {"kernel": 0, "sync": 1, "collective": 2, "host": 3}
 
 
 def _fast_forward_us(costs: list[tuple], L: int, host0: float) -> tuple[float, int]:
-    """forward_us and syncs of L identical layers; the same recurrence as `simulate`, no records."""
+    """forward_us and syncs of L identical layers: the recurrence of `simulate` without records.
+
+    A run of n identical launches (host c, device d each) from host time h and device-free time
+    f ends the device at max(f + n d, h + c + n d, h + n c + d): the end of the last kernel is
+    max over j of (j-th issue + remaining j..n work), linear in j, so one of its ends wins."""
     h, dfree, syncs = host0, 0.0, 0
-    seq = [(_KIND[k], hu, du + wu) for _, k, _, hu, du, wu in costs]
+    seq = [(_KIND[k], n, hu, du + wu) for _, k, _, n, hu, du, wu in costs]
     for _ in range(L):
-        for kind, hu, du in seq:
+        for kind, n, c, d in seq:
             if kind == 1:
-                h = (h if h > dfree else dfree) + hu
+                h = (h if h > dfree else dfree) + c
                 syncs += 1
+            elif kind == 3:
+                h += c
+            elif n == 1:
+                h += c
+                dfree = (h if h > dfree else dfree) + d
             else:
-                h += hu
-                if kind != 3:
-                    dfree = (h if h > dfree else dfree) + du
+                dfree = max(dfree + n * d, h + c + n * d, h + n * c + d)
+                h += n * c
     return (h if h > dfree else dfree), syncs
 
 

@@ -46,7 +46,8 @@ def test_metadata_has_versions_commit_and_no_hostname():
     assert platform.node() not in json.dumps(m)
 
 
-def test_git_commit_reads_packed_refs_and_detached_head(tmp_path):
+def test_git_commit_reads_packed_refs_and_detached_head(tmp_path, monkeypatch):
+    monkeypatch.delenv("GIT_COMMIT", raising=False)
     sha = "0123456789abcdef0123456789abcdef01234567"
     g = tmp_path / "repo" / ".git"
     (g / "refs" / "heads").mkdir(parents=True)
@@ -56,6 +57,8 @@ def test_git_commit_reads_packed_refs_and_detached_head(tmp_path):
     (g / "HEAD").write_text(sha[::-1] + "\n")
     assert bench.git_commit(tmp_path / "repo") == sha[::-1]
     assert bench.git_commit(tmp_path) == ""
+    monkeypatch.setenv("GIT_COMMIT", "abc123")
+    assert bench.git_commit(tmp_path) == "abc123"
 
 
 def test_tiny_sweep_writes_tidy_rows(tmp_path):

@@ -221,3 +221,24 @@ def test_predict_reads_bench_csv_schema(tmp_path):
     full.to_csv(path, index=False)
     p = sim.predict(pd.read_csv(path), TRUTH)
     assert np.allclose(p.predicted_us, p.median_us) and np.allclose(p.error_pct, 0, atol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_trace_analyses_read_a_simulated_forward(mode):
+    from lora_moe_lab import trace
+
+    r = sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=3, active=0.5, mode=mode, timeline=True)
+    t = sim.to_trace_tables(r.timeline)
+    assert list(t.kernels.columns) == trace._KCOLS and list(t.runtime.columns) == trace._RCOLS
+    m = trace.forward_metrics(t).iloc[0]
+    assert m.n_syncs == r.syncs == (3 if mode == "eager" else 0)
+    assert m.n_kernels == r.device_ops
+    assert m.busy_ns == pytest.approx(r.device_busy_us * 1000, abs=r.device_ops)
+    assert m.idle_after_sync_ns == pytest.approx(r.sync_stall_us * 1000, abs=3)
+    assert m.gpu_end_ns == round(r.forward_us * 1000)
+    if mode == "eager":
+        assert len(trace.layer_breakdown(t)) == 3
+        assert (t.kernels.launch_name == "cudaLaunchKernel").all()
+    else:
+        assert (t.kernels.launch_name == "cudaGraphLaunch").all() and m.idle_ns == 0
+    assert trace.queue_depth(t)["depth"].max() >= 1
