@@ -23,6 +23,8 @@ dtype = "auto"           # auto: bfloat16 on GPU, float32 on CPU
 backend = "auto"         # auto: Triton on GPU, torch ops on CPU
 
 # %%
+import json
+
 import torch
 import plotly.graph_objects as go
 import pandas as pd
@@ -84,6 +86,73 @@ fig.update_layout(title=f"Host-device syncs per forward ({num_layers} layers)", 
                   height=350)
 fig.show()
 assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0) for r in rows), rows
+
+# %% [markdown]
+# ## The bubble on a timeline
+# A profiler trace shows it directly: the host lane (CUDA runtime calls), the GPU lane (kernels),
+# the syncs, and every GPU idle gap coloured by its cause:
+#
+# * **after_sync** — the host was blocked in a sync, the queue ran dry, and the GPU now waits
+#   for the host to start launching again. This is the bubble the `sync` guard creates per layer.
+# * **host_launch_wait** — the host simply could not issue kernels as fast as the GPU ran them.
+# * **kernel_to_kernel** — the next kernel was already queued; the small device-side gap.
+#
+# On a GPU this cell profiles the model live; without one it loads traces recorded on an H200.
+
+# %%
+from lora_moe_lab import plots, trace
+
+TRACE_DIR = nbk.DATA / "traces"
+traces = {}
+if LIVE_TRACE := nbk.live_gpu():
+    for g in guards:
+        traces[g] = trace.profile_forwards(lambda: lab.model(x, batch, tensors, guard=g), n_warmup=1, n_active=2,
+                                           labels={"guard": g})
+    source = f"live on {torch.cuda.get_device_name(0)}, preset {preset}, {num_layers} layers, M={batch.num_tokens}"
+else:
+    files = sorted(TRACE_DIR.glob("*_eager_M16.json.gz"))
+    if not files:
+        raise FileNotFoundError(f"no GPU and no recorded traces in {TRACE_DIR}")
+    for f in files:
+        g = next((g for g in guards if f"_{g}_eager_" in f.name), None)
+        if g:
+            traces[g] = trace.load_trace(f)
+    meta = json.loads(files[0].with_name(files[0].name.replace(".json.gz", ".meta.json")).read_text())
+    source = (f"recorded on {meta.get('gpu')} ({meta.get('date')}, commit {meta.get('commit')}), "
+              f"params {meta.get('params')}")
+print(source)
+metrics = pd.concat([trace.forward_metrics(t).assign(guard=g) for g, t in traces.items()], ignore_index=True)
+# end to end: from the host entering forward() until both host and GPU are done
+metrics["e2e_ns"] = (metrics[["host_end_ns", "gpu_end_ns"]].astype("float64").max(axis=1) - metrics.host_start_ns)
+per_guard = metrics.groupby("guard", sort=False)[["e2e_ns", "host_ns", "busy_ns", "idle_ns",
+                                                  "idle_after_sync_ns", "n_syncs"]].mean() / [1e3, 1e3, 1e3, 1e3, 1e3, 1]
+per_guard.columns = ["forward_us", "host_us", "gpu_busy_us", "gpu_idle_us", "idle_after_sync_us", "syncs"]
+per_guard.round(1)
+
+# %%
+for g in [g for g in ("sync", "cpu_flag") if g in traces]:
+    plots.timeline(traces[g], forward=int(traces[g].forwards.forward.iloc[-1]),
+                   title=f"guard={g}: one forward ({source.split(',')[0]})").show()
+
+# %%
+plots.idle_breakdown(metrics, by="guard", title="GPU time per forward: busy and idle by cause").show()
+if "sync" in per_guard.index:
+    assert per_guard.loc["sync", "idle_after_sync_us"] > 0, "the sync guard should leave after-sync bubbles"
+for g in per_guard.index.drop("sync", errors="ignore"):
+    assert per_guard.loc[g, "syncs"] == 0 and per_guard.loc[g, "idle_after_sync_us"] == 0, per_guard
+
+# %% [markdown]
+# ## Cost per sync
+# The time a forward loses to the guard, divided by the syncs it makes: the exposed host-device
+# round trip per layer (the GPU finishes its queue, the host wakes up, the next launch reaches
+# the GPU).
+
+# %%
+if {"sync", "cpu_flag"} <= set(per_guard.index):
+    lost = per_guard.loc["sync", "forward_us"] - per_guard.loc["cpu_flag", "forward_us"]
+    n = per_guard.loc["sync", "syncs"]
+    print(f"forward: sync {per_guard.loc['sync', 'forward_us']:.0f} us vs cpu_flag "
+          f"{per_guard.loc['cpu_flag', 'forward_us']:.0f} us -> {lost / max(n, 1):.1f} us lost per sync ({n:.0f} syncs)")
 
 # %% [markdown]
 # ## For scale: the production figures
