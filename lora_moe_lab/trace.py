@@ -607,19 +607,24 @@ def _window_of_forwards(t: TraceTables, forwards) -> tuple[int, int]:
     return lo, hi
 
 
-def trim_doc(t: TraceTables, window: tuple[int, int] | None = None, forwards=None) -> dict:
+def trim_doc(t: TraceTables, window: tuple[int, int] | None = None, forwards=None,
+             drop_cats: Iterable[str] = ()) -> dict:
     """A copy of the trace doc with only the events overlapping the window (ns), or the window of
-    the selected forwards (an int N: the first N; a slice; or forward indices). Metadata events
-    stay; flow arrows stay when both their ends stay."""
+    the selected forwards (an int N: the first N; a slice; or forward indices), without the
+    categories in drop_cats (e.g. "cpu_op": the aten ops, most of a trace's bytes and unused by
+    the metrics here). Metadata events stay; flow arrows stay when both their ends stay."""
     if forwards is not None:
         window = _window_of_forwards(t, forwards)
+    drop = set(drop_cats)
+    events = [e for e in t.doc.get("traceEvents", ()) if e.get("cat") not in drop] if drop \
+        else list(t.doc.get("traceEvents", ()))
     doc = {k: v for k, v in t.doc.items() if k != "traceEvents"}
     if window is None:
-        doc["traceEvents"] = list(t.doc.get("traceEvents", ()))
+        doc["traceEvents"] = events
         return doc
     lo, hi = window
     kept, flows = [], []
-    for e in t.doc.get("traceEvents", ()):
+    for e in events:
         ph = e.get("ph")
         if ph == "M":
             kept.append(e)
@@ -645,12 +650,14 @@ def trim_doc(t: TraceTables, window: tuple[int, int] | None = None, forwards=Non
 
 
 def export_perfetto(trace_or_path, out_path, forwards=None, window: tuple[int, int] | None = None,
-                    max_bytes: int | None = None, labels: dict | None = None) -> Path:
+                    max_bytes: int | None = None, labels: dict | None = None,
+                    drop_cats: Iterable[str] = ()) -> Path:
     """Write a chrome-JSON trace (.json or .json.gz) that ui.perfetto.dev and chrome://tracing open,
-    optionally trimmed to a window [lo, hi] ns or to some forwards (see trim_doc). Timestamps are
-    written exactly. With max_bytes, warns when the file is bigger."""
+    optionally trimmed to a window [lo, hi] ns or to some forwards, and without some event
+    categories (see trim_doc). Timestamps are written exactly. With max_bytes, warns when the file
+    is bigger."""
     t = _tables(trace_or_path)
-    doc = trim_doc(t, window=window, forwards=forwards)
+    doc = trim_doc(t, window=window, forwards=forwards, drop_cats=drop_cats)
     if labels:
         doc["labels"] = {**(doc.get("labels") or {}), **labels}
     out = _write(doc, out_path)

@@ -363,3 +363,9 @@ def test_idle_breakdown_and_queue_plot(hand):
     assert fig.data[1].y[0] > 0 and fig.data[1].y[1] == 0
     q = plots.queue_depth_plot(hand, forward=0)
     assert max(q.data[0].y) == 3
+
+
+def test_export_drop_categories(hand, tmp_path):
+    out = T.export_perfetto(hand, tmp_path / "d.json", drop_cats=["cpu_op"])
+    back = T.load_trace(str(out))
+    assert len(back.cpu_ops) == 0 and len(back.kernels) == len(hand.kernels)
