@@ -139,6 +139,7 @@ class SyncReport:
     device_observable: bool
     records: list[SyncRecord] = dataclasses.field(default_factory=list)
     profiler_records: list[SyncRecord] = dataclasses.field(default_factory=list)
+    dtoh_records: list[SyncRecord] = dataclasses.field(default_factory=list)  # device->host copies
     guard_records: list[SyncRecord] = dataclasses.field(default_factory=list)
     allowed: int = 0  # syncs inside allow_sync() blocks (not in `count`), where known
 
@@ -178,6 +179,9 @@ class SyncReport:
             lines.append(f"{self.profiler_count} blocking runtime call(s) in the profiler:")
             for site, n in self.profiler_sites.most_common(top):
                 lines.append(f"  {n:6d}  {site}")
+        if self.dtoh_records:
+            lines.append(f"{len(self.dtoh_records)} device-to-host copies in the profiler "
+                         "(each makes the host wait for the GPU before it can read the value)")
         if self.device_observable and self.guard_records:
             lines.append(f"(of which the library's `sync` guard: {self.guard_count})")
         if self.allowed:
@@ -290,7 +294,8 @@ def _count_syncs(cuda: bool, profiler: bool):
         guard_events = stack.enter_context(guard_cm)
         if cuda:
             caught = stack.enter_context(warnings.catch_warnings(record=True))
-            warnings.simplefilter("always")
+            # every sync warning, each time (the user's filters stay for everything else)
+            warnings.filterwarnings("always", message=".*" + _TORCH_SYNC_MSG)
             warnings.showwarning = hook  # restored by catch_warnings on exit
             if profiler:
                 prof = stack.enter_context(torch.profiler.profile(
@@ -311,7 +316,9 @@ def _count_syncs(cuda: bool, profiler: bool):
                 rep.records.append(SyncRecord("sync_debug_mode", _fmt_site(w.filename, w.lineno),
                                               str(w.message)))
     if prof is not None:
-        rep.profiler_records.extend(_profiler_syncs(prof.events()))
+        evs = prof.events()
+        rep.profiler_records.extend(_profiler_syncs(evs))
+        rep.dtoh_records.extend(_profiler_dtoh(evs))
     for i, ev in enumerate(guard_events):
         if _in_allowed_span(base + i):
             if not cuda:
@@ -359,26 +366,28 @@ def _in_allowed_span(n: int) -> bool:
 _STACK_LINE = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\)")
 
 
+def _event_site(e) -> str:
+    """The user site of the nearest enclosing profiler op that carries a Python stack."""
+    p = e
+    while p is not None:
+        for fr in getattr(p, "stack", None) or []:
+            m = _STACK_LINE.match(fr)
+            if m and _is_user_file(m["file"]):
+                return _fmt_site(m["file"], int(m["line"]))
+        p = getattr(p, "cpu_parent", None)
+    return "?"
+
+
 def _profiler_syncs(events) -> list[SyncRecord]:
-    """Blocking runtime calls among torch.profiler FunctionEvents, each with the user site of the
-    nearest enclosing op that carries a Python stack (with_stack=True)."""
-    out = []
-    for e in events:
-        if e.name not in PROFILER_SYNC_NAMES:
-            continue
-        site = "?"
-        p = e
-        while p is not None:
-            for fr in getattr(p, "stack", None) or []:
-                m = _STACK_LINE.match(fr)
-                if m and _is_user_file(m["file"]):
-                    site = _fmt_site(m["file"], int(m["line"]))
-                    break
-            if site != "?":
-                break
-            p = getattr(p, "cpu_parent", None)
-        out.append(SyncRecord("profiler", site, e.name))
-    return out
+    """Blocking runtime calls among torch.profiler FunctionEvents (with_stack=True gives sites)."""
+    return [SyncRecord("profiler", _event_site(e), e.name) for e in events
+            if e.name in PROFILER_SYNC_NAMES]
+
+
+def _profiler_dtoh(events) -> list[SyncRecord]:
+    """Device-to-host copies on the GPU (`Memcpy DtoH (...)`) among profiler events."""
+    return [SyncRecord("profiler_dtoh", _event_site(e), e.name) for e in events
+            if e.name.startswith("Memcpy DtoH")]
 
 
 # --- checked regions ------------------------------------------------------------------------

@@ -113,9 +113,15 @@ def test_profiler_event_filter():
                                   "/home/me/model.py(42): forward"])
     evs = [E("cudaLaunchKernel"), E("cudaStreamSynchronize", parent=item),
            E("cudaDeviceSynchronize"), E("cudaMemcpyAsync", parent=item)]
-    recs = syncs._profiler_syncs(evs)
+    recs = syncs._profiler_syncs(evs + [E("Memcpy DtoH (Device -> Pinned)", parent=item)])
     assert [(r.what, r.site) for r in recs] == [("cudaStreamSynchronize", "model.py:42"),
                                                 ("cudaDeviceSynchronize", "?")]
+    d = syncs._profiler_dtoh(evs + [E("Memcpy DtoH (Device -> Pinned)", parent=item),
+                                    E("Memcpy HtoD (Pinned -> Device)")])
+    assert [(r.what, r.site) for r in d] == [("Memcpy DtoH (Device -> Pinned)", "model.py:42")]
+    rep = syncs.SyncReport(device_observable=True, profiler_records=recs, dtoh_records=d)
+    assert rep.profiler_count == 2 and "1 device-to-host" in rep.summary()
+    assert rep.profiler_sites["cudaStreamSynchronize @ model.py:42"] == 1
 
 
 # --- the CUDA path with a fake sync debug mode (runs everywhere) ---------------------------
@@ -222,10 +228,12 @@ def test_gpu_count_syncs_and_profiler():
         for _ in range(3):
             x.sum().item()  # GPU-COUNT
         torch.cuda.synchronize()
-    assert rep.count == 3
-    assert rep.sites == {_line_of("x.sum().item()  # GPU-COUNT"): 3}
+    # torch.cuda.synchronize() is an explicit device sync: sync debug mode may or may not report
+    # it (torch versions differ); the profiler always sees cudaDeviceSynchronize.
+    assert rep.sites[_line_of("x.sum().item()  # GPU-COUNT")] == 3 and rep.count in (3, 4)
     names = [r.what for r in rep.profiler_records]
     assert names.count("cudaStreamSynchronize") >= 3 and "cudaDeviceSynchronize" in names
+    assert len(rep.dtoh_records) >= 3
 
 
 @gpu
