@@ -575,7 +575,7 @@ def fit(sweep: pd.DataFrame | None = None, *, kernels: pd.DataFrame | None = Non
         return start.with_(**{p: float(v) for p, v in zip(names, np.exp(x))})
 
     def loss(x):
-        if np.any(np.abs(x) > 30):
+        if np.any(np.abs(x - x0) > math.log(1e3)):  # stay within 1000x of the start: no runaway values
             return 1e30
         pm = model(x)
         pred = np.log([_fast_forward_us(_costs(s, pm, g, 1), L, pm.graph_launch_us if g else 0.0)[0]
