@@ -590,6 +590,38 @@ def _write(doc: dict, out_path) -> Path:
     return out
 
 
+def tables_to_doc(t: TraceTables, pid: int = 1, tid: int = 1) -> dict:
+    """Chrome-trace events rebuilt from the tables (for TraceTables made without a trace, e.g. a
+    simulated timeline): annotations, runtime calls, syncs (as cuda_sync records), GPU ops with
+    their correlation and flow arrows. load_trace() of the result gives the same tables."""
+    ev = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "host"}}]
+
+    def x(cat, name, p, th, start, dur, args):
+        return {"ph": "X", "cat": cat, "name": str(name), "pid": p, "tid": th,
+                "ts": _fmt_us(int(start)), "dur": _fmt_us(int(dur)), "args": args}
+
+    def val(v):
+        return None if v is None or (not isinstance(v, str) and pd.isna(v)) else v
+
+    for cat, df in (("user_annotation", t.annotations), ("cpu_op", t.cpu_ops)):
+        for r in df.itertuples():
+            ev.append(x(cat, r.name, val(r.pid) or pid, val(r.tid) or tid, r.start_ns, r.dur_ns, {}))
+    for r in t.runtime.itertuples():
+        a = {"correlation": val(r.correlation)} if val(r.correlation) is not None else {}
+        ev.append(x(r.cat, r.name, val(r.pid) or pid, val(r.tid) or tid, r.start_ns, r.dur_ns, a))
+    for r in t.syncs.itertuples():
+        if r.source == "runtime" and val(r.kind) is None:
+            continue  # already there as its runtime call (a record with a kind merges into it)
+        ev.append(x("cuda_sync", r.kind or r.name, 0, val(r.stream) or 0, r.start_ns, r.dur_ns,
+                    {"cuda_sync_kind": r.kind or r.name, "correlation": val(r.correlation)}))
+    cat_of = {v: k for k, v in GPU_OP_CATS.items()}
+    for r in t.kernels.itertuples():
+        a = {"device": val(r.device), "stream": val(r.stream), "correlation": val(r.correlation)}
+        ev.append(x(cat_of.get(r.kind, "kernel"), r.name, val(r.device) or 0, val(r.stream) or 0,
+                    r.start_ns, r.dur_ns, a))
+    return {"traceEvents": ev, "labels": dict(t.doc.get("labels") or {}) if t.doc else {}}
+
+
 def _window_of_forwards(t: TraceTables, forwards) -> tuple[int, int]:
     if isinstance(forwards, int):
         sel = list(t.forwards["forward"])[:forwards]
@@ -615,10 +647,11 @@ def trim_doc(t: TraceTables, window: tuple[int, int] | None = None, forwards=Non
     the metrics here). Metadata events stay; flow arrows stay when both their ends stay."""
     if forwards is not None:
         window = _window_of_forwards(t, forwards)
+    src = t.doc if (t.doc and "traceEvents" in t.doc) else {**(t.doc or {}), **tables_to_doc(t)}
     drop = set(drop_cats)
-    events = [e for e in t.doc.get("traceEvents", ()) if e.get("cat") not in drop] if drop \
-        else list(t.doc.get("traceEvents", ()))
-    doc = {k: v for k, v in t.doc.items() if k != "traceEvents"}
+    events = [e for e in src.get("traceEvents", ()) if e.get("cat") not in drop] if drop \
+        else list(src.get("traceEvents", ()))
+    doc = {k: v for k, v in src.items() if k != "traceEvents"}
     if window is None:
         doc["traceEvents"] = events
         return doc
@@ -727,4 +760,5 @@ def profile_forwards(fn: Callable[[], object], n_warmup: int = 2, n_active: int 
     out = export_perfetto(t, path, forwards=keep_forwards, labels=labels)
     with contextlib.suppress(OSError):
         os.remove(raw)
+        os.rmdir(tmpdir)  # only when empty (the trace was written elsewhere)
     return load_trace(out, forward_name=forward_name)

@@ -369,3 +369,18 @@ def test_export_drop_categories(hand, tmp_path):
     out = T.export_perfetto(hand, tmp_path / "d.json", drop_cats=["cpu_op"])
     back = T.load_trace(str(out))
     assert len(back.cpu_ops) == 0 and len(back.kernels) == len(hand.kernels)
+
+
+def test_tables_to_doc_roundtrip(hand, tmp_path):
+    """Tables made without a trace (e.g. a simulated timeline) export to a trace Perfetto opens."""
+    bare = T.TraceTables(**{f: getattr(hand, f) for f in ("kernels", "runtime", "syncs", "memcpys",
+                                                           "annotations", "gpu_annotations",
+                                                           "cpu_ops", "forwards")},
+                         doc={"labels": {"source": "test"}})
+    out = T.export_perfetto(bare, tmp_path / "sim.json.gz")
+    back = T.load_trace(str(out))
+    assert back.labels == {"source": "test"}
+    cols = ["name", "kind", "start_ns", "end_ns", "correlation", "launch_start_ns", "forward"]
+    assert back.kernels[cols].equals(hand.kernels[cols])
+    assert back.syncs[["name", "start_ns", "end_ns", "kind"]].equals(hand.syncs[["name", "start_ns", "end_ns", "kind"]])
+    assert T.forward_metrics(back).equals(T.forward_metrics(hand))
