@@ -43,6 +43,7 @@ PRODUCTION = {
     "input_throughput_gain_pct": 14.4,
     "ttft_change_pct": -12.6,
 }
+PRODUCTION["stall_us_per_sync"] = 1000.0 * PRODUCTION["stall_ms_per_forward"] / PRODUCTION["syncs_per_forward"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,7 +151,8 @@ def simulate(ops: Sequence[Op], *, timeline: bool = False) -> SimResult:
 _RUNTIME_NAME = {"launch": "cudaLaunchKernel", "sync": "cudaStreamSynchronize", "graph_launch": "cudaGraphLaunch"}
 
 
-def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launch_call_ns: int = 2000):
+def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launch_call_ns: int = 2000,
+                    labels: dict | None = None):
     """A simulated timeline as `trace.TraceTables` (one forward), so the trace analyses
     (`trace.forward_metrics`, `idle_gaps`, `layer_breakdown`, `queue_depth`) and the plots built
     on them read a simulated forward exactly as a recorded one. Host launch segments become
@@ -211,7 +213,7 @@ def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launc
         cpu_ops=trace._frame([], trace._ACOLS),
         forwards=pd.DataFrame([dict(forward=0, name=forward_name, start_ns=0, end_ns=end, dur_ns=end)],
                               columns=["forward", "name", "start_ns", "end_ns", "dur_ns"]),
-        doc={"labels": {"source": "simulate"}}, path=None)
+        doc={"labels": {"source": "simulate", **(labels or {})}}, path=None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,6 +467,40 @@ def predict(df: pd.DataFrame, params: CostModel = CostModel()) -> pd.DataFrame:
     return d
 
 
+def trace_rows(traces: Iterable) -> pd.DataFrame:
+    """Sweep-like rows from recorded traces (paths or TraceTables with the labels that
+    scripts/gpu_traces.py stores: preset, num_layers, guard, mode, M, adapters, max_rank, dtype),
+    one per trace: median over its forwards of (end of the last GPU op - start of the forward on the
+    host), the quantity bench.py times with CUDA events. Also the measured kernels per forward
+    beside the model's count (`model_kernels`), a check of DEFAULT_LAUNCHES."""
+    from . import trace as T
+
+    rows = []
+    for tr in traces:
+        t = T.load_trace(tr)
+        lab = t.labels
+        need = {"preset", "num_layers", "guard", "mode", "M"}
+        if not need <= set(lab):
+            raise ValueError(f"trace {t.path or '<in memory>'} lacks labels {sorted(need - set(lab))}")
+        m = T.forward_metrics(t)
+        if not len(m):
+            continue
+        end = np.maximum(m["gpu_end_ns"].astype("float").fillna(0).to_numpy(), m["host_end_ns"].to_numpy(float))
+        dur_us = (end - m["host_start_ns"].to_numpy(float)) / 1e3
+        ads = lab.get("adapters") or []
+        active = (sum(a is not None for a in ads) / len(ads)) if ads else float(lab.get("active", 0.0))
+        row = dict(preset=lab["preset"], layers=int(lab["num_layers"]), tokens=int(lab["M"]), guard=lab["guard"],
+                   active=active, rank=int(lab.get("max_rank", 16)), mode=lab["mode"],
+                   dtype=str(lab.get("dtype", "bfloat16")), median_us=float(np.median(dur_us)),
+                   kernels_per_forward=float(m["n_kernels"].median()), syncs_per_forward=float(m["n_syncs"].median()),
+                   source=str(t.path or "trace"), error=None)
+        kw = _row_kwargs(row)
+        row["model_kernels"] = simulate_forward(**{k: v for k, v in kw.items() if k != "shape"},
+                                                shape=kw["shape"]).device_ops
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 FIT_PARAMS = ("launch_us", "sync_us", "graph_launch_us", "kernel_us", "tflops", "tbps")
 
 
@@ -518,9 +554,12 @@ def _trace_init(init: CostModel, kernels: pd.DataFrame | None, runtime: pd.DataF
         return (t.loc[m, "end_ns"] - t.loc[m, "start_ns"]).astype(float) / 1000.0
 
     if runtime is not None and len(runtime):
-        d = durs(runtime, r"LaunchKernel|cuLaunch")
-        if len(d):
-            kw["launch_us"] = float(d.median()) * 1.5  # the call itself; dispatch adds about half again
+        m = runtime["name"].astype(str).str.contains(r"LaunchKernel|cuLaunch", case=False, regex=True)
+        st = np.sort(runtime.loc[m, "start_ns"].to_numpy(dtype=np.int64))
+        gaps = np.diff(st) / 1000.0
+        gaps = gaps[(gaps > 0) & (gaps < 100.0)]  # launch to launch inside a busy host stretch
+        if len(gaps):  # host cost of one launch = dispatch + the call: the spacing of launch calls
+            kw["launch_us"] = float(np.median(gaps))
             src.append("trace:launch")
         d = durs(runtime, r"GraphLaunch")
         if len(d):
@@ -534,17 +573,29 @@ def _trace_init(init: CostModel, kernels: pd.DataFrame | None, runtime: pd.DataF
     return init.with_(**kw), src
 
 
-def fit(sweep: pd.DataFrame | None = None, *, kernels: pd.DataFrame | None = None,
+def fit(sweep: pd.DataFrame | None = None, *, traces: Iterable | None = None, kernels: pd.DataFrame | None = None,
         runtime: pd.DataFrame | None = None, init: CostModel = CostModel(),
         params: Sequence[str] = FIT_PARAMS, iters: int = 400) -> FitResult:
     """Fit the cost model to recorded data.
 
-    Trace tables (kernels/runtime calls with name, start_ns, end_ns) give starting values; the sweep
-    (bench.py CSV: preset, layers, tokens, guard, active, rank, mode, median_us) is then matched by
+    Trace tables (kernels/runtime calls with name, start_ns, end_ns) give starting values; `traces`
+    (recorded trace files or TraceTables with labels) give both starting values and rows
+    (`trace_rows`); the sweep (bench.py CSV: preset, layers, tokens, guard, active, rank, mode,
+    median_us) and the trace rows are then matched by
     minimising the squared log-ratio of simulated to measured forward time over the chosen
     parameters (Nelder-Mead in log space: all parameters stay positive). Without a sweep only the
     trace starting values are returned.
     """
+    if traces is not None:
+        from . import trace as T
+
+        tabs = [T.load_trace(t) for t in traces]
+        ks = [t.kernels for t in tabs] + ([kernels] if kernels is not None else [])
+        rs = [t.runtime for t in tabs] + ([runtime] if runtime is not None else [])
+        kernels = pd.concat(ks, ignore_index=True) if ks else None
+        runtime = pd.concat(rs, ignore_index=True) if rs else None
+        tr = trace_rows(tabs)
+        sweep = tr if sweep is None else pd.concat([sweep, tr], ignore_index=True)
     start, src = _trace_init(init, kernels, runtime)
     if sweep is None or not len(sweep):
         return FitResult(start, float("nan"), 0, (), src)
@@ -662,10 +713,39 @@ def compare_production(extrap: pd.DataFrame, *, fix: str = "cpu_flag") -> pd.Dat
             "input_throughput_gain_pct": 100.0 * (s["forward_ms"] / f["forward_ms"] - 1.0),
             "ttft_change_pct": 100.0 * (f["forward_ms"] / s["forward_ms"] - 1.0),
         }
+        pred["stall_us_per_sync"] = (1000.0 * pred["stall_ms_per_forward"] / pred["syncs_per_forward"]
+                                     if pred["syncs_per_forward"] else np.nan)
         for m, v in pred.items():
             rows.append(dict(tokens=tokens, mode=mode, metric=m, predicted=v, production=PRODUCTION[m],
                              ratio=v / PRODUCTION[m] if PRODUCTION[m] else np.nan))
     return pd.DataFrame(rows)
+
+
+def sync_us_to_match(params: CostModel = CostModel(), *, target_us_per_sync: float = PRODUCTION["stall_us_per_sync"],
+                     preset: str = "qwen3-30b-a3b-tp4", tokens: int = 16384, layers: int = 48, tp: int = 4,
+                     collective: bool = True, active: float = 0.5, **kw) -> float:
+    """The host time between a sync and the next launch (`sync_us`) at which one sync costs
+    `target_us_per_sync` of forward time (default: production's 100 ms / 260 syncs), by bisection.
+    It answers "how much host work after each sync would explain production's stall?"."""
+    args = dict(layers=layers, tp=tp, collective=collective, active=active, **kw)
+
+    def per_sync(s: float) -> float:
+        p = params.with_(sync_us=s)
+        ts = forward_us(preset, tokens, "sync", params=p, **args)
+        tc = forward_us(preset, tokens, "cpu_flag", params=p, **args)
+        return (ts - tc) / (layers * kw.get("syncs_per_layer", 1))
+
+    lo, hi = 0.0, 1.0
+    if per_sync(lo) >= target_us_per_sync:
+        return 0.0
+    while per_sync(hi) < target_us_per_sync:
+        hi *= 2.0
+        if hi > 1e7:
+            raise ValueError("no sync overhead below 10 s reaches the target")
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if per_sync(mid) < target_us_per_sync else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def what_if(params: CostModel = CostModel(), *, vary: str = "launch_us", values: Iterable[float] = (),

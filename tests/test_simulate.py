@@ -171,13 +171,33 @@ def test_fit_skips_errored_rows_and_unseen_parameters():
 
 
 def test_fit_takes_starting_values_from_trace_tables():
-    runtime = pd.DataFrame(dict(name=["cudaLaunchKernel"] * 3 + ["cudaGraphLaunch"], start_ns=[0, 100, 200, 300],
-                                end_ns=[4000, 4100, 4200, 12300]))
+    runtime = pd.DataFrame(dict(name=["cudaLaunchKernel"] * 4 + ["cudaGraphLaunch"],
+                                start_ns=[0, 6000, 12000, 500_000, 600_000],
+                                end_ns=[2000, 8000, 14000, 502_000, 612_000]))
     kernels = pd.DataFrame(dict(name=["k"] * 10, start_ns=np.arange(10) * 10_000,
                                 end_ns=np.arange(10) * 10_000 + 1000 * np.arange(1, 11)))
     r = sim.fit(kernels=kernels, runtime=runtime)
+    # launch spacing 6 us (the 488 us pause is not a launch cost); graph launch call 12 us
     assert r.params.launch_us == pytest.approx(6.0) and r.params.graph_launch_us == pytest.approx(12.0)
     assert r.params.kernel_us == pytest.approx(1.9) and r.rows == 0
+
+
+def test_fit_from_traces_recovers_forward_times():
+    traces = []
+    for M, g, mode in itertools.product([16, 4096], GUARDS, ["eager", "graph"]):
+        r = sim.simulate_forward("qwen3-30b-a3b", M, g, layers=2, mode=mode, params=TRUTH, active=0.5,
+                                 timeline=True)
+        traces.append(sim.to_trace_tables(r.timeline, labels=dict(
+            preset="qwen3-30b-a3b", num_layers=2, guard=g, mode=mode, M=M, adapters=["a0", None], max_rank=16,
+            dtype="bfloat16")))
+    rows = sim.trace_rows(traces)
+    assert len(rows) == 12 and (rows.kernels_per_forward == rows.model_kernels).all()
+    assert (rows.loc[(rows.guard == "sync") & (rows["mode"] == "eager"), "syncs_per_forward"] == 2).all()
+    f = sim.fit(traces=traces, iters=150)
+    assert "trace:launch" in f.sources and f.rows == 12 and f.rms_log_error < 0.02
+    assert sim.validate(rows, f.params)["ok"].all()
+    with pytest.raises(ValueError, match="lacks labels"):
+        sim.trace_rows([sim.to_trace_tables(r.timeline)])
 
 
 def test_extrapolate_and_compare_with_production():
@@ -189,7 +209,10 @@ def test_extrapolate_and_compare_with_production():
     assert (ex.loc[ex.guard == "cpu_flag", "stall_ms_per_forward"] == 0).all()
     assert (s.stall_ms_per_forward > 0).all() and (s.sync_stall_ms > 0).all()
     c = sim.compare_production(ex)
-    assert set(c.metric) == set(sim.PRODUCTION) and len(c) == 8
+    assert set(c.metric) == set(sim.PRODUCTION) and len(c) == 10
+    assert sim.PRODUCTION["stall_us_per_sync"] == pytest.approx(100e3 / 260)
+    sp = c[(c.tokens == 8192) & (c.metric == "stall_us_per_sync")].iloc[0].predicted
+    assert sp == pytest.approx(1000 * s.stall_ms_per_forward.iloc[0] / 48)
     row = c[(c.tokens == 8192) & (c.metric == "input_throughput_gain_pct")].iloc[0]
     assert row.production == 14.4 and row.predicted > 0
     # the two production figures are one fact seen twice: gain g <-> TTFT change 1/(1+g) - 1
@@ -266,3 +289,13 @@ def test_plot_builders_return_figures():
     assert any(list(t.x)[-1:] == ["production"] for t in bars)
     with pytest.raises(ValueError, match="timeline=True"):
         sim_plots.sim_timeline(sim.simulate_forward("tiny", 8, "sync", layers=2))
+
+
+def test_sync_us_to_match_production_stall():
+    p = CostModel()
+    s = sim.sync_us_to_match(p, target_us_per_sync=300.0, layers=4, tokens=4096)
+    ts = sim.forward_us("qwen3-30b-a3b-tp4", 4096, "sync", layers=4, tp=4, collective=True, active=0.5,
+                        params=p.with_(sync_us=s))
+    tc = sim.forward_us("qwen3-30b-a3b-tp4", 4096, "cpu_flag", layers=4, tp=4, collective=True, active=0.5, params=p)
+    assert (ts - tc) / 4 == pytest.approx(300.0, rel=1e-6)
+    assert sim.sync_us_to_match(p, target_us_per_sync=0.0, layers=2) == 0.0
