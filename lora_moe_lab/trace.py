@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
-import io
 import json
 import os
 import re

@@ -110,6 +110,25 @@ def record(lab, args, M: int, guard: str, mode: str, out_dir: str) -> dict:
     return row
 
 
+def compact_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The summary as a short table: per-forward means, times in us."""
+    def col(name, scale=1.0, nd=1):
+        if name not in df:
+            return None
+        return (df[name] / scale).round(nd)
+
+    return pd.DataFrame({
+        "guard": df["guard"], "mode": df["mode"], "M": df["M"],
+        "syncs/fwd": col("n_syncs", 1, 1), "dbg_syncs": df.get("debug_mode_syncs"),
+        "span_us": col("gpu_span_ns", 1e3), "busy_us": col("busy_ns", 1e3),
+        "idle_sync_us": col("idle_after_sync_ns", 1e3),
+        "idle_host_us": col("idle_host_launch_wait_ns", 1e3),
+        "idle_k2k_us": col("idle_kernel_to_kernel_ns", 1e3), "util": col("gpu_util", 1, 3),
+        "qmax": df.get("max_queue_depth"), "kB": col("bytes", 1e3, 0),
+        "checked": df.get("checked_region"),
+    })
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
@@ -155,21 +174,9 @@ def main(argv=None) -> int:
     df.to_csv(os.path.join(args.out, "traces_summary.csv"), index=False)
     with open(os.path.join(args.out, "traces_summary.meta.json"), "w") as f:
         json.dump(metadata(vars(args)), f, indent=1)
-    show = pd.DataFrame({
-        "guard": df["guard"], "mode": df["mode"], "M": df["M"],
-        "syncs/fwd": df.get("n_syncs"), "dbg_syncs": df.get("debug_mode_syncs"),
-        "span_us": (df.get("gpu_span_ns") / 1e3).round(1) if "gpu_span_ns" in df else None,
-        "busy_us": (df.get("busy_ns") / 1e3).round(1) if "busy_ns" in df else None,
-        "idle_sync_us": (df.get("idle_after_sync_ns") / 1e3).round(1) if "idle_after_sync_ns" in df else None,
-        "idle_host_us": (df.get("idle_host_launch_wait_ns") / 1e3).round(1) if "idle_host_launch_wait_ns" in df else None,
-        "idle_k2k_us": (df.get("idle_kernel_to_kernel_ns") / 1e3).round(1) if "idle_kernel_to_kernel_ns" in df else None,
-        "util": df.get("gpu_util", pd.Series(dtype=float)).round(3),
-        "qmax": df.get("max_queue_depth"), "kB": (df.get("bytes", pd.Series(dtype=float)) / 1e3).round(0),
-        "checked": df.get("checked_region"),
-    })
     print(f"\n{metadata()['gpu']}  {args.preset} x{args.layers} layers  ->  {args.out}")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(show.to_string(index=False))
+        print(compact_table(df).to_string(index=False))
     if "error" in df and df["error"].notna().any():
         print("\nerrors:\n" + "\n".join(df.loc[df["error"].notna(), "error"].astype(str)))
         return 1

@@ -384,3 +384,25 @@ def test_tables_to_doc_roundtrip(hand, tmp_path):
     assert back.kernels[cols].equals(hand.kernels[cols])
     assert back.syncs[["name", "start_ns", "end_ns", "kind"]].equals(hand.syncs[["name", "start_ns", "end_ns", "kind"]])
     assert T.forward_metrics(back).equals(T.forward_metrics(hand))
+
+
+def test_gpu_traces_script_smoke(tmp_path, capsys):
+    """scripts/gpu_traces.py end to end on the tiny preset (eager only without a GPU)."""
+    pytest.importorskip("lora_moe_lab.moe")
+    spec = importlib.util.spec_from_file_location("gpu_traces", os.path.join(ROOT, "scripts", "gpu_traces.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--out", str(tmp_path), "--preset", "tiny", "--layers", "2", "--tokens", "4",
+                   "--guards", "sync", "cpu_flag", "--modes", "eager", "--warmup", "1", "--active", "2",
+                   "--dtype", "float32"])
+    assert rc == 0
+    summary = pd.read_csv(tmp_path / "traces_summary.csv")
+    assert list(summary["guard"]) == ["sync", "cpu_flag"] and (summary["n_forwards"] == 2).all()
+    assert list(summary["checked_region"]) == [summary["checked_region"][0], "pass"]
+    assert summary["checked_region"][0].startswith("raised at guards.py")
+    meta = json.loads((tmp_path / "tiny_sync_eager_M4.meta.json").read_text())
+    assert {"gpu", "torch", "triton", "commit", "date", "params"} <= set(meta)
+    assert meta["params"]["guard"] == "sync" and meta["params"]["num_layers"] == 2
+    t = T.load_trace(tmp_path / "tiny_sync_eager_M4.json.gz")
+    assert len(t.forwards) == 2 and t.labels["guard"] == "sync"
+    assert "idle_sync_us" in capsys.readouterr().out
