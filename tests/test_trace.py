@@ -406,3 +406,22 @@ def test_gpu_traces_script_smoke(tmp_path, capsys):
     t = T.load_trace(tmp_path / "tiny_sync_eager_M4.json.gz")
     assert len(t.forwards) == 2 and t.labels["guard"] == "sync"
     assert "idle_sync_us" in capsys.readouterr().out
+
+
+def test_graph_launch_shares_correlation():
+    """A CUDA-graph replay: one cudaGraphLaunch, every kernel of the graph carries its correlation."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "profile_forward", "pid": 1, "tid": 1,
+           "ts": 0, "dur": 100, "args": {}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
+           "ts": 1, "dur": 9.5, "args": {"correlation": 77}}]
+    for i, (s, d) in enumerate([(5, 10), (15.5, 3), (19, 1.25)]):
+        ev.append({"ph": "X", "cat": "kernel", "name": f"g{i}", "pid": 0, "tid": 7, "ts": s,
+                   "dur": d, "args": {"correlation": 77, "device": 0, "stream": 7}})
+    t = T.load_trace({"traceEvents": ev})
+    assert (t.kernels["launch_name"] == "cudaGraphLaunch").all()
+    g = T.idle_gaps(t)
+    assert list(g["dur_ns"]) == [500, 500] and set(g["category"]) == {"kernel_to_kernel"}
+    q = T.queue_depth(t)
+    assert q["depth"].max() == 3  # the whole graph is queued at once
+    m = T.forward_metrics(t).iloc[0]
+    assert m["gpu_span_ns"] == 15250 and m["busy_ns"] == 14250 and m["n_syncs"] == 0
