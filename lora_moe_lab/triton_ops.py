@@ -43,13 +43,14 @@ class GemmConfig:
 @dataclass(frozen=True)
 class LoRAKernelConfig:
     """Fused LoRA tile: BLOCK_M comes from the alignment (see `lora_block_m`); split_n programs share
-    the N columns of one block (more programs at small M)."""
+    the N columns of one block (more work items at small M)."""
 
     block_n: int
     block_k: int
     split_n: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    programs_per_sm: int = 4  # persistent grid: programs = min(work items bound, SMs * this)
 
 
 _INTERP_GEMM = GemmConfig(block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
@@ -114,21 +115,49 @@ _NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function 
 
 def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                 N: int, K: int) -> LoRAKernelConfig:
+    """Tile of the fused LoRA kernel (values from the H200 sweep of scripts/gpu_kernels.py)."""
     if runtime.interpreter():
         return _INTERP_LORA
     # Rough count of busy blocks, from shapes only: at most one per pair, and about one per
     # (slot, expert) group while the groups are smaller than a block.
     busy = max(1, min(token_bucket(num_tokens) * top_k, num_experts * num_slots))
     block_n = 64
-    max_split = triton_cdiv(N, block_n)
-    split = max(1, min(max_split, (2 * _NUM_SMS_GUESS + busy - 1) // busy))
-    block_k = 128 if block_m <= 32 else 64
-    warps = 8 if block_m >= 128 else 4
-    return LoRAKernelConfig(block_n=block_n, block_k=block_k, split_n=split, num_warps=warps, num_stages=3)
+    n_tiles = triton_cdiv(N, block_n)
+    # Split N until about two work items per SM exist; past a few dozen blocks, keep >= 256
+    # columns per item (the shrink is recomputed per item).
+    split = max(1, min(n_tiles, (2 * _NUM_SMS_GUESS + busy - 1) // busy))
+    if busy >= 64:
+        split = max(1, min(split, N // 256))
+    if block_m >= 64:
+        return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3)
+    if split == 1:
+        return LoRAKernelConfig(block_n=128, block_k=64, split_n=1, num_warps=4, num_stages=3)
+    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3)
 
 
 def triton_cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def triton_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of the device (a host-side property query, no sync). Under the interpreter a
+    small number, so that the tests run the persistent loop with several items per program."""
+    if device.type != "cuda":
+        return 2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
 
 
 def block_r(rank: int) -> int:
@@ -299,20 +328,21 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     n_tiles = triton_cdiv(N, cfg.block_n)
     split = max(1, min(cfg.split_n, n_tiles))
     n_per_split = triton_cdiv(n_tiles, split) * cfg.block_n
-    # Busy blocks of a slot lie at its start and number at most num_pairs (each holds a pair): launch
-    # only those (static bound). The debug exit-code mode launches every block so each gets a code.
-    nb_launch = nb if exit_codes is not None else min(nb, num_pairs)
-    grid = (S * nb_launch * split,)
+    # Persistent grid, from static shapes only: a few programs per SM, never more than the work
+    # items there can be (busy blocks of a slot number at most num_pairs: each holds a pair).
+    max_items = S * min(nb, num_pairs) * split
+    grid = (max(1, min(max_items, _num_sms(dev) * cfg.programs_per_sm)),)
     rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
     ex = exit_codes if exit_codes is not None else align.expert_ids
     fused_moe_lora_kernel[grid](
         x, lora_a, lora_b, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         lora_ids, adapter_enabled, rw, ex,
-        N, K, R, num_pairs, nb_launch, top_k, n_per_split,
+        N, K, R, num_pairs, nb, top_k, n_per_split,
         x.stride(0), x.stride(1),
         *lora_a.stride(), *lora_b.stride(),
         out.stride(0), out.stride(1),
         align.sorted_token_ids.stride(0), align.expert_ids.stride(0),
+        NUM_SLOTS=S, SLOTS_POW2=triton_pow2(S),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=block_r(R), SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

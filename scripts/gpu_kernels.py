@@ -36,7 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from lora_moe_lab import runtime, triton_ops  # noqa: E402
 from lora_moe_lab.config import get_shape  # noqa: E402
-from lora_moe_lab.kernels.align import moe_align  # noqa: E402
+from lora_moe_lab.kernels.align import moe_align, moe_align_triton  # noqa: E402
 from lora_moe_lab.triton_ops import LoRAKernelConfig  # noqa: E402
 
 # Production engine's Triton fused MoE-LoRA (gate_up, rank 32, 4 adapters, bf16) on this H200, in us.
@@ -211,11 +211,24 @@ def graph_time_us(fns, inner=1, reps=25, warm=3):
 
 
 def copy_bandwidth(dev):
-    n = 1 << 29  # 1 GiB of bf16 per buffer
+    """Device-to-device copy ceiling (bytes read + written per second): the best of a plain copy_
+    timed eagerly with events and inside a graph, on 2 GiB buffers."""
+    n = 1 << 30  # bf16 elements: 2 GiB per buffer
     a = torch.randn(n // 2, device=dev, dtype=torch.float32).view(torch.bfloat16)
     b = torch.empty_like(a)
-    t = graph_time_us([lambda: b.copy_(a)], inner=4, reps=10)
-    return 2 * a.numel() * a.element_size() / (t * 1e-6) / 1e9, t
+    t_graph = graph_time_us([lambda: b.copy_(a)], inner=4, reps=10)
+    ts = []
+    for _ in range(12):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3)
+    t_eager = statistics.median(ts[2:])
+    nbytes = 2 * a.numel() * a.element_size()
+    del a, b
+    return max(nbytes / (t * 1e-6) / 1e9 for t in (t_graph, t_eager)), dict(graph_us=t_graph, eager_us=t_eager)
 
 
 def lora_bytes(ids, token_slot, E, K, N, k, elt=2, P=2):
@@ -251,23 +264,29 @@ def lora_weights(preset, dev, gen, dtype=torch.bfloat16):
 
 
 def cfg_str(bm, c):
-    return f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
+    return (f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
+            f"/pps{c.programs_per_sm}")
 
 
 def sweep_candidates(preset, M):
     sh = get_shape(preset)
     E, k, I, K = sh.num_experts, sh.top_k, sh.intermediate, sh.hidden
     out = []
+    bm0 = triton_ops.lora_block_m(M, k, E, S)
     for bm in (16, 32, 64):
         if bm > 16 and M * k / (E * S) < bm / 4:
             continue  # blocks mostly padding
         base = triton_ops.lora_config(M, k, E, S, bm, I, K)
-        for bn, bk, split, w, st in ((64, 128, base.split_n, 4, 3), (64, 64, base.split_n, 4, 4),
-                                     (128, 64, base.split_n, 4, 3), (32, 128, base.split_n, 4, 3),
-                                     (64, 256, base.split_n, 4, 2), (64, 128, base.split_n, 8, 3),
-                                     (64, 128, max(1, base.split_n // 2), 4, 3),
-                                     (64, 128, base.split_n * 2, 4, 3), (64, 128, base.split_n * 4, 4, 3)):
-            c = LoRAKernelConfig(bn, bk, min(split, triton.cdiv(I, bn)), w, st)
+        variants = [(base.block_n, base.block_k, base.split_n, 4, 3, base.programs_per_sm)]
+        if bm == bm0:
+            variants += [(base.block_n, base.block_k, base.split_n, 4, 3, p) for p in (2, 3, 6, 8, 16)]
+            variants += [(64, 128, base.split_n, 4, 3, base.programs_per_sm),
+                         (128, 64, base.split_n, 4, 3, base.programs_per_sm),
+                         (64, 64, base.split_n, 4, 4, base.programs_per_sm),
+                         (base.block_n, base.block_k, max(1, base.split_n // 2), 4, 3, base.programs_per_sm),
+                         (base.block_n, base.block_k, base.split_n * 2, 4, 3, base.programs_per_sm)]
+        for bn, bk, split, w, st, pps in variants:
+            c = LoRAKernelConfig(bn, bk, max(1, min(split, triton.cdiv(I, bn))), w, st, pps)
             if (bm, c) not in out:
                 out.append((bm, c))
     return out
@@ -373,6 +392,33 @@ def time_base(preset, dev, gen):
     torch.cuda.empty_cache()
 
 
+def same_alignment(a, b):
+    if not (torch.equal(a.expert_ids, b.expert_ids) and torch.equal(a.num_tokens_post_padded, b.num_tokens_post_padded)):
+        return False
+    S, EM = a.sorted_token_ids.shape
+    bm = a.block_m
+    return torch.equal(a.sorted_token_ids.view(S, EM // bm, bm).sort(-1).values,
+                       b.sorted_token_ids.view(S, EM // bm, bm).sort(-1).values)
+
+
+def time_align(preset, dev, gen):
+    """(e) the torch alignment (many small ops) against the Triton one, same inputs, graph replay."""
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    for M in CHECK_M:
+        _, ids = route(M, E, k, gen, dev)
+        token_slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+        for slots, ts in ((1, None), (S, token_slot)):
+            bm = triton_ops.lora_block_m(M, k, E, S) if ts is not None else triton_ops.block_m(M, k, E)
+            same = all(same_alignment(moe_align(ids, E, bm, ts, slots), moe_align_triton(ids, E, bm, ts, slots))
+                       for _ in range(3))
+            t_torch = graph_time_us([lambda: moe_align(ids, E, bm, ts, slots)], inner=8, reps=15)
+            t_tri = graph_time_us([lambda: moe_align_triton(ids, E, bm, ts, slots)], inner=8, reps=15)
+            row(section="align", preset=preset, op=f"moe_align_S{slots}", dtype="int32", M=M, block_m=bm,
+                torch_us=t_torch, triton_us=t_tri, speedup=t_torch / t_tri, ok=same)
+            log(f"align {preset} S={slots} M={M}: torch {t_torch:.1f} us, triton {t_tri:.1f} us, same={same}")
+
+
 # ------------------------------------------------------------------------------------------------
 def git_commit():
     if os.environ.get("GIT_COMMIT"):
@@ -421,12 +467,13 @@ def main(argv=None):
                 check_preset(preset, dtype, dev, gen)
         log(f"[checks done at {time.time() - t0:.0f}s]")
     copy_gbps, t_copy = copy_bandwidth(dev)
-    meta["copy_gbps"] = copy_gbps
+    meta["copy_gbps"], meta["copy_times_us"] = copy_gbps, t_copy
     log(f"device-to-device copy: {copy_gbps:.0f} GB/s (read+write)")
     for preset in PRESETS:
         time_lora(preset, dev, gen, copy_gbps, args.sweep, t0 + args.budget_s)
     for preset in PRESETS:
         time_base(preset, dev, gen)
+    time_align(PRESETS[0], dev, gen)
     meta["wall_s"] = time.time() - t0
     write(args.out, meta)
     summary()
@@ -467,6 +514,10 @@ def summary():
             log(f"{r['preset']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['time_us_hot']:>8.1f}{r['target_us']:>8}"
                 f"{r['speedup']:>7.2f}x{r['gbps']:>7.0f}{100 * r['bw_frac']:>5.0f}%{d['time_us']:>8.2f}"
                 f"{d['empty_kernel_us']:>7.2f}  {r['config']}")
+    al = [r for r in ROWS if r["section"] == "align"]
+    if al:
+        log("\nalignment (qwen3, graph replay): " + ", ".join(
+            f"S{r['op'][-1]} M={r['M']} {r['torch_us']:.0f}->{r['triton_us']:.1f}us{'' if r['ok'] else ' DIFF'}" for r in al))
     log("\nbase moe_gemm, bf16 (us / TFLOP/s)")
     for r in ROWS:
         if r["section"] == "base":

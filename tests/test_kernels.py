@@ -372,3 +372,32 @@ def test_launchers_do_not_sync_and_capture_after_warmup():
         torch.cuda.synchronize()
     if before is not None:
         assert ncompiled() == before, "a launch compiled after warmup"
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton alignment: same blocks as the torch alignment (order inside a block may differ on a GPU)
+# ------------------------------------------------------------------------------------------------
+def assert_same_alignment(a, b):
+    assert torch.equal(a.expert_ids.cpu(), b.expert_ids.cpu())
+    assert torch.equal(a.num_tokens_post_padded.cpu(), b.num_tokens_post_padded.cpu())
+    bm = a.block_m
+    S, EM = a.sorted_token_ids.shape
+    x = a.sorted_token_ids.cpu().view(S, EM // bm, bm).sort(-1).values
+    y = b.sorted_token_ids.cpu().view(S, EM // bm, bm).sort(-1).values
+    assert torch.equal(x, y)
+
+
+@settings(HYP, max_examples=30 if not CUDA else 10)
+@given(data=st.data())
+def test_triton_alignment_matches_torch(data):
+    from lora_moe_lab.kernels.align import moe_align_triton
+    E = data.draw(st.integers(1, 40), label="E")
+    k = data.draw(st.integers(1, min(E, 8)), label="top_k")
+    M = data.draw(st.integers(1, 40), label="M")
+    S = data.draw(st.integers(1, 4), label="S")
+    bm = data.draw(st.sampled_from([16, 32, 64]), label="bm")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 30), label="seed"))
+    ids = routing(g, M, k, E).to(DEV)
+    slot = torch.randint(-1, S, (M,), generator=g).int().to(DEV) if data.draw(st.booleans(), label="slots") else None
+    assert_same_alignment(moe_align(ids, E, bm, slot, S if slot is not None else 1),
+                          moe_align_triton(ids, E, bm, slot, S if slot is not None else 1))

@@ -6,20 +6,25 @@ For every adapter slot s and every (token, k) pair of that slot routed to expert
 
 for the P slices p (P=2: gate and up of gate_up, which share the same x rows; P=1: down).
 
-One program owns one block of BLOCK_M pairs of one slot's alignment (all of one expert) and a
+Work item = one block of BLOCK_M pairs of one slot's alignment (all of one expert) and a
 1/SPLIT_N share of the N columns:
   * shrink: t_p = x_rows @ A[p, s, e].T for every slice, a (BLOCK_M, BLOCK_R) fp32 tile that stays in
     registers; each x tile is loaded once and used for both slices;
   * expand: for its N columns, out += t_p @ B[p, s, e].T, read-add-write of `out` in place.
 No intermediate ever goes to memory and nothing is zero-filled. At small M there are few blocks, so
-SPLIT_N > 1 spreads the columns of one block over several programs (each recomputes the cheap
+SPLIT_N > 1 spreads the columns of one block over several work items (each recomputes the cheap
 shrink, whose A tiles then come from L2) to occupy more SMs.
 
-Early exit (DESIGN.md): the program returns before loading any activation or weight when its slot's
-lora_ids entry is -1, the adapter is disabled, its block starts at or past the slot's
-num_tokens_post_padded, or the block's expert id is -1. The four metadata words are loaded together
-(one memory latency), so an all-disabled launch costs about an empty launch. With WRITE_EXIT the
-program records why it stopped: 0 ran, 1 lora_id -1, 2 disabled, 3 past the end, 4 expert -1.
+The grid is persistent: a few programs per SM (a static number), each loops over the work items
+g = pid, pid + nprog, ... The items are enumerated from the slot metadata only, live slots' busy
+blocks first to last, so there are no idle programs at large M and no per-block launch cost.
+
+Early exit (DESIGN.md): no activation or weight is loaded for a slot whose lora_ids entry is -1,
+whose adapter is disabled, for blocks at or past the slot's num_tokens_post_padded (those three
+are decided for all slots at once from one round of metadata loads: with every slot disabled
+each program returns right there, so the launch costs about an empty launch), or for a block
+whose expert id is -1 (checked per item). With WRITE_EXIT each (slot, block) gets its code in
+exit_ptr: 0 ran, 1 lora_id -1, 2 disabled, 3 past the end, 4 expert -1.
 
 The rank is zero-padded to the pool's max rank R; BLOCK_R = next power of two >= max(R, 16) (the
 matrix units need 16) and rows >= R are masked, so smaller ranks cost nothing extra in memory.
@@ -43,51 +48,74 @@ def fused_moe_lora_kernel(
     exit_ptr,  # (S, EM // BLOCK_M) int32 exit codes (WRITE_EXIT only)
     N, K, R,
     num_pairs,  # M * top_k, also the sentinel
-    num_blocks,  # blocks launched per slot: EM // BLOCK_M, or min(that, num_pairs) (busy ones lie first)
+    num_blocks,  # EM // BLOCK_M (blocks per slot row)
     top_k,
-    n_per_split,  # columns per program along N, a multiple of BLOCK_N
+    n_per_split,  # columns per work item along N, a multiple of BLOCK_N
     stride_xm, stride_xk,
     stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
     stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     stride_om, stride_on,
     stride_ss,  # sorted_ids row stride (EM)
     stride_es,  # expert_ids row stride (EM // BLOCK_M)
+    NUM_SLOTS: tl.constexpr, SLOTS_POW2: tl.constexpr,
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_N: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr,
 ):
-    # Program order: the SPLIT_N programs of one block are neighbours (they share A tiles in L2),
-    # then the blocks of one slot, then the slots.
     pid = tl.program_id(0)
-    pid_n = pid % SPLIT_N
-    blk = pid // SPLIT_N
-    slot = blk // num_blocks
-    b = blk % num_blocks
+    nprog = tl.num_programs(0)
 
-    # ---- early exits: metadata only, loaded together, before any activation/weight load ----
-    lora_id = tl.load(lora_ids_ptr + slot)
-    enabled = tl.load(enabled_ptr + slot)
-    ntpp = tl.load(ntpp_ptr + slot)
-    expert = tl.load(expert_ids_ptr + slot * stride_es + b)
-    if lora_id == -1:
-        if WRITE_EXIT:
-            tl.store(exit_ptr + slot * num_blocks + b, 1)
-        return
-    if enabled == 0:
-        if WRITE_EXIT:
-            tl.store(exit_ptr + slot * num_blocks + b, 2)
-        return
-    if b * BLOCK_M >= ntpp:
-        if WRITE_EXIT:
-            tl.store(exit_ptr + slot * num_blocks + b, 3)
-        return
-    if expert == -1:
-        if WRITE_EXIT:
-            tl.store(exit_ptr + slot * num_blocks + b, 4)
-        return
+    # ---- debug: one exit code per (slot, block), from the metadata alone ----
     if WRITE_EXIT:
-        tl.store(exit_ptr + slot * num_blocks + b, 0)
+        for i in range(pid, NUM_SLOTS * num_blocks, nprog):
+            s_ = i // num_blocks
+            b_ = i % num_blocks
+            lid_ = tl.load(lora_ids_ptr + s_)
+            en_ = tl.load(enabled_ptr + s_)
+            nt_ = tl.load(ntpp_ptr + s_)
+            e_ = tl.load(expert_ids_ptr + s_ * stride_es + b_)
+            code = tl.where(lid_ == -1, 1, tl.where(en_ == 0, 2, tl.where(b_ * BLOCK_M >= nt_, 3,
+                                                                           tl.where(e_ == -1, 4, 0))))
+            tl.store(exit_ptr + s_ * num_blocks + b_, code)
 
+    # ---- early exits 1-3, for all slots at once: metadata only, one round of loads ----
+    # Work item = (slot, block, N share). A slot contributes work only if it holds an adapter
+    # (lora_ids != -1), the adapter is enabled, and only for its blocks below
+    # num_tokens_post_padded. With every slot disabled `total` is 0 and the program ends here,
+    # before any activation or weight load: the launch costs about an empty launch.
+    offs_s = tl.arange(0, SLOTS_POW2)
+    s_ok = offs_s < NUM_SLOTS
+    lid = tl.load(lora_ids_ptr + offs_s, mask=s_ok, other=-1)
+    en = tl.load(enabled_ptr + offs_s, mask=s_ok, other=0)
+    nt = tl.load(ntpp_ptr + offs_s, mask=s_ok, other=0)
+    busy = tl.minimum((nt + BLOCK_M - 1) // BLOCK_M, num_blocks)
+    items = tl.where((lid != -1) & (en != 0), busy * SPLIT_N, 0)
+    cum = tl.cumsum(items, 0)  # inclusive prefix sum over slots
+    total = tl.sum(items, 0)
+
+    # Persistent loop: the grid is a few programs per SM (static), each takes every nprog-th item.
+    for g in range(pid, total, nprog):
+        slot = tl.sum((cum <= g).to(tl.int32), 0)  # the slot whose item range holds g
+        local = g - tl.sum(tl.where(offs_s < slot, items, 0), 0)
+        pid_n = local % SPLIT_N
+        b = local // SPLIT_N
+        expert = tl.load(expert_ids_ptr + slot * stride_es + b)
+        if expert != -1:  # early exit 4, before any activation or weight load
+            _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, pid_n, expert,
+                        N, K, R, num_pairs, top_k, n_per_split,
+                        stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
+                        stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
+                        P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW)
+
+
+@triton.jit
+def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, pid_n, expert,
+                N, K, R, num_pairs, top_k, n_per_split,
+                stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
+                stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
+                P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr):
+    """One work item: BLOCK_M pairs of one (slot, expert), N columns [pid_n * n_per_split, +n_per_split)."""
     # ---- rows of this block ----
     offs_m = tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + slot * stride_ss + b * BLOCK_M + offs_m)
