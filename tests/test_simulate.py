@@ -299,3 +299,31 @@ def test_sync_us_to_match_production_stall():
     tc = sim.forward_us("qwen3-30b-a3b-tp4", 4096, "cpu_flag", layers=4, tp=4, collective=True, active=0.5, params=p)
     assert (ts - tc) / 4 == pytest.approx(300.0, rel=1e-6)
     assert sim.sync_us_to_match(p, target_us_per_sync=0.0, layers=2) == 0.0
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_cost = st.tuples(st.sampled_from(["kernel", "kernel", "kernel", "sync", "collective", "host"]),
+                  st.integers(1, 5), st.floats(0, 50), st.floats(0, 50), st.floats(0, 10))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_cost, min_size=1, max_size=12), st.integers(1, 3), st.floats(0, 30))
+def test_fast_run_formula_matches_the_engine_and_invariants_hold(costs, L, host0):
+    rows = []
+    for kind, n, c, d, w in costs:
+        n = n if kind == "kernel" else 1
+        rows.append(("op", kind, "kernel", n, c, 0.0 if kind in ("sync", "host") else d,
+                     w if kind == "collective" else 0.0))
+    ops = [Op("g", "host", host0)] if host0 > 0 else []
+    for _ in range(L):
+        for name, kind, cat, n, c, d, w in rows:
+            ops += [Op(name, kind, c, d, w)] * n
+    r = simulate(ops, timeline=True)
+    fast, syncs = sim._fast_forward_us(rows, L, host0)
+    assert fast == pytest.approx(r.forward_us, rel=1e-9, abs=1e-9) and syncs == r.syncs
+    # invariants: device ops in order without overlap; the forward covers all host and device work
+    g = r.timeline[r.timeline.lane == "gpu"]
+    assert (g.start_ns.to_numpy()[1:] >= g.end_ns.to_numpy()[:-1] - 1).all()
+    assert r.forward_us + 1e-9 >= max(r.device_busy_us, sum(o.host_us for o in ops if o.kind != "sync"))
+    assert r.device_idle_us >= -1e-9 and r.sync_stall_us >= -1e-9 and r.host_blocked_us >= -1e-9
