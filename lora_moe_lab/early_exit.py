@@ -1,0 +1,304 @@
+"""Helpers for notebook 02: the fused MoE-LoRA kernel's launch grid, its early exits, and what an
+all-disabled launch costs.
+
+    case  = make_case(lab, adapters, token_counts)        # one layer's real inputs, from the lab
+    grid  = launch_grid(case)                             # how many programs, and what each owns
+    codes = run_exit_map(case)                            # the kernel's exit code per program
+    want  = host_exit_codes(case.align, case.lora_ids, case.adapter_enabled)   # the same, on the host
+    exit_map_figure(codes, case)                          # plotly heatmap (slot x token block)
+
+Pure functions over tensors and DataFrames; the GPU-only timing (`launch_costs`) needs CUDA and
+says so. Exit codes (written by the kernel when asked, see kernels/fused_moe_lora.py):
+0 ran, 1 slot's lora_id is -1, 2 adapter disabled, 3 block past num_tokens_post_padded, 4 expert -1.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from . import runtime  # noqa: F401  (first: TRITON_INTERPRET before any kernel is decorated)
+from . import triton_ops
+from .kernels.align import Alignment, moe_align, padded_size
+from .reference import ref_lora_delta
+
+EXIT_NAMES = {0: "ran (did the work)", 1: "exit: lora_id = -1 (empty slot)", 2: "exit: adapter disabled",
+              3: "exit: block past num_tokens_post_padded", 4: "exit: expert id = -1"}
+EXIT_SHORT = {0: "0 ran", 1: "1 empty slot", 2: "2 disabled", 3: "3 past the end", 4: "4 expert -1"}
+EXIT_COLORS = {0: "#2ca02c", 1: "#7f7f7f", 2: "#1f77b4", 3: "#c7c7c7", 4: "#ff7f0e"}
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@dataclass
+class Case:
+    """The gate_up LoRA delta of one MoE layer for one batch: everything `lora_delta` reads."""
+
+    x: torch.Tensor  # (M, K) activations
+    topk_ids: torch.Tensor  # (M, top_k) int32, from the layer's router
+    token_slot: torch.Tensor  # (M,) int32 slot per token, -1 = no adapter
+    lora_a: torch.Tensor  # (2, S, E, r, K)
+    lora_b: torch.Tensor  # (2, S, E, I, r)
+    lora_ids: torch.Tensor  # (S,) int32
+    adapter_enabled: torch.Tensor  # (S,) int32
+    align: Alignment  # per-adapter alignment (S rows)
+    top_k: int
+    out0: torch.Tensor  # (M*top_k, 2I) random "base" intermediate the delta is added into
+
+    @property
+    def num_slots(self) -> int:
+        return self.lora_ids.shape[0]
+
+
+def make_case(lab, adapters: list, token_counts: list[int], *, seed: int = 0, layer: int = 0) -> Case:
+    """Real inputs of layer `layer`'s gate_up LoRA delta: the batch metadata built by the lab from
+    Python lists, the experts its router picks, the pool's weight stacks, the per-adapter alignment
+    the MoE layer would build. `out0` is random (never zeros): rows the kernel must not touch are
+    compared bit for bit."""
+    batch, tensors = lab.make_batch(adapters, token_counts)
+    x = lab.random_input(batch.num_tokens, seed=seed)
+    _, topk_ids = lab.model.layers[layer].route(x)
+    M, k = topk_ids.shape
+    E, I = lab.shape.num_experts, lab.shape.intermediate
+    S = lab.pool.max_loras
+    bm = triton_ops.lora_block_m(M, k, E, S)
+    align = moe_align(topk_ids, E, bm, tensors.token_lora_mapping, S)
+    w = lab.pool.layers[layer]
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    out0 = torch.randn(M * k, 2 * I, generator=g).to(lab.dtype).to(lab.device)
+    return Case(x, topk_ids, tensors.token_lora_mapping, w.gate_up_a, w.gate_up_b, tensors.lora_ids,
+                tensors.adapter_enabled, align, k, out0)
+
+
+def launch_grid(case: Case, exit_codes: bool = False) -> dict:
+    """The launch the launcher makes for this case (triton_ops.lora_delta), from shapes only:
+    grid = (S * blocks_launched * split_n,); program pid -> (slot, token block, N share)."""
+    x, a, b = case.x, case.lora_a, case.lora_b
+    P, S, E, R, K = a.shape
+    N = b.shape[3]
+    M, k = case.topk_ids.shape
+    pairs = M * k
+    bm = case.align.block_m
+    cfg = triton_ops.lora_config(M, k, E, S, bm, N, K)
+    EM = padded_size(pairs, E, bm)
+    nb = EM // bm
+    n_tiles = triton_ops.triton_cdiv(N, cfg.block_n)
+    split = max(1, min(cfg.split_n, n_tiles))
+    nb_launch = nb if exit_codes else min(nb, pairs)
+    return dict(slots_S=S, experts_E=E, tokens_M=M, top_k=k, pairs=pairs, BLOCK_M=bm, EM=EM, blocks_per_slot=nb,
+                blocks_launched_per_slot=nb_launch, N=N, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, split_n=split,
+                programs=S * nb_launch * split, rank_r=R, BLOCK_R=triton_ops.block_r(R))
+
+
+def run_delta(case: Case, *, adapter_enabled: torch.Tensor | None = None, exit_codes: torch.Tensor | None = None):
+    """out0 + delta through the Triton kernel (out0 is left alone; returns the new tensor)."""
+    out = case.out0.clone()
+    en = case.adapter_enabled if adapter_enabled is None else adapter_enabled
+    triton_ops.lora_delta(case.x, case.lora_a, case.lora_b, case.align, case.lora_ids, en, case.top_k, out,
+                          exit_codes=exit_codes)
+    return out
+
+
+def run_exit_map(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch once in exit-code mode (every block gets a program). Returns (codes, out); the code
+    buffer is poisoned with -7 first, so a program that never wrote its code shows up."""
+    S, nb = case.align.expert_ids.shape
+    codes = torch.full((S, nb), -7, dtype=torch.int32, device=case.x.device)
+    out = run_delta(case, exit_codes=codes)
+    return codes, out
+
+
+def host_exit_codes(align: Alignment, lora_ids, adapter_enabled) -> np.ndarray:
+    """The exit code each program should write, computed on the host in the kernel's order of checks."""
+    ei = align.expert_ids.cpu().numpy()
+    ntpp = align.num_tokens_post_padded.cpu().numpy()
+    ids = np.asarray(lora_ids.cpu() if isinstance(lora_ids, torch.Tensor) else lora_ids)
+    en = np.asarray(adapter_enabled.cpu() if isinstance(adapter_enabled, torch.Tensor) else adapter_enabled)
+    S, nb = ei.shape
+    b = np.arange(nb)[None, :].repeat(S, 0)
+    codes = np.zeros((S, nb), dtype=np.int32)
+    codes = np.where(ei == -1, 4, codes)
+    codes = np.where(b * align.block_m >= ntpp[:, None], 3, codes)
+    codes = np.where((en == 0)[:, None], 2, codes)
+    codes = np.where((ids == -1)[:, None], 1, codes)
+    return codes
+
+
+def exit_summary(codes) -> pd.DataFrame:
+    """Programs per slot and exit code (columns named by the exit reason)."""
+    c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
+    rows = []
+    for s in range(c.shape[0]):
+        row = {"slot": s}
+        for code, name in EXIT_SHORT.items():
+            row[name] = int((c[s] == code).sum())
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    return df.loc[:, (df != 0).any(axis=0) | (df.columns == "slot")]
+
+
+def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per program") -> go.Figure:
+    """Heatmap: one cell per (slot, token block) program group, coloured by exit code.
+    The split_n programs of one block share its cell (they exit for the same reason)."""
+    c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
+    S, nb = c.shape
+    present = sorted({int(v) for v in np.unique(c)})
+    # discrete colour scale over the codes 0..4 (and -7 = never written, in red)
+    allc = [-7, 0, 1, 2, 3, 4]
+    cols = {**EXIT_COLORS, -7: "#d62728"}
+    lo, hi = min(allc), max(allc)
+    scale = []
+    for v in allc:
+        f0 = (v - 0.5 - lo) / (hi - lo + 1)
+        f1 = (v + 0.5 - lo) / (hi - lo + 1)
+        scale += [[max(f0, 0.0), cols[v]], [min(f1, 1.0), cols[v]]]
+    names = {**EXIT_NAMES, -7: "NEVER WRITTEN"}
+    text = np.vectorize(lambda v: names.get(int(v), str(v)))(c)
+    custom = None
+    if case is not None:
+        ei = case.align.expert_ids.cpu().numpy()
+        ntpp = case.align.num_tokens_post_padded.cpu().numpy()
+        custom = np.stack([ei, np.repeat(ntpp[:, None], nb, 1)], -1)
+    fig = go.Figure(go.Heatmap(
+        z=c, x=list(range(nb)), y=[f"slot {s}" for s in range(S)], zmin=lo - 0.5, zmax=hi + 0.5,
+        colorscale=scale, showscale=False, text=text, xgap=2, ygap=2, customdata=custom,
+        hovertemplate=("%{y}, block %{x}<br>%{text}" + ("<br>expert id %{customdata[0]}"
+                                                        "<br>num_tokens_post_padded %{customdata[1]}"
+                                                        if custom is not None else "") + "<extra></extra>")))
+    for v in present:  # legend entries for the codes on the map
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names.get(v, str(v)),
+                                 marker=dict(size=12, symbol="square", color=cols.get(v, "black"))))
+    fig.update_layout(title=title, xaxis_title="token block b (BLOCK_M rows of one expert)", height=170 + 28 * S,
+                      yaxis=dict(autorange="reversed"), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.35), margin=dict(l=70, r=20, t=50, b=40))
+    return fig
+
+
+def check_against_reference(case: Case, out: torch.Tensor, tol: float) -> dict:
+    """delta = out - out0 against the float64 reference on the rows that use an enabled adapter;
+    every other row must be bit-identical to out0 (the kernel must not have touched it). Rows of a
+    busy block whose expert id is -1 count as not live (the kernel skips them by design)."""
+    ref = ref_lora_delta(case.x.cpu(), case.lora_a.cpu(), case.lora_b.cpu(), case.topk_ids.cpu(),
+                         case.token_slot.cpu(), case.lora_ids.cpu(), case.adapter_enabled.cpu(), case.top_k)
+    k = case.top_k
+    slot = case.token_slot.cpu().long().repeat_interleave(k)
+    sc = slot.clamp(min=0)
+    live = (slot >= 0) & (case.lora_ids.cpu().long()[sc] >= 0) & (case.adapter_enabled.cpu().long()[sc] != 0)
+    # pairs in a busy block whose expert id is -1 (exit 4: e.g. the expert lives on another rank)
+    st, ei = case.align.sorted_token_ids.cpu(), case.align.expert_ids.cpu()
+    ntpp, bm = case.align.num_tokens_post_padded.cpu(), case.align.block_m
+    for s, b in zip(*torch.nonzero(ei == -1, as_tuple=True)):
+        if b * bm < ntpp[s]:
+            p = st[s, b * bm:(b + 1) * bm].long()
+            live[p[p < live.numel()]] = False
+    o, o0 = out.cpu(), case.out0.cpu()
+    untouched = bool(torch.equal(o[~live], o0[~live]))
+    err = float("nan")
+    if live.any():
+        got = o[live].double() - o0[live].double()
+        err = float((got - ref[live]).norm() / ref[live].norm().clamp_min(1e-300))
+    return dict(live_pairs=int(live.sum()), other_pairs=int((~live).sum()), rel_err=err, tol=tol,
+                other_rows_untouched=untouched, ok=untouched and (not live.any() or err < tol))
+
+
+def tolerance(dtype: torch.dtype, device: torch.device) -> float:
+    """DESIGN.md: fp32 under the interpreter < 1e-5; fp32 on GPU (tf32 dots) < 5e-3; fp16/bf16 < 2e-2."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2e-2
+    return 5e-3 if torch.device(device).type == "cuda" else 1e-5
+
+
+# ------------------------------------------------------------------------------------------------
+# What an all-disabled launch costs
+# ------------------------------------------------------------------------------------------------
+def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.DataFrame | None, dict]:
+    """The H200 figures written by scripts/gpu_kernels.py (data/kernels/*.csv, section 'disabled':
+    an all-disabled gate_up LoRA launch vs an empty Triton kernel, CUDA-graph replay), or (None, {})."""
+    d = Path(data_dir) if data_dir is not None else DATA / "kernels"
+    frames, meta = [], {}
+    for p in sorted(glob.glob(str(d / "*.csv"))):
+        df = pd.read_csv(p)
+        if "section" in df.columns:
+            frames.append(df.assign(file=Path(p).name))
+    for p in sorted(glob.glob(str(d / "*meta*.json"))):
+        try:
+            meta = json.loads(Path(p).read_text())
+        except (OSError, ValueError):
+            pass
+    if not frames:
+        return None, meta
+    df = pd.concat(frames, ignore_index=True)
+    dis = df[df["section"] == "disabled"]
+    if not len(dis):
+        return None, meta
+    cols = [c for c in ("preset", "M", "config", "programs", "time_us", "empty_kernel_us", "ratio") if c in dis]
+    work = df[df["section"] == "lora_gate_up"][["preset", "M", "time_us"]].rename(columns={"time_us": "enabled_us"}) \
+        if "lora_gate_up" in set(df["section"]) else None
+    out = dis[cols].rename(columns={"time_us": "all_disabled_us"})
+    if work is not None:
+        out = out.merge(work, on=["preset", "M"], how="left")
+    return out.reset_index(drop=True), meta
+
+
+_EMPTY = None
+
+
+def _empty_kernel():
+    global _EMPTY
+    if _EMPTY is None:
+        import triton
+
+        @triton.jit
+        def empty_kernel(x_ptr):
+            pass
+
+        _EMPTY = empty_kernel
+    return _EMPTY
+
+
+def launch_costs(case: Case, *, inner: int = 32, reps: int = 20, warmup: int = 3) -> pd.DataFrame:
+    """Live on a GPU: device time per call from CUDA-graph replays of `inner` back-to-back calls
+    (median over `reps` replays, device events), and the host's cost to issue one call in eager
+    mode (perf_counter around `inner` launches, no sync inside). Rows: no launch, an empty Triton
+    kernel, the LoRA kernel with every adapter disabled, the same kernel doing its work."""
+    from . import bench
+
+    if not runtime.has_cuda():
+        raise RuntimeError("launch_costs needs a CUDA GPU (device events and graph replay)")
+    off = torch.zeros_like(case.adapter_enabled)
+    on = torch.ones_like(case.adapter_enabled)
+    out = case.out0.clone()
+    dummy = torch.zeros(1, device=case.x.device)
+    empty = _empty_kernel()
+
+    def lora(en):
+        return lambda: triton_ops.lora_delta(case.x, case.lora_a, case.lora_b, case.align, case.lora_ids, en,
+                                             case.top_k, out)
+
+    calls = {"empty Triton kernel": lambda: empty[(1,)](dummy), "LoRA kernel, all adapters disabled": lora(off),
+             "LoRA kernel, adapters enabled (the work)": lora(on)}
+    rows = [dict(what="no launch (host flag says: skip)", device_us_per_call=0.0, host_issue_us_per_call=0.0)]
+    for name, fn in calls.items():
+        def many(fn=fn):
+            for _ in range(inner):
+                fn()
+        t = bench.time_graph(many, warmup=warmup, reps=reps)
+        runtime.synchronize()
+        fn()
+        runtime.synchronize()
+        host = []
+        for _ in range(max(3, reps // 4)):
+            runtime.synchronize()
+            t0 = time.perf_counter()
+            many()
+            host.append((time.perf_counter() - t0) * 1e6 / inner)
+            runtime.synchronize()
+        rows.append(dict(what=name, device_us_per_call=t.median_us / inner,
+                         host_issue_us_per_call=float(np.median(host))))
+    return pd.DataFrame(rows)

@@ -1,0 +1,306 @@
+# %% [markdown]
+# # 02 · The kernel's early exit
+#
+# **Goal.** Look inside the fused MoE-LoRA Triton kernel: which programs it launches, why most of
+# them return after reading four small integers, check that the ones that do work compute the
+# right delta, see what a launch in which *every* adapter is disabled costs, and see why
+# `has_active_lora` defaults to `True`.
+#
+# Under CUDA-graph capture (and with the `launch_always` guard) the host does not decide whether
+# the LoRA work is needed: the kernel is always launched and each GPU program decides for itself,
+# from metadata already on the device, whether it has anything to do. That is what makes the
+# decision free of host-device syncs. The price is one kernel launch per LoRA op even when no
+# adapter is active — this notebook measures that price.
+#
+# On a machine without a GPU the kernel runs under the Triton interpreter (each program in turn,
+# on numpy): the exit map and the correctness checks are the real kernel's; timings come from the
+# recorded H200 data when it is there.
+
+# %% tags=["parameters"]
+preset = "tiny"          # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
+num_tokens = 8           # tokens in the batch, M; keep it <= 16 on CPU, where the interpreter is slow
+num_requests = 4         # requests sharing those tokens
+rank = 8                 # max LoRA rank of the pool (adapter "b" gets rank // 2)
+max_loras = 4            # adapter slots S, >= 3: three adapters are loaded, the rest stay empty
+num_layers = 2           # layers of the mini model used in the has_active_lora demo
+device = "auto"          # auto, cpu or cuda
+dtype = "auto"           # auto: bfloat16 on GPU, float32 on CPU (bf16 is wrong under the interpreter)
+
+# %%
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from lora_moe_lab import early_exit as ee, notebook as nbk, runtime
+from lora_moe_lab.lora import LoRAInfo, check_flag_against_device
+from lora_moe_lab.moe import build_lab
+
+nbk.check_preset(preset)
+for _n in ("num_tokens", "num_requests", "rank", "max_loras", "num_layers"):
+    nbk.check_positive_int(_n, globals()[_n])
+if max_loras < 3:
+    raise nbk.NotebookParameterError(f"bad notebook parameter max_loras={max_loras!r}: need >= 3 slots "
+                                     "(three adapters are loaded)")
+if num_requests > num_tokens:
+    raise nbk.NotebookParameterError(f"bad notebook parameter num_requests={num_requests!r}: more requests "
+                                     f"than tokens ({num_tokens})")
+dev = nbk.check_device(device)
+dtype = nbk.pick_dtype(dtype, dev)
+if runtime.interpreter() and dtype == "bfloat16":
+    raise nbk.NotebookParameterError("bad notebook parameter dtype='bfloat16': the Triton interpreter computes "
+                                     "bf16 wrongly; use float32 or float16 on CPU")
+if runtime.interpreter() and num_tokens > 64:
+    raise nbk.NotebookParameterError(f"bad notebook parameter num_tokens={num_tokens!r}: the Triton interpreter "
+                                     "runs every program in turn on the CPU; keep num_tokens <= 64 here")
+nbk.setup_plotly()
+LIVE = dev.type == "cuda"
+print(f"device: {dev}  dtype: {dtype}  Triton interpreter: {runtime.interpreter()}")
+
+# %% [markdown]
+# ## The lab: three adapters in a pool of `max_loras` slots
+# Slots 0-2 hold adapters `a`, `b`, `c`; any further slot stays empty (`lora_ids[slot] = -1`).
+# The batch's requests are split into `num_requests` segments; `adapter_enabled[slot]` is 1 when
+# some request of *this batch* uses the slot. Both lists are built on the host from Python lists
+# and copied to the device once per batch.
+
+# %%
+lab = build_lab(preset, num_layers=num_layers, max_loras=max_loras, max_rank=rank, dtype=dtype,
+                device=str(dev), backend="triton")
+lab.pool.load("a", rank=rank)
+lab.pool.load("b", rank=max(1, rank // 2))
+lab.pool.load("c", rank=rank, scaling=0.5)
+base, extra = divmod(num_tokens, num_requests)
+counts = [base + (1 if i < extra else 0) for i in range(num_requests)]
+print("slots:", lab.pool.slot_names, " ranks:", lab.pool.slot_ranks, " token counts:", counts)
+
+# %% [markdown]
+# ## The grid
+# `triton_ops.lora_delta` launches a 1-D grid of `S × blocks × split_n` programs:
+#
+# * **S** adapter slots: every slot gets programs, used or not (the launcher never reads device
+#   data, so it cannot know which slots are in use);
+# * **token blocks**: the per-adapter alignment groups each slot's `(token, k)` pairs by expert
+#   and pads each group to a multiple of `BLOCK_M`; a block is `BLOCK_M` rows of *one* expert.
+#   The table has a static size `EM = round_up(M·top_k + E·(BLOCK_M−1), BLOCK_M)` per slot, so
+#   shapes never depend on the data. Busy blocks lie first, and there are at most `M·top_k` of
+#   them, so the launcher launches `min(EM/BLOCK_M, M·top_k)` blocks per slot (all `EM/BLOCK_M`
+#   in the debug exit-code mode used below, so every block gets a code);
+# * **split_n** programs share the `N` output columns of one block (more programs at small M,
+#   to occupy more SMs); each recomputes the cheap rank-r shrink.
+#
+# Program `pid` owns `pid_n = pid % split_n`, then block `blk = pid // split_n`,
+# `slot = blk // blocks`, `b = blk % blocks`. Neighbouring programs share the block's A tiles in L2.
+
+# %%
+case_all = ee.make_case(lab, [["a", "b", "c"][i % 3] for i in range(num_requests)], counts, seed=1)
+grid = ee.launch_grid(case_all)
+grid_dbg = ee.launch_grid(case_all, exit_codes=True)
+pd.DataFrame([{"launch": "normal", **grid}, {"launch": "exit-code mode", **grid_dbg}]).set_index("launch").T
+
+# %%
+assert grid["programs"] == grid["slots_S"] * grid["blocks_launched_per_slot"] * grid["split_n"], grid
+assert grid["EM"] % grid["BLOCK_M"] == 0 and grid["EM"] >= grid["pairs"] + grid["experts_E"] * (grid["BLOCK_M"] - 1)
+assert grid_dbg["blocks_launched_per_slot"] == case_all.align.expert_ids.shape[1]
+
+# %% [markdown]
+# ## Four reasons to stop early
+# Before it loads a single activation or weight, each program loads four int32 words — its slot's
+# `lora_ids` entry, `adapter_enabled` entry, `num_tokens_post_padded`, and its block's expert id —
+# together (one memory round trip) and returns when
+#
+# 1. `lora_ids[slot] == -1`: no adapter is loaded in the slot;
+# 2. `adapter_enabled[slot] == 0`: loaded, but no request of this batch uses it;
+# 3. `b · BLOCK_M >= num_tokens_post_padded[slot]`: the block lies past the slot's padded tokens;
+# 4. `expert_ids[slot, b] == -1`: the block has no expert (the sync-free alignment marks blocks past
+#    the end this way; an engine with expert parallelism also uses -1 for experts on another rank).
+#
+# With the debug buffer `exit_codes` the kernel writes why it stopped (0 = it did the work). We run
+# the same layer for several adapter patterns and compare every code with the host's computation
+# (`host_exit_codes`, same order of checks). The buffer starts filled with −7, so a program that
+# never ran would show.
+
+# %%
+patterns = {
+    "none": [None] * num_requests,
+    "some": ["a"] + [None] * (num_requests - 1),
+    "all": [["a", "b", "c"][i % 3] for i in range(num_requests)],
+}
+cases = {name: ee.make_case(lab, adapters, counts, seed=1) for name, adapters in patterns.items()}
+cases["all"] = case_all
+# expert -1: mark the first busy block of slot 0 as "expert not here" (as expert parallelism would)
+case_ep = dataclasses.replace(case_all, align=case_all.align._replace(expert_ids=case_all.align.expert_ids.clone()))
+case_ep.align.expert_ids[0, 0] = -1
+cases["all, block (0,0) expert -1"] = case_ep
+
+results, outs = {}, {}
+for name, case in cases.items():
+    codes, out = ee.run_exit_map(case)
+    want = ee.host_exit_codes(case.align, case.lora_ids, case.adapter_enabled)
+    assert (codes.cpu().numpy() != -7).all(), f"{name}: some program never wrote its exit code"
+    assert np.array_equal(codes.cpu().numpy(), want), f"{name}: kernel exit codes differ from the host's\n{codes}\n{want}"
+    results[name], outs[name] = codes, out
+print("kernel exit codes == host computation for", list(results))
+
+# %%
+for name in ("none", "some", "all"):
+    ee.exit_map_figure(results[name], cases[name],
+                       title=f"adapters: {name} — {patterns[name]}").show()
+
+# %% [markdown]
+# **Reading the maps.** `none`: every slot exits at check 1 or 2 — the whole launch does no work.
+# `some`: only slot 0's first blocks run. `all`: slots 0-2 run their busy blocks; the grey tail
+# of each row is check 3 — the static table is much longer than the busy part (the price of static
+# shapes). The normal launch only launches `min(EM/BLOCK_M, M·top_k)` blocks per slot: at realistic
+# shapes (128 experts) that cuts most of the tail — compare `blocks_per_slot` with
+# `blocks_launched_per_slot` in the grid table. Empty slots exit at check 1 in every pattern.
+
+# %%
+ee.exit_map_figure(results["all, block (0,0) expert -1"], case_ep,
+                   title="all adapters, block (slot 0, b 0) marked expert -1").show()
+summary = pd.concat({name: ee.exit_summary(c).set_index("slot") for name, c in results.items()}, names=["pattern"])
+summary.fillna(0).astype(int)
+
+# %% [markdown]
+# ## An unloaded slot
+# Unload adapter `b`: its slot's `lora_ids` entry becomes −1 and every program of that slot exits
+# at check 1, whatever the batch says.
+
+# %%
+lab.pool.unload("b")
+case_unl = ee.make_case(lab, [["a", "c"][i % 2] for i in range(num_requests)], counts, seed=1)
+codes_unl, out_unl = ee.run_exit_map(case_unl)
+assert np.array_equal(codes_unl.cpu().numpy(), ee.host_exit_codes(case_unl.align, case_unl.lora_ids,
+                                                                  case_unl.adapter_enabled))
+slot_b = 1
+assert (codes_unl[slot_b].cpu() == 1).all(), codes_unl
+ee.exit_map_figure(codes_unl, case_unl, title="slot 1 unloaded (lora_ids[1] = -1)").show()
+results["b unloaded"], outs["b unloaded"], cases["b unloaded"] = codes_unl, out_unl, case_unl
+_ = lab.pool.load("b", rank=max(1, rank // 2))  # back in slot 1 for what follows
+
+# %% [markdown]
+# ## Correct where it works, untouched where it exits
+# The kernel *adds* the delta into the intermediate in place. For every pattern: the rows of
+# tokens that use an enabled adapter must match the float64 reference (`reference.ref_lora_delta`)
+# within the tolerance of DESIGN.md (fp32 under the interpreter < 1e-5, fp32 on a GPU with tf32
+# dots < 5e-3, bf16/fp16 < 2e-2); every other row must be **bit for bit** what it was before.
+# A second launch without the exit-code buffer (the normal, shorter grid) must agree too.
+
+# %%
+tol = ee.tolerance(lab.dtype, lab.device)
+rows = []
+for name, case in cases.items():
+    for launch, out in (("exit-code mode", outs[name]), ("normal launch", ee.run_delta(case))):
+        rows.append({"pattern": name, "launch": launch, **ee.check_against_reference(case, out, tol)})
+correct = pd.DataFrame(rows)
+assert correct["ok"].all(), correct
+correct
+
+# %% [markdown]
+# ## What an all-disabled launch costs
+# With every adapter disabled each program reads its four words and returns: no activation, no
+# weight is loaded. The launch should cost about what an **empty** kernel costs — the GPU still
+# has to schedule `S × blocks × split_n` programs, but they are gone in a few hundred cycles. The
+# alternative, *not launching* (what `cpu_flag` does when the host flag is False), costs no GPU
+# time and no host launch time — but it needs the host to know, which it cannot under capture.
+#
+# On a GPU we measure device time per call from CUDA-graph replays of 32 back-to-back calls
+# (device events, median), and the host's cost to issue one call eagerly (the Triton launcher is
+# Python: this is the part `cpu_flag` saves outside graphs).
+
+# %%
+if LIVE:
+    costs = ee.launch_costs(cases["all"])
+    source = f"measured live on {torch.cuda.get_device_name(0)}"
+    costs_tbl = costs
+    fig = go.Figure()
+    fig.add_bar(x=costs.what, y=costs.device_us_per_call, name="device time per call (graph replay)")
+    fig.add_bar(x=costs.what, y=costs.host_issue_us_per_call, name="host issue time per call (eager)")
+    fig.update_layout(barmode="group", yaxis_title="us", title=f"Launch cost, {preset}, M={num_tokens} ({source})",
+                      height=400)
+    fig.show()
+    c = costs.set_index("what")["device_us_per_call"]
+    off, empty = c["LoRA kernel, all adapters disabled"], c["empty Triton kernel"]
+    print(f"all-disabled launch {off:.2f} us vs empty kernel {empty:.2f} us per call")
+    assert off <= 2.0 * empty + 2.0, f"an all-disabled launch ({off:.2f} us) costs far more than an empty kernel ({empty:.2f} us)"
+    costs_tbl
+else:
+    rec, meta = ee.recorded_disabled_launches()
+    if rec is None:
+        print("No GPU here, and no recorded kernel figures yet (data/kernels/*.csv, written on a GPU by "
+              "scripts/gpu_kernels.py). Run this notebook on a GPU to measure the launch costs live.")
+    else:
+        src = f"recorded on {meta.get('gpu', 'a GPU')}" + (f" ({meta['date']})" if meta.get("date") else "")
+        print(src)
+        fig = go.Figure()
+        for preset_name, g in rec.groupby("preset"):
+            fig.add_bar(x=[f"{preset_name} M={m}" for m in g.M], y=g.all_disabled_us, name=f"all disabled: {preset_name}")
+            fig.add_bar(x=[f"{preset_name} M={m}" for m in g.M], y=g.empty_kernel_us, name=f"empty kernel: {preset_name}")
+        fig.update_layout(barmode="group", yaxis_title="device time per call (us, graph replay)", height=400,
+                          title=f"All-disabled LoRA launch vs an empty Triton kernel ({src})")
+        fig.show()
+        assert (rec["all_disabled_us"] <= 2.0 * rec["empty_kernel_us"] + 2.0).all(), rec
+        display(rec)
+
+# %% [markdown]
+# ## Why `has_active_lora` defaults to True
+# `cpu_flag` trusts the host flag. If a code path builds a `LoRAInfo` and forgets to set the flag,
+# the default `True` means the kernels are launched and exit early when nothing is active: a
+# little launch cost, never a wrong answer. The opposite default would be dangerous: a **wrong
+# False** silently skips the LoRA work, and the rows of adapter requests simply lose their delta —
+# no error, no NaN, just a different model.
+
+# %%
+_, no_adapter_tensors = lab.make_batch([None] * num_requests, counts)
+info = LoRAInfo(lab.pool.layers[0], no_adapter_tensors, rank)  # the flag not given
+assert info.has_active_lora is True
+print("LoRAInfo(...).has_active_lora defaults to", info.has_active_lora)
+
+adapters = ["a"] + [None] * (num_requests - 2) + ["c"] if num_requests >= 2 else ["a"]
+batch, tensors = lab.make_batch(adapters, counts)
+x = lab.random_input(batch.num_tokens, seed=3)
+right = lab.model(x, batch, tensors, guard="cpu_flag")
+stale = dataclasses.replace(batch, has_active_lora=False)  # a stale / forgotten flag: WRONG
+wrong = lab.model(x, stale, tensors, guard="cpu_flag")
+kernel_decides = lab.model(x, stale, tensors, guard="launch_always")
+rows = []
+for r, (a, lo, hi) in enumerate(zip(adapters, batch.seg_indptr[:-1], batch.seg_indptr[1:])):
+    rows.append({"request": r, "adapter": a, "tokens": hi - lo,
+                 "max |wrong - right|": (wrong[lo:hi] - right[lo:hi]).abs().max().item(),
+                 "max |launch_always - right|": (kernel_decides[lo:hi] - right[lo:hi]).abs().max().item()})
+damage = pd.DataFrame(rows)
+has = damage["adapter"].notna()
+assert (damage.loc[has, "max |wrong - right|"] > 1e-3).all(), damage   # adapter rows lost their delta
+assert (damage.loc[~has, "max |wrong - right|"] == 0).all(), damage    # the others are untouched
+assert torch.equal(kernel_decides, right), "launch_always must not depend on the host flag"
+damage
+
+# %% [markdown]
+# The adapter requests' rows changed, the others did not: nothing in the output says anything went
+# wrong. `launch_always` ignores the flag and lets the kernel decide, so it is right.
+#
+# **Catching it.** `LoRAInfo(debug_check=True)` makes the `cpu_flag` guard cross-check the host flag
+# against the device (`lora.check_flag_against_device`). That check *reads a device value on the
+# host* — a host-device sync per layer — so it is a debugging aid, off by default. On the model:
+# `lab.model.debug_check = True`.
+
+# %%
+try:
+    check_flag_against_device(LoRAInfo(lab.pool.layers[0], tensors, rank, has_active_lora=False))
+    raise RuntimeError("the debug check did not catch a wrong has_active_lora=False")
+except AssertionError as e:
+    print("LoRAInfo check :", e)
+
+lab.model.debug_check = True
+try:
+    lab.model(x, stale, tensors, guard="cpu_flag")
+    raise RuntimeError("model.debug_check did not catch a wrong has_active_lora=False")
+except AssertionError as e:
+    print("model check    :", e)
+finally:
+    lab.model.debug_check = False
+ok = lab.model.lora_info(0, batch, tensors)
+assert ok.has_active_lora and not ok.debug_check
+print("with a correct flag and debug_check off, nothing is checked and nothing syncs")
