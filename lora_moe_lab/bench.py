@@ -496,6 +496,18 @@ def _progress(total: int, initial: int, enabled: bool):
 # ----------------------------------------------------------------------------------------------
 # Analyses on a sweep DataFrame
 # ----------------------------------------------------------------------------------------------
+def load_sweep(path: str | os.PathLike):
+    """A sweep CSV as a DataFrame; its .meta.json (when present) in df.attrs['meta']."""
+    import pandas as pd
+
+    path = Path(path)
+    df = pd.read_csv(path)
+    mp = _meta_path(path)
+    if mp.exists():
+        df.attrs["meta"] = json.loads(mp.read_text())
+    return df
+
+
 def clean(df):
     """Rows measured without error, one per parameter key (the latest)."""
     d = df

@@ -93,9 +93,15 @@ class SimResult:
     timeline: pd.DataFrame | None = None
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("timeline")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "timeline"}
         return d
+
+    def tables(self, **labels):
+        """The timeline as trace.TraceTables (see `to_trace_tables`): trace.forward_metrics,
+        idle_gaps, layer_breakdown and plots.timeline read it like a recorded trace."""
+        if self.timeline is None:
+            raise ValueError("this SimResult has no timeline: simulate it with timeline=True")
+        return to_trace_tables(self.timeline, labels=labels)
 
 
 def simulate(ops: Sequence[Op], *, timeline: bool = False) -> SimResult:

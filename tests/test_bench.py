@@ -77,6 +77,8 @@ def test_tiny_sweep_writes_tidy_rows(tmp_path):
     assert not df.duplicated(KEY_COLUMNS).any()
     meta = json.loads((tmp_path / "s.meta.json").read_text())
     assert meta["columns"] == COLUMNS and meta["sessions"][0]["rows_planned"] == 12
+    loaded = bench.load_sweep(out)
+    assert len(loaded) == 12 and loaded.attrs["meta"]["key"] == KEY_COLUMNS
 
 
 def test_resume_after_interruption_keeps_rows_and_finishes(tmp_path):

@@ -251,7 +251,8 @@ def test_trace_analyses_read_a_simulated_forward(mode):
     from lora_moe_lab import trace
 
     r = sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=3, active=0.5, mode=mode, timeline=True)
-    t = sim.to_trace_tables(r.timeline)
+    t = r.tables(preset="qwen3-30b-a3b")
+    assert t.labels["preset"] == "qwen3-30b-a3b"
     assert list(t.kernels.columns) == trace._KCOLS and list(t.runtime.columns) == trace._RCOLS
     m = trace.forward_metrics(t).iloc[0]
     assert m.n_syncs == r.syncs == (3 if mode == "eager" else 0)
