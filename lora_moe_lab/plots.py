@@ -166,7 +166,7 @@ def idle_breakdown(metrics: pd.DataFrame, by=None, include_busy: bool = True,
     cols = _group_cols(df, by)
     parts = (["busy_ns"] if include_busy else []) + [f"idle_{c}_ns" for c in T.GAP_CATEGORIES]
     parts = [p for p in parts if p in df.columns]
-    g = df.groupby(cols, sort=False)[parts].mean().reset_index()
+    g = df.groupby(cols, sort=False, dropna=False)[parts].mean().reset_index()
     labels = g[cols].astype(str).agg(" / ".join, axis=1)
     fig = go.Figure()
     for p in parts:

@@ -253,9 +253,10 @@ def load_trace(trace, forward_name: str = "forward") -> TraceTables:
     for r in rt:
         r["is_sync"] = r["name"] in SYNC_RUNTIME_NAMES
 
-    host = rt + ann + cpu
-    bounds = (min(r["start_ns"] for r in host), max(r["end_ns"] for r in host)) if host else None
+    every = rt + ann + cpu + gpu + csync
+    bounds = (min(r["start_ns"] for r in every), max(r["end_ns"] for r in every)) if every else None
     forwards = _forwards(ann, forward_name, bounds)
+    whole = len(forwards) == 1 and forwards[0]["name"] == "<trace>"
     f_starts = np.array([f["start_ns"] for f in forwards], dtype=np.int64)
     f_ends = np.array([f["end_ns"] for f in forwards], dtype=np.int64)
 
@@ -265,8 +266,8 @@ def load_trace(trace, forward_name: str = "forward") -> TraceTables:
         i = int(np.searchsorted(f_starts, t, side="right")) - 1
         return i if i >= 0 and t < f_ends[i] else -1
 
-    for g in gpu:
-        g["forward"] = fwd_of(g["launch_start_ns"] if g["launch_start_ns"] is not None else None)
+    for g in gpu:  # the forward an op belongs to: the one its launch call ran in
+        g["forward"] = 0 if whole else fwd_of(g["launch_start_ns"])
     for lst in (rt, csync, ann, gann, cpu):
         for r in lst:
             r["forward"] = fwd_of(r["start_ns"])
@@ -304,7 +305,7 @@ def _forwards(ann: list[dict], forward_name: str, bounds: tuple[int, int] | None
         rs = _top_level([a for a in ann if pick(a["name"])])
         if rs:
             break
-    else:  # no ranges at all: the whole trace (host side) is one forward
+    else:  # no ranges at all: the whole trace is one forward
         rs = [] if bounds is None else [{"name": "<trace>", "start_ns": bounds[0],
                                          "end_ns": bounds[1] + 1, "dur_ns": bounds[1] + 1 - bounds[0]}]
     return [{"forward": i, "name": r["name"], "start_ns": r["start_ns"], "end_ns": r["end_ns"],
@@ -388,7 +389,7 @@ def idle_gaps(tables, sync_slack_ns: int = 2000, layer_pattern: str = r"moe_laye
     s_name = s["name"].to_numpy()
     layers = _layer_ranges(t, layer_pattern)
     rows = []
-    for (fwd, dev), ops in k.groupby(["forward", "device"], sort=True):
+    for (fwd, dev), ops in k.groupby(["forward", "device"], sort=True, dropna=False):
         ops = ops.sort_values(["start_ns", "end_ns"])
         st = ops["start_ns"].to_numpy(dtype=np.int64)
         en = ops["end_ns"].to_numpy(dtype=np.int64)
@@ -475,7 +476,7 @@ def forward_metrics(tables, **gap_kw) -> pd.DataFrame:
         if len(k):
             g0, g1 = int(k["start_ns"].min()), int(k["end_ns"].max())
             busy = sum(_busy(kk["start_ns"].to_numpy(np.int64), kk["end_ns"].to_numpy(np.int64))
-                       for _, kk in k.groupby("device"))
+                       for _, kk in k.groupby("device", dropna=False))
             row.update(gpu_start_ns=g0, gpu_end_ns=g1, gpu_span_ns=g1 - g0, busy_ns=busy)
         else:
             row.update(gpu_start_ns=None, gpu_end_ns=None, gpu_span_ns=0, busy_ns=0)

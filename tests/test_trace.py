@@ -425,3 +425,10 @@ def test_graph_launch_shares_correlation():
     assert q["depth"].max() == 3  # the whole graph is queued at once
     m = T.forward_metrics(t).iloc[0]
     assert m["gpu_span_ns"] == 15250 and m["busy_ns"] == 14250 and m["n_syncs"] == 0
+
+
+def test_gpu_only_trace_is_one_forward():
+    ev = [{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": 1},
+          {"ph": "X", "cat": "kernel", "name": "b", "ts": 5, "dur": 1.001}]
+    m = T.forward_metrics(T.load_trace(ev)).iloc[0]
+    assert (m["gpu_span_ns"], m["busy_ns"], m["idle_other_ns"]) == (5001, 2001, 3000)
