@@ -203,8 +203,8 @@ def load_trace(trace, forward_name: str = "forward") -> TraceTables:
     flows_s, flows_f = {}, {}
     for e in doc.get("traceEvents", ()):
         ph = e.get("ph")
-        if ph in ("s", "f"):
-            if "id" in e and "ts" in e:
+        if ph in ("s", "f"):  # launch -> GPU op arrows ("ac2g"); other flows (fwdbwd) ignored
+            if "id" in e and "ts" in e and e.get("cat", "ac2g") == "ac2g":
                 (flows_s if ph == "s" else flows_f)[(e.get("pid"), e.get("tid"), to_ns(e["ts"]))] = e["id"]
             continue
         if ph != "X":
