@@ -233,3 +233,34 @@ def test_gpu_event_timing_and_graph_sweep(tmp_path):
                    tmp_path / "g.csv", progress=False)
     assert df["error"].isna().all()
     assert (df.loc[df["mode"] == "graph", "syncs_per_forward"] == 0).all()
+
+
+def test_time_device_cuda_path_with_fake_events(monkeypatch):
+    """The event-timing branch without a GPU: per-rep events, elapsed ms -> us, sync per rep."""
+    clock = {"t": 0.0, "syncs": 0}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self):
+            self.t = clock["t"]
+
+        def synchronize(self):
+            clock["syncs"] += 1
+
+        def elapsed_time(self, end):
+            return end.t - self.t  # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    durations = iter([9.0, 9.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # two warm-up calls, then five timed
+
+    def fn():
+        clock["t"] += next(durations)
+
+    t = time_device(fn, warmup=2, reps=5, cuda=True)
+    assert t.timer == "cuda_events" and t.samples_us == [1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+    assert (t.median_us, t.p10_us, t.p90_us) == (3000.0, 1400.0, 4600.0)
+    assert clock["syncs"] == 5  # the host waits for every rep's end event

@@ -328,3 +328,12 @@ def test_fast_run_formula_matches_the_engine_and_invariants_hold(costs, L, host0
     assert (g.start_ns.to_numpy()[1:] >= g.end_ns.to_numpy()[:-1] - 1).all()
     assert r.forward_us + 1e-9 >= max(r.device_busy_us, sum(o.host_us for o in ops if o.kind != "sync"))
     assert r.device_idle_us >= -1e-9 and r.sync_stall_us >= -1e-9 and r.host_blocked_us >= -1e-9
+
+
+def test_scale_model_report_in_one_call():
+    df = _synthetic_sweep(TRUTH).query("layers == 2 and tokens in (16, 16384)")
+    r = sim.scale_model_report(df, chunks=(8192,))
+    assert set(r) == {"fit", "params", "predictions", "validation", "extrapolation", "comparison",
+                      "sync_us_to_match"}
+    assert r["validation"]["ok"].all() and len(r["predictions"]) == len(df)
+    assert r["sync_us_to_match"] > 0 and set(r["comparison"].metric) == set(sim.PRODUCTION)
