@@ -108,17 +108,27 @@ def user_site(frame=None) -> str:
     return _fmt_site(first.f_code.co_filename, first.f_lineno) if first is not None else "?"
 
 
-def _site_from_traceback(tb) -> str:
-    """The innermost user frame of an exception's traceback (where the sync was requested)."""
-    site = None
-    fallback = None
+def _user_frames(tb) -> list[str]:
+    """file:line of the user frames of a traceback, outermost first."""
+    out = []
     while tb is not None:
         code = tb.tb_frame.f_code
-        fallback = _fmt_site(code.co_filename, tb.tb_lineno)
-        if _is_user_file(code.co_filename):
-            site = fallback
+        if _is_user_file(code.co_filename) and code.co_filename != _THIS_FILE:
+            out.append(_fmt_site(code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
-    return site or fallback or "?"
+    return out
+
+
+def _site_from_traceback(tb) -> str:
+    """The innermost user frame of an exception's traceback (where the sync was requested)."""
+    frames = _user_frames(tb)
+    if frames:
+        return frames[-1]
+    last = None
+    while tb is not None:
+        last = _fmt_site(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return last or "?"
 
 
 # --- results --------------------------------------------------------------------------------
@@ -196,10 +206,13 @@ class SyncReport:
 class HostSyncError(RuntimeError):
     """A host-device sync happened inside a checked region."""
 
-    def __init__(self, site: str, detail: str = ""):
+    def __init__(self, site: str, detail: str = "", callers: list[str] | None = None):
         self.site = site
+        self.callers = list(callers or [])  # user frames leading to the site, outermost first
         msg = (f"host-device sync at {site} inside a checked region: the host waits here for the "
                f"GPU queue to drain. Remove it, or wrap an intended sync in allow_sync().")
+        if self.callers:
+            msg += " Called from " + " <- ".join(reversed(self.callers[-3:])) + "."
         if detail:
             msg += f" [{detail}]"
         super().__init__(msg)
@@ -407,8 +420,9 @@ def checked_region():
                 yield
         except RuntimeError as e:
             if cuda and _TORCH_SYNC_MSG in str(e) and not isinstance(e, HostSyncError):
+                frames = _user_frames(e.__traceback__)
                 raise HostSyncError(_site_from_traceback(e.__traceback__),
-                                    str(e).strip().splitlines()[0]) from e
+                                    str(e).strip().splitlines()[0], callers=frames[:-1]) from e
             raise
         if not cuda:
             bad = [ev for i, ev in enumerate(guard_events) if not _in_allowed_span(base + i)]

@@ -174,6 +174,21 @@ def test_fake_cuda_checked_region(fake_cuda):
                 op()
             op()  # SYNC-B
     assert ei.value.site == _line_of("op()  # SYNC-B")
+    assert ei.value.callers == []  # the sync is in the with-block itself
+
+
+def _layer(op):
+    op()  # SYNC-C
+
+
+def test_fake_cuda_checked_region_callers(fake_cuda):
+    state, modes, op = fake_cuda
+    with pytest.raises(HostSyncError) as ei:
+        with checked_region():
+            _layer(op)  # CALLER
+    assert ei.value.site == _line_of("op()  # SYNC-C")
+    assert ei.value.callers == [_line_of("_layer(op)  # CALLER")]
+    assert "Called from " + _line_of("_layer(op)  # CALLER") in str(ei.value)
     assert isinstance(ei.value.__cause__, RuntimeError)
     assert state["mode"] == 0
 
