@@ -271,7 +271,7 @@ def _experts_touched(pairs: float, num_experts: int) -> float:
 # device floor `kernel_us` partly.
 DEFAULT_LAUNCHES = {
     "lora_any": 8, "rmsnorm": 7, "router_gemm": 2, "softmax_topk": 5, "align": 40, "gate_up_gemm": 1,
-    "lora_align": 42, "lora_gate_up": 1, "silu_mul": 2, "down_gemm": 1, "lora_down": 1,
+    "lora_align": 44, "lora_gate_up": 1, "silu_mul": 2, "down_gemm": 1, "lora_down": 1,
     "topk_sum": 1, "residual_add": 1,
 }
 
