@@ -537,16 +537,17 @@ def time_lost_per_sync(df, baseline: str = "cpu_flag"):
 
 
 def summary_table(df):
-    """Compact table: M, preset, guard, active, mode, median ms, sync/cpu_flag ratio, us lost per sync."""
+    """Compact table: M, preset, layers, rank, guard, active, mode, median ms, syncs, sync/cpu_flag
+    ratio and us lost per sync (on the sync rows)."""
     d = clean(df).copy()
     lost = time_lost_per_sync(d)
     keys = [c for c in KEY_COLUMNS if c != "guard"]
     d = d.merge(lost[keys + ["ratio", "us_per_sync"]], on=keys, how="left")
     d.loc[d["guard"] != "sync", ["ratio", "us_per_sync"]] = float("nan")
     d["median_ms"] = d["median_us"] / 1e3
-    cols = ["tokens", "preset", "layers", "guard", "active", "mode", "median_ms", "syncs_per_forward", "ratio",
-            "us_per_sync"]
-    return d[cols].sort_values(["preset", "tokens", "mode", "active", "guard"]).reset_index(drop=True)
+    cols = ["tokens", "preset", "layers", "rank", "guard", "active", "mode", "median_ms", "syncs_per_forward",
+            "ratio", "us_per_sync"]
+    return d[cols].sort_values(["preset", "layers", "rank", "tokens", "mode", "active", "guard"]).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------------------------
