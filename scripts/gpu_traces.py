@@ -46,7 +46,7 @@ def split_tokens(tokens: int, requests: int) -> list[int]:
 
 def sync_tool_check(fn, guard: str) -> dict:
     """Count device syncs of one forward with torch's sync debug mode, and try a checked region."""
-    with syncs.count_syncs() as rep:
+    with syncs.count_syncs(profiler=runtime.has_cuda()) as rep:
         fn()
     runtime.synchronize()
     try:
@@ -57,6 +57,7 @@ def sync_tool_check(fn, guard: str) -> dict:
         checked = f"raised at {e.site}"
     runtime.synchronize()
     return {"debug_mode_syncs": rep.count, "debug_mode_sites": ";".join(sorted(rep.sites)),
+            "profiler_syncs": rep.profiler_count, "profiler_dtoh": len(rep.dtoh_records),
             "guard_syncs": rep.guard_count, "checked_region": checked,
             "device_observable": rep.device_observable}
 
@@ -106,6 +107,8 @@ def record(lab, args, M: int, guard: str, mode: str, out_dir: str) -> dict:
     row = {"file": os.path.basename(path), "guard": guard, "mode": mode, "M": M,
            "bytes": os.path.getsize(path), "profile_wall_s": round(wall, 2), **trace.summarize(t),
            **checks}
+    if checks and runtime.has_cuda():  # three views of the same syncs should agree
+        row["syncs_agree"] = (row["n_syncs"] == checks["debug_mode_syncs"] == checks["profiler_syncs"])
     del cg
     return row
 
@@ -125,7 +128,7 @@ def compact_table(df: pd.DataFrame) -> pd.DataFrame:
         "idle_host_us": col("idle_host_launch_wait_ns", 1e3),
         "idle_k2k_us": col("idle_kernel_to_kernel_ns", 1e3), "util": col("gpu_util", 1, 3),
         "qmax": df.get("max_queue_depth"), "kB": col("bytes", 1e3, 0),
-        "checked": df.get("checked_region"),
+        "checked": df.get("checked_region"), "agree": df.get("syncs_agree"),
     })
 
 

@@ -14,7 +14,11 @@ import torch
 from lora_moe_lab import runtime, syncs
 from lora_moe_lab.syncs import HostSyncError, allow_sync, checked_region, count_syncs, no_syncs
 
-gpu = pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")
+def gpu(f):
+    return pytest.mark.gpu(pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")(f))
+
+
+
 cpu_only = pytest.mark.skipif(runtime.has_cuda(), reason="CPU-only behaviour")
 MSG = "called a synchronizing CUDA operation"
 
