@@ -294,6 +294,8 @@ def _count_syncs(cuda: bool, profiler: bool):
                 rep.allowed += 1
             else:
                 rep.records.append(SyncRecord("sync_debug_mode", user_site(sys._getframe(1)), text))
+            if orig_show is not getattr(warnings, "_showwarning_orig", None):
+                orig_show(message, category, filename, lineno, file, line)  # an outer counter
         elif orig_show is not getattr(warnings, "_showwarning_orig", None):
             orig_show(message, category, filename, lineno, file, line)  # not ours: pass it on
         else:  # to whatever displayed or recorded warnings before (e.g. an outer pytest.warns)

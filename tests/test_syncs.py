@@ -210,6 +210,16 @@ def test_fake_cuda_nesting(fake_cuda):
     assert state["mode"] == 0 and rep.count == 0 and rep.allowed == 1
 
 
+def test_fake_cuda_nested_counters(fake_cuda):
+    state, modes, op = fake_cuda
+    with count_syncs() as outer:
+        op()
+        with count_syncs() as inner:
+            op()  # SYNC-D
+    assert inner.count == 1 and outer.count == 2
+    assert outer.sites[_line_of("op()  # SYNC-D")] == 1
+
+
 def test_other_warnings_pass_through(fake_cuda):
     with pytest.warns(DeprecationWarning):
         with count_syncs() as rep:
