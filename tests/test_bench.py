@@ -264,3 +264,20 @@ def test_time_device_cuda_path_with_fake_events(monkeypatch):
     assert t.timer == "cuda_events" and t.samples_us == [1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
     assert (t.median_us, t.p10_us, t.p90_us) == (3000.0, 1400.0, 4600.0)
     assert clock["syncs"] == 5  # the host waits for every rep's end event
+
+
+def test_gpu_sweep_script_quick_mode_on_this_machine(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_sweep.py"
+    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out", str(tmp_path), "--reps", "1", "--no-fit"]) == 0
+    out = capsys.readouterr().out
+    df = bench.load_sweep(tmp_path / "h200_sweep.csv")
+    assert list(df.columns) == COLUMNS and df["error"].isna().all() and len(df) >= 12
+    assert df.attrs["meta"]["sessions"] and "sync/cpu_flag" in out and "us_per_sync" in out.splitlines()[-5]
+    with pytest.raises(SystemExit):  # exists: --resume needed
+        mod.main(["--quick", "--out", str(tmp_path)])
