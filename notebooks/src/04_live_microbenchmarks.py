@@ -1,0 +1,127 @@
+# %% [markdown]
+# # 04 · Live micro-benchmarks
+#
+# **Goal.** Measure the cost of the per-layer guard yourself: pick a model shape, a batch size, a
+# guard, how many requests use an adapter, the LoRA rank, and eager launches or CUDA-graph
+# replay — then press **Run**.
+#
+# What is measured (on a GPU): one forward of the mini MoE model, timed with CUDA events from an
+# idle device (see `lora_moe_lab.bench`): it covers the host issuing every kernel while the GPU
+# runs them, and every host-device sync the guard makes. With the `sync` guard, each layer's
+# `.item()` makes the host wait until the GPU has drained its queue; the GPU then idles until the
+# host has issued the next kernels. The difference to `cpu_flag` is the price of those bubbles.
+# In graph mode the whole forward is one `cudaGraphLaunch`: no per-kernel launch cost, and no
+# guard syncs (every guard records the LoRA kernels; they exit early on the GPU).
+#
+# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.simulate`) and the
+# sweep recorded on an H200 (`data/sweep/*.csv`, when present) instead — the panel says which
+# numbers come from where. Moving a control redraws the view (simulator curves, recorded points,
+# your live points); **Run** adds rows to the results table. A long run shows its progress and
+# stops at the next repetition when you press **Stop**.
+
+# %% tags=["parameters"]
+preset = "tiny"          # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
+num_layers = 4           # MoE layers per forward, 1..48
+tokens = 16              # tokens per forward, a power of two up to 16384
+guard = "sync"           # sync, cpu_flag or launch_always
+active_fraction = 0.5    # share of requests that use an adapter
+rank = 16                # LoRA rank: 4, 8, 16, 32 or 64
+mode = "eager"           # eager or graph
+reps = 5                 # timed repetitions per guard, live GPU only
+warmup = 2               # untimed calls first, live GPU only
+all_guards = True        # Run measures all three guards, not only the selected one
+device = "auto"          # auto, cpu or cuda
+
+# %%
+import glob
+
+import pandas as pd
+
+from lora_moe_lab import notebook as nbk, simulate as sim, widgets
+from lora_moe_lab.notebook import NotebookParameterError
+
+nbk.check_preset(preset)
+for _n in ("num_layers", "tokens", "rank", "reps"):
+    nbk.check_positive_int(_n, globals()[_n])
+if num_layers > 48:
+    raise NotebookParameterError(f"bad notebook parameter num_layers={num_layers!r}: at most 48")
+if tokens not in widgets.TOKENS:
+    raise NotebookParameterError(f"bad notebook parameter tokens={tokens!r}: a power of two in {widgets.TOKENS}")
+if rank not in widgets.RANKS:
+    raise NotebookParameterError(f"bad notebook parameter rank={rank!r}: one of {widgets.RANKS}")
+if mode not in ("eager", "graph"):
+    raise NotebookParameterError(f"bad notebook parameter mode={mode!r}: 'eager' or 'graph'")
+if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+    raise NotebookParameterError(f"bad notebook parameter warmup={warmup!r}: an int >= 0")
+if not isinstance(all_guards, bool):
+    raise NotebookParameterError(f"bad notebook parameter all_guards={all_guards!r}: True or False")
+(guard,) = nbk.check_guards([guard])
+active_fraction = nbk.check_fraction("active_fraction", active_fraction)
+dev = nbk.check_device(device)
+nbk.setup_plotly()
+LIVE = dev.type == "cuda"
+print("live GPU: Run measures on", dev if LIVE else "—",
+      "" if LIVE else "no GPU here: the panel shows the simulator and the recorded sweep, not live timings")
+
+# %% [markdown]
+# ## Recorded data and the simulator's parameters
+# The recorded sweep (if any) gives GPU points to compare against, and fits the simulator's cost
+# model (host launch cost, sync overhead, kernel floor, math and memory rates) so that its curves
+# match that GPU. Without recorded data the simulator uses its default order-of-magnitude H200
+# guesses — fine to see the shape of the effect, not to quote numbers.
+
+# %%
+files = sorted(glob.glob(str(nbk.DATA / "sweep" / "*.csv")))
+sweep = pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else None
+if sweep is not None and len(sweep):
+    fitted = sim.fit(sweep, iters=150)
+    cost = fitted.params
+    note = (f"simulator fitted to {fitted.rows} recorded rows ({', '.join(sorted(set(sweep['gpu'].astype(str))))}), "
+            f"rms log error {fitted.rms_log_error:.3f}")
+else:
+    cost = sim.CostModel()
+    note = "no recorded sweep in data/sweep: simulator with its default cost model (order-of-magnitude guesses)"
+print(note)
+pd.Series(cost.as_dict(), name="cost model").to_frame().T
+
+# %% [markdown]
+# ## The panel
+# Move a control: the view redraws at once (simulator lines per guard; ◆ recorded points, ● your
+# live points; ★ the selected guard and token count). Press **Run** to add rows to the results.
+
+# %%
+panel = widgets.BenchPanel(live=LIVE, sweep=sweep, cost=cost, reps=reps, warmup=warmup, all_guards=all_guards,
+                           note=note, defaults=dict(preset=preset, layers=num_layers, tokens=tokens, guard=guard,
+                                                    active=active_fraction, rank=rank, mode=mode))
+display(panel.widget)
+# Without a frontend (papermill) nobody moves the controls or presses Run: do it once here, with
+# the notebook's parameters, so the outputs exist.
+view = panel.update(preset=preset, layers=num_layers, tokens=tokens, guard=guard, active=active_fraction,
+                    rank=rank, mode=mode)
+rows = panel.run(blocking=True)
+
+# %% [markdown]
+# ## Checks
+# Whatever the machine: the `sync` guard makes one host-device sync per layer in eager mode and none
+# under graph capture; `cpu_flag` and `launch_always` never sync. On a GPU, at small batches in
+# eager mode, those syncs must cost visible time: `sync` slower than `cpu_flag`.
+
+# %%
+measured = rows[rows["source"].str.startswith("live") | (rows["source"] == "simulator")]
+for r in measured.itertuples():
+    want = num_layers if (r.guard == "sync" and mode == "eager") else 0
+    assert r.syncs_per_forward == want, f"{r.source} {r.guard}: {r.syncs_per_forward} syncs per forward, expected {want}"
+if LIVE and mode == "eager" and tokens <= 1024 and all_guards and len(measured) == 3:
+    t = measured.set_index("guard")["median_ms"]
+    assert t["sync"] > t["cpu_flag"], f"the sync guard is not slower than cpu_flag here: {t.to_dict()}"
+    print(f"sync / cpu_flag = {t['sync'] / t['cpu_flag']:.3f} at M={tokens}, {num_layers} layers")
+rows
+
+# %% [markdown]
+# ## Snapshot for the HTML report
+# The panel above lives in the browser; an executed copy of this notebook (the `make run` report)
+# keeps these static copies of its last view and results.
+
+# %%
+panel.last_figure.show()
+widgets.results_figure(panel.results).show()
