@@ -8,13 +8,20 @@ blocks the host until the device has drained everything issued so far; then the 
 and the device idles until the host has issued the next op. That idle gap, once per guard, per
 layer, is the whole lesson.
 
-    ops      = forward_ops(shape, tokens=128, guard="sync", active=0.5, params=CostModel())
-    result   = simulate(ops)                 # forward_us, syncs, device idle, stall after syncs
-    timeline = simulate(ops, timeline=True).timeline   # lane/start_ns/end_ns/name/category rows
+    ops    = forward_ops("qwen3-30b-a3b", 128, "sync", layers=48, active=0.5, params=CostModel())
+    result = simulate(ops, timeline=True)  # forward_us, syncs, device idle, stall after syncs
+    result.timeline                        # lane/start_ns/end_ns/name/category rows
+    result.tables()                        # the same as trace.TraceTables: trace.forward_metrics,
+                                           # idle_gaps and plots.timeline read it like a recording
+    forward_us("qwen3-30b-a3b", 128, "sync", layers=48)   # fast path (no records), for fitting
 
-Units: microseconds in parameters and results, integer nanoseconds in the timeline (the same
-columns as the trace parser's tables, so one plot function draws a recorded and a simulated
-forward). The cost model is deliberately small (a fixed device time per kernel plus flops and bytes
+    fit(sweep_df, traces=[...])  -> FitResult (cost model fitted to a bench.py CSV and/or traces)
+    validate(sweep_df, params)   -> per-guard error table (target +-15 %)
+    extrapolate(params)          -> TP=4 ranks, 48 layers, 128 x 2048 tokens in prefill chunks
+    compare_production(extrap)   -> beside 260 syncs, 100 ms stall, +14.4 % throughput, -12.6 % TTFT
+    scale_model_report(sweep_df) -> all of the above in one dict
+
+Units: microseconds in parameters and results, integer nanoseconds in the timeline. The cost model is deliberately small (a fixed device time per kernel plus flops and bytes
 terms, one host cost per launch, one sync overhead, one graph-launch cost) so that its parameters
 can be fitted from a benchmark sweep (`fit`), checked against it (`validate`) and then pushed to
 shapes no single GPU runs (`extrapolate`: TP=4, chunked prefill of a 128 x 2048 batch).
