@@ -146,7 +146,32 @@ def triton_pow2(n: int) -> int:
     return p
 
 
+_SMEM_BUDGET = 160 * 1024  # bytes of pipelined tiles per program; leaves room on Hopper (227 KB)
+
+
+def _stages(num_stages: int, tile_bytes_per_stage: int) -> int:
+    """Fewer pipeline stages when the tiles are large (fp32, big blocks), so shared memory fits."""
+    return max(1, min(num_stages, _SMEM_BUDGET // max(1, tile_bytes_per_stage)))
+
+
 _SMS: dict = {}
+_OCCUPANCY: dict = {}  # compiled-kernel key -> programs of it that fit on one SM at once
+LAST_LORA_LAUNCH: dict = {}  # grid and tiles of the last lora_delta launch (benchmarks, notebooks)
+
+
+def _occupancy(kernel, num_warps: int, device: torch.device, cap: int) -> int:
+    """Programs per SM from the compiled kernel's shared memory and registers (host metadata)."""
+    try:
+        props = torch.cuda.get_device_properties(device)
+        smem_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        regs_sm = getattr(props, "regs_per_multiprocessor", 65536)
+        shared = int(kernel.metadata.shared)
+        n_regs = int(getattr(kernel, "n_regs", 0) or 0)
+        by_smem = smem_sm // (shared + 1024) if shared else cap
+        by_regs = regs_sm // (max(n_regs, 1) * 32 * num_warps) if n_regs else cap
+        return max(1, min(cap, by_smem, by_regs, 64 // num_warps))
+    except Exception:  # metadata layout differs between Triton versions: fall back to the cap
+        return cap
 
 
 def _num_sms(device: torch.device) -> int:
@@ -271,13 +296,14 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     nb_launch = min(nb, num_pairs)
     grid = (nb_launch * triton_cdiv(N, cfg.block_n),)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
+    stages = _stages(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size())
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=stages,
     )
     return out
 
@@ -330,11 +356,20 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     n_per_split = triton_cdiv(n_tiles, split) * cfg.block_n
     # Persistent grid, from static shapes only: a few programs per SM, never more than the work
     # items there can be (busy blocks of a slot number at most num_pairs: each holds a pair).
+    # Programs per SM: the config's cap, lowered to what fits on an SM at once (known after the first
+    # compile of this variant; `warmup` makes that happen before any capture). All programs then run
+    # in one wave: an all-disabled launch costs one round of metadata loads, and no program waits
+    # for a slot while others hold several items.
     max_items = S * min(nb, num_pairs) * split
-    grid = (max(1, min(max_items, _num_sms(dev) * cfg.programs_per_sm)),)
+    br = block_r(R)
+    stages = _stages(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * x.element_size())
+    key = (dev, x.dtype, N, K, R, P, bm, cfg, split, stages, bool(gather), routed_weights is not None,
+           exit_codes is not None)
+    pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
+    grid = (max(1, min(max_items, _num_sms(dev) * pps)),)
     rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
     ex = exit_codes if exit_codes is not None else align.expert_ids
-    fused_moe_lora_kernel[grid](
+    compiled = fused_moe_lora_kernel[grid](
         x, lora_a, lora_b, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         lora_ids, adapter_enabled, rw, ex,
         N, K, R, num_pairs, nb, top_k, n_per_split,
@@ -343,10 +378,13 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         out.stride(0), out.stride(1),
         align.sorted_token_ids.stride(0), align.expert_ids.stride(0),
         NUM_SLOTS=S, SLOTS_POW2=triton_pow2(S),
-        P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=block_r(R), SPLIT_N=split,
+        P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=stages,
     )
+    if key not in _OCCUPANCY and dev.type == "cuda":
+        _OCCUPANCY[key] = _occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
+    LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg)
     return out
 
 

@@ -36,7 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from lora_moe_lab import runtime, triton_ops  # noqa: E402
 from lora_moe_lab.config import get_shape  # noqa: E402
-from lora_moe_lab.kernels.align import moe_align, moe_align_triton  # noqa: E402
+from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton  # noqa: E402
 from lora_moe_lab.triton_ops import LoRAKernelConfig  # noqa: E402
 
 # Production engine's Triton fused MoE-LoRA (gate_up, rank 32, 4 adapters, bf16) on this H200, in us.
@@ -141,6 +141,7 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
         x = rnd(M, K)
         rw, ids = route(M, E, k, gen, dev)
         token_slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+        token_slot[0] = 0  # at least one live token, also at M=1
         bm = triton_ops.block_m(M, k, E)
         al = moe_align(ids, E, bm)
         # base gate_up (gather) and down (per-pair rows, routed weights), outputs poisoned with NaN
@@ -162,6 +163,8 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
             for op, xin, a, b, N, r, gather in (("lora_gate_up", x, a13, b13, I, None, True),
                                                 ("lora_down", h, a2, b2, K, rw, False)):
                 out0 = rnd(M * k, a.shape[0] * N)
+                if r is not None:  # down: the base output it adds to carries the routed weight too
+                    out0 = (out0.float() * r.reshape(-1, 1)).to(dtype)
                 out = out0.clone()
                 triton_ops.lora_delta(xin, a, b, al_l, lora_ids, enabled, k, out, routed_weights=r, gather=gather)
                 ref, live = ref_lora(xin, a, b, ids, token_slot, lora_ids, enabled, k, r, gather)
@@ -331,6 +334,9 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
                     target_us=TARGETS_US[preset][M], speedup=TARGETS_US[preset][M] / t_rot,
                     bytes=nbytes, used_adapter_experts=used, gbps=nbytes / (t_rot * 1e-6) / 1e9,
                     copy_gbps=copy_gbps, bw_frac=nbytes / (t_rot * 1e-6) / 1e9 / copy_gbps)
+            r.update(grid=triton_ops.LAST_LORA_LAUNCH.get("grid"),
+                     programs_per_sm=triton_ops.LAST_LORA_LAUNCH.get("programs_per_sm"),
+                     stages=triton_ops.LAST_LORA_LAUNCH.get("stages"))
             if i == 0:
                 # Same op on one input set repeated (weights hot in L2 at small M): for reference.
                 r["time_us_hot"] = graph_time_us([fns[0]], inner=16, reps=15)
@@ -344,7 +350,7 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
         t_off = graph_time_us([lambda: triton_ops.lora_delta(s0["x"], a, b, al, lora_ids, off, k, s0["out"])],
                               inner=32, reps=15)
         t_empty = graph_time_us([lambda: _empty_kernel[(1,)](x1)], inner=32, reps=15)
-        nprog = S * al.expert_ids.shape[1] * min(cfg0.split_n, triton.cdiv(I, cfg0.block_n))
+        nprog = triton_ops.LAST_LORA_LAUNCH.get("grid")
         row(section="disabled", preset=preset, op="lora_delta_gate_up_all_disabled", dtype="bfloat16", M=M,
             config=cfg_str(bm0, cfg0), programs=nprog, time_us=t_off, empty_kernel_us=t_empty, ratio=t_off / t_empty)
         log(f"lora {preset} M={M}: {ROWS_by(preset, M)['time_us']:.1f} us (target {TARGETS_US[preset][M]}), "
@@ -377,7 +383,7 @@ def time_base(preset, dev, gen):
         t2 = graph_time_us([lambda: triton_ops.moe_gemm(h, w2, al, k, down, routed_weights=rw, gather=False)],
                            inner=inner, reps=15)
         try:
-            t_al = graph_time_us([lambda: moe_align(ids, E, bm, None, 1)], inner=inner, reps=15)
+            t_al = graph_time_us([lambda: moe_align(ids, E, bm, None, 1)], inner=inner, reps=15)  # as the layer does
         except Exception as exc:  # the torch alignment should be capturable; record it if not
             log(f"  alignment capture failed: {type(exc).__name__}: {exc}")
             t_al = float("nan")
@@ -410,9 +416,9 @@ def time_align(preset, dev, gen):
         token_slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
         for slots, ts in ((1, None), (S, token_slot)):
             bm = triton_ops.lora_block_m(M, k, E, S) if ts is not None else triton_ops.block_m(M, k, E)
-            same = all(same_alignment(moe_align(ids, E, bm, ts, slots), moe_align_triton(ids, E, bm, ts, slots))
+            same = all(same_alignment(moe_align_torch(ids, E, bm, ts, slots), moe_align_triton(ids, E, bm, ts, slots))
                        for _ in range(3))
-            t_torch = graph_time_us([lambda: moe_align(ids, E, bm, ts, slots)], inner=8, reps=15)
+            t_torch = graph_time_us([lambda: moe_align_torch(ids, E, bm, ts, slots)], inner=8, reps=15)
             t_tri = graph_time_us([lambda: moe_align_triton(ids, E, bm, ts, slots)], inner=8, reps=15)
             row(section="align", preset=preset, op=f"moe_align_S{slots}", dtype="int32", M=M, block_m=bm,
                 torch_us=t_torch, triton_us=t_tri, speedup=t_torch / t_tri, ok=same)
@@ -461,22 +467,37 @@ def main(argv=None):
         return
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
+    meta["errors"] = []
+
+    def guarded(name, fn, *a):
+        # One failing section must not lose the others: record the error, keep going.
+        try:
+            fn(*a)
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
+            torch.cuda.synchronize()
+        write(args.out, meta)
+
     if not args.skip_check:
         for preset in PRESETS:
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                check_preset(preset, dtype, dev, gen)
+                guarded(f"check {preset} {dtype}", check_preset, preset, dtype, dev, gen)
         log(f"[checks done at {time.time() - t0:.0f}s]")
     copy_gbps, t_copy = copy_bandwidth(dev)
     meta["copy_gbps"], meta["copy_times_us"] = copy_gbps, t_copy
     log(f"device-to-device copy: {copy_gbps:.0f} GB/s (read+write)")
     for preset in PRESETS:
-        time_lora(preset, dev, gen, copy_gbps, args.sweep, t0 + args.budget_s)
+        guarded(f"lora {preset}", time_lora, preset, dev, gen, copy_gbps, args.sweep, t0 + args.budget_s)
     for preset in PRESETS:
-        time_base(preset, dev, gen)
-    time_align(PRESETS[0], dev, gen)
+        guarded(f"base {preset}", time_base, preset, dev, gen)
+    guarded("align", time_align, PRESETS[0], dev, gen)
     meta["wall_s"] = time.time() - t0
     write(args.out, meta)
     summary()
+    for e in meta["errors"]:
+        log(f"ERROR {e}")
 
 
 def write(out_dir, meta):
@@ -510,7 +531,8 @@ def summary():
         f"{'off us':>8}{'empty':>7}  config")
     for r in ROWS:
         if r["section"] == "lora_gate_up":
-            d = next(x for x in ROWS if x["section"] == "disabled" and x["preset"] == r["preset"] and x["M"] == r["M"])
+            d = next((x for x in ROWS if x["section"] == "disabled" and x["preset"] == r["preset"] and x["M"] == r["M"]),
+                     dict(time_us=float("nan"), empty_kernel_us=float("nan")))
             log(f"{r['preset']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['time_us_hot']:>8.1f}{r['target_us']:>8}"
                 f"{r['speedup']:>7.2f}x{r['gbps']:>7.0f}{100 * r['bw_frac']:>5.0f}%{d['time_us']:>8.2f}"
                 f"{d['empty_kernel_us']:>7.2f}  {r['config']}")

@@ -390,7 +390,7 @@ def assert_same_alignment(a, b):
 @settings(HYP, max_examples=30 if not CUDA else 10)
 @given(data=st.data())
 def test_triton_alignment_matches_torch(data):
-    from lora_moe_lab.kernels.align import moe_align_triton
+    from lora_moe_lab.kernels.align import moe_align_torch, moe_align_triton
     E = data.draw(st.integers(1, 40), label="E")
     k = data.draw(st.integers(1, min(E, 8)), label="top_k")
     M = data.draw(st.integers(1, 40), label="M")
@@ -399,5 +399,5 @@ def test_triton_alignment_matches_torch(data):
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 30), label="seed"))
     ids = routing(g, M, k, E).to(DEV)
     slot = torch.randint(-1, S, (M,), generator=g).int().to(DEV) if data.draw(st.booleans(), label="slots") else None
-    assert_same_alignment(moe_align(ids, E, bm, slot, S if slot is not None else 1),
+    assert_same_alignment(moe_align_torch(ids, E, bm, slot, S if slot is not None else 1),
                           moe_align_triton(ids, E, bm, slot, S if slot is not None else 1))

@@ -31,9 +31,22 @@ def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (n + block_m - 1) // block_m * block_m
 
 
+# On a GPU the Triton version below is used (measured on an H200 by scripts/gpu_kernels.py, section
+# "align"; data/kernels/): a handful of launches instead of a few dozen small torch ops.
+TRITON_ON_CUDA = True
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
               token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
     """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0."""
+    if TRITON_ON_CUDA and topk_ids.is_cuda:
+        return moe_align_triton(topk_ids, num_experts, block_m, token_slot, num_slots)
+    return moe_align_torch(topk_ids, num_experts, block_m, token_slot, num_slots)
+
+
+def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                    token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
+    """The torch implementation (sync-free, static shapes; CPU and reference)."""
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be (M, top_k), got shape {tuple(topk_ids.shape)}")
     M, k = topk_ids.shape
