@@ -134,8 +134,10 @@ def what_if_view(cost: sim.CostModel, *, launch_us: float, tokens: int, preset: 
     kw = dict(preset=preset, layers=layers, tp=tp, collective=collective, syncs_per_layer=syncs_per_layer,
               active=active)
     p = cost.with_(launch_us=float(launch_us))
-    lv = np.unique(np.r_[np.geomspace(*launch_range, 13), float(launch_us)])
-    tv = np.unique(np.r_[np.geomspace(*token_range, 9).round().astype(int), int(tokens)])
+    lv = np.geomspace(*launch_range, 13)
+    lv = np.unique(np.r_[lv[~np.isclose(lv, float(launch_us), rtol=0.02)], float(launch_us)])
+    tv = np.geomspace(*token_range, 9).round().astype(int)
+    tv = np.unique(np.r_[tv[tv != int(tokens)], int(tokens)])
     a = sim.what_if(cost, vary="launch_us", values=lv, tokens=int(tokens), **kw)
     b = sim.what_if(p, vary="tokens", values=tv, **kw)
     fig = make_subplots(rows=1, cols=2, subplot_titles=[f"vs host launch cost (M={int(tokens)})",

@@ -20,9 +20,9 @@
 # stops at the next repetition when you press **Stop**.
 
 # %% tags=["parameters"]
-preset = "tiny"          # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
-num_layers = 4           # MoE layers per forward, 1..48
-tokens = 16              # tokens per forward, a power of two up to 16384
+preset = "qwen3-30b-a3b" # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
+num_layers = 8           # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
+tokens = 128             # tokens per forward, a power of two up to 16384
 guard = "sync"           # sync, cpu_flag or launch_always
 active_fraction = 0.5    # share of requests that use an adapter
 rank = 16                # LoRA rank: 4, 8, 16, 32 or 64
