@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from . import runtime
-from .lora import LoRAInfo, check_flag_against_device, device_any_active
+from .lora import LoRAInfo, check_flag_against_device, device_any_enabled
 
 GUARDS = ("sync", "cpu_flag", "launch_always")
 
@@ -93,7 +93,7 @@ class SyncGuard(Guard):
     name = "sync"
 
     def active(self, info: LoRAInfo) -> bool:
-        flag = device_any_active(info.batch)  # a reduction on the device: cheap, asynchronous
+        flag = device_any_enabled(info.batch)  # a reduction on the device: cheap, asynchronous
         _record(self.name)
         return bool(flag.item())  # HOST-DEVICE SYNC: the host waits until the GPU queue drains
 

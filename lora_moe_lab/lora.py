@@ -269,9 +269,15 @@ class LoRAInfo:
         return self.batch.token_lora_mapping
 
 
+def device_any_enabled(batch: LoRABatchTensors) -> torch.Tensor:
+    """What the old guard asked the GPU each layer: 'is any adapter enabled?' (0-dim bool). One
+    reduction: free of syncs to compute; *reading* it on the host (`.item()`) is the sync."""
+    return batch.adapter_enabled.any()
+
+
 def device_any_active(batch: LoRABatchTensors) -> torch.Tensor:
-    """The device-side truth 'does any token use an enabled adapter?' as a 0-dim bool tensor.
-    Computing it is free of syncs; *reading* it on the host (`.item()`, `bool()`) is a sync."""
+    """The token-level device truth 'does any token use an enabled adapter?' (0-dim bool), for the
+    debug cross-check. Computing it is free of syncs; reading it on the host is a sync."""
     m = batch.token_lora_mapping.long()
     used = m >= 0
     enabled = batch.adapter_enabled.long()[m.clamp(min=0)] > 0

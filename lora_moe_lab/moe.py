@@ -16,6 +16,7 @@ from . import runtime, torch_ops
 from .config import LoRAConfig, MoEShape, check_dtype, get_shape
 from .guards import Guard, get_guard
 from .kernels.align import moe_align
+from .norm import rmsnorm_torch, rmsnorm_triton
 from .lora import AdapterPool, LayerLoRAWeights, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 
 
@@ -68,14 +69,16 @@ class MoELayer(torch.nn.Module):
         def randn(*size, std):
             return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).mul_(std).to(dtype)
 
-        self.router_w = randn(E, K, std=K ** -0.5)
+        # The router runs in fp32 so every dtype picks the same experts; keeping its weight in fp32
+        # saves an upcast launch per layer.
+        self.router_w = randn(E, K, std=K ** -0.5).float()
         self.w13 = randn(E, 2 * I, K, std=K ** -0.5)  # gate rows first, then up
         self.w2 = randn(E, K, I, std=I ** -0.5)
         self.norm_w = (1 + randn(K, std=0.1).float()).to(dtype)
 
     def route(self, x):
         # Router in fp32 so that every dtype picks the same experts for the same input.
-        probs = torch.softmax(x.float() @ self.router_w.float().T, dim=-1)
+        probs = torch.softmax(x.float() @ self.router_w.T, dim=-1)
         w, ids = torch.topk(probs, self.top_k, dim=-1)
         return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
 
@@ -97,9 +100,6 @@ class MoELayer(torch.nn.Module):
         return out.view(M, k, K).sum(1)
 
 
-def rmsnorm(x, w, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
 class MiniMoEModel(torch.nn.Module):
@@ -110,6 +110,7 @@ class MiniMoEModel(torch.nn.Module):
         self.shape, self.pool, self.dtype, self.device = shape, pool, dtype, torch.device(device)
         self.backend_name = backend
         self.backend = get_backend(backend, self.device)
+        self.rmsnorm = rmsnorm_triton if self.backend is not torch_ops else rmsnorm_torch
         self.layers = []
         for i in range(shape.num_layers):
             gen = torch.Generator(device=self.device).manual_seed(seed * 100003 + i)
@@ -148,7 +149,7 @@ class MiniMoEModel(torch.nn.Module):
                     with record_function(f"lora_guard_{g.name}"):
                         launch = g.should_launch(info)
                     hooks = [LoRAHook(info, self.backend, self.shape.num_experts)] if launch else []
-                    h = h + layer(rmsnorm(h, layer.norm_w, layer.eps), hooks, self.backend, self.routing_log)
+                    h = h + layer(self.rmsnorm(h, layer.norm_w, layer.eps), hooks, self.backend, self.routing_log)
         return h
 
 

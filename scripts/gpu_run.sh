@@ -21,4 +21,7 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"
+  # the device tool returns at most 8 files: one archive per step
+  if [ -n "$(ls -A "$OUT/$step")" ]; then tar -C "$OUT" -czf "$OUT/$step.tgz" "$step"; fi
+  rm -rf "$OUT/$step"
 done
