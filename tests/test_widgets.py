@@ -117,3 +117,26 @@ def test_recorded_disabled_launches(tmp_path):
     rec, meta = ee.recorded_disabled_launches(tmp_path)
     assert meta["gpu"] == "NVIDIA H200"
     assert rec.iloc[0][["all_disabled_us", "empty_kernel_us", "enabled_us"]].tolist() == [3.0, 2.5, 50.0]
+
+
+BAD = [("02_kernel_early_exit", {"num_tokens": 0}, "bad notebook parameter num_tokens"),
+       ("02_kernel_early_exit", {"max_loras": 2}, "bad notebook parameter max_loras"),
+       ("04_live_microbenchmarks", {"tokens": 100}, "bad notebook parameter tokens"),
+       ("04_live_microbenchmarks", {"guard": "sometimes"}, "bad notebook parameter guards"),
+       ("05_scale_model", {"chunks": []}, "bad notebook parameter chunks")]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("stem,params,msg", BAD, ids=[f"{s[:2]}-{next(iter(p))}" for s, p, _ in BAD])
+def test_notebooks_02_04_05_reject_bad_parameters(stem, params, msg, tmp_path):
+    from pathlib import Path
+
+    import papermill as pm
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    ci = yaml.safe_load((root / "notebooks" / "params" / "ci.yaml").read_text())[stem]
+    nb = root / "notebooks" / f"{stem}.ipynb"
+    with pytest.raises(pm.PapermillExecutionError, match=msg):
+        pm.execute_notebook(str(nb), str(tmp_path / nb.name), parameters={**ci, **params}, cwd=str(nb.parent),
+                            kernel_name="python3", progress_bar=False, execution_timeout=300)
