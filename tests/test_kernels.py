@@ -377,14 +377,38 @@ def test_launchers_do_not_sync_and_capture_after_warmup():
 # ------------------------------------------------------------------------------------------------
 # Triton alignment: same blocks as the torch alignment (order inside a block may differ on a GPU)
 # ------------------------------------------------------------------------------------------------
+def alignment_groups(a):
+    """Per slot, the sorted (expert, pair id) entries: equal for two alignments with the same groups,
+    whatever the order of pairs inside a group (the Triton version orders them by atomics)."""
+    S, EM = a.sorted_token_ids.shape
+    st = a.sorted_token_ids.cpu().long()
+    expert = a.expert_ids.cpu().long().repeat_interleave(a.block_m, dim=1)  # expert of every position
+    return ((expert + 1) * (st.max() + 1) + st).sort(dim=1).values
+
+
 def assert_same_alignment(a, b):
     assert torch.equal(a.expert_ids.cpu(), b.expert_ids.cpu())
     assert torch.equal(a.num_tokens_post_padded.cpu(), b.num_tokens_post_padded.cpu())
-    bm = a.block_m
-    S, EM = a.sorted_token_ids.shape
-    x = a.sorted_token_ids.cpu().view(S, EM // bm, bm).sort(-1).values
-    y = b.sorted_token_ids.cpu().view(S, EM // bm, bm).sort(-1).values
-    assert torch.equal(x, y)
+    assert torch.equal(alignment_groups(a), alignment_groups(b))
+
+
+def test_alignment_comparison_ignores_order_inside_groups_only():
+    g = torch.Generator().manual_seed(7)
+    ids = routing(g, 40, 4, 3)  # ~53 pairs per expert: groups span several blocks of 16
+    a = moe_align(ids, 3, 16)
+    st = a.sorted_token_ids.clone()
+    ntpp = int(a.num_tokens_post_padded[0])
+    perm = st.clone()
+    for e in range(3):  # shuffle each expert's group (pairs and padding) as the atomics may
+        pos = (a.expert_ids[0].repeat_interleave(16) == e).nonzero().flatten()
+        perm[0, pos] = st[0, pos[torch.randperm(len(pos), generator=g)]]
+    assert_same_alignment(a, a._replace(sorted_token_ids=perm))
+    bad = st.clone()  # move one pair to another expert's group: must be caught
+    i = 0
+    j = int((a.expert_ids[0].repeat_interleave(16)[:ntpp] != a.expert_ids[0, 0]).nonzero()[0])
+    bad[0, i], bad[0, j] = st[0, j], st[0, i]
+    with pytest.raises(AssertionError):
+        assert_same_alignment(a, a._replace(sorted_token_ids=bad))
 
 
 @settings(HYP, max_examples=30 if not CUDA else 10)
