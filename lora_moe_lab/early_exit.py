@@ -132,7 +132,7 @@ def host_exit_codes(align: Alignment, lora_ids, adapter_enabled) -> np.ndarray:
 
 
 def exit_summary(codes) -> pd.DataFrame:
-    """Programs per slot and exit code (columns named by the exit reason)."""
+    """Programs per slot and exit code (one column per code, in code order)."""
     c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
     rows = []
     for s in range(c.shape[0]):
@@ -140,8 +140,7 @@ def exit_summary(codes) -> pd.DataFrame:
         for code, name in EXIT_SHORT.items():
             row[name] = int((c[s] == code).sum())
         rows.append(row)
-    df = pd.DataFrame(rows)
-    return df.loc[:, (df != 0).any(axis=0) | (df.columns == "slot")]
+    return pd.DataFrame(rows)
 
 
 def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per program") -> go.Figure:
@@ -150,15 +149,14 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
     c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
     S, nb = c.shape
     present = sorted({int(v) for v in np.unique(c)})
-    # discrete colour scale over the codes 0..4 (and -7 = never written, in red)
+    # discrete colours: codes -7 (never written, red), 0..4 -> indices 0..5, one band each
     allc = [-7, 0, 1, 2, 3, 4]
     cols = {**EXIT_COLORS, -7: "#d62728"}
-    lo, hi = min(allc), max(allc)
+    n = len(allc)
     scale = []
-    for v in allc:
-        f0 = (v - 0.5 - lo) / (hi - lo + 1)
-        f1 = (v + 0.5 - lo) / (hi - lo + 1)
-        scale += [[max(f0, 0.0), cols[v]], [min(f1, 1.0), cols[v]]]
+    for i, v in enumerate(allc):
+        scale += [[i / n, cols[v]], [(i + 1) / n, cols[v]]]
+    idx = np.vectorize(lambda v: allc.index(int(v)) if int(v) in allc else 0)(c)
     names = {**EXIT_NAMES, -7: "NEVER WRITTEN"}
     text = np.vectorize(lambda v: names.get(int(v), str(v)))(c)
     custom = None
@@ -167,7 +165,7 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
         ntpp = case.align.num_tokens_post_padded.cpu().numpy()
         custom = np.stack([ei, np.repeat(ntpp[:, None], nb, 1)], -1)
     fig = go.Figure(go.Heatmap(
-        z=c, x=list(range(nb)), y=[f"slot {s}" for s in range(S)], zmin=lo - 0.5, zmax=hi + 0.5,
+        z=idx, x=list(range(nb)), y=[f"slot {s}" for s in range(S)], zmin=-0.5, zmax=n - 0.5,
         colorscale=scale, showscale=False, text=text, xgap=2, ygap=2, customdata=custom,
         hovertemplate=("%{y}, block %{x}<br>%{text}" + ("<br>expert id %{customdata[0]}"
                                                         "<br>num_tokens_post_padded %{customdata[1]}"

@@ -11,7 +11,7 @@ export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || e
 for step in "$@"; do
   mkdir -p "$OUT/$step"; t0=$(date +%s)
   case $step in
-    tests)     python3 -m pytest -q -x -p no:cacheprovider -m "not notebook" 2>&1 | tail -25 ;;
+    tests)     python3 -m pytest -q -p no:cacheprovider -m "not notebook and not browser" 2>&1 | tee "$OUT/$step/pytest.log" | tail -25 ;;
     testsall)  python3 -m pytest -q -p no:cacheprovider 2>&1 | tail -25 ;;
     checks)    python3 scripts/gpu_checks.py --out "$OUT/checks" 2>&1 | tail -40 ;;
     kernels)   python3 scripts/gpu_kernels.py --out "$OUT/kernels" 2>&1 | tail -40 ;;

@@ -362,9 +362,11 @@ def test_launchers_do_not_sync_and_capture_after_warmup():
                            dtype=torch.bfloat16, bm=triton_ops.block_m(M, shape.top_k, shape.num_experts))
         out = c["out0"].clone()
         ids, en = c["lora_ids"].to(DEV), c["enabled"].to(DEV)
+        topk, tslot = c["ids"].to(DEV), c["token_slot"].to(DEV)
         g = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with runtime.sync_debug_mode("error"):
+            moe_align(topk, shape.num_experts, c["align"].block_m, tslot, 3)  # the alignment too
             triton_ops.lora_delta(c["x"], c["a"], c["b"], c["align"], ids, en, c["top_k"], out)
             with torch.cuda.graph(g):
                 triton_ops.lora_delta(c["x"], c["a"], c["b"], c["align"], ids, en, c["top_k"], out)

@@ -99,9 +99,11 @@ def test_early_exit_helpers():
     codes = ee.host_exit_codes(al, [0, 1, 2], [1, 0, 1])
     assert codes.tolist() == [[0, 0, 3, 3], [2, 2, 2, 2], [0, 0, 0, 3]]
     s = ee.exit_summary(codes)
-    assert list(s.columns) == ["slot", "0 ran", "2 disabled", "3 past the end"]
+    assert list(s.columns) == ["slot", "0 ran", "1 empty slot", "2 disabled", "3 past the end", "4 expert -1"]
+    assert s["2 disabled"].tolist() == [0, 4, 0] and s["0 ran"].tolist() == [2, 0, 3]
     fig = ee.exit_map_figure(codes, title="t")
     assert isinstance(fig, go.Figure) and fig.data[0].z.shape == (3, 4)
+    assert fig.data[0].z.tolist() == [[1, 1, 4, 4], [3, 3, 3, 3], [1, 1, 1, 4]]  # codes -> colour bands
     assert ee.tolerance(torch.float32, torch.device("cpu")) == 1e-5
     assert ee.tolerance(torch.bfloat16, torch.device("cpu")) == 2e-2
 

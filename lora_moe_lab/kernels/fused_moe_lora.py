@@ -1,4 +1,5 @@
-"""Fused MoE-LoRA shrink + expand (one `@triton.jit` kernel; launcher: `lora_moe_lab.triton_ops.lora_delta`).
+"""Fused MoE-LoRA shrink + expand (a `@triton.jit` kernel and its per-item helper; launcher:
+`lora_moe_lab.triton_ops.lora_delta`).
 
 For every adapter slot s and every (token, k) pair of that slot routed to expert e:
 
