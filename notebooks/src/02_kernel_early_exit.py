@@ -151,7 +151,7 @@ for name in ("none", "some", "all"):
 
 # %% [markdown]
 # **Reading the maps.** `none`: every slot exits at check 1 or 2 — the whole launch does no work.
-# `some`: only slot 0's first blocks run. `all`: slots 0-2 run their busy blocks; the grey tail
+# `some`: only slot 0's first blocks run. `all`: slots 0-2 run their busy blocks; the light-grey tail
 # of each row is check 3 — the static table is much longer than the busy part (the price of static
 # shapes). The normal launch only launches `min(EM/BLOCK_M, M·top_k)` blocks per slot: at realistic
 # shapes (128 experts) that cuts most of the tail — compare `blocks_per_slot` with

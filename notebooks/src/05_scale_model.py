@@ -199,7 +199,8 @@ assert need > 0
 # Move the sliders: the host's launch cost per kernel (a faster or slower CPU, a leaner Python
 # launcher) and the tokens per forward (the work each layer gives the GPU to hide the host
 # behind). The sync guard's penalty grows with the launch cost and shrinks as the per-layer work
-# grows; `cpu_flag` and `launch_always` never stall.
+# grows; `cpu_flag` and `launch_always` never stall (with some adapter active both launch the
+# same LoRA kernels, so their lines coincide).
 
 # %%
 whatif = widgets.WhatIfPanel(params, tokens=max(chunks), syncs_per_layer=syncs_per_layer, active=active_fraction)
