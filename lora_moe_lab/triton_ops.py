@@ -349,24 +349,10 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
             raise ValueError(f"exit_codes must be (S, EM // block_m)=({S}, {nb}), got {tuple(exit_codes.shape)}")
     if R == 0:
         return out  # nothing to add; decided from the static shape
-    M = num_pairs // top_k
-    cfg = config or lora_config(M, top_k, E, S, bm, N, K)
-    n_tiles = triton_cdiv(N, cfg.block_n)
-    split = max(1, min(cfg.split_n, n_tiles))
-    n_per_split = triton_cdiv(n_tiles, split) * cfg.block_n
-    # Persistent grid, from static shapes only: a few programs per SM, never more than the work
-    # items there can be (busy blocks of a slot number at most num_pairs: each holds a pair).
-    # Programs per SM: the config's cap, lowered to what fits on an SM at once (known after the first
-    # compile of this variant; `warmup` makes that happen before any capture). All programs then run
-    # in one wave: an all-disabled launch costs one round of metadata loads, and no program waits
-    # for a slot while others hold several items.
-    max_items = S * min(nb, num_pairs) * split
-    br = block_r(R)
-    stages = _stages(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * x.element_size())
-    key = (dev, x.dtype, N, K, R, P, bm, cfg, split, stages, bool(gather), routed_weights is not None,
-           exit_codes is not None)
-    pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
-    grid = (max(1, min(max_items, _num_sms(dev) * pps)),)
+    plan = _lora_plan(dev, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+                      routed_weights is not None, exit_codes is not None, config)
+    cfg, split, br, stages, key, pps, grid = (plan[k] for k in ("cfg", "split", "br", "stages", "key", "pps", "grid"))
+    n_per_split = plan["n_per_split"]
     rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
     ex = exit_codes if exit_codes is not None else align.expert_ids
     compiled = fused_moe_lora_kernel[grid](
@@ -386,6 +372,50 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         _OCCUPANCY[key] = _occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
     LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg)
     return out
+
+
+def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, config):
+    M = num_pairs // top_k
+    cfg = config or lora_config(M, top_k, E, S, bm, N, K)
+    n_tiles = triton_cdiv(N, cfg.block_n)
+    split = max(1, min(cfg.split_n, n_tiles))
+    n_per_split = triton_cdiv(n_tiles, split) * cfg.block_n
+    # Persistent grid, from static shapes only: a few programs per SM, never more than the work
+    # items there can be (busy blocks of a slot number at most num_pairs: each holds a pair).
+    # Programs per SM: the config's cap, lowered to what fits on an SM at once (known after the first
+    # compile of this variant; `warmup` makes that happen before any capture). All programs then run
+    # in one wave: an all-disabled launch costs one round of metadata loads, and no program waits
+    # for a slot while others hold several items.
+    max_items = S * min(nb, num_pairs) * split
+    br = block_r(R)
+    elt = torch.empty(0, dtype=dtype).element_size()
+    stages = _stages(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * elt)
+    key = (dev, dtype, N, K, R, P, bm, cfg, split, stages, gather, has_rw, write_exit)
+    pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
+    grid = (max(1, min(max_items, _num_sms(dev) * pps)),)
+    return dict(cfg=cfg, split=split, n_per_split=n_per_split, br=br, stages=stages, key=key, pps=pps, grid=grid,
+                max_items=max_items)
+
+
+def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_weights=None, exit_codes=False,
+                     config: LoRAKernelConfig | None = None) -> dict:
+    """What `lora_delta` launches for these inputs, from static shapes only (for notebooks/program maps).
+
+    The grid is persistent: `programs` programs loop over work items (slot, token block, N share):
+    at most `work_items_max` of them, the live slots' busy blocks; each program takes every
+    `programs`-th item. `programs_per_sm` is the config's cap until the first launch of this
+    variant has measured what fits on an SM (then that)."""
+    P, S, E, R, K = lora_a.shape
+    N = lora_b.shape[3]
+    num_pairs = x.shape[0] * top_k if gather else x.shape[0]
+    bm, nb = align.block_m, align.expert_ids.shape[1]
+    p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+                   routed_weights is not None, bool(exit_codes), config)
+    c = p["cfg"]
+    return dict(slots_S=S, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
+                EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
+                programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -332,6 +332,14 @@ def test_config_table_and_block_sizes():
         assert cfg.split_n >= 1 and cfg.block_n >= 16
 
 
+def test_launch_plan_matches_the_launch():
+    c = make_lora_case(3, 9, 32, 48, 6, 2, 3, 16, 2)
+    plan = triton_ops.lora_launch_plan(c["x"], c["a"], c["b"], c["align"], c["top_k"])
+    run_lora_case(c)
+    assert plan["programs"] == triton_ops.LAST_LORA_LAUNCH["grid"]
+    assert 1 <= plan["programs"] <= plan["work_items_max"] and plan["BLOCK_R"] == 16 and plan["persistent"]
+
+
 def test_warmup_runs_every_config():
     n = triton_ops.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     assert n >= 5
