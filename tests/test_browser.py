@@ -2,7 +2,8 @@
 
 Starts JupyterLab (token, free port, a temporary copy of notebooks/), opens notebook 04, runs all
 cells, waits for the panel's plotly figure, moves two controls (the guard dropdown and the tokens
-slider) and checks that the figure was redrawn with the new selection; saves a screenshot to
+slider) and checks that the figure was redrawn with the new selection, presses Run (a background
+thread) and waits for the results table to grow; saves a screenshot to
 build/browser_04.png. The server is always shut down (API shutdown, then terminate, then kill).
 
 Needs /usr/bin/chromium (never downloads a browser) and the playwright package; skipped with the
@@ -186,6 +187,16 @@ def test_notebook_04_in_jupyterlab(tmp_path):
             after_tokens = page.evaluate(TITLE_JS)
             n_traces_after = page.evaluate("() => document.querySelector('.widget-output .js-plotly-plot').data.length")
             assert n_traces_after >= 4 and n_traces_before >= 4  # three guard lines + the selected point
+
+            # press Run: it runs on a thread and appends rows to the results table (3 -> 6 rows here)
+            rows_js = ("() => { const t = document.querySelectorAll('.widget-output table.dataframe tbody tr');"
+                       " return t.length; }")
+            n_rows = page.evaluate(rows_js)
+            page.locator("button.jupyter-button", has_text="Run").first.click()
+            page.wait_for_function(f"() => ({rows_js})() > {n_rows}", timeout=60_000)
+            page.wait_for_function("() => { const b = [...document.querySelectorAll('button.jupyter-button')]"
+                                   ".find(b => b.textContent.trim() === 'Run'); return b && !b.disabled; }",
+                                   timeout=60_000)
 
             SHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOT), full_page=False)
