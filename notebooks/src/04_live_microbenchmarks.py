@@ -73,6 +73,8 @@ print("live GPU: Run measures on", dev if LIVE else "—",
 # %%
 files = sorted(glob.glob(str(nbk.DATA / "sweep" / "*.csv")))
 sweep = pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else None
+if sweep is not None and "gpu" in sweep:
+    sweep = sweep[sweep["gpu"].astype(str) != "cpu"]  # CPU rows say nothing about GPU pipelines
 if sweep is not None and len(sweep):
     fitted = sim.fit(sweep, iters=150)
     cost = fitted.params

@@ -18,7 +18,7 @@
 fit_preset = "qwen3-30b-a3b"   # shape of the synthetic sweep when nothing was recorded
 target_pct = 15.0              # validation target: predicted within +-target_pct of measured
 fit_iters = 150                # Nelder-Mead iterations per restart of the fit
-syncs_per_layer = 5            # guard syncs per layer in production, 260 / 48 = 5.4; the lab model has 1
+syncs_per_layer = 5            # guard syncs per layer in production: 260 per forward over 48 layers, the lab model has 1
 chunks = [8192, 16384]         # prefill chunk sizes for the production extrapolation
 active_fraction = 0.5          # share of tokens using an adapter in the extrapolation
 timeline_tokens = 16           # tokens of the simulated forward drawn as a timeline
@@ -62,13 +62,16 @@ print("production:", {k: v for k, v in sim.PRODUCTION.items()})
 sweep_files = sorted(glob.glob(str(nbk.DATA / "sweep" / "*.csv")))
 trace_files = sorted(glob.glob(str(nbk.DATA / "traces" / "*.json.gz")))
 sweep = pd.concat([pd.read_csv(f) for f in sweep_files], ignore_index=True) if sweep_files else None
+if sweep is not None and "gpu" in sweep:
+    sweep = sweep[sweep["gpu"].astype(str) != "cpu"]  # only GPU rows describe the pipeline effect
+    sweep = sweep if len(sweep) else None
 traces = [trace.load_trace(f) for f in trace_files]
 traces = [t for t in traces if {"preset", "num_layers", "guard", "mode", "M"} <= set(t.labels)]
 RECORDED = sweep is not None or bool(traces)
 truth = None
 if RECORDED:
     gpus = sorted(set(sweep["gpu"].astype(str))) if sweep is not None and "gpu" in sweep else []
-    gpus += sorted({str(t.doc.get("deviceProperties", [{}])[0].get("name", "")) for t in traces} - {""})
+    gpus += sorted({str((t.doc.get("deviceProperties") or [{}])[0].get("name", "")) for t in traces} - {""})
     source = (f"recorded data: {len(sweep) if sweep is not None else 0} sweep rows from {len(sweep_files)} file(s), "
               f"{len(traces)} trace(s); GPU: {', '.join(sorted(set(gpus))) or 'unknown'}")
 else:
