@@ -10,23 +10,32 @@ import torch
 f64 = torch.float64
 
 
+def _d(t):
+    """Every reference computes on the CPU in float64, wherever its inputs live."""
+    return t.detach().to("cpu", f64)
+
+
+def _i(t):
+    return t.detach().cpu().long()
+
+
 def _rows(x, top_k, gather):
-    x = x.to(f64)
+    x = _d(x)
     return x.repeat_interleave(top_k, 0) if gather else x  # (M*top_k, K)
 
 
 def ref_router(x, router_w, top_k):
-    probs = torch.softmax(x.to(f64) @ router_w.to(f64).T, dim=-1)
+    probs = torch.softmax(_d(x) @ _d(router_w).T, dim=-1)
     w, ids = torch.topk(probs, top_k, dim=-1)
     return w / w.sum(-1, keepdim=True), ids
 
 
 def ref_moe_gemm(x, w, topk_ids, top_k, routed_weights=None, gather=True):
     xr = _rows(x, top_k, gather)
-    W = w.to(f64)[topk_ids.reshape(-1).long()]  # (pairs, N, K)
+    W = _d(w)[_i(topk_ids).reshape(-1)]  # (pairs, N, K)
     y = torch.einsum("pk,pnk->pn", xr, W)
     if routed_weights is not None:
-        y = y * routed_weights.reshape(-1, 1).to(f64)
+        y = y * _d(routed_weights).reshape(-1, 1)
     return y
 
 
@@ -36,31 +45,31 @@ def ref_lora_delta(x, lora_a, lora_b, topk_ids, token_slot, lora_ids, adapter_en
     P, S, E, r, K = lora_a.shape
     N = lora_b.shape[3]
     xr = _rows(x, top_k, gather)
-    slot = token_slot.long().repeat_interleave(top_k)
-    e = topk_ids.reshape(-1).long()
+    slot = _i(token_slot).repeat_interleave(top_k)
+    e = _i(topk_ids).reshape(-1)
     s = slot.clamp(min=0)
-    live = (slot >= 0) & (lora_ids.long()[s] >= 0) & (adapter_enabled.long()[s] != 0)
+    live = (slot >= 0) & (_i(lora_ids)[s] >= 0) & (_i(adapter_enabled)[s] != 0)
     outs = []
     for p in range(P):
-        a = lora_a[p].to(f64)[s, e]  # (pairs, r, K)
-        b = lora_b[p].to(f64)[s, e]  # (pairs, N, r)
+        a = _d(lora_a[p])[s, e]  # (pairs, r, K)
+        b = _d(lora_b[p])[s, e]  # (pairs, N, r)
         d = torch.einsum("pnr,pr->pn", b, torch.einsum("prk,pk->pr", a, xr))
         outs.append(d)
     d = torch.cat(outs, dim=1) * live[:, None].to(f64)
     if routed_weights is not None:
-        d = d * routed_weights.reshape(-1, 1).to(f64)
+        d = d * _d(routed_weights).reshape(-1, 1)
     return d
 
 
 def ref_silu_mul(inter):
     I = inter.shape[-1] // 2
-    g, u = inter[..., :I].to(f64), inter[..., I:].to(f64)
+    g, u = _d(inter[..., :I]), _d(inter[..., I:])
     return g * torch.sigmoid(g) * u
 
 
 def ref_rmsnorm(x, weight, eps=1e-6):
-    x = x.to(f64)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(f64)
+    x = _d(x)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * _d(weight)
 
 
 def ref_moe_layer(x, layer, lora=None, topk_ids=None):
@@ -72,8 +81,8 @@ def ref_moe_layer(x, layer, lora=None, topk_ids=None):
     k = layer.top_k
     tw, ids = ref_router(x, layer.router_w, k)
     if topk_ids is not None:
-        probs = torch.softmax(x.to(f64) @ layer.router_w.to(f64).T, dim=-1)
-        ids = topk_ids.long()
+        probs = torch.softmax(_d(x) @ _d(layer.router_w).T, dim=-1)
+        ids = _i(topk_ids)
         tw = probs.gather(1, ids)
         tw = tw / tw.sum(-1, keepdim=True)
     inter = ref_moe_gemm(x, layer.w13, ids, k)
@@ -91,7 +100,7 @@ def ref_moe_layer(x, layer, lora=None, topk_ids=None):
 
 def ref_model(x, model, lora_by_layer=None, routing=None):
     """The mini model in float64; `routing` is the model's per-layer (weights, ids) log, if pinned."""
-    h = x.to(f64)
+    h = _d(x)
     for i, layer in enumerate(model.layers):
         lora = None if lora_by_layer is None else lora_by_layer[i]
         ids = None if routing is None else routing[i][1]
