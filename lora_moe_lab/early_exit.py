@@ -1,9 +1,10 @@
-"""Helpers for notebook 02: the fused MoE-LoRA kernel's launch grid, its early exits, and what an
-all-disabled launch costs.
+"""Helpers for notebook 02: the fused MoE-LoRA kernel's persistent launch, its early exits, and what
+an all-disabled launch costs.
 
     case  = make_case(lab, adapters, token_counts)        # one layer's real inputs, from the lab
-    grid  = launch_grid(case)                             # how many programs, and what each owns
-    codes = run_exit_map(case)                            # the kernel's exit code per program
+    plan  = launch_plan(case)                             # programs launched, work items, tiles
+    items = work_items(case)                              # the items this batch really has, per slot
+    codes, out = run_exit_map(case)                       # the kernel's exit code per (slot, block)
     want  = host_exit_codes(case.align, case.lora_ids, case.adapter_enabled)   # the same, on the host
     exit_map_figure(codes, case)                          # plotly heatmap (slot x token block)
 
@@ -77,24 +78,47 @@ def make_case(lab, adapters: list, token_counts: list[int], *, seed: int = 0, la
                 tensors.adapter_enabled, align, k, out0)
 
 
-def launch_grid(case: Case, exit_codes: bool = False) -> dict:
-    """The launch the launcher makes for this case (triton_ops.lora_delta), from shapes only:
-    grid = (S * blocks_launched * split_n,); program pid -> (slot, token block, N share)."""
-    x, a, b = case.x, case.lora_a, case.lora_b
-    P, S, E, R, K = a.shape
-    N = b.shape[3]
-    M, k = case.topk_ids.shape
-    pairs = M * k
-    bm = case.align.block_m
-    cfg = triton_ops.lora_config(M, k, E, S, bm, N, K)
-    EM = padded_size(pairs, E, bm)
-    nb = EM // bm
-    n_tiles = triton_ops.triton_cdiv(N, cfg.block_n)
-    split = max(1, min(cfg.split_n, n_tiles))
-    nb_launch = nb if exit_codes else min(nb, pairs)
-    return dict(slots_S=S, experts_E=E, tokens_M=M, top_k=k, pairs=pairs, BLOCK_M=bm, EM=EM, blocks_per_slot=nb,
-                blocks_launched_per_slot=nb_launch, N=N, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, split_n=split,
-                programs=S * nb_launch * split, rank_r=R, BLOCK_R=triton_ops.block_r(R))
+def launch_plan(case: Case, exit_codes: bool = False) -> dict:
+    """What `triton_ops.lora_delta` launches for this case, from static shapes only: a persistent grid
+    of `programs` programs (SMs x programs per SM, never more than `work_items_max`)."""
+    return triton_ops.lora_launch_plan(case.x, case.lora_a, case.lora_b, case.align, case.top_k,
+                                       exit_codes=exit_codes)
+
+
+def work_items(case: Case) -> pd.DataFrame:
+    """The work items this batch gives the kernel, per slot, computed on the host the way every
+    program computes them from the slot metadata: 0 for an empty (lora_id -1) or disabled slot,
+    else its busy blocks (below num_tokens_post_padded) times split_n."""
+    plan = launch_plan(case)
+    bm, nb, split = case.align.block_m, case.align.expert_ids.shape[1], plan["split_n"]
+    ids = case.lora_ids.cpu().tolist()
+    en = case.adapter_enabled.cpu().tolist()
+    ntpp = case.align.num_tokens_post_padded.cpu().tolist()
+    rows = []
+    for s in range(len(ids)):
+        busy = min((ntpp[s] + bm - 1) // bm, nb)
+        live = ids[s] != -1 and en[s] != 0
+        rows.append(dict(slot=s, lora_id=ids[s], enabled=en[s], num_tokens_post_padded=ntpp[s], busy_blocks=busy,
+                         items=busy * split if live else 0))
+    return pd.DataFrame(rows)
+
+
+def item_programs(case: Case) -> np.ndarray:
+    """(S, blocks) array: the program that takes the first N share of each live block (items are
+    numbered slot by slot, block by block; program pid takes items pid, pid + programs, ...), -1 for
+    blocks that are no work item at all."""
+    plan = launch_plan(case)
+    w = work_items(case)
+    S, nb = case.align.expert_ids.shape
+    split, nprog = plan["split_n"], plan["programs"]
+    out = np.full((S, nb), -1, dtype=np.int64)
+    first = 0
+    for r in w.itertuples():
+        if r.items:
+            for b in range(r.busy_blocks):
+                out[r.slot, b] = (first + b * split) % nprog
+        first += r.items
+    return out
 
 
 def run_delta(case: Case, *, adapter_enabled: torch.Tensor | None = None, exit_codes: torch.Tensor | None = None):
@@ -143,9 +167,9 @@ def exit_summary(codes) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per program") -> go.Figure:
-    """Heatmap: one cell per (slot, token block) program group, coloured by exit code.
-    The split_n programs of one block share its cell (they exit for the same reason)."""
+def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per (slot, token block)") -> go.Figure:
+    """Heatmap: one cell per (slot, token block), coloured by exit code; with `case`, the hover names
+    the block's expert, the slot's num_tokens_post_padded and the program that takes the block."""
     c = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
     S, nb = c.shape
     present = sorted({int(v) for v in np.unique(c)})
@@ -163,12 +187,13 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
     if case is not None:
         ei = case.align.expert_ids.cpu().numpy()
         ntpp = case.align.num_tokens_post_padded.cpu().numpy()
-        custom = np.stack([ei, np.repeat(ntpp[:, None], nb, 1)], -1)
+        custom = np.stack([ei, np.repeat(ntpp[:, None], nb, 1), item_programs(case)], -1)
     fig = go.Figure(go.Heatmap(
         z=idx, x=list(range(nb)), y=[f"slot {s}" for s in range(S)], zmin=-0.5, zmax=n - 0.5,
         colorscale=scale, showscale=False, text=text, xgap=2, ygap=2, customdata=custom,
         hovertemplate=("%{y}, block %{x}<br>%{text}" + ("<br>expert id %{customdata[0]}"
                                                         "<br>num_tokens_post_padded %{customdata[1]}"
+                                                        "<br>program %{customdata[2]} (-1: no work item)"
                                                         if custom is not None else "") + "<extra></extra>")))
     for v in present:  # legend entries for the codes on the map
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names.get(v, str(v)),
@@ -217,32 +242,40 @@ def tolerance(dtype: torch.dtype, device: torch.device) -> float:
 # What an all-disabled launch costs
 # ------------------------------------------------------------------------------------------------
 def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.DataFrame | None, dict]:
-    """The H200 figures written by scripts/gpu_kernels.py (data/kernels/*.csv, section 'disabled':
-    an all-disabled gate_up LoRA launch vs an empty Triton kernel, CUDA-graph replay), or (None, {})."""
+    """The figures written by scripts/gpu_kernels.py (data/kernels): an all-disabled gate_up LoRA
+    launch vs an empty Triton kernel, CUDA-graph replay, per preset and M, with the enabled launch's
+    time beside it. `kernels.csv` is the current kernel (grid "current"); files named
+    `earlier_<commit>_kernels.csv` are older kernels (grid "earlier <commit>"). Returns (rows, the
+    current run's metadata) or (None, {})."""
     d = Path(data_dir) if data_dir is not None else DATA / "kernels"
-    frames, meta = [], {}
-    for p in sorted(glob.glob(str(d / "*.csv"))):
+    frames = []
+    for p in sorted(glob.glob(str(d / "*kernels.csv"))):
+        name = Path(p).name
         df = pd.read_csv(p)
-        if "section" in df.columns:
-            frames.append(df.assign(file=Path(p).name))
-    for p in sorted(glob.glob(str(d / "*meta*.json"))):
+        if "section" not in df.columns:
+            continue
+        dis = df[df["section"] == "disabled"]
+        if not len(dis):
+            continue
+        grid = "current" if name == "kernels.csv" else "earlier " + name.replace("earlier_", "").replace(
+            "_kernels.csv", "")
+        cols = [c for c in ("preset", "M", "config", "programs", "time_us", "empty_kernel_us", "ratio") if c in dis]
+        out = dis[cols].rename(columns={"time_us": "all_disabled_us"}).drop_duplicates(["preset", "M"], keep="last")
+        work = df[df["section"] == "lora_gate_up"]
+        if len(work):
+            work = work[["preset", "M", "time_us"]].drop_duplicates(["preset", "M"], keep="last")
+            out = out.merge(work.rename(columns={"time_us": "enabled_us"}), on=["preset", "M"], how="left")
+        frames.append(out.assign(kernel=grid, file=name))
+    meta = {}
+    mp = d / "kernels_meta.json"
+    if mp.exists():
         try:
-            meta = json.loads(Path(p).read_text())
+            meta = json.loads(mp.read_text())
         except (OSError, ValueError):
-            pass
+            meta = {}
     if not frames:
         return None, meta
-    df = pd.concat(frames, ignore_index=True)
-    dis = df[df["section"] == "disabled"]
-    if not len(dis):
-        return None, meta
-    cols = [c for c in ("preset", "M", "config", "programs", "time_us", "empty_kernel_us", "ratio") if c in dis]
-    work = df[df["section"] == "lora_gate_up"][["preset", "M", "time_us"]].rename(columns={"time_us": "enabled_us"}) \
-        if "lora_gate_up" in set(df["section"]) else None
-    out = dis[cols].rename(columns={"time_us": "all_disabled_us"})
-    if work is not None:
-        out = out.merge(work, on=["preset", "M"], how="left")
-    return out.reset_index(drop=True), meta
+    return pd.concat(frames, ignore_index=True), meta
 
 
 @triton.jit

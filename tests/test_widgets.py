@@ -116,9 +116,36 @@ def test_recorded_disabled_launches(tmp_path):
                   dict(section="disabled", preset="p", M=16, time_us=3.0, empty_kernel_us=2.5, ratio=1.2,
                        programs=100, config="bm16")]).to_csv(tmp_path / "kernels.csv", index=False)
     (tmp_path / "kernels_meta.json").write_text('{"gpu": "NVIDIA H200"}')
+    pd.DataFrame([dict(section="disabled", preset="p", M=16, time_us=9.0, empty_kernel_us=2.5, ratio=3.6)]).to_csv(
+        tmp_path / "earlier_abc1234_kernels.csv", index=False)
     rec, meta = ee.recorded_disabled_launches(tmp_path)
     assert meta["gpu"] == "NVIDIA H200"
-    assert rec.iloc[0][["all_disabled_us", "empty_kernel_us", "enabled_us"]].tolist() == [3.0, 2.5, 50.0]
+    cur = rec[rec.kernel == "current"].iloc[0]
+    assert cur[["all_disabled_us", "empty_kernel_us", "enabled_us"]].tolist() == [3.0, 2.5, 50.0]
+    assert rec[rec.kernel == "earlier abc1234"].all_disabled_us.tolist() == [9.0]
+
+
+def test_early_exit_case_plan_and_items():
+    """One real launch under the interpreter (or on the GPU): codes, items and programs agree."""
+    from lora_moe_lab import early_exit as ee
+    from lora_moe_lab.moe import build_lab
+
+    lab = build_lab("tiny", num_layers=1, backend="triton")
+    lab.pool.load("a", rank=8)
+    lab.pool.load("b", rank=4)
+    case = ee.make_case(lab, ["a", None, "b"], [3, 2, 3], seed=2)
+    plan = ee.launch_plan(case)
+    items = ee.work_items(case)
+    assert items["items"].tolist()[2:] == [0, 0] and items["items"].sum() <= plan["work_items_max"]
+    codes, out = ee.run_exit_map(case)
+    want = ee.host_exit_codes(case.align, case.lora_ids, case.adapter_enabled)
+    assert np.array_equal(codes.cpu().numpy(), want)
+    assert int((want == 0).sum()) * plan["split_n"] == items["items"].sum()
+    progs = ee.item_programs(case)
+    assert ((progs >= 0) == (want == 0)).all() and progs.max() < plan["programs"]
+    tol = ee.tolerance(lab.dtype, lab.device)
+    assert ee.check_against_reference(case, out, tol)["ok"]
+    assert ee.check_against_reference(case, ee.run_delta(case), tol)["ok"]
 
 
 BAD = [("02_kernel_early_exit", {"num_tokens": 0}, "bad notebook parameter num_tokens"),
