@@ -21,7 +21,7 @@
 
 # %% tags=["parameters"]
 preset = "qwen3-30b-a3b" # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
-num_layers = 8           # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
+num_layers = 48          # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
 tokens = 128             # tokens per forward, a power of two up to 16384
 guard = "sync"           # sync, cpu_flag or launch_always
 active_fraction = 0.5    # share of requests that use an adapter
