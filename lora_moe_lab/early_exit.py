@@ -193,7 +193,7 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
         colorscale=scale, showscale=False, text=text, xgap=2, ygap=2, customdata=custom,
         hovertemplate=("%{y}, block %{x}<br>%{text}" + ("<br>expert id %{customdata[0]}"
                                                         "<br>num_tokens_post_padded %{customdata[1]}"
-                                                        "<br>program %{customdata[2]} (-1: no work item)"
+                                                        "<br>program %{customdata[2]} of the normal launch (-1: no work item)"
                                                         if custom is not None else "") + "<extra></extra>")))
     for v in present:  # legend entries for the codes on the map
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names.get(v, str(v)),
