@@ -508,6 +508,39 @@ def load_sweep(path: str | os.PathLike):
     return df
 
 
+def normalize_sweep(df, meta: dict | None = None):
+    """A recorded timing table in this module's row schema. The side-by-side script
+    (scripts/gpu_side_by_side.py) writes one row per (M, active, variant) where variant is a guard
+    or 'graph' (a replay of the cpu_flag capture); this renames and derives the key columns. Rows
+    already in the sweep schema pass through unchanged."""
+    import pandas as pd
+
+    if "variant" not in df.columns:
+        return df
+    params = (meta or df.attrs.get("meta") or {}).get("params", {})
+    d = df.rename(columns={"M": "tokens", "date_utc": "date_utc"}).copy()
+    graph = d["variant"] == "graph"
+    d["mode"] = ["graph" if g else "eager" for g in graph]
+    d["guard"] = d["variant"].where(~graph, "cpu_flag")
+    d["rank"] = params.get("rank", 16)
+    d["requests"] = params.get("requests", 8)
+    d["dtype"], d["backend"], d["timer"], d["error"] = "bfloat16", "triton", "cuda_events", ""
+    d["warmup"] = params.get("warmup", 3)
+    return pd.DataFrame({c: d[c] if c in d.columns else None for c in COLUMNS + ["variant"]})
+
+
+def load_recorded_sweeps(folder) -> "pd.DataFrame | None":
+    """Every recorded sweep CSV in `folder` (both schemas), GPU rows only; None when there is none."""
+    import pandas as pd
+
+    frames = [normalize_sweep(load_sweep(p)) for p in sorted(Path(folder).glob("*.csv"))]
+    if not frames:
+        return None
+    d = pd.concat(frames, ignore_index=True)
+    d = d[d["gpu"].astype(str) != "cpu"]  # CPU rows say nothing about GPU pipelines
+    return d.reset_index(drop=True) if len(d) else None
+
+
 def clean(df):
     """Rows measured without error, one per parameter key (the latest)."""
     d = df

@@ -33,11 +33,10 @@ all_guards = True        # Run measures all three guards, not only the selected 
 device = "auto"          # auto, cpu or cuda
 
 # %%
-import glob
 
 import pandas as pd
 
-from lora_moe_lab import notebook as nbk, simulate as sim, widgets
+from lora_moe_lab import bench, notebook as nbk, simulate as sim, widgets
 from lora_moe_lab.notebook import NotebookParameterError
 
 nbk.check_preset(preset)
@@ -71,12 +70,9 @@ print("live GPU: Run measures on", dev if LIVE else "—",
 # guesses — fine to see the shape of the effect, not to quote numbers.
 
 # %%
-files = sorted(glob.glob(str(nbk.DATA / "sweep" / "*.csv")))
-sweep = pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else None
-if sweep is not None and "gpu" in sweep:
-    sweep = sweep[sweep["gpu"].astype(str) != "cpu"]  # CPU rows say nothing about GPU pipelines
-if sweep is not None and len(sweep):
-    fitted = sim.fit(sweep, iters=150)
+sweep = bench.load_recorded_sweeps(nbk.DATA / "sweep")  # every recorded CSV, GPU rows only
+if sweep is not None:
+    fitted = sim.fit(sweep, iters=150, params=sim.FIT_PARAMS_RECORDED)
     cost = fitted.params
     note = (f"simulator fitted to {fitted.rows} recorded rows ({', '.join(sorted(set(sweep['gpu'].astype(str))))}), "
             f"rms log error {fitted.rms_log_error:.3f}")

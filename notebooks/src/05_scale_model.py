@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from lora_moe_lab import notebook as nbk, plots, sim_plots, simulate as sim, trace, widgets
+from lora_moe_lab import bench, notebook as nbk, plots, sim_plots, simulate as sim, trace, widgets
 from lora_moe_lab.notebook import NotebookParameterError
 
 nbk.check_preset(fit_preset)
@@ -64,10 +64,7 @@ print("production:", {k: v for k, v in sim.PRODUCTION.items()})
 # %%
 sweep_files = sorted(glob.glob(str(nbk.DATA / "sweep" / "*.csv")))
 trace_files = sorted(glob.glob(str(nbk.DATA / "traces" / "*.json.gz")))
-sweep = pd.concat([pd.read_csv(f) for f in sweep_files], ignore_index=True) if sweep_files else None
-if sweep is not None and "gpu" in sweep:
-    sweep = sweep[sweep["gpu"].astype(str) != "cpu"]  # only GPU rows describe the pipeline effect
-    sweep = sweep if len(sweep) else None
+sweep = bench.load_recorded_sweeps(nbk.DATA / "sweep")  # both recorded schemas, GPU rows only
 traces = [trace.load_trace(f) for f in trace_files]
 traces = [t for t in traces if {"preset", "num_layers", "guard", "mode", "M"} <= set(t.labels)]
 RECORDED = sweep is not None or bool(traces)
@@ -102,7 +99,8 @@ print(source)
 # the truth while every forward time still matches.
 
 # %%
-fitted = sim.fit(sweep, traces=traces or None, iters=fit_iters)
+fitted = sim.fit(sweep, traces=traces or None, iters=fit_iters,
+                 params=sim.FIT_PARAMS_RECORDED if RECORDED else sim.FIT_PARAMS)
 params = fitted.params
 rows = pd.concat([sweep, sim.trace_rows(traces)], ignore_index=True) if traces else sweep
 tbl = pd.DataFrame({"start (defaults)": sim.CostModel().as_dict(), "fitted": params.as_dict()})
