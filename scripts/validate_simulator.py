@@ -30,8 +30,8 @@ def main():
     v.to_csv(ROOT / "data/sweep/simulator_validation.csv", index=False)
     json.dump(dict(fitted=fr.params.as_dict(), fitted_names=list(fr.fitted), rows=fr.rows,
                    rms_log_error=fr.rms_log_error, sources=fr.sources,
-                   recorded_on=sorted(set(sweep["gpu"].astype(str))),
-                   commits=sorted(set(sweep["git_commit"].astype(str)))),
+                   recorded_on=sorted(set(sweep["gpu"].dropna().astype(str))),
+                   commits=sorted(set(sweep["git_commit"].dropna().astype(str)))),
               open(ROOT / "data/sweep/simulator_fit.json", "w"), indent=1)
     cmp = sim.compare_production(sim.extrapolate(fr.params))
     cmp.to_csv(ROOT / "data/sweep/simulator_vs_production.csv", index=False)
