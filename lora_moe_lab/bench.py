@@ -534,6 +534,7 @@ def load_recorded_sweeps(folder) -> "pd.DataFrame | None":
     import pandas as pd
 
     frames = [normalize_sweep(load_sweep(p)) for p in sorted(Path(folder).glob("*.csv"))]
+    frames = [f for f in frames if {"median_us", "gpu"} <= set(f.columns)]  # timing tables only
     if not frames:
         return None
     d = pd.concat(frames, ignore_index=True)

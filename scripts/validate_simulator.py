@@ -1,6 +1,6 @@
 """Fit the host/device queue model to every recorded H200 timing and write its error table.
 
-    python scripts/validate_simulator.py     -> data/sweep/simulator_validation.csv, simulator_fit.json,
+    python scripts/validate_simulator.py     -> data/simulator/simulator_validation.csv, simulator_fit.json,
                                                 simulator_vs_production.csv
 
 Inputs: data/sweep/*.csv (the sequential sweep and the side-by-side run) and data/traces/*.json.gz.
@@ -27,14 +27,14 @@ def main():
                     ("side by side", sweep[sweep["variant"].notna()])]:
         tables.append(sim.validate(d, fr.params).assign(data=name))
     v = pd.concat(tables, ignore_index=True)
-    v.to_csv(ROOT / "data/sweep/simulator_validation.csv", index=False)
+    v.to_csv(ROOT / "data/simulator/simulator_validation.csv", index=False)
     json.dump(dict(fitted=fr.params.as_dict(), fitted_names=list(fr.fitted), rows=fr.rows,
                    rms_log_error=fr.rms_log_error, sources=fr.sources,
                    recorded_on=sorted(set(sweep["gpu"].dropna().astype(str))),
                    commits=sorted(set(sweep["git_commit"].dropna().astype(str)))),
-              open(ROOT / "data/sweep/simulator_fit.json", "w"), indent=1)
+              open(ROOT / "data/simulator/simulator_fit.json", "w"), indent=1)
     cmp = sim.compare_production(sim.extrapolate(fr.params))
-    cmp.to_csv(ROOT / "data/sweep/simulator_vs_production.csv", index=False)
+    cmp.to_csv(ROOT / "data/simulator/simulator_vs_production.csv", index=False)
     print(cmp.round(2).to_string(index=False))
     print(f"fitted on {fr.rows} rows, rms log error {fr.rms_log_error:.3f}")
     print(v.round(1).to_string(index=False))
