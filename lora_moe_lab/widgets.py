@@ -191,6 +191,19 @@ def _show(out, *objs) -> None:
     out.outputs = tuple(_bundle(o) for o in objs)
 
 
+
+def _set_controls(panel, values: dict) -> None:
+    """Set several controls of `panel` while its observers hold off (one redraw, not one per control)."""
+    unknown = set(values) - set(panel.controls)
+    if unknown:
+        raise ValueError(f"unknown control(s) {sorted(unknown)}; have {list(panel.controls)}")
+    panel._hold = True
+    try:
+        for k, v in values.items():
+            panel.controls[k].value = v
+    finally:
+        panel._hold = False
+
 class BenchPanel:
     """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph), Run and Stop
     buttons, a progress bar, a view figure that follows the controls, and a results table + chart.
@@ -250,15 +263,7 @@ class BenchPanel:
 
     def set(self, **values) -> None:
         """Set controls without one update per control; then update once."""
-        unknown = set(values) - set(self.controls)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; have {list(self.controls)}")
-        self._hold = True
-        try:
-            for k, v in values.items():
-                self.controls[k].value = v
-        finally:
-            self._hold = False
+        _set_controls(self, values)
 
     def _on_change(self, _change) -> None:
         if not self._hold:
@@ -450,15 +455,7 @@ class WhatIfPanel:
 
     def update(self, **values) -> go.Figure:
         """Set any sliders given (without one redraw per slider), then redraw once."""
-        unknown = set(values) - set(self.controls)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; have {list(self.controls)}")
-        self._hold = True
-        try:
-            for k, v in values.items():
-                self.controls[k].value = v
-        finally:
-            self._hold = False
+        _set_controls(self, values)
         p = {k: w.value for k, w in self.controls.items()}
         fig, table = what_if_view(self.cost, launch_us=p["launch_us"], tokens=p["tokens"], **self.view_kw)
         self.last_figure, self.last_table = fig, table

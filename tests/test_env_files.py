@@ -7,30 +7,27 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _pins(reqs) -> dict:
+    pins = {}
+    for r in reqs:
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)", r)
+        if m:
+            pins[m[1].lower()] = m[2]
+    return pins
+
+
 def _pyproject_pins():
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    pins = {}
-    for extra, reqs in data["project"]["optional-dependencies"].items():
-        for r in reqs:
-            m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)", r)
-            if m:
-                pins[m[1].lower()] = m[2]
-    return pins
+    return _pins(r for reqs in data["project"]["optional-dependencies"].values() for r in reqs)
 
 
 def _env_pins():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    pins = {}
-    for r in pip:
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==(\S+)", r)
-        if m:
-            pins[m[1].lower()] = m[2]
-    return pins
+    return _pins(next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d))
 
 
 def test_pins_agree():

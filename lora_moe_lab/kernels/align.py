@@ -97,18 +97,24 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _align_count_kernel(topk_ids_ptr, token_slot_ptr, counts_ptr, rank_ptr, n, top_k, E,
-                        HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
-    # counts[slot * E + expert] += 1 for each pair; the value before the increment is the pair's
-    # rank inside its group.
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _pair_block(topk_ids_ptr, token_slot_ptr, offs, n, top_k, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
+    """Expert, slot and 'belongs to a slot' of the flattened (token, k) pairs `offs`."""
     m = offs < n
     e = tl.load(topk_ids_ptr + offs, mask=m, other=0)
     if HAS_SLOT:
         s = tl.load(token_slot_ptr + offs // top_k, mask=m, other=-1)
     else:
         s = tl.zeros([BLOCK], dtype=tl.int32)
-    ok = m & (s >= 0)
+    return e, s, m & (s >= 0)
+
+
+@triton.jit
+def _align_count_kernel(topk_ids_ptr, token_slot_ptr, counts_ptr, rank_ptr, n, top_k, E,
+                        HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
+    # counts[slot * E + expert] += 1 for each pair; the value before the increment is the pair's
+    # rank inside its group.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e, s, ok = _pair_block(topk_ids_ptr, token_slot_ptr, offs, n, top_k, HAS_SLOT, BLOCK)
     r = tl.atomic_add(counts_ptr + s * E + e, tl.full([BLOCK], 1, tl.int32), mask=ok)
     tl.store(rank_ptr + offs, r, mask=ok)
 
@@ -146,13 +152,7 @@ def _align_layout_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, ntp
 def _align_scatter_kernel(topk_ids_ptr, token_slot_ptr, rank_ptr, starts_ptr, sorted_ptr, n, top_k, E, EM,
                           HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    e = tl.load(topk_ids_ptr + offs, mask=m, other=0)
-    if HAS_SLOT:
-        s = tl.load(token_slot_ptr + offs // top_k, mask=m, other=-1)
-    else:
-        s = tl.zeros([BLOCK], dtype=tl.int32)
-    ok = m & (s >= 0)
+    e, s, ok = _pair_block(topk_ids_ptr, token_slot_ptr, offs, n, top_k, HAS_SLOT, BLOCK)
     r = tl.load(rank_ptr + offs, mask=ok, other=0)
     start = tl.load(starts_ptr + s * E + e, mask=ok, other=0)
     tl.store(sorted_ptr + s.to(tl.int64) * EM + start + r, offs, mask=ok)
