@@ -45,16 +45,19 @@ def test_executes_with_ci_params(nb, tmp_path):
     _run(nb, CI_PARAMS[nb.stem], tmp_path)
 
 
-BAD_PARAMS = [({"preset": "qwen9"}, "bad notebook parameter preset"),
-              ({"guards": ["sync", "sometimes"]}, "bad notebook parameter guards"),
-              ({"num_layers": -2}, "bad notebook parameter num_layers")]
+BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter preset"),
+              ("01_sync_bubble", {"guards": ["sync", "sometimes"]}, "bad notebook parameter guards"),
+              ("01_sync_bubble", {"num_layers": -2}, "bad notebook parameter num_layers"),
+              ("03_cuda_graph_capture", {"preset": "qwen9"}, "bad notebook parameter preset"),
+              ("03_cuda_graph_capture", {"tokens_per_request": -1}, "bad notebook parameter tokens_per_request")]
+# 02, 04 and 05 are covered by tests/test_widgets.py::test_notebooks_02_04_05_reject_bad_parameters
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("params,msg", BAD_PARAMS, ids=["preset", "guard", "negative"])
-def test_bad_parameter_fails_clearly(params, msg, tmp_path):
+@pytest.mark.parametrize("stem,params,msg", BAD_PARAMS, ids=lambda v: v if isinstance(v, str) and v[:2].isdigit() else None)
+def test_bad_parameter_fails_clearly(stem, params, msg, tmp_path):
     import papermill as pm
 
-    nb = ROOT / "notebooks" / "01_sync_bubble.ipynb"
+    nb = ROOT / "notebooks" / f"{stem}.ipynb"
     with pytest.raises(pm.PapermillExecutionError, match=msg):
         _run(nb, {**CI_PARAMS[nb.stem], **params}, tmp_path)
