@@ -36,6 +36,17 @@ def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
 TRITON_ON_CUDA = True
 
 
+def _geometry(topk_ids, token_slot, num_experts: int, block_m: int):
+    """Validate the inputs; (M, top_k, pairs, EM, blocks per slot) from shapes alone."""
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be (M, top_k), got shape {tuple(topk_ids.shape)}")
+    M, k = topk_ids.shape
+    if token_slot is not None and token_slot.shape != (M,):
+        raise ValueError(f"token_slot must be ({M},), got shape {tuple(token_slot.shape)}")
+    EM = padded_size(M * k, num_experts, block_m)
+    return M, k, M * k, EM, EM // block_m
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
               token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
     """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0."""
@@ -47,19 +58,12 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
 def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                     token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
     """The torch implementation (sync-free, static shapes; CPU and reference)."""
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be (M, top_k), got shape {tuple(topk_ids.shape)}")
-    M, k = topk_ids.shape
+    M, k, n, EM, nb = _geometry(topk_ids, token_slot, num_experts, block_m)
     dev, S, E, BM = topk_ids.device, num_slots, num_experts, block_m
-    n = M * k
-    EM = padded_size(n, E, BM)
-    nb = EM // BM
     expert = topk_ids.reshape(-1).long()
     if token_slot is None:
         slot = torch.zeros(n, dtype=torch.long, device=dev)
     else:
-        if token_slot.shape != (M,):
-            raise ValueError(f"token_slot must be ({M},), got shape {tuple(token_slot.shape)}")
         slot = token_slot.long().repeat_interleave(k)  # int repeats: no sync
     valid = slot >= 0
     trash = S * E  # key of pairs that belong to no slot
@@ -161,17 +165,10 @@ def _align_scatter_kernel(topk_ids_ptr, token_slot_ptr, rank_ptr, starts_ptr, so
 def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                      token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
     """`moe_align` in three Triton kernels (plus one memset); same shapes, no host sync."""
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be (M, top_k), got shape {tuple(topk_ids.shape)}")
-    M, k = topk_ids.shape
+    M, k, n, EM, nb = _geometry(topk_ids, token_slot, num_experts, block_m)
     dev, S, E, BM = topk_ids.device, num_slots, num_experts, block_m
-    n = M * k
-    EM = padded_size(n, E, BM)
-    nb = EM // BM
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     if token_slot is not None:
-        if token_slot.shape != (M,):
-            raise ValueError(f"token_slot must be ({M},), got shape {tuple(token_slot.shape)}")
         slot = token_slot.to(torch.int32).contiguous()
     else:
         slot = ids  # dummy pointer, never read
