@@ -587,34 +587,22 @@ def summary_table(df):
 # ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def _arg(convert, ok, what: str):
+    """An argparse `type` that converts and range-checks, naming what it expected."""
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
-
-
-def _fraction(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {s!r}")
-    return v
+_pos_int = _arg(int, lambda v: v > 0, "a positive integer")
+_nonneg_int = _arg(int, lambda v: v >= 0, "an integer >= 0")
+_fraction = _arg(float, lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
 
 
 def _preset(s: str) -> str:

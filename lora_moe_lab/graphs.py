@@ -57,8 +57,12 @@ class CapturedForward:
         self.x.copy_(x)
 
     def replay(self, x: torch.Tensor | None = None, adapters: list | None = None) -> torch.Tensor:
-        if x is not None or adapters is not None:
-            self.load_batch(self.x if x is None else x, adapters if adapters is not None else [None] * len(self.token_counts))
+        """Replay; a new input and/or adapter list is written into the static buffers first
+        (whatever is not given keeps its last value)."""
+        if adapters is not None:
+            self.load_batch(self.x if x is None else x, adapters)
+        elif x is not None:
+            self.x.copy_(x)
         self.graph.replay()
         return self.y
 

@@ -33,10 +33,6 @@ def get_backend(name: str, device: torch.device):
     raise ValueError(f"unknown backend {name!r}; choose 'torch', 'triton' or 'auto'")
 
 
-def _block_m(backend, M: int, top_k: int, E: int) -> int:
-    return backend.block_m(M, top_k, E)
-
-
 class LoRAHook:
     """The LoRA work of one layer for one batch: per-adapter alignment, gate_up and down deltas."""
 
@@ -88,7 +84,7 @@ class MoELayer(torch.nn.Module):
         topk_w, topk_ids = self.route(x)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
-        align = moe_align(topk_ids, E, _block_m(backend, M, k, E))
+        align = moe_align(topk_ids, E, backend.block_m(M, k, E))
         inter = backend.moe_gemm(x, self.w13, align, k, x.new_empty(M * k, 2 * I), gather=True)
         for h in hooks:
             h.prepare(topk_ids)

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         print(f"running {nb.name} ...", flush=True)
         done.append(execute(nb, out, params.get(nb.stem, {})))
-        print(f"  ok in {time.time() - t0:.1f} s -> {done[-1].relative_to(out.parent) if out.parent in done[-1].parents else done[-1]}")
+        print(f"  ok in {time.time() - t0:.1f} s -> {done[-1]}")
     if not a.no_html:
         print(f"HTML report: {html_report(done, out)}")
     return 0

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import graphs  # noqa: E402
+from lora_moe_lab import graphs, runtime  # noqa: E402
 from lora_moe_lab.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
 from lora_moe_lab.meta import metadata  # noqa: E402
 from lora_moe_lab.moe import build_lab  # noqa: E402
@@ -44,15 +44,12 @@ def sync_checks(lab, Ms, rows):
             lab.model(x, batch, t, guard=guard)  # warm-up: compile kernels, fill allocator caches
             torch.cuda.synchronize()
             err = None
-            prev = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("error")
             try:
-                t = LoRABatchTensors.from_batch(batch, lab.device)  # batch upload inside the region too
-                lab.model(x, batch, t, guard=guard)
+                with runtime.sync_debug_mode("error"):
+                    t = LoRABatchTensors.from_batch(batch, lab.device)  # batch upload inside the region too
+                    lab.model(x, batch, t, guard=guard)
             except RuntimeError as e:
                 err = str(e).splitlines()[0]
-            finally:
-                torch.cuda.set_sync_debug_mode(prev)
             torch.cuda.synchronize()
             ok = (err is None) if guard != "sync" else (err is not None)
             rows.append(dict(check="no_host_sync", M=M, guard=guard, ok=ok, detail=err or "0 syncs"))
