@@ -27,10 +27,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 run: $(STAMP)
-	$(BIN)/python -m lora_moe_lab.run_notebooks --out build
+	$(BIN)/python -m lora_moe_lab.nb.runner --out build
 
 lab: $(STAMP)
-	$(BIN)/python -m lora_moe_lab.run_notebooks --lab --port $(PORT)
+	$(BIN)/python -m lora_moe_lab.nb.runner --lab --port $(PORT)
 
 clean:
 	rm -rf build .pytest_cache

@@ -18,12 +18,25 @@ class MoEShape:
     num_experts: int  # E
     top_k: int
     num_layers: int
+    # Attention of the decoder model (model/decoder.py); the MoE-only model ignores these.
+    num_heads: int = 4  # query heads (per rank under TP)
+    num_kv_heads: int = 2  # key/value heads, shared by groups of query heads (GQA)
+    head_dim: int = 16
+    rope_theta: float = 1e6
 
     def __post_init__(self):
-        for field in ("hidden", "intermediate", "num_experts", "top_k", "num_layers"):
+        for field in ("hidden", "intermediate", "num_experts", "top_k", "num_layers",
+                      "num_heads", "num_kv_heads", "head_dim"):
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"shape {self.name!r}: {field} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"shape {self.name!r}: num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"shape {self.name!r}: head_dim={self.head_dim} must be even (RoPE rotates halves)")
+        if not self.rope_theta > 0:
+            raise ValueError(f"shape {self.name!r}: rope_theta must be positive, got {self.rope_theta!r}")
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"shape {self.name!r}: top_k={self.top_k} exceeds num_experts={self.num_experts}"
@@ -34,13 +47,14 @@ class MoEShape:
 
 
 PRESETS: dict[str, MoEShape] = {
-    # Qwen3-30B-A3B: 48 MoE layers, 128 experts, 8 routed per token.
-    "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", 2048, 768, 128, 8, 48),
-    # The same model under tensor parallelism 4: each rank holds a quarter of every expert's
-    # intermediate dimension (768 / 4 = 192).
-    "qwen3-30b-a3b-tp4": MoEShape("qwen3-30b-a3b-tp4", 2048, 192, 128, 8, 48),
+    # Qwen3-30B-A3B: 48 MoE layers, 128 experts, 8 routed per token; attention with 32 query
+    # heads and 4 KV heads of dim 128 (q_proj maps 2048 -> 4096).
+    "qwen3-30b-a3b": MoEShape("qwen3-30b-a3b", 2048, 768, 128, 8, 48, 32, 4, 128),
+    # The same model under tensor parallelism 4, as one rank sees it: a quarter of every expert's
+    # intermediate dimension (768 / 4 = 192) and a quarter of the heads (32 / 4, 4 / 4).
+    "qwen3-30b-a3b-tp4": MoEShape("qwen3-30b-a3b-tp4", 2048, 192, 128, 8, 48, 8, 1, 128),
     # CI-sized: small enough for the Triton interpreter, still top-k routing over several experts.
-    "tiny": MoEShape("tiny", 64, 32, 8, 2, 2),
+    "tiny": MoEShape("tiny", 64, 32, 8, 2, 2, 4, 2, 16),
 }
 
 

@@ -43,6 +43,24 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
+    """'auto' -> 'triton' on a GPU, 'torch' on CPU (where Triton would run under the slow
+    interpreter). The one place an 'auto' backend is decided."""
+    if backend == "auto":
+        return "triton" if resolve_device(device).type == "cuda" else "torch"
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"unknown backend {backend!r}; choose 'torch', 'triton' or 'auto'")
+    return backend
+
+
+def resolve_dtype(dtype, device: torch.device | str | None = None):
+    """'auto' -> bfloat16 on a GPU (what serving runs), float32 on CPU (the interpreter computes
+    bf16 arithmetic wrongly). The one place an 'auto' dtype is decided; other values pass through."""
+    if dtype == "auto":
+        return "bfloat16" if resolve_device(device).type == "cuda" else "float32"
+    return dtype
+
+
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for the GPU. This IS a host-device sync point; a no-op on CPU."""
     if _HAS_CUDA and (device is None or torch.device(device).type == "cuda"):

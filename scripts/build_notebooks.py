@@ -4,11 +4,12 @@
     # %% tags=["parameters"] a code cell with tags
     # %%                     a code cell
 
-The .ipynb files are committed without outputs; tests/test_notebooks.py checks they match.
+The .ipynb files are committed without outputs; tests/nb/test_notebooks.py checks they match
+(`--check`: exit 1, writing nothing, when one is out of date).
 """
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -60,4 +61,6 @@ def main(check: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(check="--check" in sys.argv))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when a notebook is out of date")
+    raise SystemExit(main(check=ap.parse_args().check))

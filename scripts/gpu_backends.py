@@ -15,12 +15,11 @@ import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.bench import metadata, split_tokens, time_device, time_graph  # noqa: E402
-from lora_moe_lab.moe import build_lab, get_backend  # noqa: E402
+from lora_moe_lab.instruments.timing import time_device, time_graph  # noqa: E402
+from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
+from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
 
 
 _ROUTES: list = []
@@ -57,13 +56,15 @@ def main():
     ap.add_argument("--check-only", action="store_true", help="agreement with pinned routing, no timing")
     a = ap.parse_args()
     cuda = runtime.has_cuda()
-    dtype = "bfloat16" if cuda else "float32"
+    dtype = runtime.resolve_dtype("auto")  # bf16 on a GPU, fp32 under the CPU interpreter
     os.makedirs(a.out, exist_ok=True)
-    meta = metadata()
-    json.dump({**meta, "params": vars(a)}, open(os.path.join(a.out, "backends.meta.json"), "w"), indent=1)
-    rows = []
+    meta = metadata(params=vars(a))
+    with open(os.path.join(a.out, "backends.meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    row_meta = {k: meta[k] for k in META_KEYS}
+    rows, labs = [], LabCache()
     for preset in a.presets:
-        lab = build_lab(preset, num_layers=2, dtype=dtype, max_loras=4, max_rank=32, backend="triton")
+        lab = labs.get(preset=preset, num_layers=2, dtype=dtype, max_loras=4, max_rank=32, backend="triton")
         for i in range(4):
             lab.pool.load(f"a{i}", rank=32)
         for M in a.tokens:
@@ -72,7 +73,7 @@ def main():
             x = lab.random_input(M, seed=M)
             out, t = {}, {}
             for be in ("triton", "torch"):
-                lab.model.backend = get_backend(be, lab.device)
+                lab.model.backend_name = be  # the model looks its backend up by name at each forward
                 fn = lambda: lab.model(x, batch, tensors, guard="cpu_flag")  # noqa: E731
                 out[be] = pinned_forward(lab, fn, be == "triton").float()
                 if not a.check_only:
@@ -81,13 +82,11 @@ def main():
                     t[be] = float("nan")
             err = ((out["triton"] - out["torch"]).norm() / out["torch"].norm()).item()
             row = dict(preset=preset, layers=2, M=M, dtype=dtype, rank=32, torch_us=t["torch"], triton_us=t["triton"],
-                       speedup=t["torch"] / t["triton"], rel_err=err, ok=err < 2e-2, **meta)
+                       speedup=t["torch"] / t["triton"], rel_err=err, ok=err < 2e-2, **row_meta)
             rows.append(row)
             print(f"{preset:18s} M={M:6d} torch {t['torch']:10.1f} us  triton {t['triton']:9.1f} us  "
                   f"x{row['speedup']:6.2f}  rel err {err:.1e}", flush=True)
-        del lab
-        if cuda:
-            torch.cuda.empty_cache()
+    labs.free()
     name = "backends_check.csv" if a.check_only else "backends.csv"
     with open(os.path.join(a.out, name), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

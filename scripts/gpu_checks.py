@@ -14,6 +14,7 @@ Writes checks.json + graph_timing.csv + meta.json under DIR, prints a table last
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -21,10 +22,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import graphs, runtime  # noqa: E402
-from lora_moe_lab.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
-from lora_moe_lab.meta import metadata  # noqa: E402
-from lora_moe_lab.moe import build_lab  # noqa: E402
+from lora_moe_lab import runtime  # noqa: E402
+from lora_moe_lab.instruments.timing import time_device  # noqa: E402
+from lora_moe_lab.model import graphs  # noqa: E402
+from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
+from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
 
 
 def rel(a, b):
@@ -35,7 +38,7 @@ def sync_checks(lab, Ms, rows):
     names = sorted(lab.pool.loaded())
     for M in Ms:
         R = min(M, 8)
-        counts = [M // R + (1 if i < M % R else 0) for i in range(R)]
+        counts = split_tokens(M, R)
         adapters = [names[i % len(names)] if i % 2 == 0 else None for i in range(R)]
         x = lab.random_input(M, seed=M)
         batch = LoRABatchInfo.build(lab.pool, adapters, counts)
@@ -84,20 +87,9 @@ def capture_failure_check(lab, rows):
     print(rows[-1], flush=True)
 
 
-def time_ms(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+def median_ms(fn) -> float:
+    """Median of 20 repetitions (instruments.timing: CUDA events, each from an idle GPU), in ms."""
+    return time_device(fn, warmup=3, reps=20).median_us / 1e3
 
 
 def replay_vs_eager(lab, out_rows):
@@ -109,13 +101,13 @@ def replay_vs_eager(lab, out_rows):
         x = lab.random_input(M)
         b, t = lab.make_batch(adapters, counts)
         for guard in ("sync", "cpu_flag", "launch_always"):
-            eager = time_ms(lambda: lab.model(x, b, t, guard=guard))
+            eager = median_ms(lambda: lab.model(x, b, t, guard=guard))
             row = dict(M=M, layers=len(lab.model.layers), guard=guard, mode="eager", median_ms=eager)
             out_rows.append(row)
             print(row, flush=True)
         cap = graphs.CapturedForward(lab, counts, guard="launch_always")
         cap.load_batch(x, adapters)
-        rep = time_ms(lambda: cap.graph.replay())
+        rep = median_ms(cap.graph.replay)
         row = dict(M=M, layers=len(lab.model.layers), guard="any (captured)", mode="graph", median_ms=rep)
         out_rows.append(row)
         print(row, flush=True)
@@ -131,30 +123,29 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows, timing = [], []
-    small = build_lab(a.preset, num_layers=2, dtype="bfloat16", max_loras=4, max_rank=16)
-    for i, r in enumerate((8, 16, 4)):
-        small.pool.load(f"a{i}", rank=r)
+    labs = LabCache()  # one model at a time: the 48-layer one needs most of the GPU's memory
+
+    def lab_with(layers, ranks):
+        lab = labs.get(preset=a.preset, num_layers=layers, dtype="bfloat16", max_loras=4, max_rank=16)
+        for i, r in enumerate(ranks):
+            lab.pool.load(f"a{i}", rank=r)
+        return lab
+
+    small = lab_with(2, (8, 16, 4))
     sync_checks(small, (1, 16, 1024, 16384), rows)
     graph_checks(small, rows)
     del small
-    torch.cuda.empty_cache()
-    big = build_lab(a.preset, num_layers=a.layers, dtype="bfloat16", max_loras=4, max_rank=16)
-    for i, r in enumerate((8, 16)):
-        big.pool.load(f"a{i}", rank=r)
-    replay_vs_eager(big, timing)
-    del big
-    torch.cuda.empty_cache()
-    small = build_lab(a.preset, num_layers=2, dtype="bfloat16", max_loras=4, max_rank=16)
-    small.pool.load("a0", rank=8)
-    capture_failure_check(small, rows)
+    replay_vs_eager(lab_with(a.layers, (8, 16)), timing)
+    capture_failure_check(lab_with(2, (8,)), rows)  # a fresh 2-layer model: the big one is freed first
+    labs.free()
     meta = metadata(params=vars(a))
-    json.dump(dict(meta=meta, checks=rows), open(os.path.join(a.out, "checks.json"), "w"), indent=1, default=str)
-    import csv
+    with open(os.path.join(a.out, "checks.json"), "w") as f:
+        json.dump(dict(meta=meta, checks=rows), f, indent=1, default=str)
     with open(os.path.join(a.out, "graph_timing.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(timing[0]) + list(meta))
+        w = csv.DictWriter(f, fieldnames=list(timing[0]) + list(META_KEYS))
         w.writeheader()
         for r in timing:
-            w.writerow({**r, **meta})
+            w.writerow({**r, **{k: meta[k] for k in META_KEYS}})
     print("\n%-42s %-14s %-6s %s" % ("check", "guard", "M", "ok"))
     for r in rows:
         print("%-42s %-14s %-6s %s" % (r["check"], r.get("guard", ""), r.get("M", r.get("adapters", "")), r["ok"]))

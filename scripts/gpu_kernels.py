@@ -19,25 +19,24 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-import lora_moe_lab  # noqa: E402,F401  (sets TRITON_INTERPRET on a CPU-only machine, before triton kernels)
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import torch
 
-from lora_moe_lab import runtime, triton_ops  # noqa: E402
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+from lora_moe_lab import runtime  # noqa: E402  (first: sets TRITON_INTERPRET on a CPU-only machine)
 from lora_moe_lab.config import get_shape  # noqa: E402
+from lora_moe_lab.instruments.timing import time_device, time_graph  # noqa: E402
 from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton  # noqa: E402
-from lora_moe_lab.triton_ops import LoRAKernelConfig  # noqa: E402
+from lora_moe_lab.kernels.common import cdiv  # noqa: E402
+from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m  # noqa: E402
+from lora_moe_lab.kernels.empty import empty_kernel  # noqa: E402
+from lora_moe_lab.kernels.fused_moe import moe_gemm  # noqa: E402
+from lora_moe_lab.kernels.fused_moe_lora import LAST_LORA_LAUNCH, lora_delta  # noqa: E402
+from lora_moe_lab.provenance import metadata  # noqa: E402
 
 # Production engine's Triton fused MoE-LoRA (gate_up, rank 32, 4 adapters, bf16) on this H200, in us.
 TARGETS_US = {
@@ -59,11 +58,6 @@ def log(*a):
 def row(**kw):
     ROWS.append(kw)
     return kw
-
-
-@triton.jit
-def _empty_kernel(x_ptr):
-    pass
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,14 +136,14 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
         rw, ids = route(M, E, k, gen, dev)
         token_slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
         token_slot[0] = 0  # at least one live token, also at M=1
-        bm = triton_ops.block_m(M, k, E)
+        bm = moe_block_m(M, k, E)
         al = moe_align(ids, E, bm)
         # base gate_up (gather) and down (per-pair rows, routed weights), outputs poisoned with NaN
         inter = torch.full((M * k, 2 * I), float("nan"), dtype=dtype, device=dev)
-        triton_ops.moe_gemm(x, w13, al, k, inter)
+        moe_gemm(x, w13, al, k, inter)
         h = rnd(M * k, I)
         down = torch.full((M * k, K), float("nan"), dtype=dtype, device=dev)
-        triton_ops.moe_gemm(h, w2, al, k, down, routed_weights=rw, gather=False)
+        moe_gemm(h, w2, al, k, down, routed_weights=rw, gather=False)
         runtime.synchronize(dev)
         for op, got, ref in (("moe_gemm_gate_up", inter, ref_gemm(x, w13, ids, k)),
                              ("moe_gemm_down", down, ref_gemm(h, w2, ids, k, rw, gather=False))):
@@ -158,7 +152,7 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
             row(section="check", preset=preset, op=op, dtype=str(dtype)[6:], M=M, block_m=bm, rel_err=err,
                 tol=TOL[dtype], ok=ok)
         del inter, down
-        for bml in sorted({bm, triton_ops.lora_block_m(M, k, E, S)}):
+        for bml in sorted({bm, lora_block_m(M, k, E, S)}):
             al_l = moe_align(ids, E, bml, token_slot, S)
             for op, xin, a, b, N, r, gather in (("lora_gate_up", x, a13, b13, I, None, True),
                                                 ("lora_down", h, a2, b2, K, rw, False)):
@@ -166,7 +160,7 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
                 if r is not None:  # down: the base output it adds to carries the routed weight too
                     out0 = (out0.float() * r.reshape(-1, 1)).to(dtype)
                 out = out0.clone()
-                triton_ops.lora_delta(xin, a, b, al_l, lora_ids, enabled, k, out, routed_weights=r, gather=gather)
+                lora_delta(xin, a, b, al_l, lora_ids, enabled, k, out, routed_weights=r, gather=gather)
                 ref, live = ref_lora(xin, a, b, ids, token_slot, lora_ids, enabled, k, r, gather)
                 untouched = torch.equal(out[~live], out0[~live])
                 err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
@@ -182,53 +176,22 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
 
 
 # ------------------------------------------------------------------------------------------------
-# timing helpers: CUDA graph of `inner` calls, replayed; device events; median
+# timing: CUDA-graph replays (instruments.timing), device events, median
 # ------------------------------------------------------------------------------------------------
-def graph_time_us(fns, inner=1, reps=25, warm=3):
-    """Median time of one call, from graph replays of [fns...] * inner (fns rotate input sets)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:  # eager warm-up (compiles outside the capture)
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            for f in fns:
-                f()
-    for _ in range(warm):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / (inner * len(fns)))
-    del g
-    return statistics.median(ts)
+def graph_time_us(fns, inner=1, reps=25):
+    """Median device time of one call, from replays of one graph holding [fns...] * inner (fns rotate
+    input sets, so small-M weights are not all hot in L2; inner > 1 spreads the replay's launch)."""
+    return time_graph(lambda: [f() for f in fns], warmup=3, reps=reps, repeat=inner).median_us / len(fns)
 
 
 def copy_bandwidth(dev):
     """Device-to-device copy ceiling (bytes read + written per second): the best of a plain copy_
-    timed eagerly with events and inside a graph, on 2 GiB buffers."""
+    timed eagerly with events and inside a graph, on 2 GiB buffers (far beyond the 50 MB L2)."""
     n = 1 << 30  # bf16 elements: 2 GiB per buffer
     a = torch.randn(n // 2, device=dev, dtype=torch.float32).view(torch.bfloat16)
     b = torch.empty_like(a)
     t_graph = graph_time_us([lambda: b.copy_(a)], inner=4, reps=10)
-    ts = []
-    for _ in range(12):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3)
-    t_eager = statistics.median(ts[2:])
+    t_eager = time_device(lambda: b.copy_(a), warmup=2, reps=10).median_us
     nbytes = 2 * a.numel() * a.element_size()
     del a, b
     return max(nbytes / (t * 1e-6) / 1e9 for t in (t_graph, t_eager)), dict(graph_us=t_graph, eager_us=t_eager)
@@ -275,11 +238,11 @@ def sweep_candidates(preset, M):
     sh = get_shape(preset)
     E, k, I, K = sh.num_experts, sh.top_k, sh.intermediate, sh.hidden
     out = []
-    bm0 = triton_ops.lora_block_m(M, k, E, S)
+    bm0 = lora_block_m(M, k, E, S)
     for bm in (16, 32, 64):
         if bm > 16 and M * k / (E * S) < bm / 4:
             continue  # blocks mostly padding
-        base = triton_ops.lora_config(M, k, E, S, bm, I, K)
+        base = lora_config(M, k, E, S, bm, I, K)
         variants = [(base.block_n, base.block_k, base.split_n, 4, 3, base.programs_per_sm)]
         if bm == bm0:
             variants += [(base.block_n, base.block_k, base.split_n, 4, 3, p) for p in (2, 3, 6, 8, 16)]
@@ -289,7 +252,7 @@ def sweep_candidates(preset, M):
                          (base.block_n, base.block_k, max(1, base.split_n // 2), 4, 3, base.programs_per_sm),
                          (base.block_n, base.block_k, base.split_n * 2, 4, 3, base.programs_per_sm)]
         for bn, bk, split, w, st, pps in variants:
-            c = LoRAKernelConfig(bn, bk, max(1, min(split, triton.cdiv(I, bn))), w, st, pps)
+            c = LoRAKernelConfig(bn, bk, max(1, min(split, cdiv(I, bn))), w, st, pps)
             if (bm, c) not in out:
                 out.append((bm, c))
     return out
@@ -312,8 +275,8 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
         byts = [lora_bytes(s_["ids"], s_["slot"], E, K, I, k) for s_ in sets]
         nbytes = sum(b_ for b_, _ in byts) / len(byts)
         used = sum(u for _, u in byts) / len(byts)
-        bm0 = triton_ops.lora_block_m(M, k, E, S)
-        cfg0 = triton_ops.lora_config(M, k, E, S, bm0, I, K)
+        bm0 = lora_block_m(M, k, E, S)
+        cfg0 = lora_config(M, k, E, S, bm0, I, K)
         cands = [(bm0, cfg0)]
         if sweep:
             cands += [c for c in sweep_candidates(preset, M) if c != (bm0, cfg0)]
@@ -325,7 +288,7 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
                 break
             if bm not in aligns:
                 aligns[bm] = [moe_align(s_["ids"], E, bm, s_["slot"], S) for s_ in sets]
-            fns = [lambda s_=s_, al=al, c=cfg: triton_ops.lora_delta(s_["x"], a, b, al, lora_ids, on, k, s_["out"],
+            fns = [lambda s_=s_, al=al, c=cfg: lora_delta(s_["x"], a, b, al, lora_ids, on, k, s_["out"],
                                                                       config=c)
                    for s_, al in zip(sets, aligns[bm])]
             t_rot = graph_time_us(fns, inner=max(1, 32 // n_sets) if M <= 1024 else 1, reps=15 if i else 25)
@@ -334,9 +297,9 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
                     target_us=TARGETS_US[preset][M], speedup=TARGETS_US[preset][M] / t_rot,
                     bytes=nbytes, used_adapter_experts=used, gbps=nbytes / (t_rot * 1e-6) / 1e9,
                     copy_gbps=copy_gbps, bw_frac=nbytes / (t_rot * 1e-6) / 1e9 / copy_gbps)
-            r.update(grid=triton_ops.LAST_LORA_LAUNCH.get("grid"),
-                     programs_per_sm=triton_ops.LAST_LORA_LAUNCH.get("programs_per_sm"),
-                     stages=triton_ops.LAST_LORA_LAUNCH.get("stages"))
+            r.update(grid=LAST_LORA_LAUNCH.get("grid"),
+                     programs_per_sm=LAST_LORA_LAUNCH.get("programs_per_sm"),
+                     stages=LAST_LORA_LAUNCH.get("stages"))
             if i == 0:
                 # Same op on one input set repeated (weights hot in L2 at small M): for reference.
                 r["time_us_hot"] = graph_time_us([fns[0]], inner=16, reps=15)
@@ -347,10 +310,10 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
         # (c) all adapters disabled: the same launch exits early everywhere; vs an empty kernel.
         al = aligns[bm0][0]
         s0 = sets[0]
-        t_off = graph_time_us([lambda: triton_ops.lora_delta(s0["x"], a, b, al, lora_ids, off, k, s0["out"])],
+        t_off = graph_time_us([lambda: lora_delta(s0["x"], a, b, al, lora_ids, off, k, s0["out"])],
                               inner=32, reps=15)
-        t_empty = graph_time_us([lambda: _empty_kernel[(1,)](x1)], inner=32, reps=15)
-        nprog = triton_ops.LAST_LORA_LAUNCH.get("grid")
+        t_empty = graph_time_us([lambda: empty_kernel[(1,)](x1)], inner=32, reps=15)
+        nprog = LAST_LORA_LAUNCH.get("grid")
         row(section="disabled", preset=preset, op="lora_delta_gate_up_all_disabled", dtype="bfloat16", M=M,
             config=cfg_str(bm0, cfg0), programs=nprog, time_us=t_off, empty_kernel_us=t_empty, ratio=t_off / t_empty)
         log(f"lora {preset} M={M}: {ROWS_by(preset, M)['time_us']:.1f} us (target {TARGETS_US[preset][M]}), "
@@ -373,14 +336,14 @@ def time_base(preset, dev, gen):
     for M in TIME_M:
         x = torch.randn(M, K, generator=gen, device=dev).to(dt)
         rw, ids = route(M, E, k, gen, dev)
-        bm = triton_ops.block_m(M, k, E)
+        bm = moe_block_m(M, k, E)
         al = moe_align(ids, E, bm)
         inter = torch.empty(M * k, 2 * I, device=dev, dtype=dt)
         h = torch.randn(M * k, I, generator=gen, device=dev).to(dt)
         down = torch.empty(M * k, K, device=dev, dtype=dt)
         inner = 8 if M <= 1024 else 2
-        t13 = graph_time_us([lambda: triton_ops.moe_gemm(x, w13, al, k, inter)], inner=inner, reps=15)
-        t2 = graph_time_us([lambda: triton_ops.moe_gemm(h, w2, al, k, down, routed_weights=rw, gather=False)],
+        t13 = graph_time_us([lambda: moe_gemm(x, w13, al, k, inter)], inner=inner, reps=15)
+        t2 = graph_time_us([lambda: moe_gemm(h, w2, al, k, down, routed_weights=rw, gather=False)],
                            inner=inner, reps=15)
         try:
             t_al = graph_time_us([lambda: moe_align(ids, E, bm, None, 1)], inner=inner, reps=15)  # as the layer does
@@ -420,7 +383,7 @@ def time_align(preset, dev, gen):
         _, ids = route(M, E, k, gen, dev)
         token_slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
         for slots, ts in ((1, None), (S, token_slot)):
-            bm = triton_ops.lora_block_m(M, k, E, S) if ts is not None else triton_ops.block_m(M, k, E)
+            bm = lora_block_m(M, k, E, S) if ts is not None else moe_block_m(M, k, E)
             same = all(same_alignment(moe_align_torch(ids, E, bm, ts, slots), moe_align_triton(ids, E, bm, ts, slots))
                        for _ in range(3))
             t_torch = graph_time_us([lambda: moe_align_torch(ids, E, bm, ts, slots)], inner=8, reps=15)
@@ -431,22 +394,6 @@ def time_align(preset, dev, gen):
 
 
 # ------------------------------------------------------------------------------------------------
-def git_commit():
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        head = os.path.join(os.path.dirname(__file__), "..", ".git", "HEAD")
-        try:
-            ref = open(head).read().strip()
-            if ref.startswith("ref:"):
-                return open(os.path.join(os.path.dirname(head), ref[5:])).read().strip()
-            return ref
-        except OSError:
-            return "unknown"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for kernels.csv and kernels_meta.json")
@@ -456,13 +403,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                git_commit=git_commit(), interpreter=runtime.interpreter(),
-                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                rank=RANK, slots=S, targets_us=TARGETS_US)
-    if not torch.cuda.is_available():
-        # No GPU: a tiny interpreter smoke check only (the full suite is tests/test_kernels.py).
+    meta = metadata(params=dict(vars(args), interpreter=runtime.interpreter(), rank=RANK, slots=S,
+                                targets_us=TARGETS_US))
+    if not runtime.has_cuda():
+        # No GPU: a tiny interpreter smoke check only (the full suite is tests/kernels/test_kernels.py).
         dev = torch.device("cpu")
         TOL[torch.float32] = 1e-5  # exact fp32 dots under the interpreter
         check_preset("tiny", torch.float32, dev, torch.Generator().manual_seed(0), Ms=(1, 3))

@@ -23,7 +23,7 @@ for step in "$@"; do
     sweep)     python3 scripts/gpu_sweep.py --out "$OUT/sweep" 2>&1 | tail -40 ;;
     backends)  timeout $lim python3 scripts/gpu_backends.py --out "$OUT/backends" $BACKENDS_ARGS 2>&1 | tail -20 ;;
     side)      timeout $lim python3 scripts/gpu_side_by_side.py --out "$OUT/side" $SIDE_ARGS 2>&1 | tail -45 ;;
-    notebooks) timeout $lim python3 -m lora_moe_lab.run_notebooks --out "$OUT/notebooks" --params gpu 2>&1 | tail -20 ;;
+    notebooks) timeout $lim python3 -m lora_moe_lab.nb.runner --out "$OUT/notebooks" --params gpu 2>&1 | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step took $(( $(date +%s) - t0 )) s"

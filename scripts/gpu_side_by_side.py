@@ -4,10 +4,10 @@
 
 A sweep that times one guard after another lets slow drifts of the host (clock, other processes,
 the allocator) land on one guard and not the other. Here every repetition runs the three guards
-back to back in a rotating order, each from an idle GPU, so each ratio compares forwards measured
-within milliseconds of each other. 48 distinct layers, bf16, Triton backend, 8 requests per batch;
-active = share of requests with an adapter. A CUDA-graph replay of the same forward (captured
-once, any guard) is timed in the same rotation.
+back to back in a rotating order, each from an idle GPU (instruments.timing.time_interleaved), so
+each ratio compares forwards measured within milliseconds of each other. 48 distinct layers, bf16,
+Triton backend, 8 requests per batch; active = share of requests with an adapter. A CUDA-graph
+replay of the same forward (captured once, any guard) is timed in the same rotation.
 """
 from __future__ import annotations
 
@@ -18,28 +18,34 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import graphs  # noqa: E402
-from lora_moe_lab.bench import metadata, split_tokens  # noqa: E402
-from lora_moe_lab.guards import GUARDS, count_guard_syncs  # noqa: E402
-from lora_moe_lab.moe import build_lab  # noqa: E402
+from lora_moe_lab.instruments.timing import time_interleaved  # noqa: E402
+from lora_moe_lab.model.graphs import CapturedForward  # noqa: E402
+from lora_moe_lab.model.guards import count_guard_syncs, guard_names  # noqa: E402
+from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
+from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
+
+COLUMNS = ["preset", "layers", "M", "active", "variant", "median_us", "p10_us", "p90_us", "reps", "syncs_per_forward"]
 
 
-def once(fn) -> float:
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3  # us
-
-
-def q(xs, f):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(f * len(xs)))]
+def measure(lab, M: int, act: float, a) -> tuple[dict, dict]:
+    """Timings and guard syncs per forward of every guard and of the graph replay, for one (M, active)."""
+    R = a.requests
+    adapters = ["bench" if i < round(act * R) else None for i in range(R)]
+    counts = split_tokens(M, R)
+    batch, tensors = lab.make_batch(adapters, counts)
+    x = lab.random_input(M)
+    fns = {g: (lambda g=g: lab.model(x, batch, tensors, guard=g)) for g in guard_names()}
+    cap = CapturedForward(lab, counts, guard="cpu_flag")
+    cap.load_batch(x, adapters)
+    fns["graph"] = cap.graph.replay
+    syncs = {}
+    for name, fn in fns.items():  # warm-up (Triton compiles here), counting the guard's syncs
+        with count_guard_syncs() as c:
+            for _ in range(a.warmup):
+                fn()
+        syncs[name] = c.count // a.warmup
+    return time_interleaved(fns, reps=a.reps), syncs
 
 
 def main():
@@ -54,51 +60,33 @@ def main():
     ap.add_argument("--requests", type=int, default=8)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    meta = metadata()
+    meta = metadata(params=vars(a))
     path = os.path.join(a.out, "h200_side_by_side.csv")
-    json.dump({**meta, "params": vars(a)}, open(path.replace(".csv", ".meta.json"), "w"), indent=1)
-    cols = ["preset", "layers", "M", "active", "variant", "median_us", "p10_us", "p90_us", "reps", "syncs_per_forward"]
-    f = open(path, "w", newline="")
-    w = csv.DictWriter(f, fieldnames=cols + list(meta))
-    w.writeheader()
+    with open(path.replace(".csv", ".meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    row_meta = {k: meta[k] for k in META_KEYS}
+    labs = LabCache()  # one 48-layer model on the GPU at a time
     t_start = time.time()
-    for preset in a.presets:
-        lab = build_lab(preset, num_layers=a.layers, dtype="bfloat16", max_loras=4, max_rank=16)
-        lab.pool.load("bench", rank=16)
-        for M in a.tokens:
-            for act in a.active:
-                R = a.requests
-                adapters = ["bench" if i < round(act * R) else None for i in range(R)]
-                counts = split_tokens(M, R)
-                batch, tensors = lab.make_batch(adapters, counts)
-                x = lab.random_input(M)
-                fns = {g: (lambda g=g: lab.model(x, batch, tensors, guard=g)) for g in GUARDS}
-                cap = graphs.CapturedForward(lab, counts, guard="cpu_flag")
-                cap.load_batch(x, adapters)
-                fns["graph"] = cap.graph.replay
-                syncs = {}
-                for name, fn in fns.items():
-                    with count_guard_syncs() as c:
-                        for _ in range(a.warmup):
-                            fn()
-                    syncs[name] = c.count // a.warmup
-                times = {n: [] for n in fns}
-                names = list(fns)
-                for r in range(a.reps):
-                    for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
-                        times[n].append(once(fns[n]))
-                for n, ts in times.items():
-                    row = dict(preset=preset, layers=a.layers, M=M, active=act, variant=n, median_us=q(ts, 0.5),
-                               p10_us=q(ts, 0.1), p90_us=q(ts, 0.9), reps=len(ts), syncs_per_forward=syncs[n])
-                    w.writerow({**row, **meta})
-                f.flush()
-                med = {n: q(ts, 0.5) / 1e3 for n, ts in times.items()}
-                print(f"{preset:18s} M={M:6d} active={act:.1f}  " + "  ".join(f"{n}={v:8.2f}ms" for n, v in med.items())
-                      + f"  sync/cpu_flag={med['sync'] / med['cpu_flag']:.3f}  t={time.time() - t_start:.0f}s", flush=True)
-                del cap
-        del lab
-        torch.cuda.empty_cache()
-    f.close()
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS + list(row_meta))
+        w.writeheader()
+        for preset in a.presets:
+            lab = labs.get(adapter=("bench", 16), preset=preset, num_layers=a.layers, dtype="bfloat16",
+                           max_loras=4, max_rank=16)
+            for M in a.tokens:
+                for act in a.active:
+                    times, syncs = measure(lab, M, act, a)
+                    for n, t in times.items():
+                        w.writerow(dict(preset=preset, layers=a.layers, M=M, active=act, variant=n,
+                                        median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, reps=t.reps,
+                                        syncs_per_forward=syncs[n], **row_meta))
+                    f.flush()
+                    med = {n: t.median_us / 1e3 for n, t in times.items()}
+                    print(f"{preset:18s} M={M:6d} active={act:.1f}  "
+                          + "  ".join(f"{n}={v:8.2f}ms" for n, v in med.items())
+                          + f"  sync/cpu_flag={med['sync'] / med['cpu_flag']:.3f}  t={time.time() - t_start:.0f}s",
+                          flush=True)
+    labs.free()
     import pandas as pd
 
     df = pd.read_csv(path)

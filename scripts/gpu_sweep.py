@@ -1,7 +1,7 @@
 """The H200 reproduction sweep: the per-layer guard sync at full depth, two model shapes.
 
     PYTHONPATH=. python3 scripts/gpu_sweep.py --out DIR        # (scripts/gpu_run.sh sweep)
-    -> DIR/h200_sweep.csv        one tidy row per measurement (lora_moe_lab.bench schema)
+    -> DIR/h200_sweep.csv        one tidy row per measurement (lora_moe_lab.instruments.bench schema)
        DIR/h200_sweep.meta.json  GPU, torch, triton, CUDA, commit, date, the sweep specs
     then copy both to data/sweep/.
 
@@ -14,10 +14,10 @@ Each row: 1 untimed forward that counts the guard's syncs, 3 warm-up forwards, 1
 forwards (CUDA events, each from an idle GPU); median, p10, p90.
 
 Same data from the CLI (two calls per preset, the second with --resume):
-    python -m lora_moe_lab.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
+    python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
         --tokens 16 128 1024 4096 16384 --guards sync cpu_flag launch_always --active 0 0.5 \
         --mode eager --warmup 3 --reps 10 --out data/sweep/h200_sweep.csv
-    python -m lora_moe_lab.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
+    python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
         --tokens 128 4096 --guards cpu_flag launch_always --active 0 0.5 --mode graph \
         --warmup 3 --reps 10 --out data/sweep/h200_sweep.csv --resume
 (the script also keeps one model per preset for both sweeps instead of building it twice).
@@ -33,7 +33,6 @@ On a machine without a GPU, --quick runs the same pipeline on the tiny preset (e
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -44,52 +43,33 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.bench import SweepSpec, clean, metadata, run_sweep, time_lost_per_sync  # noqa: E402
+from lora_moe_lab.instruments.bench import SweepSpec, clean, run_sweep, time_lost_per_sync  # noqa: E402
+from lora_moe_lab.model.lab import LabCache, build_lab  # noqa: E402
+from lora_moe_lab.provenance import DATA, metadata  # noqa: E402
 
 PRESETS = ["qwen3-30b-a3b", "qwen3-30b-a3b-tp4"]
 TOKENS = [16, 128, 1024, 4096, 16384]
 GRAPH_TOKENS = [128, 4096]
 
 
-class KeepLab:
-    """A build function for run_sweep that hands back the same model for the same arguments, so the
-    eager and the graph sweep of one preset share it (one 58 GB model on the GPU at a time)."""
-
-    def __init__(self):
-        self.key, self.lab = None, None
-
-    def __call__(self, **kw):
-        from lora_moe_lab.moe import build_lab
-
-        key = tuple(sorted(kw.items()))
-        if key != self.key:
-            self.drop()
-            t0 = time.perf_counter()
-            self.lab = build_lab(**kw)
-            runtime.synchronize()
-            print(f"built {kw['preset']} x {kw['num_layers']} layers in {time.perf_counter() - t0:.1f} s", flush=True)
-            self.key = key
-        return self.lab
-
-    def drop(self):
-        self.key, self.lab = None, None
-        gc.collect()
-        if runtime.has_cuda():
-            torch.cuda.empty_cache()
+def timed_build(**kw):
+    """build_lab, saying how long it took (48 layers of random bf16 weights are made on the GPU)."""
+    t0 = time.perf_counter()
+    lab = build_lab(**kw)
+    runtime.synchronize()
+    print(f"built {kw['preset']} x {kw['num_layers']} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+    return lab
 
 
 def prewarm(preset: str, rank: int) -> None:
     """Compile the Triton kernels for every config the launch tables pick (one binary per config)."""
     if not runtime.has_cuda():
         return
-    try:
-        from lora_moe_lab import triton_ops
-    except Exception as e:  # pragma: no cover
-        print(f"no triton warm-up: {e}")
-        return
+    from lora_moe_lab.ops.triton_backend import warmup
+
     t0 = time.perf_counter()
     try:
-        n = triton_ops.warmup(preset, torch.bfloat16, max_loras=4, max_rank=rank)
+        n = warmup(preset, torch.bfloat16, max_loras=4, max_rank=rank)
     except Exception as e:  # noqa: BLE001 - the rows' own warm-up compiles what is missing
         print(f"triton warm-up failed ({type(e).__name__}: {e}); compiling during the first rows", flush=True)
         return
@@ -113,7 +93,7 @@ def wide_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="data/sweep", help="output directory (default data/sweep)")
+    ap.add_argument("--out", default=str(DATA / "sweep"), help="output directory (default data/sweep)")
     ap.add_argument("--name", default="h200_sweep", help="file stem (default h200_sweep)")
     ap.add_argument("--presets", nargs="+", default=PRESETS)
     ap.add_argument("--layers", type=int, default=48)
@@ -136,7 +116,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     budget = 60 * a.max_minutes
     m = metadata()
-    print(f"{m['gpu']} | torch {m['torch']} | triton {m['triton']} | cuda {m['cuda']} | commit {m['git_commit'][:12]}",
+    print(f"{m['gpu']} | torch {m['torch']} | triton {m['triton']} | cuda {m['cuda']} | commit {m['commit'][:12]}",
           flush=True)
     if not runtime.has_cuda():
         print("no CUDA GPU: eager rows only, wall-clock timing (graph rows need a GPU)")
@@ -147,9 +127,10 @@ def main(argv=None) -> int:
               f"{row['mode']:5s} {ms} syncs={row['syncs_per_forward']} t={time.perf_counter() - t_start:6.1f}s",
               flush=True)
 
-    keep = KeepLab()
-    common = dict(layers=[a.layers], active=a.active, ranks=[a.rank], warmup=a.warmup, reps=a.reps,
-                  dtype="bfloat16" if runtime.has_cuda() else "float32")
+    # run_sweep frees its models when it returns; this cache outlives it, so the eager and the graph
+    # sweep of one preset share one model (one 58 GB model on the GPU at a time).
+    keep = LabCache(timed_build)
+    common = dict(layers=[a.layers], active=a.active, ranks=[a.rank], warmup=a.warmup, reps=a.reps)
     df = None
     for preset in a.presets:
         left = budget - (time.perf_counter() - t_start)
@@ -164,15 +145,16 @@ def main(argv=None) -> int:
                                    modes=["graph"], **common))
         for spec in specs:
             left = budget - (time.perf_counter() - t_start)
-            df = run_sweep(spec, out, resume=True, progress=False, on_row=on_row, build=keep, max_seconds=max(left, 0))
-        keep.drop()
+            df = run_sweep(spec, out, resume=True, progress=False, on_row=on_row, build=keep.get,
+                           max_seconds=max(left, 0))
+        keep.free()
     if df is None:
         return 1
     total = time.perf_counter() - t_start
     print(f"\n{len(df)} rows in {out} ({int(df['error'].notna().sum())} with errors), {total:.0f} s")
     if not a.no_fit and budget - total > 45:
         try:
-            from lora_moe_lab import simulate as sim
+            from lora_moe_lab import sim
 
             f = sim.fit(df, iters=200)
             p = f.params

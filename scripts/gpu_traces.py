@@ -4,7 +4,7 @@
 
 For each size M (decode-like 16 tokens, prefill-like 4096) and guard (sync, cpu_flag,
 launch_always): an eager forward, and (cpu_flag, launch_always) a CUDA-graph replay of the whole
-forward (lora_moe_lab.graphs, when present; a `sync` guard cannot be captured). Each trace keeps
+forward (lora_moe_lab.model.graphs; a `sync` guard cannot be captured). Each trace keeps
 2 forwards (warm-up excluded), gzipped (< 1 MB), and writes:
 
     DIR/<preset>_<guard>_<mode>_M<m>.json.gz     chrome trace (opens in ui.perfetto.dev)
@@ -27,21 +27,13 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import runtime, syncs, trace  # noqa: E402
-from lora_moe_lab.meta import metadata  # noqa: E402
-from lora_moe_lab.moe import build_lab  # noqa: E402
-
-try:
-    from lora_moe_lab import graphs
-except Exception:  # pragma: no cover - graphs module missing
-    graphs = None
+from lora_moe_lab import runtime  # noqa: E402
+from lora_moe_lab.instruments import syncs, trace  # noqa: E402
+from lora_moe_lab.model.graphs import CapturedForward  # noqa: E402
+from lora_moe_lab.model.lab import build_lab, split_tokens  # noqa: E402
+from lora_moe_lab.provenance import metadata  # noqa: E402
 
 MAX_BYTES = 1_000_000
-
-
-def split_tokens(tokens: int, requests: int) -> list[int]:
-    base, extra = divmod(tokens, requests)
-    return [base + (1 if i < extra else 0) for i in range(requests)]
 
 
 def sync_tool_check(fn, guard: str) -> dict:
@@ -74,7 +66,7 @@ def record(lab, args, M: int, guard: str, mode: str, out_dir: str) -> dict:
         def fn():
             return lab.model(x, batch, tensors, guard=guard)
     else:
-        cg = graphs.CapturedForward(lab, counts, guard=guard)
+        cg = CapturedForward(lab, counts, guard=guard)
         cg.load_batch(x, adapters)  # in place, before profiling: the trace holds replays only
         fn = cg.replay
     runtime.synchronize()
@@ -85,7 +77,7 @@ def record(lab, args, M: int, guard: str, mode: str, out_dir: str) -> dict:
                   requests=R, token_counts=counts, adapters=adapters, max_loras=args.max_loras,
                   max_rank=args.rank, dtype=args.dtype, backend=args.backend,
                   n_warmup=args.warmup, n_active=args.active, kept_forwards=args.keep,
-                  cuda_sync_events=trace._experimental_config() is not None)
+                  cuda_sync_events=trace.sync_events_config() is not None)
     t0 = time.perf_counter()
     t = trace.profile_forwards(fn, n_warmup=args.warmup, n_active=args.active, path=path,
                                labels=params, keep_forwards=args.keep)
@@ -143,15 +135,14 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-loras", type=int, default=4)
     p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on CPU")
     p.add_argument("--backend", default="auto")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--active", type=int, default=3)
     p.add_argument("--keep", type=int, default=2, help="forwards kept in each trace")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if not runtime.has_cuda() and args.dtype == "bfloat16":
-        args.dtype = "float32"  # CPU smoke test
+    args.dtype = runtime.resolve_dtype(args.dtype)  # recorded in every trace's params
     lab = build_lab(preset=args.preset, num_layers=args.layers, max_loras=args.max_loras,
                     max_rank=args.rank, dtype=args.dtype, device="auto", backend=args.backend, seed=0)
     lab.pool.load("a0", rank=args.rank)
@@ -161,7 +152,7 @@ def main(argv=None) -> int:
         for M in args.tokens:
             for guard in args.guards:
                 for mode in args.modes:
-                    if mode == "graph" and (guard == "sync" or graphs is None or not runtime.has_cuda()):
+                    if mode == "graph" and (guard == "sync" or not runtime.has_cuda()):
                         continue  # a sync cannot be captured; graphs need CUDA
                     label = f"{guard}/{mode}/M{M}"
                     try:

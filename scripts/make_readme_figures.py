@@ -5,18 +5,21 @@
 Builds plotly figures from data/ with the library's own plot builders, writes them as standalone
 HTML and screenshots them with headless Chromium (Debian's `chromium`).
 """
+import argparse
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 import plotly.graph_objects as go
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from lora_moe_lab import plots, trace  # noqa: E402
+from lora_moe_lab.instruments import trace  # noqa: E402
+from lora_moe_lab.instruments.bench import load_sweep  # noqa: E402
+from lora_moe_lab.provenance import DATA, label  # noqa: E402
+from lora_moe_lab.ui import plots  # noqa: E402
 
 
 def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:
@@ -34,7 +37,7 @@ def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:
 
 
 def ratio_figure() -> go.Figure:
-    df = pd.read_csv(ROOT / "data/sweep/h200_side_by_side.csv")
+    df = load_sweep(DATA / "sweep/h200_side_by_side.csv")  # older files: git_commit is read as commit
     df = df[df.active == 0]
     p = df.pivot_table(index=["preset", "M"], columns="variant", values="median_us").reset_index()
     fig = go.Figure()
@@ -42,21 +45,27 @@ def ratio_figure() -> go.Figure:
         fig.add_bar(x=[str(m) for m in g.M], y=g.sync / g.cpu_flag, name=f"sync / cpu_flag, {preset}",
                     text=[f"{v:.2f}x" for v in g.sync / g.cpu_flag], textposition="outside")
     fig.add_hline(y=1.0, line_dash="dot")
-    meta = df.iloc[0]
     fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag "
-                            f"({meta.gpu}, commit {meta.git_commit})",
+                            f"({label(df.iloc[0].to_dict())})",
                       xaxis_title="tokens per forward (M)", yaxis_title="forward time ratio", barmode="group",
                       yaxis_range=[0.9, 1.65], legend=dict(orientation="h", y=-0.25), margin=dict(t=60))
     return fig
 
 
 def timeline_figure() -> go.Figure:
-    t = trace.load_trace(ROOT / "data/traces/qwen3-30b-a3b_sync_eager_M4096.json.gz")
+    t = trace.load_trace(DATA / "traces/qwen3-30b-a3b_sync_eager_M4096.json.gz")
     f = int(t.forwards.forward.iloc[-1])
     return plots.timeline(t, forward=f, title="guard=sync, 8 layers, M=4096 on an H200: one bubble after each .item()")
 
 
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for the two PNGs (default docs/)")
+    out = ap.parse_args(argv).out
+    out.mkdir(parents=True, exist_ok=True)
+    shoot(ratio_figure(), out / "guard_ratio.png", 1000, 480)
+    shoot(timeline_figure(), out / "timeline_sync.png", 1400, 520)
+
+
 if __name__ == "__main__":
-    (ROOT / "docs").mkdir(exist_ok=True)
-    shoot(ratio_figure(), ROOT / "docs/guard_ratio.png", 1000, 480)
-    shoot(timeline_figure(), ROOT / "docs/timeline_sync.png", 1400, 520)
+    main()

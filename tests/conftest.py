@@ -11,6 +11,7 @@ import lora_moe_lab  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel
 import torch  # noqa: E402
 
 from lora_moe_lab import runtime  # noqa: E402
+from lora_moe_lab.ops.reference import tolerance  # noqa: E402
 
 
 def rel_err(a, b):
@@ -24,5 +25,5 @@ def device():
 
 
 def fp32_tol(device):
-    """DESIGN.md: fp32 exact paths (CPU, interpreter) < 1e-5; fp32 on GPU with tf32 dots < 5e-3."""
-    return 5e-3 if torch.device(device).type == "cuda" else 1e-5
+    """The fp32 tolerance (ops/reference.py: fp32 exact paths < 1e-5; fp32 on GPU with tf32 dots < 5e-3)."""
+    return tolerance(torch.float32, device)

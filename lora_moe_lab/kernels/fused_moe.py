@@ -1,4 +1,4 @@
-"""Base fused-MoE grouped GEMM (one `@triton.jit` kernel; the launcher is `lora_moe_lab.triton_ops.moe_gemm`).
+"""Base fused-MoE grouped GEMM (the `@triton.jit` kernel and its launcher `moe_gemm`).
 
 The (token, k) pairs were grouped by expert and padded to blocks of BLOCK_M rows by the alignment
 (`kernels/align.py`). One program computes a BLOCK_M x BLOCK_N tile of
@@ -13,6 +13,10 @@ num_pairs and are masked out of loads and stores.
 """
 import triton
 import triton.language as tl
+
+from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
+                     check_tensor, num_pairs_of, stages_for)
+from .configs import GemmConfig, gemm_config
 
 
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
@@ -86,3 +90,46 @@ def fused_moe_kernel(
         acc = acc * rw[:, None]
     out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------
+def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None):
+    """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
+
+    x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
+    """
+    check_tensor("x", x, 2, FLOAT_DTYPES)
+    dev = x.device
+    check_compute_dtype(x)
+    check_tensor("w", w, 3, (x.dtype,), dev)
+    check_tensor("out", out, 2, (x.dtype,), dev)
+    E, N, K = w.shape
+    if x.shape[1] != K:
+        raise ValueError(f"x has K={x.shape[1]} columns but w is (E, N, K)={tuple(w.shape)}")
+    if out.shape[1] != N:
+        raise ValueError(f"out must have N={N} columns (w is {tuple(w.shape)}), got shape {tuple(out.shape)}")
+    num_pairs = num_pairs_of(x, top_k, gather, out)
+    bm = check_alignment(align, num_pairs, E, None, dev, "moe_gemm")
+    if align.sorted_token_ids.shape[0] != 1:
+        raise ValueError(f"moe_gemm takes an alignment with one slot (S=1), got S={align.sorted_token_ids.shape[0]}")
+    check_routed_weights(routed_weights, num_pairs, top_k, dev)
+    M = num_pairs // top_k
+    cfg = config or gemm_config(M, bm, N, K)
+    nb = align.expert_ids.shape[1]
+    # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
+    # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.
+    nb_launch = min(nb, num_pairs)
+    grid = (nb_launch * cdiv(N, cfg.block_n),)
+    rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
+    stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size())
+    fused_moe_kernel[grid](
+        x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
+        N, K, num_pairs, nb_launch, top_k,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        GATHER=bool(gather), HAS_RW=routed_weights is not None,
+        num_warps=cfg.num_warps, num_stages=stages,
+    )
+    return out

@@ -1,5 +1,5 @@
-"""Fused MoE-LoRA shrink + expand (a `@triton.jit` kernel and its per-item helper; launcher:
-`lora_moe_lab.triton_ops.lora_delta`).
+"""Fused MoE-LoRA shrink + expand (the `@triton.jit` kernel, its per-item helper,
+and its launcher `lora_delta`).
 
 For every adapter slot s and every (token, k) pair of that slot routed to expert e:
 
@@ -20,7 +20,7 @@ The grid is persistent: a few programs per SM (a static number), each loops over
 g = pid, pid + nprog, ... The items are enumerated from the slot metadata only, live slots' busy
 blocks first to last, so there are no idle programs at large M and no per-block launch cost.
 
-Early exit (DESIGN.md): no activation or weight is loaded for a slot whose lora_ids entry is -1,
+Early exit (docs/design.md): no activation or weight is loaded for a slot whose lora_ids entry is -1,
 whose adapter is disabled, for blocks at or past the slot's num_tokens_post_padded (those three
 are decided for all slots at once from one round of metadata loads: with every slot disabled
 each program returns right there, so the launch costs about an empty launch), or for a block
@@ -30,8 +30,18 @@ exit_ptr: 0 ran, 1 lora_id -1, 2 disabled, 3 past the end, 4 expert -1.
 The rank is zero-padded to the pool's max rank R; BLOCK_R = next power of two >= max(R, 16) (the
 matrix units need 16) and rows >= R are masked, so smaller ranks cost nothing extra in memory.
 """
+import torch
 import triton
 import triton.language as tl
+
+from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
+                     check_tensor, num_pairs_of, num_sms, occupancy, pow2, stages_for)
+from .configs import LoRAKernelConfig, block_r, lora_config
+
+# The exit codes the kernel writes with WRITE_EXIT (the rule itself is in the kernel below and, for
+# the host, in ops/reference.py:exit_codes).
+EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_id = -1 (empty slot)", 2: "exit: adapter disabled",
+              3: "exit: block past num_tokens_post_padded", 4: "exit: expert id = -1"}
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
@@ -182,3 +192,117 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, p
             if HAS_RW:
                 d1 = d1 * rw[:, None]
             tl.store(o_ptrs + N * stride_on, (o1.to(tl.float32) + d1).to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------------------------
+_OCCUPANCY: dict = {}  # compiled-kernel key -> programs of it that fit on one SM at once
+LAST_LORA_LAUNCH: dict = {}  # grid and tiles of the last lora_delta launch (benchmarks, notebooks)
+
+
+def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None,
+               gather=True, exit_codes=None, config: LoRAKernelConfig | None = None):
+    """ADD the LoRA delta into `out` in place (see ops/torch_backend.py: lora_delta for the exact contract).
+
+    lora_a (P, S, E, r, K), lora_b (P, S, E, N, r), out (M*top_k, P*N); align: per-adapter Alignment
+    with S slots. exit_codes: optional int32 (S, EM // BM) that receives each program's exit code.
+    """
+    check_tensor("x", x, 2, FLOAT_DTYPES)
+    dev = x.device
+    check_compute_dtype(x)
+    check_tensor("lora_a", lora_a, 5, (x.dtype,), dev)
+    check_tensor("lora_b", lora_b, 5, (x.dtype,), dev)
+    check_tensor("out", out, 2, (x.dtype,), dev)
+    P, S, E, R, K = lora_a.shape
+    if P not in (1, 2):
+        raise ValueError(f"lora_a must have 1 or 2 slices (P), got shape {tuple(lora_a.shape)}")
+    Pb, Sb, Eb, N, Rb = lora_b.shape
+    for nm, a, b in (("slices P", P, Pb), ("slots S", S, Sb), ("experts E", E, Eb), ("rank r", R, Rb)):
+        if a != b:
+            raise ValueError(f"lora_a {tuple(lora_a.shape)} and lora_b {tuple(lora_b.shape)} disagree on {nm}: {a} vs {b}")
+    if x.shape[1] != K:
+        raise ValueError(f"x has K={x.shape[1]} columns but lora_a is (P, S, E, r, K)={tuple(lora_a.shape)}")
+    if out.shape[1] != P * N:
+        raise ValueError(f"out must have P*N={P}*{N}={P * N} columns, got shape {tuple(out.shape)}")
+    num_pairs = num_pairs_of(x, top_k, gather, out)
+    bm = check_alignment(align, num_pairs, E, S, dev, "lora_delta")
+    for nm, t in (("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled)):
+        check_tensor(nm, t, 1, (torch.int32,), dev)
+        if t.shape != (S,):
+            raise ValueError(f"{nm} must be (S,)=({S},), got {tuple(t.shape)}")
+    check_routed_weights(routed_weights, num_pairs, top_k, dev)
+    nb = align.expert_ids.shape[1]
+    if exit_codes is not None:
+        check_tensor("exit_codes", exit_codes, 2, (torch.int32,), dev)
+        if exit_codes.shape != (S, nb):
+            raise ValueError(f"exit_codes must be (S, EM // block_m)=({S}, {nb}), got {tuple(exit_codes.shape)}")
+    if R == 0:
+        return out  # nothing to add; decided from the static shape
+    plan = _lora_plan(dev, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+                      routed_weights is not None, exit_codes is not None, config)
+    cfg, split, br, stages, key, pps, grid = (plan[k] for k in ("cfg", "split", "br", "stages", "key", "pps", "grid"))
+    n_per_split = plan["n_per_split"]
+    rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
+    ex = exit_codes if exit_codes is not None else align.expert_ids
+    compiled = fused_moe_lora_kernel[grid](
+        x, lora_a, lora_b, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
+        lora_ids, adapter_enabled, rw, ex,
+        N, K, R, num_pairs, nb, top_k, n_per_split,
+        x.stride(0), x.stride(1),
+        *lora_a.stride(), *lora_b.stride(),
+        out.stride(0), out.stride(1),
+        align.sorted_token_ids.stride(0), align.expert_ids.stride(0),
+        NUM_SLOTS=S, SLOTS_POW2=pow2(S),
+        P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
+        GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
+        num_warps=cfg.num_warps, num_stages=stages,
+    )
+    if key not in _OCCUPANCY and dev.type == "cuda":
+        _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
+    LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg)
+    return out
+
+
+def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, config):
+    M = num_pairs // top_k
+    cfg = config or lora_config(M, top_k, E, S, bm, N, K)
+    n_tiles = cdiv(N, cfg.block_n)
+    split = max(1, min(cfg.split_n, n_tiles))
+    n_per_split = cdiv(n_tiles, split) * cfg.block_n
+    # Persistent grid, from static shapes only: a few programs per SM, never more than the work
+    # items there can be (busy blocks of a slot number at most num_pairs: each holds a pair).
+    # Programs per SM: the config's cap, lowered to what fits on an SM at once (known after the first
+    # compile of this variant; `warmup` makes that happen before any capture). All programs then run
+    # in one wave: an all-disabled launch costs one round of metadata loads, and no program waits
+    # for a slot while others hold several items.
+    max_items = S * min(nb, num_pairs) * split
+    br = block_r(R)
+    elt = torch.empty(0, dtype=dtype).element_size()
+    stages = stages_for(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * elt)
+    key = (dev, dtype, N, K, R, P, bm, cfg, split, stages, gather, has_rw, write_exit)
+    pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
+    grid = (max(1, min(max_items, num_sms(dev) * pps)),)
+    return dict(cfg=cfg, split=split, n_per_split=n_per_split, br=br, stages=stages, key=key, pps=pps, grid=grid,
+                max_items=max_items)
+
+
+def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_weights=None, exit_codes=False,
+                     config: LoRAKernelConfig | None = None) -> dict:
+    """What `lora_delta` launches for these inputs, from static shapes only (for notebooks/program maps).
+
+    The grid is persistent: `programs` programs loop over work items (slot, token block, N share):
+    at most `work_items_max` of them, the live slots' busy blocks; each program takes every
+    `programs`-th item. `programs_per_sm` is the config's cap until the first launch of this
+    variant has measured what fits on an SM (then that)."""
+    P, S, E, R, K = lora_a.shape
+    N = lora_b.shape[3]
+    num_pairs = x.shape[0] * top_k if gather else x.shape[0]
+    bm, nb = align.block_m, align.expert_ids.shape[1]
+    p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+                   routed_weights is not None, bool(exit_codes), config)
+    c = p["cfg"]
+    return dict(slots_S=S, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
+                EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
+                programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)

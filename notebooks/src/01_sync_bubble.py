@@ -29,10 +29,10 @@ import torch
 import plotly.graph_objects as go
 import pandas as pd
 
-from lora_moe_lab import notebook as nbk
-from lora_moe_lab.guards import count_guard_syncs
-from lora_moe_lab.lora import LoRABatchInfo, LoRABatchTensors
-from lora_moe_lab.moe import build_lab
+from lora_moe_lab.model.guards import count_guard_syncs
+from lora_moe_lab.model.lab import build_lab
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
+from lora_moe_lab.nb import params as nbk
 
 nbk.check_preset(preset)
 for _n in ("num_layers", "num_requests", "tokens_per_request"):
@@ -100,7 +100,8 @@ assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0)
 # On a GPU this cell profiles the model live; without one it loads traces recorded on an H200.
 
 # %%
-from lora_moe_lab import plots, trace
+from lora_moe_lab.instruments import trace
+from lora_moe_lab.ui import plots
 
 TRACE_DIR = nbk.DATA / "traces"
 traces = {}

@@ -34,9 +34,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from lora_moe_lab import early_exit as ee, notebook as nbk, runtime
-from lora_moe_lab.lora import LoRAInfo, check_flag_against_device
-from lora_moe_lab.moe import build_lab
+from lora_moe_lab import runtime
+from lora_moe_lab.provenance import label
+from lora_moe_lab.instruments import early_exit as ee
+from lora_moe_lab.model.lab import build_lab
+from lora_moe_lab.model.lora import LoRAInfo, check_flag_against_device
+from lora_moe_lab.nb import params as nbk
+from lora_moe_lab.ops.reference import tolerance
+from lora_moe_lab.ui.kernel_plots import exit_map_figure
 
 nbk.check_preset(preset)
 for _n in ("num_tokens", "num_requests", "rank", "max_loras", "num_layers"):
@@ -158,7 +163,7 @@ print("kernel exit codes == host computation for", list(results))
 
 # %%
 for name in ("none", "some", "all"):
-    ee.exit_map_figure(results[name], cases[name],
+    exit_map_figure(results[name], cases[name],
                        title=f"adapters: {name} — {patterns[name]}").show()
 
 # %% [markdown]
@@ -170,7 +175,7 @@ for name in ("none", "some", "all"):
 # the persistent loop only walks the busy part. Empty slots exit at check 1 in every pattern.
 
 # %%
-ee.exit_map_figure(results["all, block (0,0) expert -1"], case_ep,
+exit_map_figure(results["all, block (0,0) expert -1"], case_ep,
                    title="all adapters, block (slot 0, b 0) marked expert -1").show()
 summary = pd.concat({name: ee.exit_summary(c).set_index("slot") for name, c in results.items()}, names=["pattern"])
 summary.fillna(0).astype(int)
@@ -188,7 +193,7 @@ assert np.array_equal(codes_unl.cpu().numpy(), ee.host_exit_codes(case_unl.align
                                                                   case_unl.adapter_enabled))
 slot_b = 1
 assert (codes_unl[slot_b].cpu() == 1).all(), codes_unl
-ee.exit_map_figure(codes_unl, case_unl, title="slot 1 unloaded (lora_ids[1] = -1)").show()
+exit_map_figure(codes_unl, case_unl, title="slot 1 unloaded (lora_ids[1] = -1)").show()
 results["b unloaded"], outs["b unloaded"], cases["b unloaded"] = codes_unl, out_unl, case_unl
 _ = lab.pool.load("b", rank=max(1, rank // 2))  # back in slot 1 for what follows
 
@@ -196,12 +201,12 @@ _ = lab.pool.load("b", rank=max(1, rank // 2))  # back in slot 1 for what follow
 # ## Correct where it works, untouched where it exits
 # The kernel *adds* the delta into the intermediate in place. For every pattern: the rows of
 # tokens that use an enabled adapter must match the float64 reference (`reference.ref_lora_delta`)
-# within the tolerance of DESIGN.md (fp32 under the interpreter < 1e-5, fp32 on a GPU with tf32
+# within the tolerances of docs/design.md (fp32 under the interpreter < 1e-5, fp32 on a GPU with tf32
 # dots < 5e-3, bf16/fp16 < 2e-2); every other row must be **bit for bit** what it was before.
 # A second launch without the exit-code buffer (the normal, shorter grid) must agree too.
 
 # %%
-tol = ee.tolerance(lab.dtype, lab.device)
+tol = tolerance(lab.dtype, lab.device)
 rows = []
 for name, case in cases.items():
     for launch, out in (("exit-code mode", outs[name]), ("normal launch", ee.run_delta(case))):
@@ -245,8 +250,7 @@ else:
         print("No GPU here, and no recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by "
               "scripts/gpu_kernels.py). Run this notebook on a GPU to measure the launch costs live.")
     else:
-        src = (f"recorded on {meta.get('gpu', 'a GPU')}, {str(meta.get('date', ''))[:10]}, "
-               f"commit {str(meta.get('git_commit', meta.get('commit', '')))[:7]}")
+        src = f"recorded: {label(meta)}"
         print(src, "(no launch: 0 us by definition)")
         fig = go.Figure()
         for (kernel, preset_name), g in rec.groupby(["kernel", "preset"], sort=False):

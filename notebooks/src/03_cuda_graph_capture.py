@@ -32,9 +32,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from lora_moe_lab import graphs, notebook as nbk
-from lora_moe_lab.guards import count_guard_syncs
-from lora_moe_lab.moe import build_lab
+from lora_moe_lab.model import graphs
+from lora_moe_lab.model.guards import count_guard_syncs
+from lora_moe_lab.model.lab import build_lab
+from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.runtime import capture_mode
 
 nbk.check_preset(preset)

@@ -6,14 +6,14 @@
 # replay — then press **Run**.
 #
 # What is measured (on a GPU): one forward of the mini MoE model, timed with CUDA events from an
-# idle device (see `lora_moe_lab.bench`): it covers the host issuing every kernel while the GPU
+# idle device (see `lora_moe_lab.instruments.timing`): it covers the host issuing every kernel while the GPU
 # runs them, and every host-device sync the guard makes. With the `sync` guard, each layer's
 # `.item()` makes the host wait until the GPU has drained its queue; the GPU then idles until the
 # host has issued the next kernels. The difference to `cpu_flag` is the price of those bubbles.
 # In graph mode the whole forward is one `cudaGraphLaunch`: no per-kernel launch cost, and no
 # guard syncs (every guard records the LoRA kernels; they exit early on the GPU).
 #
-# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.simulate`) and the
+# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.sim`) and the
 # sweep recorded on an H200 (`data/sweep/*.csv`, when present) instead — the panel says which
 # numbers come from where. Moving a control redraws the view (simulator curves, recorded points,
 # your live points); **Run** adds rows to the results table. A long run shows its progress and
@@ -36,8 +36,11 @@ device = "auto"          # auto, cpu or cuda
 
 import pandas as pd
 
-from lora_moe_lab import bench, notebook as nbk, simulate as sim, widgets
-from lora_moe_lab.notebook import NotebookParameterError
+from lora_moe_lab import sim
+from lora_moe_lab.instruments import bench
+from lora_moe_lab.nb import params as nbk
+from lora_moe_lab.nb.params import NotebookParameterError
+from lora_moe_lab.ui import widgets
 
 nbk.check_preset(preset)
 for _n in ("num_layers", "tokens", "rank", "reps"):

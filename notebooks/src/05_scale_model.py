@@ -6,7 +6,7 @@
 # enough to reason about, fitted to what one GPU measured, checked against it, and then pushed to
 # the production setting that no single GPU here runs (TP=4, 48 layers, 128 × 2048 input tokens).
 #
-# The model (`lora_moe_lab.simulate`) is a queue. The host issues ops one after another, each
+# The model (`lora_moe_lab.sim`) is a queue. The host issues ops one after another, each
 # costing host time (PyTorch dispatch + the launch call); the GPU runs the queue in order, each op
 # starting once it has been issued *and* the previous op has finished. While the host stays ahead,
 # launch costs are hidden. A sync (`.item()` → `cudaStreamSynchronize`) blocks the host until the
@@ -33,8 +33,12 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from lora_moe_lab import bench, notebook as nbk, plots, sim_plots, simulate as sim, trace, widgets
-from lora_moe_lab.notebook import NotebookParameterError
+from lora_moe_lab import sim
+from lora_moe_lab.instruments import bench, trace
+from lora_moe_lab.model.guards import guard_names
+from lora_moe_lab.nb import params as nbk
+from lora_moe_lab.nb.params import NotebookParameterError
+from lora_moe_lab.ui import plots, sim_plots, widgets
 
 nbk.check_preset(fit_preset)
 for _n in ("fit_iters", "syncs_per_layer", "timeline_tokens", "timeline_layers"):
@@ -78,7 +82,7 @@ else:
     truth = sim.CostModel(launch_us=6.5, sync_us=20.0, graph_launch_us=30.0, kernel_us=2.2, tflops=320.0, tbps=3.0)
     rng = np.random.default_rng(seed)
     rows = []
-    for L, M, g, mode in itertools.product([8, 48], [16, 256, 4096], sim.GUARDS, ["eager", "graph"]):
+    for L, M, g, mode in itertools.product([8, 48], [16, 256, 4096], guard_names(), ["eager", "graph"]):
         t = sim.forward_us(fit_preset, M, g, layers=L, mode=mode, params=truth, active=0.5, rank=16)
         rows.append(dict(gpu="synthetic", preset=fit_preset, layers=L, tokens=M, guard=g, active=0.5, rank=16,
                          mode=mode, dtype="bfloat16", median_us=t * float(np.exp(0.03 * rng.standard_normal())),

@@ -1,0 +1,454 @@
+"""Benchmark sweeps and their CLI: every combination of presets, layers, tokens, guards, active
+fractions, ranks and modes, timed with `instruments.timing` and appended as tidy CSV rows (one
+per finished measurement, flushed at once) with the metadata of `provenance`.
+
+    python -m lora_moe_lab.instruments.bench sweep --preset tiny --tokens 16 64 --guards sync cpu_flag \
+        --active 0 0.5 --mode eager --reps 5 --out build/tiny.csv
+    python -m lora_moe_lab.instruments.bench sweep ... --out build/tiny.csv --resume  # finish a sweep
+    python -m lora_moe_lab.instruments.bench lost build/tiny.csv        # time lost per sync
+    python -m lora_moe_lab.instruments.bench meta                       # what a row's metadata is
+
+(`lora-moe-bench` is the same CLI.) The guard choices are the registry's (`model.guards`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .. import runtime
+from ..config import PRESETS, check_dtype, get_shape
+from ..model.graphs import GraphForward
+from ..model.guards import count_guard_syncs, guard_names
+from ..model.lab import LabCache, split_tokens
+from ..provenance import META_KEYS, metadata, normalize_meta
+from .timing import _check_counts, time_device
+
+MODES = ("eager", "graph")
+
+META_COLUMNS = list(META_KEYS)
+KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests"]
+RESULT_COLUMNS = ["warmup", "reps", "median_us", "p10_us", "p90_us", "mean_us", "wall_median_us", "timer",
+                  "syncs_per_forward", "error"]
+COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
+
+
+# ----------------------------------------------------------------------------------------------
+# Sweeps
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class SweepSpec:
+    """The grid: every combination of the list fields (itertools.product), in this loop order:
+    preset, layers, rank (a model is built once for each), then tokens, active, guard, mode."""
+
+    presets: list[str] = field(default_factory=lambda: ["tiny"])
+    layers: list[int | None] = field(default_factory=lambda: [None])  # None: the preset's own count
+    tokens: list[int] = field(default_factory=lambda: [16, 128])
+    guards: list[str] = field(default_factory=lambda: list(guard_names()))
+    active: list[float] = field(default_factory=lambda: [0.0, 0.5])
+    ranks: list[int] = field(default_factory=lambda: [16])
+    modes: list[str] = field(default_factory=lambda: ["eager"])
+    dtype: str = "auto"  # bfloat16 on a GPU, float32 on CPU
+    backend: str = "auto"  # triton on a GPU, torch on CPU
+    device: str = "auto"
+    requests: int = 8  # requests per batch (fewer when there are fewer tokens)
+    warmup: int = 3
+    reps: int = 10
+    seed: int = 0
+
+    def resolved(self) -> "SweepSpec":
+        """Validate every field and fill in the 'auto' choices; raises ValueError with a clear message."""
+        dev = runtime.resolve_device(self.device)
+        backend = runtime.resolve_backend(self.backend, dev)
+        dtype = runtime.resolve_dtype(self.dtype, dev)
+        check_dtype(dtype, dev, backend)
+        for p in self.presets:
+            if p not in PRESETS:
+                raise ValueError(f"unknown preset {p!r}; choose from {sorted(PRESETS)}")
+        for name in ("presets", "layers", "tokens", "guards", "active", "ranks", "modes"):
+            if not list(getattr(self, name)):
+                raise ValueError(f"{name} is empty: give at least one value")
+        for L in self.layers:
+            if L is not None and (not isinstance(L, int) or L <= 0):
+                raise ValueError(f"layers must be positive ints, got {L!r}")
+        for m in self.tokens:
+            if not isinstance(m, int) or isinstance(m, bool) or m <= 0:
+                raise ValueError(f"tokens must be positive ints, got {m!r}")
+        for g in self.guards:
+            if g not in guard_names():
+                raise ValueError(f"unknown guard {g!r}; choose from {list(guard_names())}")
+        for a in self.active:
+            if not (isinstance(a, (int, float)) and 0.0 <= a <= 1.0):
+                raise ValueError(f"active fractions must be in [0, 1], got {a!r}")
+        for r in self.ranks:
+            if not isinstance(r, int) or r <= 0:
+                raise ValueError(f"ranks must be positive ints, got {r!r}")
+        for m in self.modes:
+            if m not in MODES:
+                raise ValueError(f"unknown mode {m!r}; choose from {list(MODES)}")
+        if "graph" in self.modes and dev.type != "cuda":
+            raise ValueError("mode 'graph' (CUDA-graph replay) needs a CUDA GPU; use --mode eager on CPU")
+        if not isinstance(self.requests, int) or self.requests <= 0:
+            raise ValueError(f"requests must be a positive int, got {self.requests!r}")
+        _check_counts(self.warmup, self.reps)
+        return SweepSpec(list(self.presets), list(self.layers), list(self.tokens),
+                         list(self.guards), [float(a) for a in self.active], list(self.ranks), list(self.modes),
+                         dtype, backend, str(dev), self.requests, self.warmup, self.reps, self.seed)
+
+    def grid(self) -> list[dict]:
+        """The parameter rows, in run order (resolve first)."""
+        rows = []
+        for preset, layers, rank, tokens, active, guard, mode in itertools.product(
+                self.presets, self.layers, self.ranks, self.tokens, self.active, self.guards, self.modes):
+            layers = get_shape(preset).num_layers if layers is None else layers
+            rows.append(dict(preset=preset, layers=layers, tokens=tokens, guard=guard, active=active, rank=rank,
+                             mode=mode, dtype=self.dtype, backend=self.backend,
+                             requests=min(self.requests, tokens)))
+        return rows
+
+
+def _norm(col: str, v) -> str:
+    if col in ("layers", "tokens", "rank", "requests"):
+        return str(int(float(v)))
+    if col == "active":
+        return f"{float(v):.6g}"
+    return str(v)
+
+
+def row_key(row: dict) -> tuple:
+    """The parameter key of a row (what --resume compares), normalised so CSV strings match."""
+    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+
+
+def read_done(path: Path) -> set[tuple]:
+    """Keys of the rows already measured without error in an existing sweep CSV."""
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    with path.open(newline="") as f:
+        r = csv.DictReader(f)
+        if r.fieldnames != COLUMNS:
+            raise ValueError(f"{path} has columns {r.fieldnames}, not this harness's schema {COLUMNS}: "
+                             "write to a new file")
+        return {row_key(row) for row in r if not row.get("error")}
+
+
+def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
+    """One sweep row's results: timing of the forward and the guard syncs of one forward."""
+    R = p["requests"]
+    n_active = round(p["active"] * R)
+    adapters = ["bench" if i < n_active else None for i in range(R)]
+    batch, tensors = lab.make_batch(adapters=adapters, token_counts=split_tokens(p["tokens"], R))
+    x = lab.random_input(p["tokens"], seed=seed)
+    guard = p["guard"]
+
+    def fwd():
+        return lab.model(x, batch, tensors, guard=guard)
+
+    with torch.no_grad():
+        if p["mode"] == "graph":
+            g = GraphForward(fwd, warmup=warmup)
+            fn = g.replay
+        else:
+            g, fn = None, fwd
+        with count_guard_syncs() as c:  # one untimed forward: how many syncs the guard made
+            fn()
+        runtime.synchronize()
+        t = time_device(fn, warmup=warmup, reps=reps)
+        del g
+    return dict(warmup=warmup, reps=t.reps, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
+                mean_us=t.mean_us, wall_median_us=t.wall_median_us, timer=t.timer, syncs_per_forward=c.count,
+                error="")
+
+
+def _meta_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".meta.json")
+
+
+def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
+              progress: bool = True, on_row: Callable[[dict, int], None] | None = None,
+              build: Callable | None = None, max_seconds: float | None = None):
+    """Run the grid, appending each finished row to `out` at once (flushed), and return the whole
+    CSV as a DataFrame. With resume=True rows whose key is already in `out` (without error) are
+    skipped. A row that raises is written with its error message and the sweep goes on; rows with
+    an error are measured again on resume. `on_row(row, i)` runs after each row is written.
+    `max_seconds` stops starting new rows after that much time (the rows so far are kept).
+    """
+    import pandas as pd
+
+    spec = spec.resolved()
+    out = Path(out)
+    if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
+        raise FileExistsError(f"{out} exists: pass resume=True (--resume) to continue it or overwrite=True")
+    if overwrite and out.exists():
+        out.unlink()
+    done = read_done(out) if resume else set()
+    meta = metadata()
+    grid = spec.grid()
+    todo = [p for p in grid if row_key(p) not in done]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mp = _meta_path(out)
+    sessions = json.loads(mp.read_text()).get("sessions", []) if (resume and mp.exists()) else []
+    sessions.append(dict(meta, spec=asdict(spec), rows_planned=len(grid), rows_skipped=len(grid) - len(todo)))
+    mp.write_text(json.dumps({"columns": COLUMNS, "key": KEY_COLUMNS, "sessions": sessions}, indent=1))
+    labs = LabCache(build)
+    t_start = time.perf_counter()
+    new_file = not out.exists() or out.stat().st_size == 0
+    bar = _progress(len(grid), len(grid) - len(todo), progress)
+    try:
+        with out.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            if new_file:
+                w.writeheader()
+                f.flush()
+            for i, p in enumerate(todo):
+                if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
+                    print(f"time budget of {max_seconds:.0f} s spent: stopping with {len(todo) - i} rows left "
+                          "(run again with --resume)", file=sys.stderr)
+                    break
+                bar.set_description(f"{p['preset']} M={p['tokens']} {p['guard']} a={p['active']:g} {p['mode']}")
+                try:
+                    lab = labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p["layers"],
+                                   max_loras=4, max_rank=p["rank"], dtype=spec.dtype, device=spec.device,
+                                   backend=spec.backend, seed=spec.seed)
+                    res = measure(lab, p, warmup=spec.warmup, reps=spec.reps, seed=spec.seed)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as e:  # noqa: BLE001 - a failed row is recorded, the sweep goes on
+                    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+                    res = dict(warmup=spec.warmup, reps=0, median_us="", p10_us="", p90_us="", mean_us="",
+                               wall_median_us="", timer="", syncs_per_forward="", error=msg)
+                    if runtime.has_cuda():
+                        labs.free()  # e.g. out of memory: start the next row from a clean allocator
+                row = dict(meta, **{k: p[k] for k in KEY_COLUMNS}, **res)
+                w.writerow(row)
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(1)
+                if res["median_us"] != "":
+                    bar.set_postfix_str(f"{res['median_us'] / 1e3:.3f} ms")
+                if on_row is not None:
+                    on_row(row, i)
+    finally:
+        bar.close()
+        labs.free()
+    return pd.read_csv(out)
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    if tqdm is None or not enabled:
+        class _Null:
+            def update(self, n=1): pass
+            def set_description(self, s): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return _Null()
+    return tqdm(total=total, initial=initial, unit="row", file=sys.stderr, dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Analyses on a sweep DataFrame
+# ----------------------------------------------------------------------------------------------
+def load_sweep(path: str | os.PathLike):
+    """A sweep CSV as a DataFrame; its .meta.json (when present) in df.attrs['meta']."""
+    import pandas as pd
+
+    path = Path(path)
+    df = pd.read_csv(path).rename(columns={"git_commit": "commit", "date_utc": "date"})  # older schema
+    mp = _meta_path(path)
+    if mp.exists():
+        m = json.loads(mp.read_text())
+        if "sessions" in m:
+            m["sessions"] = [normalize_meta(s) for s in m["sessions"]]
+        df.attrs["meta"] = normalize_meta(m)
+    return df
+
+
+def normalize_sweep(df, meta: dict | None = None):
+    """A recorded timing table in this module's row schema. The side-by-side script
+    (scripts/gpu_side_by_side.py) writes one row per (M, active, variant) where variant is a guard
+    or 'graph' (a replay of the cpu_flag capture); this renames and derives the key columns. Rows
+    already in the sweep schema pass through unchanged."""
+    import pandas as pd
+
+    if "variant" not in df.columns:
+        return df
+    params = (meta or df.attrs.get("meta") or {}).get("params", {})
+    d = df.rename(columns={"M": "tokens"}).copy()
+    graph = d["variant"] == "graph"
+    d["mode"] = ["graph" if g else "eager" for g in graph]
+    d["guard"] = d["variant"].where(~graph, "cpu_flag")
+    d["rank"] = params.get("rank", 16)
+    d["requests"] = params.get("requests", 8)
+    d["dtype"], d["backend"], d["timer"], d["error"] = "bfloat16", "triton", "cuda_events", ""
+    d["warmup"] = params.get("warmup", 3)
+    return pd.DataFrame({c: d[c] if c in d.columns else None for c in COLUMNS + ["variant"]})
+
+
+def load_recorded_sweeps(folder) -> "pd.DataFrame | None":
+    """Every recorded sweep CSV in `folder` (both schemas), GPU rows only; None when there is none."""
+    import pandas as pd
+
+    frames = [normalize_sweep(load_sweep(p)) for p in sorted(Path(folder).glob("*.csv"))]
+    frames = [f for f in frames if {"median_us", "gpu"} <= set(f.columns)]  # timing tables only
+    if not frames:
+        return None
+    d = pd.concat(frames, ignore_index=True)
+    d = d[d["gpu"].astype(str) != "cpu"]  # CPU rows say nothing about GPU pipelines
+    return d.reset_index(drop=True) if len(d) else None
+
+
+def clean(df):
+    """Rows measured without error, one per parameter key (the latest)."""
+    d = df
+    if "error" in d.columns:
+        d = d[d["error"].isna() | (d["error"].astype(str) == "")]
+    d = d[d["median_us"].notna()]
+    keys = [c for c in KEY_COLUMNS if c in d.columns]
+    return d.drop_duplicates(subset=keys, keep="last").reset_index(drop=True)
+
+
+def time_lost_per_sync(df, baseline: str = "cpu_flag"):
+    """Pair each `sync` row with the `baseline` row of the same parameters:
+    lost_us = t_sync - t_baseline, us_per_sync = lost_us / syncs of the sync row, ratio = t_sync / t_baseline."""
+    d = clean(df)
+    keys = [c for c in KEY_COLUMNS if c != "guard" and c in d.columns]
+    if "gpu" in d.columns:
+        keys = ["gpu"] + keys
+    s = d[d["guard"] == "sync"][keys + ["median_us", "syncs_per_forward"]]
+    b = d[d["guard"] == baseline][keys + ["median_us"]]
+    m = s.merge(b, on=keys, suffixes=("_sync", "_base"))
+    m = m.rename(columns={"median_us_sync": "t_sync_us", "median_us_base": f"t_{baseline}_us",
+                          "syncs_per_forward": "syncs"})
+    m["lost_us"] = m["t_sync_us"] - m[f"t_{baseline}_us"]
+    m["us_per_sync"] = m["lost_us"] / m["syncs"].where(m["syncs"] > 0)
+    m["ratio"] = m["t_sync_us"] / m[f"t_{baseline}_us"]
+    return m
+
+
+def summary_table(df):
+    """Compact table: M, preset, layers, rank, guard, active, mode, median ms, syncs, sync/cpu_flag
+    ratio and us lost per sync (on the sync rows)."""
+    d = clean(df).copy()
+    lost = time_lost_per_sync(d)
+    keys = [c for c in KEY_COLUMNS if c != "guard"]
+    d = d.merge(lost[keys + ["ratio", "us_per_sync"]], on=keys, how="left")
+    d.loc[d["guard"] != "sync", ["ratio", "us_per_sync"]] = float("nan")
+    d["median_ms"] = d["median_us"] / 1e3
+    cols = ["tokens", "preset", "layers", "rank", "guard", "active", "mode", "median_ms", "syncs_per_forward",
+            "ratio", "us_per_sync"]
+    return d[cols].sort_values(["preset", "layers", "rank", "tokens", "mode", "active", "guard"]).reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+def _arg(convert, ok, what: str):
+    """An argparse `type` that converts and range-checks, naming what it expected."""
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
+
+
+_pos_int = _arg(int, lambda v: v > 0, "a positive integer")
+_nonneg_int = _arg(int, lambda v: v >= 0, "an integer >= 0")
+_fraction = _arg(float, lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
+
+
+def _preset(s: str) -> str:
+    if s not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose from {', '.join(sorted(PRESETS))}")
+    return s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.bench",
+                                description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sweep", help="run a grid of forwards and append one CSV row per measurement",
+                       description="Every combination of the list options (itertools.product). Device-event "
+                                   "timing on a GPU, wall clock on CPU. Rows are appended as they finish.")
+    s.add_argument("--preset", nargs="+", type=_preset, default=["tiny"], help="model shape presets (default: tiny)")
+    s.add_argument("--layers", nargs="+", type=_pos_int, default=None,
+                   help="MoE layers per forward (default: the preset's own count)")
+    s.add_argument("--tokens", "-M", nargs="+", type=_pos_int, default=[16, 128], help="tokens per forward (M)")
+    s.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()),
+                   help="guard strategies (the registry in model/guards.py)")
+    s.add_argument("--active", nargs="+", type=_fraction, default=[0.0, 0.5],
+                   help="fraction of requests that use an adapter")
+    s.add_argument("--rank", nargs="+", type=_pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
+    s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
+    s.add_argument("--requests", type=_pos_int, default=8, help="requests per batch (default 8)")
+    s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
+    s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    s.add_argument("--warmup", type=_nonneg_int, default=3, help="untimed calls before timing (default 3)")
+    s.add_argument("--reps", type=_pos_int, default=10, help="timed repetitions per row (default 10)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="CSV file to append rows to (a .meta.json is written beside it)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="skip rows whose parameters are already in --out")
+    g.add_argument("--overwrite", action="store_true", help="start --out afresh")
+    s.add_argument("--max-minutes", type=float, default=None, help="stop starting new rows after this long")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lost = sub.add_parser("lost", help="time lost per sync from a sweep CSV (sync vs cpu_flag rows)")
+    lost.add_argument("csv")
+    sub.add_parser("meta", help="print the metadata a row records, as JSON")
+    p.sweep_parser = s  # errors found after parsing are reported with the sweep sub-command's usage
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.cmd == "meta":
+        print(json.dumps(metadata(), indent=1))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_rows", 500, "display.float_format", "{:.3f}".format):
+        if a.cmd == "lost":
+            if not Path(a.csv).exists():
+                parser.error(f"no such file: {a.csv}")
+            print(time_lost_per_sync(pd.read_csv(a.csv)).to_string(index=False))
+            return 0
+        spec = SweepSpec(presets=a.preset, layers=a.layers or [None], tokens=a.tokens, guards=a.guards,
+                         active=a.active, ranks=a.rank, modes=a.mode, dtype=a.dtype, backend=a.backend,
+                         device=a.device, requests=a.requests, warmup=a.warmup, reps=a.reps, seed=a.seed)
+        sp = parser.sweep_parser
+        try:
+            spec.resolved()
+        except ValueError as e:
+            sp.error(str(e))
+        if Path(a.out).exists() and Path(a.out).stat().st_size > 0 and not (a.resume or a.overwrite):
+            sp.error(f"{a.out} exists: pass --resume to continue it, --overwrite to start afresh, "
+                         "or choose another --out")
+        try:
+            df = run_sweep(spec, a.out, resume=a.resume, overwrite=a.overwrite, progress=not a.no_progress,
+                           max_seconds=None if a.max_minutes is None else 60 * a.max_minutes)
+        except ValueError as e:  # e.g. a CSV of another schema
+            sp.error(str(e))
+        print(summary_table(df).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

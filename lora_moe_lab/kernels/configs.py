@@ -1,0 +1,129 @@
+"""Launch-config tables of the Triton kernels: tile sizes keyed on static shapes only (M rounded
+up to a power of two, N, K, experts, slots), so the choice never reads device data and a warm-up
+over the powers of two compiles every binary a CUDA-graph capture could need.
+
+Under the interpreter (no GPU) one small config is used everywhere: the interpreter runs each
+program sequentially on numpy, so big tiles only cost CPU time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import runtime
+from .common import cdiv
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Base grouped GEMM tile: BLOCK_M comes from the alignment (see `moe_block_m`)."""
+
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class LoRAKernelConfig:
+    """Fused LoRA tile: BLOCK_M comes from the alignment (see `lora_block_m`); split_n programs share
+    the N columns of one block (more work items at small M)."""
+
+    block_n: int
+    block_k: int
+    split_n: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 4  # persistent grid: programs = min(work items bound, SMs * this)
+
+
+_INTERP_GEMM = GemmConfig(block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
+_INTERP_LORA = LoRAKernelConfig(block_n=32, block_k=32, split_n=1, num_warps=4, num_stages=1)
+
+
+def token_bucket(num_tokens: int) -> int:
+    """Configs are keyed on M rounded up to a power of two (capped at 16384), so that `warmup` over
+    the powers of two covers every M."""
+    b = 1
+    while b < num_tokens and b < 16384:
+        b *= 2
+    return b
+
+
+def moe_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """BLOCK_M for the base GEMM's alignment: about the mean number of pairs per expert."""
+    if runtime.interpreter():
+        return 16
+    avg = token_bucket(num_tokens) * top_k / num_experts
+    if avg <= 16:
+        return 16
+    if avg <= 48:
+        return 32
+    if avg <= 192:
+        return 64
+    return 128
+
+
+def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
+    """BLOCK_M for the per-adapter alignment: mean pairs per (slot, expert) if the tokens spread
+    over all slots."""
+    if runtime.interpreter():
+        return 16
+    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
+    if avg <= 24:
+        return 16
+    if avg <= 48:
+        return 32
+    return 64
+
+
+def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """The BLOCK_M the MoE layer aligns with (one alignment size for the base GEMM and LoRA)."""
+    return moe_block_m(num_tokens, top_k, num_experts)
+
+
+def gemm_config(num_tokens: int, block_m: int, N: int, K: int) -> GemmConfig:
+    if runtime.interpreter():
+        return _INTERP_GEMM
+    if block_m <= 16:
+        return GemmConfig(block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
+    if block_m <= 32:
+        return GemmConfig(block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=4)
+    if block_m <= 64:
+        return GemmConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    return GemmConfig(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
+
+
+_NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function of the shape
+
+
+def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
+                N: int, K: int) -> LoRAKernelConfig:
+    """Tile of the fused LoRA kernel (values from the H200 sweep of scripts/gpu_kernels.py)."""
+    if runtime.interpreter():
+        return _INTERP_LORA
+    # Rough count of busy blocks, from shapes only: at most one per pair, and about one per
+    # (slot, expert) group while the groups are smaller than a block.
+    busy = max(1, min(token_bucket(num_tokens) * top_k, num_experts * num_slots))
+    block_n = 64
+    n_tiles = cdiv(N, block_n)
+    # Split N until about two work items per SM exist; past a few dozen blocks, keep >= 256
+    # columns per item (the shrink is recomputed per item).
+    split = max(1, min(n_tiles, (2 * _NUM_SMS_GUESS + busy - 1) // busy))
+    if busy >= 64:
+        split = max(1, min(split, N // 256))
+    if block_m >= 64:
+        return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3)
+    # bm16/32: (64, 128) beat (128, 64) at M = 16..1024 except qwen3 M=1024 (-5%) in the H200 sweep
+    # of data/kernels (persistent grid: 4 programs/SM fit with these tiles, 3 with the other).
+    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3)
+
+
+
+def block_r(rank: int) -> int:
+    """BLOCK_R: next power of two >= max(rank, 16)."""
+    r = 16
+    while r < rank:
+        r *= 2
+    return r
+

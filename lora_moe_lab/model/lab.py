@@ -1,0 +1,82 @@
+"""The one-call set-up (`build_lab`: model + adapter pool with seeded random weights), and the
+one model cache that sweeps, widgets and scripts share.
+
+    lab = build_lab("tiny", num_layers=2)            # CPU: torch backend, float32
+    lab.pool.load("a", rank=8)
+    batch, tensors = lab.make_batch(["a", None], [3, 5])
+    y = lab.model(lab.random_input(8), batch, tensors, guard="cpu_flag")
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from .. import runtime
+from ..config import LoRAConfig, MoEShape, check_dtype, get_shape
+from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors
+from .moe import MiniMoEModel
+
+
+@dataclass
+class Lab:
+    shape: MoEShape
+    model: MiniMoEModel
+    pool: AdapterPool
+    device: torch.device
+    dtype: torch.dtype
+
+    def make_batch(self, adapters: list, token_counts: list[int], out: LoRABatchTensors | None = None):
+        batch = LoRABatchInfo.build(self.pool, adapters, token_counts)
+        return batch, LoRABatchTensors.from_batch(batch, self.device, out=out)
+
+    def random_input(self, num_tokens: int, seed: int = 0) -> torch.Tensor:
+        if not isinstance(num_tokens, int) or num_tokens <= 0:
+            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return torch.randn(num_tokens, self.shape.hidden, generator=gen, device=self.device).to(self.dtype)
+
+
+def build_lab(preset: str | MoEShape = "tiny", num_layers: int | None = None, max_loras: int = 4,
+              max_rank: int = 16, dtype: str | torch.dtype = "float32", device: str = "auto",
+              backend: str = "auto", seed: int = 0) -> Lab:
+    """Model + adapter pool with seeded random weights (nothing is downloaded)."""
+    dev = runtime.resolve_device(device)
+    shape = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
+    dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))
+    pool = AdapterPool(shape, LoRAConfig(max_loras, max_rank), dtype=dt, device=dev)
+    model = MiniMoEModel(shape, pool, dt, dev, backend=backend, seed=seed)
+    return Lab(shape, model, pool, dev, dt)
+
+
+def split_tokens(tokens: int, requests: int) -> list[int]:
+    """`tokens` spread over `requests` as evenly as possible (the first ones get the remainder)."""
+    base, extra = divmod(tokens, requests)
+    return [base + (1 if i < extra else 0) for i in range(requests)]
+
+
+class LabCache:
+    """One lab at a time (48 layers of qwen3-30b-a3b weights are ~60 GB): the old one is freed
+    before a new one is built. `get(**build_lab kwargs)` returns the cached lab when the
+    arguments are the same; `adapter=(name, rank)` makes sure that adapter is loaded."""
+
+    def __init__(self, build=None):
+        self.build = build or build_lab
+        self.key, self.lab = None, None
+
+    def get(self, adapter: tuple[str, int] | None = None, **kw) -> Lab:
+        key = tuple(sorted(kw.items()))
+        if key != self.key:
+            self.free()
+            self.lab = self.build(**kw)
+            self.key = key
+        if adapter is not None and adapter[0] not in self.lab.pool.loaded():
+            self.lab.pool.load(adapter[0], rank=adapter[1])
+        return self.lab
+
+    def free(self) -> None:
+        self.key, self.lab = None, None
+        gc.collect()
+        if runtime.has_cuda():
+            torch.cuda.empty_cache()

@@ -1,0 +1,280 @@
+"""Adapter pool, per-batch LoRA metadata built on the host, and the per-layer `LoRAInfo`.
+
+The point of this module: whether *any* adapter is active in a batch is known on the host the
+moment the batch is built (it is a property of plain Python lists), so `has_active_lora` costs
+nothing. Asking the GPU the same question later (`tensor.any().item()`) costs a host-device sync.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from ..config import LoRAConfig, MoEShape
+
+
+@dataclass
+class LayerLoRAWeights:
+    """Stacked LoRA weights of one MoE layer (layout of docs/design.md; S slots, E experts)."""
+
+    gate_up_a: torch.Tensor  # (2, S, E, r, K)   slice 0 = gate, 1 = up
+    gate_up_b: torch.Tensor  # (2, S, E, I, r)   scaling already folded in
+    down_a: torch.Tensor  # (S, E, r, I)
+    down_b: torch.Tensor  # (S, E, K, r)          scaling already folded in
+
+
+class AdapterPool:
+    """`max_loras` slots of LoRA weights for every expert of every layer.
+
+    Weights live in preallocated stacks that are never reallocated: loading an adapter writes into
+    its slot in place, so a captured CUDA graph that reads the stacks sees the new adapter.
+    Smaller ranks are zero-padded up to `max_rank`; `scaling` is folded into B at load time.
+    """
+
+    def __init__(self, shape: MoEShape, lora: LoRAConfig = LoRAConfig(), *, num_layers: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 tp_rank: int = 0, tp_size: int = 1):
+        # Under tensor parallelism `shape` is one rank's: B of gate_up and A of down hold this
+        # rank's slice of the intermediate dim, drawn from the same seeded full tensors.
+        self.shape, self.cfg = shape, lora
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.num_layers = shape.num_layers if num_layers is None else num_layers
+        self.dtype, self.device = dtype, torch.device(device)
+        S, E, K, I, r = lora.max_loras, shape.num_experts, shape.hidden, shape.intermediate, lora.max_rank
+        z = dict(dtype=dtype, device=self.device)
+        self.layers = [
+            LayerLoRAWeights(torch.zeros(2, S, E, r, K, **z), torch.zeros(2, S, E, I, r, **z),
+                             torch.zeros(S, E, r, I, **z), torch.zeros(S, E, K, r, **z))
+            for _ in range(self.num_layers)
+        ]
+        self.slot_names: list[str | None] = [None] * S
+        self.slot_ranks: list[int] = [0] * S
+
+    # --- host-side bookkeeping (plain Python; never touches the GPU) ---------------------------
+    @property
+    def max_loras(self) -> int:
+        return self.cfg.max_loras
+
+    @property
+    def max_rank(self) -> int:
+        return self.cfg.max_rank
+
+    def loaded(self) -> dict[str, int]:
+        return {n: s for s, n in enumerate(self.slot_names) if n is not None}
+
+    def slot_of(self, name: str) -> int:
+        try:
+            return self.slot_names.index(name)
+        except ValueError:
+            raise KeyError(f"unknown adapter {name!r}; loaded adapters: {sorted(self.loaded())}") from None
+
+    def max_loaded_rank(self) -> int:
+        return max(self.slot_ranks)
+
+    # --- load / unload ---------------------------------------------------------------------------
+    def load(self, name: str, rank: int, *, scaling: float = 1.0, seed: int | None = None,
+             slot: int | None = None) -> int:
+        """Load a seeded random adapter into a free slot (or `slot`); returns the slot."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"adapter name must be a non-empty string, got {name!r}")
+        if name in self.slot_names:
+            raise ValueError(f"adapter {name!r} is already loaded in slot {self.slot_names.index(name)}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+            raise ValueError(f"adapter {name!r}: rank must be a positive int, got {rank!r}")
+        if rank > self.max_rank:
+            raise ValueError(f"adapter {name!r}: rank {rank} is above the pool's max rank {self.max_rank}")
+        if slot is None:
+            free = [s for s, n in enumerate(self.slot_names) if n is None]
+            if not free:
+                raise RuntimeError(f"all {self.max_loras} adapter slots are in use: unload one first")
+            slot = free[0]
+        elif not (0 <= slot < self.max_loras):
+            raise IndexError(f"slot {slot} out of range [0, {self.max_loras})")
+        elif self.slot_names[slot] is not None:
+            raise ValueError(f"slot {slot} holds adapter {self.slot_names[slot]!r}: unload it first")
+        seed = zlib.crc32(name.encode()) if seed is None else seed
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        K, I = self.shape.hidden, self.shape.intermediate
+        for w in self.layers:
+            self._fill(w, slot, rank, scaling, K, I, gen)
+        self.slot_names[slot], self.slot_ranks[slot] = name, rank
+        return slot
+
+    def _fill(self, w: LayerLoRAWeights, s: int, r: int, scaling: float, K: int, I: int, gen) -> None:
+        def randn(*size, std):
+            return torch.randn(*size, generator=gen, device=self.device, dtype=torch.float32).mul_(std)
+
+        E = self.shape.num_experts
+        If, lo = I * self.tp_size, I * self.tp_rank  # full intermediate, this rank's first index
+        # A ~ N(0, 1/K) and B ~ N(0, 1/r): the delta has the same scale as the base projection,
+        # so a dropped or doubled delta is far outside any tolerance.
+        for t, (a, b, k_in) in enumerate([(w.gate_up_a[0], w.gate_up_b[0], K), (w.gate_up_a[1], w.gate_up_b[1], K)]):
+            a[s].zero_()[:, :r].copy_(randn(E, r, k_in, std=k_in ** -0.5))
+            b[s].zero_()[:, :, :r].copy_((randn(E, If, r, std=r ** -0.5) * scaling)[:, lo:lo + I])
+        w.down_a[s].zero_()[:, :r].copy_(randn(E, r, If, std=If ** -0.5)[:, :, lo:lo + I])
+        w.down_b[s].zero_()[:, :, :r].copy_(randn(E, K, r, std=r ** -0.5) * scaling)
+
+    def unload(self, name: str) -> int:
+        slot = self.slot_of(name)
+        for w in self.layers:
+            for t in (w.gate_up_a[:, slot], w.gate_up_b[:, slot], w.down_a[slot], w.down_b[slot]):
+                t.zero_()
+        self.slot_names[slot], self.slot_ranks[slot] = None, 0
+        return slot
+
+
+@dataclass
+class LoRABatchInfo:
+    """Per-batch LoRA metadata computed from Python lists on the host (no GPU involved)."""
+
+    adapters: list[str | None]  # adapter name or None, per request
+    token_counts: list[int]  # tokens per request
+    req_slots: list[int]  # slot per request, -1 = no adapter
+    seg_indptr: list[int]  # request boundaries in the token dimension (R + 1)
+    adapter_enabled: list[int]  # per slot: 1 if some request of this batch uses it
+    lora_ids: list[int]  # per slot: the slot id if an adapter is loaded there, else -1
+    lora_ranks: list[int]  # per slot
+    has_active_lora: bool  # THE flag: decided here, from lists, for free
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seg_indptr[-1]
+
+    @classmethod
+    def build(cls, pool: AdapterPool, adapters: list[str | None], token_counts: list[int]) -> "LoRABatchInfo":
+        if len(adapters) != len(token_counts):
+            raise ValueError(f"{len(adapters)} adapter entries but {len(token_counts)} token counts: one each per request")
+        if not adapters:
+            raise ValueError("a batch needs at least one request")
+        for c in token_counts:
+            if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+                raise ValueError(f"token counts must be non-negative ints, got {c!r}")
+        slots = [-1 if a is None else pool.slot_of(a) for a in adapters]  # KeyError names an unknown adapter
+        indptr = [0]
+        for c in token_counts:
+            indptr.append(indptr[-1] + c)
+        if indptr[-1] == 0:
+            raise ValueError("a batch needs at least one token")
+        enabled = [0] * pool.max_loras
+        for s, c in zip(slots, token_counts):
+            if s >= 0 and c > 0:
+                enabled[s] = 1
+        lora_ids = [s if n is not None else -1 for s, n in enumerate(pool.slot_names)]
+        return cls(list(adapters), list(token_counts), slots, indptr, enabled, lora_ids,
+                   list(pool.slot_ranks), has_active_lora=any(enabled))
+
+    @classmethod
+    def random(cls, pool: AdapterPool, num_requests: int, tokens_per_request: int, active_fraction: float,
+               *, seed: int = 0) -> "LoRABatchInfo":
+        """A batch where `active_fraction` of the requests use one of the loaded adapters."""
+        import random
+
+        if not 0.0 <= active_fraction <= 1.0:
+            raise ValueError(f"active_fraction must be in [0, 1], got {active_fraction!r}")
+        rng = random.Random(seed)
+        names = sorted(pool.loaded())
+        if active_fraction > 0 and not names:
+            raise ValueError("active_fraction > 0 but the pool has no adapter loaded")
+        n_active = round(active_fraction * num_requests)
+        act = set(rng.sample(range(num_requests), n_active))
+        adapters = [rng.choice(names) if i in act else None for i in range(num_requests)]
+        return cls.build(pool, adapters, [tokens_per_request] * num_requests)
+
+
+@dataclass
+class LoRABatchTensors:
+    """The device copies of a batch's metadata. In capture mode these are static buffers that a
+    new batch overwrites in place (the captured graph keeps reading the same addresses)."""
+
+    seg_indptr: torch.Tensor  # (R + 1,) int32
+    req_slots: torch.Tensor  # (R,) int32
+    adapter_enabled: torch.Tensor  # (S,) int32
+    lora_ids: torch.Tensor  # (S,) int32
+    lora_ranks: torch.Tensor  # (S,) int32
+    token_lora_mapping: torch.Tensor  # (M,) int32, slot or -1 per token
+
+    @classmethod
+    def empty(cls, num_requests: int, num_tokens: int, max_loras: int, device) -> "LoRABatchTensors":
+        i = dict(dtype=torch.int32, device=device)
+        return cls(torch.zeros(num_requests + 1, **i), torch.full((num_requests,), -1, **i),
+                   torch.zeros(max_loras, **i), torch.full((max_loras,), -1, **i),
+                   torch.zeros(max_loras, **i), torch.full((num_tokens,), -1, **i))
+
+    @classmethod
+    def from_batch(cls, b: LoRABatchInfo, device, out: "LoRABatchTensors | None" = None) -> "LoRABatchTensors":
+        """Host lists -> device tensors with no host sync.
+
+        All small per-request/per-slot lists travel in ONE host-to-device copy from pinned memory
+        (non_blocking: the host does not wait). The per-token mapping is expanded on the GPU with
+        `repeat_interleave(..., output_size=M)`: passing output_size is what keeps it sync-free
+        (without it torch must read the repeat counts back to size the output).
+        """
+        device = torch.device(device)
+        R, S, M = len(b.req_slots), len(b.lora_ids), b.num_tokens
+        packed = torch.tensor(b.seg_indptr + b.req_slots + b.adapter_enabled + b.lora_ids + b.lora_ranks
+                              + b.token_counts, dtype=torch.int32)
+        if device.type == "cuda":
+            packed = packed.pin_memory()
+        dev = packed.to(device, non_blocking=True)
+        o = 0
+        parts = []
+        for n in (R + 1, R, S, S, S, R):
+            parts.append(dev[o:o + n])
+            o += n
+        indptr, slots, enabled, ids, ranks, counts = parts
+        mapping = torch.repeat_interleave(slots, counts, output_size=M)
+        if out is None:
+            return cls(indptr, slots, enabled, ids, ranks, mapping)
+        # Capture mode: overwrite the static buffers (shapes must match the captured batch).
+        for name, new in zip(("seg_indptr", "req_slots", "adapter_enabled", "lora_ids", "lora_ranks",
+                              "token_lora_mapping"), (indptr, slots, enabled, ids, ranks, mapping)):
+            buf = getattr(out, name)
+            if buf.shape != new.shape:
+                raise ValueError(f"static buffer {name} has shape {tuple(buf.shape)} but this batch needs "
+                                 f"{tuple(new.shape)}: a captured graph replays one batch geometry")
+            buf.copy_(new, non_blocking=True)
+        return out
+
+
+@dataclass
+class LoRAInfo:
+    """What one MoE layer's LoRA path needs (docs/design.md). `has_active_lora` defaults to True: a code
+    path that forgets to set it launches kernels that exit early on the GPU; it never skips work."""
+
+    weights: LayerLoRAWeights
+    batch: LoRABatchTensors
+    max_lora_rank: int
+    has_active_lora: bool = True
+    debug_check: bool = False  # cross-check the CPU flag against the device (SYNCS: debug only)
+
+    # views of the batch tensors under the names of docs/design.md
+    seg_indptr = property(lambda self: self.batch.seg_indptr)
+    req_to_lora = property(lambda self: self.batch.req_slots)
+    lora_ranks = property(lambda self: self.batch.lora_ranks)
+    adapter_enabled = property(lambda self: self.batch.adapter_enabled)
+    lora_ids = property(lambda self: self.batch.lora_ids)
+    token_lora_mapping = property(lambda self: self.batch.token_lora_mapping)
+
+
+def device_any_enabled(batch: LoRABatchTensors) -> torch.Tensor:
+    """What the old guard asked the GPU each layer: 'is any adapter enabled?' (0-dim bool). One
+    reduction: free of syncs to compute; *reading* it on the host (`.item()`) is the sync."""
+    return batch.adapter_enabled.any()
+
+
+def device_any_active(batch: LoRABatchTensors) -> torch.Tensor:
+    """The token-level device truth 'does any token use an enabled adapter?' (0-dim bool), for the
+    debug cross-check. Computing it is free of syncs; reading it on the host is a sync."""
+    m = batch.token_lora_mapping.long()
+    used = m >= 0
+    enabled = batch.adapter_enabled.long()[m.clamp(min=0)] > 0
+    return (used & enabled).any()
+
+
+def check_flag_against_device(info: LoRAInfo) -> None:
+    """Debug cross-check of the host flag. THIS SYNCS (it reads a device value on the host)."""
+    truth = bool(device_any_active(info.batch).item())  # host-device sync, on purpose
+    if truth and not info.has_active_lora:
+        raise AssertionError("has_active_lora=False but the device says an adapter is active: the LoRA "
+                             "delta would be silently dropped for this batch")

@@ -1,0 +1,165 @@
+"""The MoE layer and a mini model of N such layers (an `nn.Module`: weights are registered, so
+`.to()` and `state_dict()` work). The one-call set-up `build_lab` lives in `model/lab.py`.
+
+One MoE layer: router (softmax, top-k, renormalise) -> alignment -> base gate_up grouped GEMM ->
+LoRA gate_up delta (hooks) -> SiLU-and-mul -> base down GEMM (x routed weight) -> LoRA down delta
+(hooks, x routed weight) -> sum over top-k. The LoRA work only runs through hooks that the guard
+hands out: an empty list when the guard decided no adapter is active.
+"""
+from __future__ import annotations
+
+import torch
+from torch.profiler import record_function
+
+from .. import runtime
+from ..config import MoEShape
+from ..ops import Backend, get_backend
+from .guards import Guard, get_guard
+from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
+
+
+class LoRAHook:
+    """The LoRA work of one layer for one batch: per-adapter alignment, gate_up and down deltas."""
+
+    def __init__(self, info: LoRAInfo, backend: Backend, num_experts: int):
+        self.info, self.backend, self.E = info, backend, num_experts
+        self.align = None
+
+    def prepare(self, topk_ids: torch.Tensor) -> None:
+        S = self.info.lora_ids.shape[0]
+        bm = self.backend.lora_block_m(topk_ids.shape[0], topk_ids.shape[1], self.E, S)
+        self.align = self.backend.align(topk_ids, self.E, bm, self.info.token_lora_mapping, S)
+
+    def gate_up(self, x, inter, top_k):
+        w = self.info.weights
+        self.backend.lora_delta(x, w.gate_up_a, w.gate_up_b, self.align, self.info.lora_ids,
+                                self.info.adapter_enabled, top_k, inter, gather=True)
+
+    def down(self, act, out, top_k, topk_w):
+        w = self.info.weights
+        self.backend.lora_delta(act, w.down_a[None], w.down_b[None], self.align, self.info.lora_ids,
+                                self.info.adapter_enabled, top_k, out, routed_weights=topk_w, gather=False)
+
+
+def _weight(t: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=False)  # inference only: no autograd bookkeeping
+
+
+class MoELayer(torch.nn.Module):
+    """One MoE block with its pre-norm weight. Steps, in order (model/spec.py names them for the
+    simulator): rmsnorm, router, align, gate_up GEMM, LoRA gate_up, SiLU-and-mul, down GEMM,
+    LoRA down, top-k sum."""
+
+    def __init__(self, shape: MoEShape, dtype, device, gen: torch.Generator, eps: float = 1e-6, *,
+                 tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        # Under tensor parallelism `shape` is one rank's (intermediate = full / tp_size): the full
+        # weights are drawn from `gen` exactly as for one process, then this rank keeps its slice.
+        K, I, E = shape.hidden, shape.intermediate, shape.num_experts
+        If, lo = I * tp_size, I * tp_rank  # full intermediate, this rank's first column
+        self.shape, self.top_k, self.eps = shape, shape.top_k, eps
+
+        def randn(*size, std):
+            return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).mul_(std)
+
+        # The router runs in fp32 so every dtype picks the same experts; keeping its weight in fp32
+        # saves an upcast launch per layer. Router and norm are replicated on every rank.
+        self.router_w = _weight(randn(E, K, std=K ** -0.5).to(dtype).float())
+        w13 = randn(E, 2 * If, K, std=K ** -0.5)  # gate rows first, then up
+        if tp_size > 1:  # this rank's gate rows and the matching up rows
+            w13 = torch.cat([w13[:, lo:lo + I], w13[:, If + lo:If + lo + I]], dim=1)
+        self.w13 = _weight(w13.to(dtype))
+        del w13  # free the full tensor before the next one is drawn
+        self.w2 = _weight(randn(E, K, If, std=If ** -0.5)[:, :, lo:lo + I].to(dtype).contiguous())
+        self.norm_w = _weight((1 + randn(K, std=0.1).to(dtype).float()).to(dtype))
+
+    def route(self, x):
+        # Router in fp32 so that every dtype picks the same experts for the same input.
+        probs = torch.softmax(x.float() @ self.router_w.T, dim=-1)
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
+
+    def forward(self, x, hooks: list[LoRAHook], backend: Backend, routing_log: list | None = None,
+                before_down=None):
+        """`before_down()`, when given, runs between SiLU-and-mul and the down GEMM (the decoder
+        puts guard sites there)."""
+        M, K = x.shape
+        k, E, I = self.top_k, self.shape.num_experts, self.shape.intermediate
+        topk_w, topk_ids = self.route(x)
+        if routing_log is not None:
+            routing_log.append((topk_w, topk_ids))
+        align = backend.align(topk_ids, E, backend.block_m(M, k, E))
+        inter = backend.moe_gemm(x, self.w13, align, k, x.new_empty(M * k, 2 * I), gather=True)
+        for h in hooks:
+            h.prepare(topk_ids)
+            h.gate_up(x, inter, k)
+        act = backend.silu_and_mul(inter)
+        if before_down is not None:
+            before_down()
+        out = backend.moe_gemm(act, self.w2, align, k, x.new_empty(M * k, K), routed_weights=topk_w, gather=False)
+        for h in hooks:
+            h.down(act, out, k, topk_w)
+        return out.view(M, k, K).sum(1)
+
+
+class MiniMoEModel(torch.nn.Module):
+    """N MoE layers with RMSNorm and a residual: enough to reproduce N guards per forward."""
+
+    def __init__(self, shape: MoEShape, pool: AdapterPool, dtype, device, backend="auto", seed: int = 0):
+        super().__init__()
+        self.shape, self.pool = shape, pool  # the pool holds the adapters; it is not a module
+        self.backend_name = backend
+        device = torch.device(device)
+        self.layers = torch.nn.ModuleList(
+            MoELayer(shape, dtype, device, torch.Generator(device=device).manual_seed(seed * 100003 + i))
+            for i in range(shape.num_layers))
+        self.routing_log: list | None = None
+
+    # device, dtype and backend follow the weights (so `.to()` keeps them right)
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].w13.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].w13.dtype
+
+    @property
+    def backend(self) -> Backend:
+        return get_backend(self.backend_name, self.device)
+
+    def lora_info(self, layer: int, batch: LoRABatchInfo, tensors: LoRABatchTensors) -> LoRAInfo:
+        # Under capture the rank must cover any adapter a later replay may see: the pool's max.
+        rank = self.pool.max_rank if runtime.in_capture_mode() else self.pool.max_loaded_rank()
+        return LoRAInfo(self.pool.layers[layer], tensors, rank, has_active_lora=batch.has_active_lora,
+                        debug_check=self.debug_check)
+
+    debug_check = False
+
+    def _check(self, x, batch, tensors):
+        K = self.shape.hidden
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != K:
+            raise ValueError(f"x must be (num_tokens, hidden={K}), got {getattr(x, 'shape', type(x))}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the model runs in {self.dtype}")
+        if x.device.type != self.device.type:
+            raise ValueError(f"x is on {x.device} but the model is on {self.device}")
+        if batch.num_tokens != x.shape[0]:
+            raise ValueError(f"the batch has {batch.num_tokens} tokens but x has {x.shape[0]} rows")
+        if tensors.token_lora_mapping.shape[0] != x.shape[0]:
+            raise ValueError("device batch tensors were built for another batch size")
+
+    def forward(self, x, batch: LoRABatchInfo, tensors: LoRABatchTensors, guard: str | Guard = "cpu_flag"):
+        g = get_guard(guard)
+        self._check(x, batch, tensors)
+        backend = self.backend
+        with record_function("forward"):
+            h = x
+            for i, layer in enumerate(self.layers):
+                with record_function(f"moe_layer_{i}"):
+                    info = self.lora_info(i, batch, tensors)
+                    with record_function(f"lora_guard_{g.name}"):
+                        launch = g.should_launch(info)
+                    hooks = [LoRAHook(info, backend, self.shape.num_experts)] if launch else []
+                    h = h + layer(backend.rmsnorm(h, layer.norm_w, layer.eps), hooks, backend, self.routing_log)
+        return h

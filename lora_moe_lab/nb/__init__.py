@@ -1,0 +1,1 @@
+"""Notebook support: parameter checks (params) and the runner / report (runner)."""

@@ -1,0 +1,71 @@
+"""Small helpers shared by the notebooks: parameter checks with clear messages, plotly set-up,
+and where the recorded GPU data lives."""
+from __future__ import annotations
+
+from .. import runtime
+from ..config import PRESETS
+from ..model.guards import guard_names
+from ..provenance import DATA  # noqa: F401  (notebooks read recordings through nb.params.DATA)
+
+
+class NotebookParameterError(ValueError):
+    pass
+
+
+def _bad(name, value, why):
+    raise NotebookParameterError(f"bad notebook parameter {name}={value!r}: {why}")
+
+
+def check_preset(preset):
+    if preset not in PRESETS:
+        _bad("preset", preset, f"unknown preset; choose one of {sorted(PRESETS)}")
+    return preset
+
+
+def check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        _bad(name, value, "must be a positive int")
+    return value
+
+
+def check_fraction(name, value):
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        _bad(name, value, "must be a number in [0, 1]")
+    return float(value)
+
+
+def check_guards(guards):
+    if isinstance(guards, str):
+        guards = [guards]
+    unknown = [g for g in guards if g not in guard_names()]
+    if unknown or not guards:
+        _bad("guards", guards, f"unknown guard(s) {unknown}; choose from {list(guard_names())}")
+    return list(guards)
+
+
+def check_device(device):
+    if device not in ("auto", "cpu", "cuda"):
+        _bad("device", device, "choose 'auto', 'cpu' or 'cuda'")
+    if device == "cuda" and not runtime.has_cuda():
+        _bad("device", device, "this machine has no CUDA GPU; use 'auto'")
+    return runtime.resolve_device(device)
+
+
+def pick_dtype(dtype, device):
+    if dtype == "auto":
+        return runtime.resolve_dtype(dtype, device)
+    if dtype not in ("float32", "float16", "bfloat16"):
+        _bad("dtype", dtype, "choose 'auto', 'float32', 'float16' or 'bfloat16'")
+    return dtype
+
+
+def setup_plotly():
+    """JupyterLab renders the plotly mimetype; the HTML report needs the figure with plotly.js
+    embedded (readable offline). 'plotly_mimetype+notebook' gives both."""
+    import plotly.io as pio
+
+    pio.renderers.default = "plotly_mimetype+notebook"
+
+
+def live_gpu() -> bool:
+    return runtime.has_cuda()

@@ -1,0 +1,58 @@
+"""The backend interface: what the MoE layer asks of its ops, and how a backend is chosen.
+
+Two backends implement it: `TorchBackend` (plain torch; references and fast CPU runs) and
+`TritonBackend` (the fused kernels in `kernels/`). The layer never imports either directly: it
+holds a `Backend` and calls these methods, so adding a backend means one new subclass here
+(and one line in `ops.get_backend`).
+
+Contract shared by every backend: no host syncs, shapes from static metadata only (capturable
+in a CUDA graph), `moe_gemm` fully writes `out`, `lora_delta` ADDS into `out` in place.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..kernels.align import Alignment, moe_align
+
+
+class Backend(ABC):
+    name: str = "base"
+
+    # alignment: the Triton kernels on a GPU, the torch version on CPU (same outputs)
+    align = staticmethod(moe_align)
+
+    @staticmethod
+    @abstractmethod
+    def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+        """Rows per block of the base GEMM's alignment (from static shapes)."""
+
+    @staticmethod
+    @abstractmethod
+    def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
+        """Rows per block of the per-adapter alignment."""
+
+    @staticmethod
+    @abstractmethod
+    def moe_gemm(x, w, align: Alignment, top_k: int, out, *, routed_weights=None, gather=True):
+        """out[pair] = x[row(pair)] @ w[expert(pair)].T (* routed weight); fully writes out."""
+
+    @staticmethod
+    @abstractmethod
+    def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, top_k, out, *,
+                   routed_weights=None, gather=True, exit_codes=None):
+        """out[pair, p*N:(p+1)*N] += (x[row] @ A[p, s, e].T) @ B[p, s, e].T for live slots."""
+
+    @staticmethod
+    @abstractmethod
+    def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up over the last dim split in two halves."""
+
+    @staticmethod
+    @abstractmethod
+    def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """x / rms(x) * w, computed in fp32."""
+
+    def __repr__(self):
+        return f"<backend {self.name}>"

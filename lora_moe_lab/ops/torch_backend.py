@@ -1,0 +1,106 @@
+"""Torch backend of the MoE ops: the `Backend` interface in plain torch, sync-free, graph-capturable.
+
+It works block by block over the same sorted-token alignment as the Triton kernels: each block of
+BM (token, k) pairs gathers its rows and its expert's weights and does one batched matmul. Every
+loop bound is static (derived from shapes), every index is a device tensor, so nothing is ever
+read back to the host. It has no early exit: a disabled slot still costs its full share of work,
+which is exactly the difference the Triton kernel's early exit removes.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.align import Alignment
+from .backend import Backend
+from .reference import exit_codes as host_exit_codes
+
+_CHUNK_BYTES = 256 << 20  # cap on the gathered weight tiles per step
+
+
+def _chunks(num_blocks: int, bytes_per_block: int):
+    step = max(1, min(num_blocks, _CHUNK_BYTES // max(1, bytes_per_block)))
+    for lo in range(0, num_blocks, step):
+        yield slice(lo, min(num_blocks, lo + step))
+
+
+def _rows(ids: torch.Tensor, n_pairs: int, top_k: int, gather: bool):
+    valid = ids < n_pairs
+    safe = torch.where(valid, ids, torch.zeros_like(ids)).long()
+    return valid, safe, (safe // top_k if gather else safe)
+
+
+def moe_gemm(x, w, align: Alignment, top_k: int, out, *, routed_weights=None, gather=True):
+    n_pairs, N = out.shape
+    BM = align.block_m
+    ids = align.sorted_token_ids[0].view(-1, BM)
+    experts = align.expert_ids[0].long().clamp(min=0)
+    out.zero_()
+    rw = None if routed_weights is None else routed_weights.reshape(-1)
+    for c in _chunks(ids.shape[0], w.shape[1] * w.shape[2] * w.element_size()):
+        valid, pair, row = _rows(ids[c], n_pairs, top_k, gather)
+        y = torch.bmm(x[row], w[experts[c]].transpose(1, 2))  # (blocks, BM, N)
+        scale = valid.to(y.dtype)
+        if rw is not None:
+            scale = scale * rw[pair].to(y.dtype)
+        out.index_add_(0, pair.reshape(-1), (y * scale[..., None]).reshape(-1, N))
+    return out
+
+
+def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, top_k, out, *,
+               routed_weights=None, gather=True, exit_codes=None):
+    P, S, E, r, K = lora_a.shape
+    N = lora_b.shape[3]
+    n_pairs = out.shape[0]
+    BM = align.block_m
+    nb = align.expert_ids.shape[1]
+    ids = align.sorted_token_ids.view(S * nb, BM)
+    slot = torch.arange(S, device=ids.device).repeat_interleave(nb)
+    experts = align.expert_ids.reshape(-1).long()
+    live = (lora_ids.long()[slot] >= 0) & (adapter_enabled.long()[slot] != 0) & (experts >= 0)
+    if exit_codes is not None:
+        exit_codes.copy_(host_exit_codes(align, lora_ids, adapter_enabled))
+    e = experts.clamp(min=0)
+    rw = None if routed_weights is None else routed_weights.reshape(-1)
+    for c in _chunks(S * nb, P * (r * K + N * r) * lora_a.element_size()):
+        valid, pair, row = _rows(ids[c], n_pairs, top_k, gather)
+        xb = x[row]  # (blocks, BM, K)
+        scale = (valid & live[c][:, None]).to(x.dtype)
+        if rw is not None:
+            scale = scale * rw[pair].to(x.dtype)
+        for p in range(P):
+            a = lora_a[p][slot[c], e[c]]  # (blocks, r, K)
+            b = lora_b[p][slot[c], e[c]]  # (blocks, N, r)
+            d = torch.bmm(torch.bmm(xb, a.transpose(1, 2)), b.transpose(1, 2))  # (blocks, BM, N)
+            out[:, p * N:(p + 1) * N].index_add_(0, pair.reshape(-1), (d * scale[..., None]).reshape(-1, N))
+
+
+def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """Rows per block: small blocks when few pairs land on each expert (decode), larger in prefill."""
+    per_expert = num_tokens * top_k / num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
+    return block_m(num_tokens, top_k, num_experts)
+
+
+def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
+    I = inter.shape[-1] // 2
+    return torch.nn.functional.silu(inter[..., :I]) * inter[..., I:]
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+class TorchBackend(Backend):
+    """Block-by-block torch ops over the same alignment as the kernels; no early exit."""
+
+    name = "torch"
+    moe_gemm = staticmethod(moe_gemm)
+    lora_delta = staticmethod(lora_delta)
+    block_m = staticmethod(block_m)
+    lora_block_m = staticmethod(lora_block_m)
+    silu_and_mul = staticmethod(silu_and_mul)
+    rmsnorm = staticmethod(rmsnorm)

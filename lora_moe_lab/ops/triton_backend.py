@@ -1,0 +1,98 @@
+"""Triton backend: the `Backend` interface over the kernels in `kernels/` (each kernel file holds its
+`@triton.jit` kernel and its launcher), plus `warmup`, which compiles every config the launch
+tables can pick so that a CUDA-graph capture never compiles.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
+from ..config import MoEShape, check_dtype, get_shape
+from ..kernels.align import moe_align
+from ..kernels.configs import gemm_config, lora_block_m, lora_config, moe_block_m
+from ..kernels.fused_moe import moe_gemm
+from ..kernels.fused_moe_lora import lora_delta
+from ..kernels.rmsnorm import rmsnorm
+from .backend import Backend
+from .torch_backend import silu_and_mul
+
+
+class TritonBackend(Backend):
+    """The fused Triton kernels: grouped GEMM, fused LoRA shrink+expand with early exit, RMSNorm."""
+
+    name = "triton"
+    moe_gemm = staticmethod(moe_gemm)
+    lora_delta = staticmethod(lora_delta)
+    block_m = staticmethod(moe_block_m)  # one alignment size for the base GEMM and LoRA
+    lora_block_m = staticmethod(lora_block_m)
+    silu_and_mul = staticmethod(silu_and_mul)
+    rmsnorm = staticmethod(rmsnorm)
+
+
+# --------------------------------------------------------------------------------------------
+# Warm-up: compile every config the table can pick, before any CUDA-graph capture
+# --------------------------------------------------------------------------------------------
+WARMUP_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, max_loras: int = 4,
+           max_rank: int = 16, device=None, num_tokens=WARMUP_TOKENS) -> int:
+    """Compile the kernels for every (block_m, config) the tables pick for these token counts, at the
+    shapes of one MoE layer (gate_up and down, base and LoRA, with and without routed weights).
+
+    Each compile runs once on a tiny batch (one binary serves every M: the M-dependent integers are
+    not specialised), so this is quick. Returns the number of distinct launches made.
+    """
+    shape = get_shape(shape)
+    device = runtime.resolve_device(device)
+    dtype = check_dtype(dtype, device, backend="triton")
+    K, I, E, k = shape.hidden, shape.intermediate, shape.num_experts, shape.top_k
+    S, R = max_loras, max_rank
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*size, scale=1.0):
+        return (torch.randn(*size, generator=g) * scale).to(dtype).to(device)
+
+    # Tiny inputs with the layer's K/N (so strides specialise as at run time); M = 1 token.
+    x1 = rnd(1, K)
+    ids = torch.randperm(E, generator=g)[:k].view(1, k).int().to(device)
+    rw = torch.rand(1, k, generator=g).float().to(device)
+    slot = torch.zeros(1, dtype=torch.int32, device=device)
+    lora_ids = torch.arange(S, dtype=torch.int32, device=device)
+    enabled = torch.ones(S, dtype=torch.int32, device=device)
+    w13, w2 = rnd(E, 2 * I, K, scale=K ** -0.5), rnd(E, K, I, scale=I ** -0.5)
+    a13, b13 = rnd(2, S, E, R, K), rnd(2, S, E, I, R)
+    a2, b2 = rnd(1, S, E, R, I), rnd(1, S, E, K, R)
+    h = rnd(k, I)
+    seen = set()
+    for M in num_tokens:
+        bm_base = moe_block_m(M, k, E)
+        bm_lora = lora_block_m(M, k, E, S)
+        al = moe_align(ids, E, bm_base)
+        jobs = [
+            ("gemm13", gemm_config(M, bm_base, 2 * I, K), bm_base,
+             lambda c, al=al: moe_gemm(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), config=c)),
+            ("gemm2", gemm_config(M, bm_base, K, I), bm_base,
+             lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
+                                       routed_weights=rw, gather=False, config=c)),
+            ("gemm2nw", gemm_config(M, bm_base, K, I), bm_base,
+             lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
+                                       gather=False, config=c)),
+        ]
+        for bm in (bm_lora, bm_base):  # the layer may align LoRA with either size
+            al_l = moe_align(ids, E, bm, slot, S)
+            jobs += [
+                ("lora13", lora_config(M, k, E, S, bm, I, K), bm,
+                 lambda c, al=al_l: lora_delta(x1, a13, b13, al, lora_ids, enabled, k,
+                                               torch.zeros(k, 2 * I, dtype=dtype, device=device), config=c)),
+                ("lora2", lora_config(M, k, E, S, bm, K, I), bm,
+                 lambda c, al=al_l: lora_delta(h, a2, b2, al, lora_ids, enabled, k,
+                                               torch.zeros(k, K, dtype=dtype, device=device),
+                                               routed_weights=rw, gather=False, config=c)),
+            ]
+        for name, cfg, bm, fn in jobs:
+            if (name, cfg, bm) not in seen:
+                seen.add((name, cfg, bm))
+                fn(cfg)
+    runtime.synchronize(device)
+    return len(seen)

@@ -1,0 +1,116 @@
+"""Where and with what a figure was measured: ONE metadata schema for every recording in data/.
+
+    metadata(params={...})  -> {gpu, torch, triton, cuda, python, commit, date, params}
+    DATA                    -> the repository's data/ folder (the one place recordings live)
+    normalize_meta(d)       -> a recorded dict in this schema (older files used git_commit/date_utc)
+    label(meta)             -> "H200 · commit 1c65309 · 2026-11-29" for a figure's caption
+
+No hostname is recorded. The commit is read from .git directly (no git binary needed); the
+GIT_COMMIT environment variable wins, for a copied tree on a GPU machine that has no .git.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data"
+META_KEYS = ("gpu", "torch", "triton", "cuda", "python", "commit", "date")
+_LEGACY = {"git_commit": "commit", "date_utc": "date"}
+
+
+def _git_dir(start: Path) -> Path | None:
+    for p in [start, *start.parents]:
+        g = p / ".git"
+        if g.is_dir():
+            return g
+        if g.is_file():  # worktree / submodule: "gitdir: <path>"
+            txt = g.read_text().strip()
+            if txt.startswith("gitdir:"):
+                d = Path(txt.split(":", 1)[1].strip())
+                return d if d.is_absolute() else (p / d).resolve()
+    return None
+
+
+def git_commit(start: Path | None = None) -> str:
+    """HEAD's commit; '' when neither GIT_COMMIT nor a .git is there."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    g = _git_dir(start or ROOT)
+    if g is None:
+        return ""
+    try:
+        head = (g / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head
+        ref = head.split(":", 1)[1].strip()
+        common = g
+        if (g / "commondir").is_file():  # linked worktree: refs live in the common dir
+            common = (g / (g / "commondir").read_text().strip()).resolve()
+        for base in (g, common):
+            if (base / ref).is_file():
+                return (base / ref).read_text().strip()
+        for base in (g, common):
+            packed = base / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    if line.endswith(" " + ref):
+                        return line.split()[0]
+    except OSError:
+        pass
+    return ""
+
+
+def git_dirty(start: Path | None = None) -> bool | None:
+    """Uncommitted changes to tracked files? None when the git binary is missing."""
+    exe = shutil.which("git")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True, cwd=str(start or ROOT), timeout=10)
+        return bool(r.stdout.strip()) if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def metadata(params: dict | None = None) -> dict:
+    """The metadata every recording carries (no hostname)."""
+    import torch
+
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:  # pragma: no cover - triton missing
+        tv = ""
+    cuda = runtime.has_cuda()
+    out = {
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "triton": tv,
+        "cuda": (torch.version.cuda or "") if cuda else "",
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if params:
+        out["params"] = params
+    return out
+
+
+def normalize_meta(meta: dict | None) -> dict:
+    """A recorded metadata dict in this schema: older recordings used git_commit / date_utc."""
+    return {_LEGACY.get(k, k): v for k, v in (meta or {}).items()}
+
+
+def label(meta: dict | None) -> str:
+    """One line naming a recording: GPU, short commit, date."""
+    m = normalize_meta(meta)
+    gpu = str(m.get("gpu", "?")).replace("NVIDIA ", "")
+    return f"{gpu} · commit {str(m.get('commit', ''))[:7] or '?'} · {str(m.get('date', ''))[:10] or '?'}"

@@ -1,0 +1,449 @@
+"""Interactive panels for notebooks 04 (live micro-benchmarks) and 05 (what-if on the simulator).
+
+Two layers:
+  * pure functions (no ipywidgets): `simulated_curve`, `recorded_rows`, `bench_view_figure`,
+    `results_figure`, `what_if_view` return DataFrames / plotly Figures and are tested alone;
+  * thin panels (`BenchPanel`, `WhatIfPanel`): controls whose observers call one `update(...)`
+    that re-displays a fresh `go.Figure` in an `ipywidgets.Output` (never a FigureWidget, which
+    stores megabytes of JavaScript in every executed notebook).
+
+Without a frontend (papermill) a notebook builds the panel and calls `panel.update(...)` /
+`panel.run(blocking=True)` itself, so every output exists. A long run (`BenchPanel.run`) goes on a
+background thread when started from the Run button, shows an `IntProgress`, and checks the Stop
+button's flag between repetitions: the kernel stays free to receive the click.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .. import sim
+from ..config import PRESETS
+from ..model.guards import guard_color, guard_names
+from ..model.lab import LabCache
+
+TOKENS = tuple(2 ** i for i in range(15))  # 1 .. 16384
+RANKS = (4, 8, 16, 32, 64)
+SOURCE_SYMBOLS = {"simulator": "line", "recorded": "diamond", "live": "circle"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure builders
+# ----------------------------------------------------------------------------------------------
+def simulated_curve(cost: sim.CostModel, preset: str, layers: int, active: float, rank: int, mode: str,
+                    tokens=TOKENS, guards=None) -> pd.DataFrame:
+    """Simulated forward time (ms) per guard over a range of token counts."""
+    rows = []
+    for g in guard_names() if guards is None else guards:
+        for m in tokens:
+            us = sim.forward_us(preset, int(m), g, layers=layers, mode=mode, params=cost, active=active, rank=rank)
+            rows.append(dict(guard=g, tokens=int(m), forward_ms=us / 1e3, source="simulator"))
+    return pd.DataFrame(rows)
+
+
+def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: float, rank: int,
+                  mode: str) -> pd.DataFrame:
+    """Rows of a recorded sweep (bench.py CSV) at this preset / layers / active / rank / mode."""
+    cols = ["guard", "tokens", "forward_ms", "p10_ms", "p90_ms", "source"]
+    if sweep is None or not len(sweep):
+        return pd.DataFrame(columns=cols)
+    from ..instruments.bench import clean
+
+    d = clean(sweep)
+    m = ((d["preset"] == preset) & (d["layers"].astype(int) == int(layers)) & np.isclose(d["active"].astype(float), active)
+         & (d["rank"].astype(int) == int(rank)) & (d["mode"] == mode))
+    d = d[m]
+    gpu = d["gpu"].iloc[0] if "gpu" in d and len(d) else "GPU"
+    return pd.DataFrame(dict(guard=d["guard"], tokens=d["tokens"].astype(int), forward_ms=d["median_us"] / 1e3,
+                             p10_ms=d["p10_us"] / 1e3, p90_ms=d["p90_us"] / 1e3,
+                             source=f"recorded ({gpu})")).reset_index(drop=True)
+
+
+def bench_view_figure(curve: pd.DataFrame, recorded: pd.DataFrame | None, live: pd.DataFrame | None,
+                      sel: dict, *, note: str = "") -> go.Figure:
+    """Forward time vs tokens, a line per guard (simulator), recorded and live points on top, the
+    selected (guard, tokens) marked. `sel` holds preset, layers, tokens, guard, active, rank, mode."""
+    fig = go.Figure()
+    for g, d in curve.groupby("guard", sort=False):
+        d = d.sort_values("tokens")
+        fig.add_trace(go.Scatter(x=d["tokens"], y=d["forward_ms"], mode="lines", name=f"{g} (simulator)",
+                                 line=dict(color=guard_color(g), width=3 if g == sel["guard"] else 1.2,
+                                           dash="solid" if g == sel["guard"] else "dot"),
+                                 hovertemplate="M=%{x}<br>%{y:.3f} ms<extra>" + g + " simulator</extra>"))
+    for frame, symbol in ((recorded, "diamond"), (live, "circle")):
+        if frame is None or not len(frame):
+            continue
+        for (g, src), d in frame.groupby(["guard", "source"], sort=False):
+            d = d.sort_values("tokens")
+            fig.add_trace(go.Scatter(x=d["tokens"], y=d["forward_ms"], mode="markers", name=f"{g} {src}",
+                                     marker=dict(color=guard_color(g), symbol=symbol, size=9,
+                                                 line=dict(width=1, color="black")),
+                                     hovertemplate="M=%{x}<br>%{y:.3f} ms<extra>" + f"{g} {src}" + "</extra>"))
+    pick = curve[(curve["guard"] == sel["guard"]) & (curve["tokens"] == int(sel["tokens"]))]
+    y = float(pick["forward_ms"].iloc[0]) if len(pick) else float("nan")
+    fig.add_trace(go.Scatter(x=[int(sel["tokens"])], y=[y], mode="markers", name="selected",
+                             marker=dict(symbol="star", size=18, color=guard_color(sel["guard"]),
+                                         line=dict(width=1.5, color="black")),
+                             hovertemplate="selected<br>M=%{x}<br>%{y:.3f} ms<extra></extra>"))
+    title = (f"{sel['preset']}, {sel['layers']} layers, active {sel['active']:g}, rank {sel['rank']}, {sel['mode']}"
+             f" — {sel['guard']} at M={int(sel['tokens'])}: {y:.3f} ms (simulator)")
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), template="plotly_white", height=430,
+                      xaxis=dict(title="tokens per forward (M)", type="log"),
+                      yaxis=dict(title="forward time (ms)", type="log"), legend=dict(font=dict(size=10)),
+                      annotations=[dict(text=note, xref="paper", yref="paper", x=0, y=-0.22, showarrow=False,
+                                        font=dict(size=11, color="#555"), align="left")] if note else [])
+    return fig
+
+
+def results_figure(results: pd.DataFrame) -> go.Figure:
+    """One bar per result row (median forward ms, p10-p90 whiskers), coloured by guard, grouped by
+    configuration; the source (live / recorded / simulator) in the label."""
+    fig = go.Figure()
+    if results is None or not len(results):
+        fig.update_layout(title="no results yet: press Run", template="plotly_white", height=300)
+        return fig
+    r = results.copy()
+    r["config"] = (r["preset"] + " L" + r["layers"].astype(str) + " M" + r["tokens"].astype(str) + " a"
+                   + r["active"].map(lambda a: f"{a:g}") + " " + r["mode"])
+    for (g, src), d in r.groupby(["guard", "source"], sort=False):
+        err = None
+        if {"p10_ms", "p90_ms"} <= set(d.columns) and d["p90_ms"].notna().any():
+            err = dict(type="data", symmetric=False, array=(d["p90_ms"] - d["median_ms"]).fillna(0),
+                       arrayminus=(d["median_ms"] - d["p10_ms"]).fillna(0))
+        fig.add_trace(go.Bar(x=d["config"], y=d["median_ms"], name=f"{g} · {src}", error_y=err,
+                             marker=dict(color=guard_color(g), pattern_shape="" if src.startswith("live") else
+                                         ("/" if src.startswith("recorded") else ".")),
+                             hovertemplate="%{x}<br>%{y:.3f} ms<extra>" + f"{g} · {src}" + "</extra>"))
+    fig.update_layout(barmode="group", title="Results (median forward time)", yaxis_title="forward (ms)",
+                      template="plotly_white", height=380, legend=dict(font=dict(size=10)))
+    return fig
+
+
+def what_if_view(cost: sim.CostModel, *, launch_us: float, tokens: int, preset: str = "qwen3-30b-a3b-tp4",
+                 layers: int = 48, tp: int = 4, collective: bool = True, syncs_per_layer: int = 1,
+                 active: float = 0.5, launch_range=(0.5, 50.0), token_range=(1024, 65536)) -> tuple[go.Figure, pd.DataFrame]:
+    """Two panels: forward time per guard vs the host launch cost (at `tokens`), and vs the tokens
+    per forward, i.e. the per-layer work (at `launch_us`); the current point is marked on both.
+    Returns the figure and a one-row-per-guard table at the current point."""
+    kw = dict(preset=preset, layers=layers, tp=tp, collective=collective, syncs_per_layer=syncs_per_layer,
+              active=active)
+    p = cost.with_(launch_us=float(launch_us))
+    lv = np.geomspace(*launch_range, 13)
+    lv = np.unique(np.r_[lv[~np.isclose(lv, float(launch_us), rtol=0.02)], float(launch_us)])
+    tv = np.geomspace(*token_range, 9).round().astype(int)
+    tv = np.unique(np.r_[tv[tv != int(tokens)], int(tokens)])
+    a = sim.what_if(cost, vary="launch_us", values=lv, tokens=int(tokens), **kw)
+    b = sim.what_if(p, vary="tokens", values=tv, **kw)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"vs host launch cost (M={int(tokens)})",
+                                                        f"vs tokens per forward (launch {launch_us:g} us)"])
+    for col, d, x in ((1, a, "value"), (2, b, "tokens")):
+        for g, dd in d.groupby("guard", sort=False):
+            dd = dd.sort_values(x)
+            fig.add_trace(go.Scatter(x=dd[x], y=dd["forward_ms"], mode="lines+markers", name=g, legendgroup=g,
+                                     showlegend=col == 1, line=dict(color=guard_color(g)),
+                                     hovertemplate="%{x}<br>%{y:.2f} ms<extra>" + g + "</extra>"), row=1, col=col)
+    now = a[np.isclose(a["value"], float(launch_us))].set_index("guard")
+    for col, x in ((1, float(launch_us)), (2, int(tokens))):
+        fig.add_trace(go.Scatter(x=[x] * len(now), y=now["forward_ms"], mode="markers", showlegend=False,
+                                 marker=dict(symbol="star", size=14, color=[guard_color(g) for g in now.index],
+                                             line=dict(width=1, color="black")), hoverinfo="skip"), row=1, col=col)
+    s, f = now.loc["sync", "forward_ms"], now.loc["cpu_flag", "forward_ms"]
+    title = (f"{preset}, {layers} layers, TP={tp}: launch {launch_us:g} us, M={int(tokens)} → sync {s:.2f} ms, "
+             f"cpu_flag {f:.2f} ms: +{100 * (s / f - 1):.1f} % throughput without the guard")
+    fig.update_xaxes(type="log", title_text="launch cost per kernel (us)", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="tokens per forward", row=1, col=2)
+    fig.update_yaxes(title_text="forward (ms)", type="log", row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_layout(title=dict(text=title, font=dict(size=13)), template="plotly_white", height=420)
+    table = now[["forward_ms", "syncs", "device_idle_ms"]].reset_index()
+    table["gain_vs_sync_pct"] = 100 * (s / table["forward_ms"] - 1)
+    return fig, table
+
+
+# ----------------------------------------------------------------------------------------------
+# Panels
+# ----------------------------------------------------------------------------------------------
+def _bundle(obj) -> dict:
+    """A display_data output for an Output widget. Figures go as the plotly mimetype only (rendered
+    by JupyterLab's plotly extension): `append_display_data(fig)` would call the figure's own
+    display hook, which prints into the running cell instead of the widget."""
+    if isinstance(obj, go.Figure):
+        import plotly.io as pio
+
+        data = dict(pio.renderers["plotly_mimetype"].to_mimebundle(obj.to_dict()))
+        data["text/plain"] = f"<plotly figure: {obj.layout.title.text or 'untitled'}>"
+        return {"output_type": "display_data", "data": data, "metadata": {}}
+    from IPython.core.formatters import format_display_data
+
+    data, md = format_display_data(obj)
+    return {"output_type": "display_data", "data": data, "metadata": md}
+
+
+def _show(out, *objs) -> None:
+    """Replace an Output widget's content in one state update; safe from a background thread
+    (no `with out:` capture, which follows the kernel's current message)."""
+    out.outputs = tuple(_bundle(o) for o in objs)
+
+
+
+def _set_controls(panel, values: dict) -> None:
+    """Set several controls of `panel` while its observers hold off (one redraw, not one per control)."""
+    unknown = set(values) - set(panel.controls)
+    if unknown:
+        raise ValueError(f"unknown control(s) {sorted(unknown)}; have {list(panel.controls)}")
+    panel._hold = True
+    try:
+        for k, v in values.items():
+            panel.controls[k].value = v
+    finally:
+        panel._hold = False
+
+class BenchPanel:
+    """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph), Run and Stop
+    buttons, a progress bar, a view figure that follows the controls, and a results table + chart.
+
+    live=True (a GPU): Run measures the forward with `instruments.timing.time_device` (CUDA events; graph replay
+    in graph mode via `model.graphs.GraphForward`), one repetition at a time. live=False: Run reports the
+    simulator (`cost`) and the matching rows of the recorded sweep instead, and says so.
+    """
+
+    def __init__(self, *, live: bool, sweep: pd.DataFrame | None = None, cost: sim.CostModel = sim.CostModel(),
+                 defaults: dict | None = None, reps: int = 10, warmup: int = 3, all_guards: bool = True,
+                 build: Callable | None = None, note: str = ""):
+        import ipywidgets as W
+
+        self.live, self.sweep, self.cost = live, sweep, cost
+        self.reps, self.warmup, self.note = reps, warmup, note
+        self._labs = LabCache(build)
+        self.results = pd.DataFrame()
+        self.last_figure: go.Figure | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._hold = False
+        d = dict(preset="tiny", layers=4, tokens=16, guard="sync", active=0.5, rank=16, mode="eager")
+        d.update(defaults or {})
+        lay = dict(width="420px")
+        sty = dict(description_width="110px")
+        self.controls = {
+            "preset": W.Dropdown(options=sorted(PRESETS), value=d["preset"], description="preset", layout=lay, style=sty),
+            "layers": W.IntSlider(value=d["layers"], min=1, max=48, description="layers", layout=lay, style=sty),
+            "tokens": W.SelectionSlider(options=list(TOKENS), value=int(d["tokens"]), description="tokens (M)",
+                                        layout=lay, style=sty),
+            "guard": W.Dropdown(options=list(guard_names()), value=d["guard"], description="guard", layout=lay, style=sty),
+            "active": W.FloatSlider(value=float(d["active"]), min=0.0, max=1.0, step=0.125, description="active fraction",
+                                    layout=lay, style=sty),
+            "rank": W.Dropdown(options=list(RANKS), value=int(d["rank"]), description="LoRA rank", layout=lay, style=sty),
+            "mode": W.ToggleButtons(options=["eager", "graph"], value=d["mode"], description="mode", style=sty),
+        }
+        self.all_guards = W.Checkbox(value=all_guards, description="Run all three guards", indent=False)
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="progress", style=sty)
+        self.status = W.HTML(value="")
+        self.view_out = W.Output()
+        self.results_out = W.Output()
+        for w in self.controls.values():
+            w.observe(self._on_change, names="value")
+        self.run_button.on_click(lambda _: self.run(blocking=False))
+        self.stop_button.on_click(lambda _: self.stop())
+        self.widget = W.VBox([
+            W.HBox([W.VBox(list(self.controls.values())[:4]), W.VBox(list(self.controls.values())[4:] + [self.all_guards])]),
+            W.HBox([self.run_button, self.stop_button, self.progress]), self.status, self.view_out, self.results_out])
+
+    # --- state ------------------------------------------------------------------------------
+    def params(self) -> dict:
+        return {k: w.value for k, w in self.controls.items()}
+
+    def set(self, **values) -> None:
+        """Set controls without one update per control; then update once."""
+        _set_controls(self, values)
+
+    def _on_change(self, _change) -> None:
+        if not self._hold:
+            self.update()
+
+    # --- the view that follows the controls -----------------------------------------------
+    def view_figure(self, **values) -> go.Figure:
+        p = {**self.params(), **values}
+        curve = simulated_curve(self.cost, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
+        live = None
+        if len(self.results):
+            r = self.results
+            m = ((r["preset"] == p["preset"]) & (r["layers"] == p["layers"]) & np.isclose(r["active"], p["active"])
+                 & (r["rank"] == p["rank"]) & (r["mode"] == p["mode"]) & r["source"].str.startswith("live"))
+            live = r[m].rename(columns={"median_ms": "forward_ms"})
+        return bench_view_figure(curve, rec, live, p, note=self.note)
+
+    def update(self, **values) -> go.Figure:
+        """Set any controls given, then redraw the view figure (what every control change calls)."""
+        if values:
+            self.set(**values)
+        fig = self.view_figure()
+        self.last_figure = fig
+        _show(self.view_out, fig)
+        return fig
+
+    # --- Run / Stop -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+        self.status.value = "<b>stopping after the current repetition…</b>"
+
+    def run(self, blocking: bool = True) -> pd.DataFrame | None:
+        """Measure (GPU) or report simulator + recorded rows (CPU) for the current controls. From the
+        Run button it runs on a thread; blocking=True (papermill) runs here and returns the rows."""
+        if self._thread is not None and self._thread.is_alive():
+            self.status.value = "<b>a run is in progress</b>: press Stop first"
+            return None
+        self._stop.clear()
+        p = self.params()
+        if blocking:
+            return self._run(p)
+        self._thread = threading.Thread(target=self._run, args=(p,), daemon=True)
+        self._thread.start()
+        return None
+
+    def _run(self, p: dict) -> pd.DataFrame:
+        guards = list(guard_names()) if self.all_guards.value else [p["guard"]]
+        self.run_button.disabled, self.stop_button.disabled = True, False
+        rows = []
+        try:
+            if self.live:
+                rows = self._measure(p, guards)
+            else:
+                rows = self._report(p, guards)
+        except Exception as e:  # noqa: BLE001 - shown in the panel, then re-raised
+            self.status.value = f"<b style='color:#d62728'>{type(e).__name__}: {e}</b>"
+            raise
+        finally:
+            self.run_button.disabled, self.stop_button.disabled = False, True
+        new = pd.DataFrame(rows)
+        self.results = pd.concat([self.results, new], ignore_index=True) if len(self.results) else new
+        self.show_results()
+        self.update()
+        return new
+
+    def _report(self, p: dict, guards: list[str]) -> list[dict]:
+        self.progress.max, self.progress.value = len(guards), 0
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
+        rows = []
+        for g in guards:
+            if self._stop.is_set():
+                break
+            r = sim.simulate_forward(p["preset"], int(p["tokens"]), g, layers=p["layers"], mode=p["mode"],
+                                     params=self.cost, active=p["active"], rank=p["rank"])
+            base = {k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")}
+            rows.append(dict(base, guard=g, source="simulator", median_ms=r.forward_us / 1e3, p10_ms=np.nan,
+                             p90_ms=np.nan, syncs_per_forward=r.syncs, reps=0))
+            hit = rec[(rec["guard"] == g) & (rec["tokens"] == int(p["tokens"]))]
+            for h in hit.itertuples():
+                rows.append(dict(base, guard=g, source=h.source, median_ms=h.forward_ms, p10_ms=h.p10_ms,
+                                 p90_ms=h.p90_ms, syncs_per_forward=np.nan, reps=np.nan))
+            self.progress.value += 1
+        n_rec = sum(r["source"].startswith("recorded") for r in rows)
+        self.status.value = ("No GPU here: these rows come from the <b>simulator</b> (queue model)"
+                             + (f" and <b>{n_rec} recorded GPU rows</b>" if n_rec else
+                                " — no recorded sweep row matches these controls") + ", not from a live measurement.")
+        return rows
+
+    def _lab_for(self, p: dict):
+        return self._labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p["layers"], max_loras=4,
+                              max_rank=p["rank"], dtype="bfloat16", device="cuda", backend="triton")
+
+    def _measure(self, p: dict, guards: list[str]) -> list[dict]:
+        import torch
+
+        from .. import runtime
+        from ..instruments.timing import time_device
+        from ..model.graphs import GraphForward
+        from ..model.guards import count_guard_syncs
+        from ..model.lab import split_tokens
+
+        self.progress.max, self.progress.value = len(guards) * self.reps, 0
+        self.status.value = f"building {p['preset']} with {p['layers']} layers…"
+        lab = self._lab_for(p)
+        R = min(8, int(p["tokens"]))
+        n_active = round(p["active"] * R)
+        batch, tensors = lab.make_batch(["bench" if i < n_active else None for i in range(R)],
+                                        split_tokens(int(p["tokens"]), R))
+        x = lab.random_input(int(p["tokens"]))
+        gpu = torch.cuda.get_device_name(0)
+        rows = []
+        for g in guards:
+            def fwd(g=g):
+                return lab.model(x, batch, tensors, guard=g)
+
+            self.status.value = f"{g}: warm-up{' and capture' if p['mode'] == 'graph' else ''}…"
+            with torch.no_grad():
+                graph = GraphForward(fwd, warmup=self.warmup) if p["mode"] == "graph" else None
+                fn = graph.replay if graph is not None else fwd
+                with count_guard_syncs() as c:
+                    fn()
+                runtime.synchronize()
+                for _ in range(self.warmup):
+                    fn()
+                samples = []
+                for i in range(self.reps):
+                    if self._stop.is_set():
+                        break
+                    samples.append(time_device(fn, warmup=0, reps=1).median_us)
+                    self.progress.value += 1
+                    self.status.value = f"{g}: repetition {i + 1}/{self.reps}, last {samples[-1] / 1e3:.3f} ms"
+                del graph
+            if samples:
+                rows.append(dict({k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")},
+                                 guard=g, source=f"live ({gpu})", median_ms=float(np.median(samples)) / 1e3,
+                                 p10_ms=float(np.percentile(samples, 10)) / 1e3,
+                                 p90_ms=float(np.percentile(samples, 90)) / 1e3, syncs_per_forward=c.count,
+                                 reps=len(samples)))
+            if self._stop.is_set():
+                break
+        self.status.value = ("stopped early: " if self._stop.is_set() else "done: ") + \
+            f"measured live on {gpu} (CUDA events, median of {self.reps} repetitions after {self.warmup} warm-up calls)"
+        return rows
+
+    def show_results(self) -> None:
+        cols = ["source", "preset", "layers", "tokens", "guard", "active", "rank", "mode", "median_ms", "p10_ms",
+                "p90_ms", "syncs_per_forward", "reps"]
+        tbl = self.results[[c for c in cols if c in self.results]] if len(self.results) else self.results
+        _show(self.results_out, tbl.round(4) if len(tbl) else tbl, results_figure(self.results))
+
+
+class WhatIfPanel:
+    """Sliders for the host launch cost and the tokens per forward (per-layer work) over the
+    simulator at production shapes; every move redraws `what_if_view`."""
+
+    def __init__(self, cost: sim.CostModel, *, launch_us: float | None = None, tokens: int = 16384, **view_kw):
+        import ipywidgets as W
+
+        self.cost, self.view_kw = cost, view_kw
+        self.last_figure: go.Figure | None = None
+        self.last_table: pd.DataFrame | None = None
+        sty = dict(description_width="170px")
+        lay = dict(width="520px")
+        self.controls = {
+            "launch_us": W.FloatLogSlider(value=launch_us or cost.launch_us, base=10, min=-0.3, max=1.7, step=0.05,
+                                          description="launch cost (us/kernel)", style=sty, layout=lay,
+                                          readout_format=".3g"),
+            "tokens": W.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768, 65536], value=int(tokens),
+                                        description="tokens per forward", style=sty, layout=lay),
+        }
+        self.out = W.Output()
+        self._hold = False
+        for w in self.controls.values():
+            w.observe(lambda _c: None if self._hold else self.update(), names="value")
+        self.widget = W.VBox([*self.controls.values(), self.out])
+
+    def update(self, **values) -> go.Figure:
+        """Set any sliders given (without one redraw per slider), then redraw once."""
+        _set_controls(self, values)
+        p = {k: w.value for k, w in self.controls.items()}
+        fig, table = what_if_view(self.cost, launch_us=p["launch_us"], tokens=p["tokens"], **self.view_kw)
+        self.last_figure, self.last_table = fig, table
+        _show(self.out, fig, table.round(3))
+        return fig

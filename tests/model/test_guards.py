@@ -1,0 +1,69 @@
+"""The guard registry: one place to add a guard. A fourth guard registered in a test appears in
+the benchmark CLI's choices, the simulator, the widget's options and the figure colours with no
+other edit; the model runs it and it gives the same output as the other three."""
+import pytest
+import torch
+
+from lora_moe_lab import sim
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments import bench
+from lora_moe_lab.model.guards import (Guard, count_guard_syncs, get_guard, guard_color, guard_names,
+                                       register_guard, unregister_guard)
+from lora_moe_lab.model.lab import build_lab
+
+
+@pytest.fixture
+def fourth_guard():
+    @register_guard
+    class AskTwiceGuard(Guard):
+        """Asks the device like `sync` but always launches: a sync for nothing."""
+        name, color, device_check = "ask_then_launch", "#9467bd", True
+
+        def decide(self, any_active: bool) -> bool:
+            return True
+
+    yield AskTwiceGuard
+    unregister_guard(AskTwiceGuard.name)
+
+
+def test_builtin_guards_are_registered_in_order():
+    assert guard_names()[:3] == ("sync", "cpu_flag", "launch_always")
+    assert get_guard("sync").device_check and not get_guard("cpu_flag").device_check
+    with pytest.raises(ValueError, match="unknown guard 'nope'"):
+        get_guard("nope")
+    with pytest.raises(TypeError):
+        register_guard(int)
+
+
+def test_a_fourth_guard_appears_everywhere(fourth_guard):
+    name = fourth_guard.name
+    assert name in guard_names() and guard_color(name) == "#9467bd"
+    # benchmark CLI: the --guards choices and the sweep validation
+    args = bench.build_parser().parse_args(["sweep", "--guards", name, "--out", "x.csv"])
+    assert args.guards == [name]
+    bench.SweepSpec(presets=["tiny"], guards=[name], device="cpu").resolved()
+    # simulator: one reduction + one sync per site, and the LoRA steps always (decide -> True)
+    spec = sim.layer_spec(get_shape("tiny"), 16, name, active=0.0)
+    names = [s[0] for s in spec]
+    assert names.count("lora_any.item") == 1 and "lora_gate_up" in names
+    r = sim.simulate_forward("tiny", 16, name, layers=3, active=0.0)
+    assert r.syncs == 3
+    assert name in set(sim.what_if(values=[5.0], layers=2, tokens=16).guard)
+    # widgets: the guard dropdown and the simulated curve
+    pytest.importorskip("ipywidgets")
+    from lora_moe_lab.ui import widgets
+
+    p = widgets.BenchPanel(live=False, defaults=dict(preset="tiny", layers=2, tokens=16))
+    assert name in p.controls["guard"].options
+    assert name in set(widgets.simulated_curve(sim.CostModel(), "tiny", 2, 0.0, 16, "eager", tokens=(16,)).guard)
+
+
+def test_the_model_runs_a_fourth_guard_with_the_same_output(fourth_guard):
+    lab = build_lab("tiny", num_layers=2)
+    lab.pool.load("a", rank=8)
+    x = lab.random_input(8)
+    batch, tensors = lab.make_batch(["a", None], [3, 5])
+    ref = lab.model(x, batch, tensors, guard="cpu_flag")
+    with count_guard_syncs() as c:
+        y = lab.model(x, batch, tensors, guard=fourth_guard.name)
+    assert c.count == 2 and torch.equal(y, ref)

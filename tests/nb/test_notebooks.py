@@ -1,0 +1,82 @@
+"""Notebook hygiene and execution: committed without outputs, a `parameters` cell, sources in
+sync, every notebook runs under papermill with the CI parameters, bad parameters fail clearly."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NBS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CI_PARAMS = yaml.safe_load((ROOT / "notebooks" / "params" / "ci.yaml").read_text())
+
+
+def test_there_are_notebooks():
+    assert NBS, "no notebooks found"
+
+
+@pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
+def test_committed_clean_with_parameters_cell(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    assert not any(c.get("outputs") or c.get("execution_count") for c in cells if c["cell_type"] == "code"), \
+        f"{nb.name} is committed with outputs"
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in cells), f"{nb.name}: no parameters cell"
+    assert nb.stem in CI_PARAMS, f"{nb.name} has no entry in notebooks/params/ci.yaml"
+
+
+def test_sources_and_notebooks_in_sync():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_notebooks.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _run(nb, params, tmp_path):
+    import papermill as pm
+
+    return pm.execute_notebook(str(nb), str(tmp_path / nb.name), parameters=params, cwd=str(nb.parent),
+                               kernel_name="python3", progress_bar=False, execution_timeout=900)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
+def test_executes_with_ci_params(nb, tmp_path):
+    _run(nb, CI_PARAMS[nb.stem], tmp_path)
+
+
+BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter preset"),
+              ("01_sync_bubble", {"guards": ["sync", "sometimes"]}, "bad notebook parameter guards"),
+              ("01_sync_bubble", {"num_layers": -2}, "bad notebook parameter num_layers"),
+              ("03_cuda_graph_capture", {"preset": "qwen9"}, "bad notebook parameter preset"),
+              ("03_cuda_graph_capture", {"tokens_per_request": -1}, "bad notebook parameter tokens_per_request")]
+# 02, 04 and 05 are covered by tests/test_widgets.py::test_notebooks_02_04_05_reject_bad_parameters
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("stem,params,msg", BAD_PARAMS, ids=lambda v: v if isinstance(v, str) and v[:2].isdigit() else None)
+def test_bad_parameter_fails_clearly(stem, params, msg, tmp_path):
+    import papermill as pm
+
+    nb = ROOT / "notebooks" / f"{stem}.ipynb"
+    with pytest.raises(pm.PapermillExecutionError, match=msg):
+        _run(nb, {**CI_PARAMS[nb.stem], **params}, tmp_path)
+
+
+BAD = [("02_kernel_early_exit", {"num_tokens": 0}, "bad notebook parameter num_tokens"),
+       ("02_kernel_early_exit", {"max_loras": 2}, "bad notebook parameter max_loras"),
+       ("04_live_microbenchmarks", {"tokens": 100}, "bad notebook parameter tokens"),
+       ("04_live_microbenchmarks", {"guard": "sometimes"}, "bad notebook parameter guards"),
+       ("05_scale_model", {"chunks": []}, "bad notebook parameter chunks")]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("stem,params,msg", BAD, ids=[f"{s[:2]}-{next(iter(p))}" for s, p, _ in BAD])
+def test_notebooks_02_04_05_reject_bad_parameters(stem, params, msg, tmp_path):
+    import papermill as pm
+
+    ci = CI_PARAMS[stem]
+    nb = ROOT / "notebooks" / f"{stem}.ipynb"
+    with pytest.raises(pm.PapermillExecutionError, match=msg):
+        pm.execute_notebook(str(nb), str(tmp_path / nb.name), parameters={**ci, **params}, cwd=str(nb.parent),
+                            kernel_name="python3", progress_bar=False, execution_timeout=300)

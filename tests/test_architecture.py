@@ -1,0 +1,95 @@
+"""The package's layers, checked from its own imports: no module imports one above it, and the
+import graph has no cycle. The simulator covers every step of the model's step list."""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "lora_moe_lab"
+# bottom to top; a module may import its own layer or any layer below it
+LAYERS = [{"runtime", "config", "provenance"}, {"kernels"}, {"ops"}, {"model"}, {"instruments"}, {"sim"},
+          {"ui"}, {"nb"}]
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(mod: str) -> int | None:
+    top = mod.split(".")[1] if "." in mod else None
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    return None  # the package's own __init__
+
+
+def _imports(path: Path) -> set[str]:
+    mod = _module(path)
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("lora_moe_lab"):
+                out.add(target)
+                out |= {f"{target}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("lora_moe_lab")}
+    files = {_module(p) for p in PKG.rglob("*.py")}
+    return {t for t in out if t in files and t != mod}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module(p): _imports(p) for p in PKG.rglob("*.py")}
+
+
+def test_imports_point_down_only():
+    upward = []
+    for mod, deps in _graph().items():
+        lm = _layer(mod)
+        if lm is None:
+            continue
+        for d in deps:
+            ld = _layer(d)
+            if ld is not None and ld > lm:
+                upward.append(f"{mod} -> {d}")
+    assert not upward, "upward imports: " + ", ".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    g = {m: {d for d in deps if not d.endswith("__init__")} for m, deps in _graph().items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in g.get(m, ()):
+            if d == "lora_moe_lab" or (d in g and g[d] and m.startswith(d + ".")):
+                continue  # a module importing its own package's __init__ re-exports
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d in g and not state.get(d):
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in g:
+        if not state.get(m):
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def test_simulator_costs_every_step_of_the_model():
+    from lora_moe_lab.config import get_shape
+    from lora_moe_lab.model.spec import MOE_LAYER_STEPS
+    from lora_moe_lab.sim import layer_spec
+    from lora_moe_lab.sim.cost import _step_costs
+
+    names = [s.name for s in MOE_LAYER_STEPS]
+    assert set(_step_costs(16, 8, 64, 32, 8, 2, 16, 2)) == set(names)
+    ops = [o[0] for o in layer_spec(get_shape("tiny"), 16, "launch_always", active=0.5) if o[1] == "kernel"]
+    assert ops == names  # the simulator issues the model's steps in the model's order
