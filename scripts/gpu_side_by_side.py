@@ -1,6 +1,9 @@
 """Guards measured side by side: the honest sync/cpu_flag ratio.
 
-    PYTHONPATH=. python3 scripts/gpu_side_by_side.py --out DIR   -> DIR/h200_side_by_side.csv (+ .meta.json)
+    PYTHONPATH=. python3 scripts/gpu_side_by_side.py --out DIR   -> DIR/h200_guards.csv (+ .meta.json)
+
+The canonical guards recording (data/guards/, read through instruments/recordings.py): one CSV row
+per repetition, so every figure can carry its spread and paired differences.
 
 A sweep that times one guard after another lets slow drifts of the host (clock, other processes,
 the allocator) land on one guard and not the other. Here every repetition runs the three guards
@@ -23,9 +26,9 @@ from lora_moe_lab.instruments.timing import time_interleaved  # noqa: E402
 from lora_moe_lab.model.graphs import CapturedForward  # noqa: E402
 from lora_moe_lab.model.guards import count_guard_syncs, guard_names  # noqa: E402
 from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
-from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
+from lora_moe_lab.provenance import DATA, META_KEYS, metadata  # noqa: E402
 
-COLUMNS = ["preset", "layers", "M", "active", "variant", "median_us", "p10_us", "p90_us", "reps", "syncs_per_forward"]
+from lora_moe_lab.instruments.recordings import SAMPLE_COLUMNS  # noqa: E402
 
 
 def measure(lab, M: int, act: float, a) -> tuple[dict, dict]:
@@ -50,7 +53,7 @@ def measure(lab, M: int, act: float, a) -> tuple[dict, dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=str(DATA / "guards"))
     ap.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "qwen3-30b-a3b-tp4"])
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 1024, 4096, 16384])
@@ -61,14 +64,14 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     meta = metadata(params=vars(a))
-    path = os.path.join(a.out, "h200_side_by_side.csv")
+    path = os.path.join(a.out, "h200_guards.csv")
     with open(path.replace(".csv", ".meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     row_meta = {k: meta[k] for k in META_KEYS}
     labs = LabCache()  # one 48-layer model on the GPU at a time
     t_start = time.time()
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS + list(row_meta))
+        w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS + list(row_meta))
         w.writeheader()
         for preset in a.presets:
             lab = labs.get(adapter=("bench", 16), preset=preset, num_layers=a.layers, dtype="bfloat16",
@@ -77,9 +80,11 @@ def main():
                 for act in a.active:
                     times, syncs = measure(lab, M, act, a)
                     for n, t in times.items():
-                        w.writerow(dict(preset=preset, layers=a.layers, M=M, active=act, variant=n,
-                                        median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us, reps=t.reps,
-                                        syncs_per_forward=syncs[n], **row_meta))
+                        graph = n == "graph"  # a replay of the cpu_flag capture: every guard records the same
+                        for rep, us in enumerate(t.samples_us):
+                            w.writerow(dict(preset=preset, layers=a.layers, tokens=M, active=act, variant=n,
+                                            guard="cpu_flag" if graph else n, mode="graph" if graph else "eager",
+                                            rep=rep, us=us, syncs_per_forward=syncs[n], **row_meta))
                     f.flush()
                     med = {n: t.median_us / 1e3 for n, t in times.items()}
                     print(f"{preset:18s} M={M:6d} active={act:.1f}  "
@@ -87,14 +92,11 @@ def main():
                           + f"  sync/cpu_flag={med['sync'] / med['cpu_flag']:.3f}  t={time.time() - t_start:.0f}s",
                           flush=True)
     labs.free()
-    import pandas as pd
+    from lora_moe_lab.instruments.recordings import load_guards
 
-    df = pd.read_csv(path)
-    p = df.pivot_table(index=["preset", "M", "active"], columns="variant", values="median_us") / 1e3
-    p["sync/cpu_flag"] = p["sync"] / p["cpu_flag"]
-    p["us_per_sync"] = (p["sync"] - p["cpu_flag"]) * 1e3 / a.layers
-    p["cpu_flag/graph"] = p["cpu_flag"] / p["graph"]
-    print(p.round(3).to_string())
+    p = load_guards(path).paired("sync", "cpu_flag")
+    print(p[["preset", "tokens", "active", "ratio", "lost_us", "lost_lo95_us", "lost_hi95_us", "us_per_sync"]]
+          .round(3).to_string(index=False))
 
 
 if __name__ == "__main__":
