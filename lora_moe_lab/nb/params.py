@@ -59,12 +59,40 @@ def pick_dtype(dtype, device):
     return dtype
 
 
+def _assigned(src: str) -> set[str]:
+    import ast
+
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return set()
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Name)}
+
+
+def reject_unknown_parameters() -> None:
+    """Call in the cell right after the `parameters` cell. Under papermill the cell before this one
+    is the injected `# Parameters` cell: a name it sets that the defaults cell does not define is
+    a misspelt parameter (`-p num_layer 3`), which would otherwise pass silently with the defaults."""
+    try:
+        hist = get_ipython().user_ns.get("In", [])  # noqa: F821  (IPython's input history)
+    except NameError:  # not in IPython: nothing was injected
+        return
+    if len(hist) >= 3 and hist[-2].lstrip().startswith("# Parameters"):
+        unknown = sorted(_assigned(hist[-2]) - _assigned(hist[-3]))
+        if unknown:
+            known = ", ".join(sorted(_assigned(hist[-3])))
+            raise NotebookParameterError(f"bad notebook parameter {unknown[0]}: unknown parameter(s) {unknown}; "
+                                         f"this notebook takes: {known}")
+
+
 def setup_plotly():
-    """JupyterLab renders the plotly mimetype; the HTML report needs the figure with plotly.js
-    embedded (readable offline). 'plotly_mimetype+notebook' gives both."""
+    """Figures go out as the plotly mimetype only (the figure JSON): JupyterLab renders it, and the
+    HTML report (nb/runner.py) draws it with one local plotly.js. No executed notebook embeds the
+    4.9 MB plotly.js."""
     import plotly.io as pio
 
-    pio.renderers.default = "plotly_mimetype+notebook"
+    pio.renderers.default = "plotly_mimetype"
 
 
 def live_gpu() -> bool:

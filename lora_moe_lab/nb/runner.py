@@ -51,17 +51,43 @@ def execute(nb: Path, out_dir: Path, params: dict, timeout: int = 1800) -> Path:
     return out
 
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _with_plotly_html(nb):
+    """A copy of the notebook whose plotly outputs also carry an HTML rendering that draws the
+    figure with a page-level plotly.js (nbconvert's HTML does not render the plotly mimetype)."""
+    import copy
+
+    import plotly.io as pio
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            fig = out.get("data", {}).get(PLOTLY_MIME)
+            if fig is not None:
+                out["data"]["text/html"] = pio.to_html(dict(fig), include_plotlyjs=False, full_html=False,
+                                                       validate=False)
+    return nb
+
+
 def html_report(executed: list[Path], out_dir: Path) -> Path:
-    """Self-contained HTML per notebook (plotly's JS is embedded by the notebooks' renderer) + index."""
+    """One HTML page per notebook + an index, all reading ONE local copy of plotly.js that sits
+    beside them (readable offline; no page embeds the library)."""
+    import nbformat
+    import plotly
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter()
     exporter.exclude_input_prompt = True
     html_dir = out_dir / "html"
     html_dir.mkdir(parents=True, exist_ok=True)
+    js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    (html_dir / "plotly.min.js").write_bytes(js.read_bytes())
     links = []
     for p in executed:
-        body, _ = exporter.from_filename(str(p))
+        body, _ = exporter.from_notebook_node(_with_plotly_html(nbformat.read(str(p), as_version=4)))
+        body = body.replace("<head>", '<head>\n<script src="plotly.min.js"></script>', 1)
         (html_dir / (p.stem + ".html")).write_text(body)
         links.append(f'<li><a href="{p.stem}.html">{html.escape(p.stem)}</a></li>')
     index = html_dir / "index.html"

@@ -34,6 +34,7 @@ from lora_moe_lab.model.lab import build_lab
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
 from lora_moe_lab.nb import params as nbk
 
+nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
 for _n in ("num_layers", "num_requests", "tokens_per_request"):
     nbk.check_positive_int(_n, globals()[_n])

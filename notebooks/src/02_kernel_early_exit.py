@@ -43,6 +43,7 @@ from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.ops.reference import tolerance
 from lora_moe_lab.ui.kernel_plots import exit_map_figure
 
+nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
 for _n in ("num_tokens", "num_requests", "rank", "max_loras", "num_layers"):
     nbk.check_positive_int(_n, globals()[_n])

@@ -42,6 +42,7 @@ from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.ui import widgets
 
+nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
 for _n in ("num_layers", "tokens", "rank", "reps"):
     nbk.check_positive_int(_n, globals()[_n])

@@ -40,6 +40,7 @@ from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.ui import plots, sim_plots, widgets
 
+nbk.reject_unknown_parameters()
 nbk.check_preset(fit_preset)
 for _n in ("fit_iters", "syncs_per_layer", "timeline_tokens", "timeline_layers"):
     nbk.check_positive_int(_n, globals()[_n])
