@@ -338,6 +338,25 @@ def time_lost_per_sync(df, baseline: str = "cpu_flag"):
     return m
 
 
+def lost_table(path):
+    """Time lost per sync from any timing CSV this lab writes: a guards recording (one row per
+    repetition: paired differences with their 95 % interval), a sweep CSV, or the older side-by-side
+    table. Anything else is a ValueError that says what the file is missing."""
+    from .recordings import SAMPLE_COLUMNS, load_guards
+
+    import pandas as pd
+
+    cols = set(pd.read_csv(path, nrows=0).columns)
+    if set(SAMPLE_COLUMNS) <= cols:
+        return load_guards(path).paired("sync", "cpu_flag")
+    df = normalize_sweep(load_sweep(path))
+    need = {"guard", "median_us", "syncs_per_forward"}
+    if not need <= set(df.columns):
+        raise ValueError(f"{path} is not a timing table of guards (it has no {sorted(need - set(df.columns))} "
+                         "columns): `lost` reads guards recordings (data/guards), sweep CSVs and side-by-side tables")
+    return time_lost_per_sync(df)
+
+
 def summary_table(df):
     """Compact table: M, preset, layers, rank, guard, active, mode, median ms, syncs, sync/cpu_flag
     ratio and us lost per sync (on the sync rows)."""
@@ -380,7 +399,7 @@ def _preset(s: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.bench",
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.bench",
                                 description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run a grid of forwards and append one CSV row per measurement",
@@ -428,7 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.cmd == "lost":
             if not Path(a.csv).exists():
                 parser.error(f"no such file: {a.csv}")
-            print(time_lost_per_sync(pd.read_csv(a.csv)).to_string(index=False))
+            try:
+                print(lost_table(a.csv).to_string(index=False))
+            except ValueError as e:
+                parser.error(str(e))
             return 0
         spec = SweepSpec(presets=a.preset, layers=a.layers or [None], tokens=a.tokens, guards=a.guards,
                          active=a.active, ranks=a.rank, modes=a.mode, dtype=a.dtype, backend=a.backend,

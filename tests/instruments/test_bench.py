@@ -204,3 +204,15 @@ def test_gpu_sweep_script_quick_mode_on_this_machine(tmp_path, capsys):
     assert df.attrs["meta"]["sessions"] and "sync/cpu_flag" in out and "us_per_sync" in out.splitlines()[-5]
     with pytest.raises(SystemExit):  # exists: --resume needed
         mod.main(["--quick", "--out", str(tmp_path)])
+
+
+def test_lost_works_on_every_csv_in_data_or_says_why_not(capsys):
+    from pathlib import Path
+
+    from lora_moe_lab.provenance import DATA
+
+    for p in sorted(Path(DATA).rglob("*.csv")):
+        try:
+            assert bench.main(["lost", str(p)]) == 0
+        except SystemExit as e:  # argparse's error: exit status 2 and a message naming the problem
+            assert e.code == 2 and "is not a timing table" in capsys.readouterr().err, p
