@@ -122,20 +122,26 @@ replay
 
 # %% [markdown]
 # ## What replay buys
-# Eager forward vs graph replay, 48 layers, on the H200 (device-event timing, median). At small
-# batches the forward is launch-bound and replay removes the host from the critical path; at
-# large batches the kernels dominate and the gain shrinks.
+# Eager forward per guard vs a graph replay of the same forward, 48 layers, from the canonical
+# guards recording (`data/guards/`, the same one the README and notebooks 01 and 04 read):
+# device-event timing, the median over interleaved repetitions with its 95 % interval. At small
+# batches the eager forward is launch-bound and replay removes the host from the critical path;
+# at large batches the kernels dominate and the gain shrinks.
 
 # %%
-timing_path = nbk.DATA / "graphs" / "graph_timing.csv"
-if timing_path.exists():
-    tim = pd.read_csv(timing_path)
-    fig = go.Figure()
-    for (guard, mode), g in tim.groupby(["guard", "mode"]):
-        fig.add_bar(x=[f"M={m}" for m in g.M], y=g.median_ms, name=f"{mode}: {guard}")
-    fig.update_layout(barmode="group", yaxis_title="forward time (ms)", yaxis_type="log", height=380,
-                      title=f"48-layer forward on {tim.gpu.iloc[0]}: eager per guard vs graph replay")
-    fig.show()
-    display(tim[["M", "layers", "guard", "mode", "median_ms"]])
-else:
-    print("no recorded timing yet: run scripts/gpu_checks.py on a GPU")
+from lora_moe_lab.instruments.recordings import load_guards
+
+rec = load_guards()
+tim = rec.summary()
+tim = tim[(tim.active == 0.0) & (tim.preset == "qwen3-30b-a3b")]
+fig = go.Figure()
+for v, g in tim.groupby("variant", sort=False):
+    fig.add_bar(x=[f"M={m}" for m in g.tokens], y=g.median_us / 1e3, name=("graph replay" if v == "graph" else f"eager: {v}"),
+                error_y=dict(type="data", symmetric=False, array=(g.hi95_us - g.median_us) / 1e3,
+                             arrayminus=(g.median_us - g.lo95_us) / 1e3))
+fig.update_layout(barmode="group", xaxis_title="tokens per forward", yaxis_title="forward time (ms)", yaxis_type="log",
+                  height=380, title=f"48-layer forward, no adapter active: eager per guard vs graph replay ({rec.label})")
+fig.show()
+print(f"recorded: {rec.label}")
+display(tim.pivot_table(index="tokens", columns="variant", values="median_us").div(1e3).round(2)
+        .rename(columns=lambda c: f"{c} (ms)"))
