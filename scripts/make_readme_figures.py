@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from lora_moe_lab.instruments import trace  # noqa: E402
-from lora_moe_lab.instruments.bench import load_sweep  # noqa: E402
-from lora_moe_lab.provenance import DATA, label  # noqa: E402
+from lora_moe_lab.instruments.recordings import load_guards  # noqa: E402
+from lora_moe_lab.provenance import DATA  # noqa: E402
 from lora_moe_lab.ui import plots  # noqa: E402
 
 
@@ -37,18 +37,20 @@ def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:
 
 
 def ratio_figure() -> go.Figure:
-    df = load_sweep(DATA / "sweep/h200_side_by_side.csv")  # older files: git_commit is read as commit
-    df = df[df.active == 0]
-    p = df.pivot_table(index=["preset", "M"], columns="variant", values="median_us").reset_index()
+    """sync / cpu_flag per preset and M with no adapter active, the paired ratio's median and 95 %
+    interval, from the canonical guards recording."""
+    rec = load_guards()
+    p = rec.paired("sync", "cpu_flag")
+    p = p[p.active == 0]
     fig = go.Figure()
     for preset, g in p.groupby("preset"):
-        fig.add_bar(x=[str(m) for m in g.M], y=g.sync / g.cpu_flag, name=f"sync / cpu_flag, {preset}",
-                    text=[f"{v:.2f}x" for v in g.sync / g.cpu_flag], textposition="outside")
+        r, lo, hi = g.ratio, 1 + g.lost_lo95_us / g.t_baseline_us, 1 + g.lost_hi95_us / g.t_baseline_us
+        fig.add_bar(x=[str(m) for m in g.tokens], y=r, name=f"sync / cpu_flag, {preset}",
+                    error_y=dict(type="data", symmetric=False, array=hi - r, arrayminus=r - lo))
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag "
-                            f"({label(df.iloc[0].to_dict())})",
-                      xaxis_title="tokens per forward (M)", yaxis_title="forward time ratio", barmode="group",
-                      yaxis_range=[0.9, 1.65], legend=dict(orientation="h", y=-0.25), margin=dict(t=60))
+    fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag ({rec.label})",
+                      xaxis_title="tokens per forward (M)", yaxis_title="forward time ratio (95 % interval)",
+                      barmode="group", yaxis_range=[0.8, 1.7], legend=dict(orientation="h", y=-0.25), margin=dict(t=60))
     return fig
 
 

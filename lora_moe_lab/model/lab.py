@@ -22,7 +22,7 @@ from .moe import MiniMoEModel
 @dataclass
 class Lab:
     shape: MoEShape
-    model: MiniMoEModel
+    model: torch.nn.Module  # MiniMoEModel or model.decoder.DecoderModel: the same forward(x, batch, tensors, guard)
     pool: AdapterPool
     device: torch.device
     dtype: torch.dtype
