@@ -1,0 +1,483 @@
+"""Chunked prefill, as a serving engine runs it: R requests of L input tokens, prefilled in
+chunks of C tokens (C a multiple of L: each chunk holds C // L whole requests), one forward per
+chunk, per guard. What it measures per prefill:
+
+    input throughput   R * L tokens / time from the prefill's start to the last chunk's end
+    TTFT per request   time from the prefill's start until the chunk holding its last token ends
+                       (every request arrives at the start: the production batch of 128 x 2048)
+    syncs per forward  the `sync` guard's `.item()` calls (model.guards.count_guard_syncs) / chunks
+    GPU idle/forward   one profiled forward per guard (instruments.trace), GPU only, NaN on CPU
+
+    lab = build_decoder_lab("tiny", num_layers=2); lab.pool.load("a0", rank=8)
+    drv = PrefillDriver(lab, make_plan(8, 16, 32), request_adapters(8, "mix", ["a0"]))
+    drv.run("cpu_flag")  -> dict(prefill_ms, input_tok_per_s, ttft_*_ms, syncs_per_forward, ...)
+
+Why the host must never sync here: with `cpu_flag` the host issues chunk after chunk while the GPU
+is still busy with earlier ones, so the GPU queue never drains. The per-chunk batch metadata is
+built from Python lists (LoRABatchTensors.from_batch: one pinned, non-blocking copy) and the
+per-chunk clock is CUDA events that are only read after the whole prefill. tests/instruments/
+test_prefill.py runs a whole prefill inside `checked_region()` to prove it.
+
+CLI (one CSV row per guard x adapter mode x repetition, a .meta.json beside it, a summary table):
+
+    python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 --requests 8 --input-len 16 \
+        --chunk 32 --adapters none mix --reps 5 --out build/prefill.csv
+    torchrun --nproc-per-node 2 -m lora_moe_lab.instruments.prefill --tp-auto ...   # rank 0 writes
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .. import runtime
+from ..config import PRESETS
+from ..model.guards import count_guard_syncs, guard_names
+from ..provenance import metadata
+
+ADAPTER_MODES = ("none", "mix")
+NO_IDLE = dict(gpu_idle_ms=math.nan, gpu_idle_after_sync_ms=math.nan, gpu_busy_ms=math.nan, gpu_span_ms=math.nan)
+
+
+class ChunkSizeError(ValueError):
+    """The chunk size does not hold whole requests (C < 1, or C not a multiple of L)."""
+
+
+class AdapterModeError(ValueError):
+    """An adapter mode other than 'none' or 'mix'."""
+
+
+# --- the plan: which requests each chunk holds -------------------------------------------------
+@dataclass(frozen=True)
+class PrefillPlan:
+    requests: int  # R
+    input_len: int  # L tokens per request
+    chunk: int  # C tokens per forward (a multiple of L)
+
+    @property
+    def requests_per_chunk(self) -> int:
+        return self.chunk // self.input_len
+
+    @property
+    def chunks(self) -> list[range]:
+        """Request indices of each chunk (the last one may hold fewer requests)."""
+        k = self.requests_per_chunk
+        return [range(i, min(i + k, self.requests)) for i in range(0, self.requests, k)]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.requests * self.input_len
+
+
+def make_plan(requests: int, input_len: int, chunk: int) -> PrefillPlan:
+    for name, v in (("requests", requests), ("input_len", input_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ChunkSizeError(f"chunk must be a positive int of tokens, got {chunk!r}")
+    if chunk % input_len:
+        raise ChunkSizeError(f"chunk={chunk} is not a multiple of input_len={input_len}: a chunk must hold "
+                             f"whole requests (try {max(1, chunk // input_len) * input_len})")
+    return PrefillPlan(requests, input_len, chunk)
+
+
+def request_adapters(requests: int, mode: str, names: Sequence[str], fraction: float = 0.5) -> list:
+    """Adapter per request. 'none': LoRA is configured and adapters are loaded, no request uses one
+    (the production case). 'mix': `fraction` of the requests, spread evenly, use the loaded
+    adapters in turn."""
+    if mode not in ADAPTER_MODES:
+        raise AdapterModeError(f"unknown adapter mode {mode!r}; choose one of {list(ADAPTER_MODES)}")
+    if mode == "none":
+        return [None] * requests
+    if not names:
+        raise ValueError("adapter mode 'mix' needs at least one loaded adapter")
+    n_use = round(fraction * requests)
+    use = sorted({int(i * requests / n_use) for i in range(n_use)}) if n_use else []
+    out = [None] * requests
+    for j, i in enumerate(use):
+        out[i] = names[j % len(names)]
+    return out
+
+
+# --- the per-chunk clock -------------------------------------------------------------------------
+class _ChunkClock:
+    """Marks after each chunk. GPU: CUDA events recorded on the stream (no host wait), read once
+    after the prefill; the GPU stamps an event when it reaches it in its queue, i.e. when every
+    kernel issued before it has finished, so mark c is when chunk c completed. The start event
+    goes into an empty queue (the driver synchronizes first): its stamp is the prefill's start.
+    CPU: torch runs each op before returning, so the wall clock is exact."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        if cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start = time.perf_counter()
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def read_ms(self) -> list[float]:
+        """Milliseconds from the start to each mark (waits for the last mark on a GPU)."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [self.start.elapsed_time(e) for e in self.marks]
+        return [(t - self.start) * 1e3 for t in self.marks]
+
+
+# --- the driver --------------------------------------------------------------------------------
+class PrefillDriver:
+    """A chunked prefill of one plan over one lab (model/lab.py's Lab API). Under tensor
+    parallelism every rank makes its own driver over its own lab; collectives inside the model
+    keep the ranks in step."""
+
+    def __init__(self, lab, plan: PrefillPlan, adapters: Sequence, *, group=None, seed: int = 0):
+        if len(adapters) != plan.requests:
+            raise ValueError(f"{len(adapters)} adapter entries for {plan.requests} requests")
+        for name in {a for a in adapters if a is not None}:
+            lab.pool.slot_of(name)  # KeyError: "unknown adapter 'x'; loaded adapters: [...]"
+        self.lab, self.plan, self.adapters, self.group = lab, plan, list(adapters), group
+        self.cuda = lab.device.type == "cuda"
+        # One input of a full chunk, made once: every chunk reads its first rows (an engine would
+        # embed token ids here; the cost of the forward does not depend on the values).
+        self.x = lab.random_input(plan.requests_per_chunk * plan.input_len, seed=seed)
+        self.chunk_of = [c for c, reqs in enumerate(plan.chunks) for _ in reqs]
+
+    def _forward(self, reqs: range, guard: str):
+        L = self.plan.input_len
+        # Host work of the engine per chunk: batch metadata from Python lists, no device read.
+        batch, tensors = self.lab.make_batch([self.adapters[r] for r in reqs], [L] * len(reqs))
+        return self.lab.model(self.x[:len(reqs) * L], batch, tensors, guard=guard)
+
+    def issue(self, guard: str) -> _ChunkClock:
+        """Issue the whole prefill and return its clock (unread). With `cpu_flag` or
+        `launch_always` nothing in here waits for the GPU."""
+        clock = _ChunkClock(self.cuda)
+        for reqs in self.plan.chunks:
+            self._forward(reqs, guard)
+            clock.mark()
+        return clock
+
+    def barrier(self) -> None:
+        """An idle device and (under TP) every rank at the same point before a timed prefill."""
+        runtime.synchronize()
+        if self.group is not None and getattr(self.group, "size", 1) > 1:
+            t = torch.zeros(1, device=self.lab.device)
+            self.group.all_reduce(t)
+            runtime.synchronize()
+
+    def warmup(self, guard: str) -> None:
+        """Compile and autotune every kernel for the chunk shapes this plan uses (not timed)."""
+        seen = set()
+        for reqs in self.plan.chunks:
+            if len(reqs) not in seen:
+                seen.add(len(reqs))
+                self._forward(reqs, guard)
+        runtime.synchronize()
+
+    def run(self, guard: str) -> dict:
+        """One timed prefill from an idle device."""
+        self.barrier()
+        with count_guard_syncs() as syncs:
+            clock = self.issue(guard)
+            ends = clock.read_ms()
+        ttft = np.array([ends[c] for c in self.chunk_of])
+        n_fwd = len(ends)
+        per_chunk = np.diff([0.0] + ends)
+        return dict(prefill_ms=ends[-1], input_tok_per_s=self.plan.total_tokens / (ends[-1] * 1e-3),
+                    ttft_mean_ms=float(ttft.mean()), ttft_p50_ms=float(np.percentile(ttft, 50)),
+                    ttft_p99_ms=float(np.percentile(ttft, 99)), forwards=n_fwd,
+                    forward_median_ms=float(np.median(per_chunk)), syncs_per_forward=syncs.count / n_fwd)
+
+    def profile(self, guard: str, path=None, labels: dict | None = None) -> dict:
+        """One profiled forward of the first chunk (GPU only): GPU idle in it, by cause. With
+        `path`, a trimmed trace (no aten cpu_op events) is written there."""
+        if not self.cuda:
+            return dict(NO_IDLE)
+        from . import trace as T
+
+        self.barrier()
+        reqs = self.plan.chunks[0]
+        t = T.profile_forwards(lambda: self._forward(reqs, guard), n_warmup=1, n_active=1)
+        m = T.forward_metrics(t)
+        if not len(m):
+            return dict(NO_IDLE)
+        r = m.iloc[0]
+        if path is not None:
+            T.export_perfetto(t, path, drop_cats=("cpu_op", "python_function"), labels=labels)
+        return dict(gpu_idle_ms=r["idle_ns"] / 1e6, gpu_idle_after_sync_ms=r["idle_after_sync_ns"] / 1e6,
+                    gpu_busy_ms=r["busy_ns"] / 1e6, gpu_span_ms=r["gpu_span_ns"] / 1e6)
+
+
+# --- the measurement: interleaved repetitions --------------------------------------------------
+KEY_COLUMNS = ["preset", "layers", "tp", "requests", "input_len", "chunk", "guard_sites", "adapters", "guard"]
+RESULT_COLUMNS = ["rep", "order", "prefill_ms", "input_tok_per_s", "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
+                  "forwards", "forward_median_ms", "syncs_per_forward", "gpu_idle_ms", "gpu_idle_after_sync_ms",
+                  "gpu_busy_ms", "gpu_span_ms", "timer"]
+COLUMNS = KEY_COLUMNS + RESULT_COLUMNS
+
+
+def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profile: bool = True,
+            trace_dir=None, deadline: float | None = None, progress: bool = True, on_row=None) -> list[dict]:
+    """Rows for every adapter mode (drivers: mode -> PrefillDriver) x guard x repetition.
+    Repetition r runs every mode and every guard once, the guards in an order rotated by r, so
+    slow drifts (clocks, temperature, the allocator) land on all guards alike."""
+    for g in guards:
+        if g not in guard_names():
+            raise ValueError(f"unknown guard {g!r}; choose from {list(guard_names())}")
+    if not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be a positive int, got {reps!r}")
+    guards = list(guards)
+    idle, rows = {}, []
+    for mode, d in drivers.items():
+        for g in guards:
+            d.warmup(g)
+            path = None
+            if profile and trace_dir is not None:
+                path = Path(trace_dir) / (_tag(key, mode, g) + ".json.gz")
+            idle[mode, g] = (d.profile(g, path=path, labels={**key, "adapters": mode, "guard": g})
+                             if profile else dict(NO_IDLE))
+    bar = _progress(reps * len(drivers) * len(guards), progress)
+    group = next(iter(drivers.values())).group if drivers else None
+    for r in range(reps):
+        if r > 0 and deadline is not None and _any_rank(group, time.monotonic() > deadline):
+            break
+        k = r % len(guards)
+        for mode, d in drivers.items():
+            for i, g in enumerate(guards[k:] + guards[:k]):
+                res = d.run(g)
+                row = {**key, "adapters": mode, "guard": g, "rep": r, "order": i, **res, **idle[mode, g],
+                       "timer": "cuda_events" if d.cuda else "wall"}
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+                bar.update(1)
+                bar.set_postfix_str(f"{mode}/{g} {res['prefill_ms']:.0f} ms")
+    bar.close()
+    return rows
+
+
+def _any_rank(group, flag: bool) -> bool:
+    """True on every rank when it is True on any: under TP all ranks must run the same number of
+    repetitions, or one waits forever in a collective the other never joins. Between repetitions,
+    so its host read (a sync) is outside every timed region."""
+    if group is None or getattr(group, "size", 1) == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=group.device)
+    group.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def _tag(key: dict, mode: str, guard: str) -> str:
+    return (f"{key['preset']}_L{key['layers']}_tp{key['tp']}_C{key['chunk']}_gs{key['guard_sites']:g}_"
+            f"{mode}_{guard}_rank{key.get('tp_rank', 0)}")
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    if tqdm is None or not enabled:
+        class _Null:
+            def update(self, n=1): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return _Null()
+    return tqdm(total=total, unit="prefill", file=sys.stderr, dynamic_ncols=True)
+
+
+# --- the summary: medians, intervals, change vs cpu_flag ---------------------------------------
+def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
+    """One row per configuration and guard: medians over the repetitions and [lo, hi] = the 2.5 and
+    97.5 percentiles of the repetitions (with 5 repetitions: close to their min and max). Changes
+    are paired per repetition (the guards of one repetition ran back to back):
+      fix_throughput_gain_pct  throughput of `fix` over this guard's, - 1 (production: +14.4 % for sync)
+      fix_ttft_change_pct      mean TTFT of `fix` over this guard's, - 1 (production: -12.6 % for sync)"""
+    import pandas as pd
+
+    keys = [c for c in KEY_COLUMNS if c != "guard"]
+    out = []
+    for k, g in df.groupby(keys, sort=False, dropna=False):
+        fx = g[g["guard"] == fix].set_index("rep")
+        for guard, gg in g.groupby("guard", sort=False):
+            gg = gg.set_index("rep")
+            row = dict(zip(keys, k), guard=guard, reps=len(gg))
+            for m in ("input_tok_per_s", "ttft_mean_ms", "ttft_p99_ms", "prefill_ms", "forward_median_ms"):
+                row[m] = float(gg[m].median())
+                row[m + "_lo"], row[m + "_hi"] = (float(np.percentile(gg[m], q)) for q in ci)
+            row["syncs_per_forward"] = float(gg["syncs_per_forward"].median())
+            row["gpu_idle_ms"] = float(gg["gpu_idle_ms"].iloc[0])
+            row["gpu_idle_after_sync_ms"] = float(gg["gpu_idle_after_sync_ms"].iloc[0])
+            both = gg.index.intersection(fx.index)
+            for name, m, num in (("fix_throughput_gain_pct", "input_tok_per_s", True),
+                                 ("fix_ttft_change_pct", "ttft_mean_ms", True)):
+                if len(both):
+                    ch = 100.0 * (fx.loc[both, m].to_numpy() / gg.loc[both, m].to_numpy() - 1.0)
+                    row[name] = float(np.median(ch))
+                    row[name + "_lo"], row[name + "_hi"] = (float(np.percentile(ch, q)) for q in ci)
+                else:
+                    row[name] = row[name + "_lo"] = row[name + "_hi"] = math.nan
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+# --- building the lab ----------------------------------------------------------------------------
+def build(preset: str, layers: int | None, *, max_loras: int, max_rank: int, dtype: str, device: str,
+          backend: str, seed: int, guard_sites: float, group=None):
+    """The decoder lab (model/decoder.py: attention + MoE with LoRA, `guard_sites` guard decisions
+    per layer), this rank's slice of it under TP."""
+    from ..model.decoder import build_decoder_lab
+
+    return build_decoder_lab(preset=preset, num_layers=layers, max_loras=max_loras, max_rank=max_rank, dtype=dtype,
+                             device=device, backend=backend, seed=seed, guard_sites=guard_sites, tp=group)
+
+
+def load_adapters(lab, n: int, rank: int) -> list[str]:
+    names = [f"a{i}" for i in range(n)]
+    for nm in names:
+        if nm not in lab.pool.loaded():
+            lab.pool.load(nm, rank=rank)
+    return names
+
+
+def init_group(tp_auto: bool):
+    """The TP group of this process (model/tp.py) under torchrun, else None."""
+    if not tp_auto:
+        return None
+    from ..model import tp
+    return tp.init_tp()
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+def _arg(convert, ok, what):
+    def parse(s):
+        try:
+            v = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
+
+
+_pos_int = _arg(int, lambda v: v > 0, "a positive integer")
+_pos_float = _arg(float, lambda v: v > 0, "a positive number")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.prefill",
+                                description="Chunked prefill per guard: input throughput, TTFT, syncs and GPU "
+                                            "idle per forward, interleaved repetitions, tidy CSV.")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--layers", type=_pos_int, default=None, help="layers (default: the preset's)")
+    p.add_argument("--requests", type=_pos_int, default=128, help="requests R (default 128)")
+    p.add_argument("--input-len", type=_pos_int, default=2048, help="input tokens per request L (default 2048)")
+    p.add_argument("--chunk", type=int, nargs="+", default=[16384], help="tokens per chunk C, multiples of L")
+    p.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()))
+    p.add_argument("--adapters", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES))
+    p.add_argument("--guard-sites", type=_pos_float, nargs="+", default=[1.0],
+                   help="guard decisions per layer (260 / 48 = 5.42 gives production's syncs per forward)")
+    p.add_argument("--n-adapters", type=_pos_int, default=2, help="adapters loaded (default 2)")
+    p.add_argument("--rank", type=_pos_int, default=16, help="LoRA rank of the loaded adapters (default 16)")
+    p.add_argument("--max-loras", type=_pos_int, default=4)
+    p.add_argument("--reps", type=_pos_int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp-auto", action="store_true", help="tensor parallelism from torchrun's environment")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiled forward (GPU idle = NaN)")
+    p.add_argument("--trace-dir", default=None, help="write each profiled forward's trimmed trace here")
+    p.add_argument("--max-minutes", type=float, default=None, help="start no repetition after this long")
+    p.add_argument("--out", required=True, help="tidy CSV (rows appended; .meta.json and .summary.csv beside)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        for c in a.chunk:
+            make_plan(a.requests, a.input_len, c)
+    except ChunkSizeError as e:
+        parser.error(str(e))
+    t0 = time.monotonic()
+    deadline = None if a.max_minutes is None else t0 + 60 * a.max_minutes
+    group = init_group(a.tp_auto)
+    rank, tp = (group.rank, group.size) if group is not None else (0, 1)
+    writer = rank == 0
+    out = Path(a.out)
+    if writer:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    fresh = not out.exists() or out.stat().st_size == 0
+
+    def write(row):
+        nonlocal fresh
+        rows.append(row)
+        if not writer:
+            return
+        with open(out, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            if fresh:
+                w.writeheader()
+                fresh = False
+            w.writerow(row)
+
+    for gs in a.guard_sites:
+        lab = build(a.preset, a.layers, max_loras=a.max_loras, max_rank=a.rank, dtype=a.dtype, device=a.device,
+                    backend=a.backend, seed=a.seed, guard_sites=gs, group=group)
+        names = load_adapters(lab, a.n_adapters, a.rank)
+        for c in a.chunk:
+            plan = make_plan(a.requests, a.input_len, c)
+            drivers = {m: PrefillDriver(lab, plan, request_adapters(a.requests, m, names), group=group, seed=a.seed)
+                       for m in a.adapters}
+            key = dict(preset=a.preset, layers=lab.shape.num_layers, tp=tp, requests=a.requests,
+                       input_len=a.input_len, chunk=c, guard_sites=gs, tp_rank=rank)
+            measure(drivers, a.guards, a.reps, key=key, profile=not a.no_profile, trace_dir=a.trace_dir,
+                    deadline=deadline, progress=writer and not a.no_progress, on_row=write)
+            del drivers
+        del lab
+        if runtime.has_cuda():
+            torch.cuda.empty_cache()
+    if writer:
+        params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in vars(a).items()}
+        params.update(tp=tp, ci="2.5/97.5 percentiles of the repetitions; changes paired per repetition")
+        meta_path = out.with_suffix(".meta.json")
+        meta_path.write_text(json.dumps(metadata(params=params), indent=1) + "\n")
+        import pandas as pd
+
+        s = summarize(pd.DataFrame(rows, columns=COLUMNS))
+        s.to_csv(out.with_suffix(".summary.csv"), index=False)
+        cols = ["tp", "chunk", "guard_sites", "adapters", "guard", "reps", "input_tok_per_s", "ttft_mean_ms",
+                "syncs_per_forward", "gpu_idle_ms", "fix_throughput_gain_pct", "fix_throughput_gain_pct_lo",
+                "fix_throughput_gain_pct_hi", "fix_ttft_change_pct"]
+        with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
+                               "{:.2f}".format):
+            print(s[cols].to_string(index=False))
+    if group is not None:
+        group.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The chunked-prefill driver at tiny shapes: the plan, adapter modes, the metrics, that a whole
+cpu_flag prefill never syncs (and a sync one does), interleaving, the summary and the CLI."""
+import json
+
+import pandas as pd
+import pytest
+
+from lora_moe_lab.instruments import prefill as P
+from lora_moe_lab.instruments.syncs import HostSyncError, checked_region
+
+
+@pytest.fixture(scope="module")
+def lab():
+    # auto: the torch backend in fp32 on CPU; Triton in bf16 on a GPU, where checked_region also
+    # turns on torch's sync debug mode
+    lab = P.build("tiny", 2, max_loras=4, max_rank=8, dtype="auto", device="auto", backend="auto",
+                  seed=0, guard_sites=1.0)
+    P.load_adapters(lab, 2, 8)
+    return lab
+
+
+def test_plan_holds_whole_requests():
+    p = P.make_plan(10, 16, 64)
+    assert p.requests_per_chunk == 4 and [len(c) for c in p.chunks] == [4, 4, 2] and p.total_tokens == 160
+    with pytest.raises(P.ChunkSizeError, match="not a multiple of input_len=16"):
+        P.make_plan(10, 16, 40)
+    for bad in (0, -16):
+        with pytest.raises(P.ChunkSizeError, match="positive"):
+            P.make_plan(10, 16, bad)
+
+
+def test_adapter_modes():
+    assert P.request_adapters(4, "none", ["a0"]) == [None] * 4
+    mix = P.request_adapters(8, "mix", ["a0", "a1"])
+    assert mix == ["a0", None, "a1", None, "a0", None, "a1", None]
+    with pytest.raises(P.AdapterModeError, match="unknown adapter mode 'some'"):
+        P.request_adapters(4, "some", ["a0"])
+
+
+def test_unknown_adapter_is_named(lab):
+    with pytest.raises(KeyError, match="unknown adapter 'zz'"):
+        P.PrefillDriver(lab, P.make_plan(2, 8, 16), ["zz", None])
+
+
+@pytest.mark.parametrize("mode", P.ADAPTER_MODES)
+def test_metrics(lab, mode):
+    d = P.PrefillDriver(lab, P.make_plan(6, 4, 8), P.request_adapters(6, mode, ["a0", "a1"]))
+    r = {g: d.run(g) for g in ("sync", "cpu_flag", "launch_always")}
+    assert r["sync"]["syncs_per_forward"] == lab.shape.num_layers  # one guard site per layer
+    assert r["cpu_flag"]["syncs_per_forward"] == 0 == r["launch_always"]["syncs_per_forward"]
+    for x in r.values():
+        assert x["forwards"] == 3 and x["prefill_ms"] > 0
+        assert x["input_tok_per_s"] == pytest.approx(24 / (x["prefill_ms"] * 1e-3))
+        assert 0 < x["ttft_p50_ms"] <= x["ttft_p99_ms"] <= x["prefill_ms"]
+    assert P.NO_IDLE.keys() == d.profile("sync").keys()  # CPU: no trace, NaN idle
+
+
+def test_whole_prefill_is_sync_free_with_cpu_flag(lab):
+    """Batch building, chunking and every forward inside one checked region. On CPU the region
+    checks the guard counter; on a GPU torch's sync debug mode too. The same test with the sync
+    guard must fail, or the region would prove nothing."""
+    d = P.PrefillDriver(lab, P.make_plan(4, 8, 16), P.request_adapters(4, "mix", ["a0"]))
+    for g in ("cpu_flag", "launch_always"):
+        with checked_region():
+            clock = d.issue(g)
+        assert len(clock.read_ms()) == 2
+    with pytest.raises(HostSyncError):
+        with checked_region():
+            d.issue("sync")
+
+
+def test_measure_interleaves_and_summarizes(lab):
+    plan = P.make_plan(2, 4, 8)  # one chunk per prefill: fast
+    drivers = {m: P.PrefillDriver(lab, plan, P.request_adapters(2, m, ["a0"])) for m in P.ADAPTER_MODES}
+    key = dict(preset="tiny", layers=2, tp=1, requests=2, input_len=4, chunk=8, guard_sites=1.0)
+    guards = ["sync", "cpu_flag", "launch_always"]
+    rows = P.measure(drivers, guards, 3, key=key, progress=False)
+    df = pd.DataFrame(rows)
+    assert len(df) == 3 * 2 * 3
+    first = df[df["order"] == 0].groupby("rep")["guard"].first().tolist()
+    assert first == guards  # repetition r starts with guard r (rotated order)
+    s = P.summarize(df)
+    assert len(s) == 6
+    fx = s[s["guard"] == "cpu_flag"]
+    assert (fx["fix_throughput_gain_pct"] == 0).all() and (fx["fix_ttft_change_pct"] == 0).all()
+    assert (s["input_tok_per_s_lo"] <= s["input_tok_per_s"]).all()
+    assert (s["input_tok_per_s"] <= s["input_tok_per_s_hi"]).all()
+    assert (s.loc[s["guard"] == "sync", "syncs_per_forward"] == 2).all()
+
+
+def test_cli_writes_csv_meta_and_summary(tmp_path, capsys):
+    out = tmp_path / "p.csv"
+    argv = ["--preset", "tiny", "--layers", "1", "--requests", "2", "--input-len", "4", "--chunk", "4", "8",
+            "--guards", "sync", "cpu_flag", "--reps", "2", "--device", "cpu", "--out", str(out), "--no-progress"]
+    assert P.main(argv) == 0
+    df = pd.read_csv(out)
+    assert list(df.columns) == P.COLUMNS and len(df) == 2 * 2 * 2 * 2  # chunks x modes x guards x reps
+    assert df["timer"].eq("wall").all() and df["gpu_idle_ms"].isna().all()
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert {"gpu", "torch", "commit", "date", "params"} <= set(meta) and meta["params"]["chunk"] == [4, 8]
+    assert len(pd.read_csv(out.with_suffix(".summary.csv"))) == 8
+    assert "fix_throughput_gain_pct" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        P.main(argv + ["--chunk", "6"])
+    assert "not a multiple" in capsys.readouterr().err
