@@ -156,13 +156,12 @@ def main(argv=None) -> int:
         try:
             from lora_moe_lab import sim
 
-            f = sim.fit(df, iters=200)
+            f = sim.fit(df)
             p = f.params
             print(f"cost-model fit ({f.rows} rows, rms log err {f.rms_log_error:.3f}): launch {p.launch_us:.2f} us, "
                   f"sync {p.sync_us:.1f} us, graph launch {p.graph_launch_us:.1f} us, kernel {p.kernel_us:.2f} us, "
                   f"{p.tflops:.0f} TFLOP/s, {p.tbps:.2f} TB/s")
-            v = sim.validate(df, p)
-            print(v[["guard", "mode", "n", "mean_abs_err_pct", "max_abs_err_pct"]].round(1).to_string(index=False))
+            print(sim.validate(df, p).summary.round(1).to_string(index=False))
         except Exception as e:  # noqa: BLE001 - the measurement is what matters here
             print(f"fit skipped: {type(e).__name__}: {e}")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3f}".format):

@@ -1,5 +1,6 @@
 """The simulator: a host/device queue model of a forward (engine), its costs from the model's own
-step list (cost), fitted to recorded GPU data (fit), pushed to the production setting (production).
+step list (cost), fitted to recorded GPU data (fit), pushed to the production setting (production),
+calibrated on the canonical recording and kept in data/simulator (calibration).
 
     from lora_moe_lab import sim
     sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=48, timeline=True)
@@ -7,6 +8,9 @@ step list (cost), fitted to recorded GPU data (fit), pushed to the production se
 from .cost import (DEFAULT_LAUNCHES, TRITON_OPS, CostModel, forward_ops, forward_us, layer_ops,  # noqa: F401
                    layer_spec, simulate_forward)
 from .engine import TIMELINE_COLUMNS, Op, SimResult, simulate, to_trace_tables  # noqa: F401
-from .fit import FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, fit, predict, trace_rows, validate  # noqa: F401
+from .fit import (FIT_BOUNDS, FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, Validation, fit, holdout, judge,  # noqa: F401
+                  predict, summarize, trace_rows, validate)
 from .production import (PRODUCTION, compare_production, extrapolate, scale_model_report,  # noqa: F401
                          sync_us_to_match, what_if)
+from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, SIM_DIR, Calibration, calibrate,  # noqa: F401
+                          load_calibration, production_figures, readme_block)

@@ -1,8 +1,8 @@
-"""Fit the cost model to recorded GPU data, and check it: predict / fit / validate against a
-benchmark sweep (instruments/bench.py's CSV schema) and recorded traces."""
+"""Fit the cost model to recorded GPU data, and check it: predict / fit / validate (in-sample) /
+holdout (points the fit did not see) against sweep rows (instruments/bench.py's schema, or the
+canonical recording's `as_sweep()`) and recorded traces."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Iterable, Sequence
 
@@ -84,36 +84,22 @@ FIT_PARAMS = ("launch_us", "sync_us", "graph_launch_us", "kernel_us", "tflops", 
 # kernel), so their extra host cost is fitted too rather than assumed 0.
 FIT_PARAMS_RECORDED = FIT_PARAMS + ("triton_extra_us",)
 
-
-def _nelder_mead(f, x0: np.ndarray, *, step: float = 0.3, iters: int = 400, tol: float = 1e-10) -> np.ndarray:
-    """Plain Nelder-Mead (no scipy in the base install)."""
-    n = len(x0)
-    simplex = [x0.copy()] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    vals = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(vals)
-        simplex = [simplex[i] for i in order]
-        vals = [vals[i] for i in order]
-        if abs(vals[-1] - vals[0]) <= tol * (abs(vals[0]) + tol):
-            break
-        c = np.mean(simplex[:-1], axis=0)
-        xr = c + (c - simplex[-1])
-        fr = f(xr)
-        if fr < vals[0]:
-            xe = c + 2.0 * (c - simplex[-1])
-            fe = f(xe)
-            simplex[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            simplex[-1], vals[-1] = xr, fr
-        else:
-            xc = c + 0.5 * (simplex[-1] - c)
-            fc = f(xc)
-            if fc < vals[-1]:
-                simplex[-1], vals[-1] = xc, fc
-            else:
-                simplex = [simplex[0]] + [simplex[0] + 0.5 * (s - simplex[0]) for s in simplex[1:]]
-                vals = [vals[0]] + [f(s) for s in simplex[1:]]
-    return simplex[int(np.argmin(vals))]
+# Where each fitted parameter may go (wide, but physical for an H200 host + GPU): the fit runs in
+# log space inside these bounds, so no parameter can run away to where no row constrains it.
+FIT_BOUNDS = {
+    "launch_us": (0.5, 200.0),  # one eager launch: a C++ cudaLaunchKernel (~2 us) .. a slow Python path
+    "sync_us": (0.1, 2000.0),  # host work after a sync returns, before the next launch
+    "graph_launch_us": (1.0, 5000.0),  # one cudaGraphLaunch of a whole forward
+    "kernel_us": (0.1, 50.0),  # fixed device time per kernel (launch latency, tail of a small grid)
+    "tflops": (10.0, 2000.0),  # H200 dense bf16 peak is ~990 TFLOP/s
+    "tbps": (0.1, 6.0),  # H200 HBM3e peak is 4.8 TB/s
+    "triton_extra_us": (0.1, 1000.0),  # a Triton kernel's Python launcher over a PyTorch op's launch
+    "host_layer_us": (0.1, 1000.0),  # serving-engine Python per layer that launches nothing
+    "skew_us": (0.1, 1000.0),  # how much later the slowest TP rank reaches a collective
+}
+# The model's own error, as a log ratio: a measurement whose 95 % interval is tighter than this
+# does not weigh more than one that is this tight (the model cannot be right to 1 %).
+MODEL_SIGMA = 0.05
 
 
 @dataclass
@@ -123,6 +109,7 @@ class FitResult:
     rows: int
     fitted: tuple[str, ...]
     sources: list[str] = field(default_factory=list)
+    at_bound: tuple[str, ...] = ()  # fitted parameters that ended on a bound of FIT_BOUNDS
 
 
 def _trace_init(init: CostModel, kernels: pd.DataFrame | None, runtime: pd.DataFrame | None) -> tuple[CostModel, list[str]]:
@@ -154,19 +141,32 @@ def _trace_init(init: CostModel, kernels: pd.DataFrame | None, runtime: pd.DataF
     return init.with_(**kw), src
 
 
+def _log_sigma(d: pd.DataFrame) -> np.ndarray:
+    """Per row, the measurement's spread as a log ratio: half the 95 % interval's log width / 1.96
+    (0 where the row has no interval), combined with MODEL_SIGMA."""
+    s = np.zeros(len(d))
+    if {"lo95_us", "hi95_us"} <= set(d.columns):
+        lo, hi = d["lo95_us"].astype(float).to_numpy(), d["hi95_us"].astype(float).to_numpy()
+        ok = np.isfinite(lo) & np.isfinite(hi) & (lo > 0) & (hi >= lo)
+        s[ok] = (np.log(hi[ok]) - np.log(lo[ok])) / (2 * 1.96)
+    return np.sqrt(s ** 2 + MODEL_SIGMA ** 2)
+
+
 def fit(sweep: pd.DataFrame | None = None, *, traces: Iterable | None = None, kernels: pd.DataFrame | None = None,
         runtime: pd.DataFrame | None = None, init: CostModel = CostModel(),
-        params: Sequence[str] = FIT_PARAMS, iters: int = 400) -> FitResult:
-    """Fit the cost model to recorded data.
+        params: Sequence[str] = FIT_PARAMS) -> FitResult:
+    """Fit the cost model to recorded data; deterministic (same rows -> same numbers).
 
     Trace tables (kernels/runtime calls with name, start_ns, end_ns) give starting values; `traces`
     (recorded trace files or TraceTables with labels) give both starting values and rows
-    (`trace_rows`); the sweep (bench.py CSV: preset, layers, tokens, guard, active, rank, mode,
-    median_us) and the trace rows are then matched by
-    minimising the squared log-ratio of simulated to measured forward time over the chosen
-    parameters (Nelder-Mead in log space: all parameters stay positive). Without a sweep only the
-    trace starting values are returned.
+    (`trace_rows`). The sweep rows (bench.py schema, or `Recording.as_sweep()`: preset, layers,
+    tokens, guard, active, rank, mode, median_us, optionally lo95_us/hi95_us) are then matched by
+    `scipy.optimize.least_squares` (trust-region reflective) over the log of each parameter inside
+    FIT_BOUNDS, residual log(predicted / measured) per row divided by the row's spread
+    (`_log_sigma`). Without a sweep only the starting values are returned.
     """
+    from scipy.optimize import least_squares
+
     if traces is not None:
         from ..instruments import trace as T
 
@@ -184,9 +184,9 @@ def fit(sweep: pd.DataFrame | None = None, *, traces: Iterable | None = None, ke
     if not len(d):
         raise ValueError("the sweep has no usable rows (all errored or non-positive)")
     names = tuple(params)
-    bad = [p for p in names if p not in {f.name for f in fields(CostModel)}]
+    bad = [p for p in names if p not in {f.name for f in fields(CostModel)} or p not in FIT_BOUNDS]
     if bad:
-        raise ValueError(f"unknown cost-model parameters {bad}")
+        raise ValueError(f"unknown cost-model parameters {bad} (fittable: {sorted(FIT_BOUNDS)})")
     rows = [_row_kwargs(r) for r in d.to_dict("records")]
     specs = []
     for r in rows:  # the work of each row does not depend on the parameters: build it once
@@ -194,50 +194,137 @@ def fit(sweep: pd.DataFrame | None = None, *, traces: Iterable | None = None, ke
         kw = {k: v for k, v in r.items() if k not in ("shape", "tokens", "guard", "layers", "mode")}
         specs.append((layer_spec(shape, r["tokens"], r["guard"], graph=graph, **kw), L, graph))
     meas = np.log(d["median_us"].astype(float).to_numpy())
+    weight = 1.0 / _log_sigma(d)
     # graph rows carry no information on eager/sync costs and vice versa; drop parameters no row
-    # can see so they do not wander.
+    # can see so they keep their starting value instead of wandering.
     modes = {r["mode"] for r in rows}
     guards = {r["guard"] for r in rows}
     names = tuple(p for p in names if not (p == "graph_launch_us" and "graph" not in modes)
                   and not (p == "sync_us" and not ({"sync"} & guards and "eager" in modes))
-                  and not (p == "launch_us" and "eager" not in modes))
-    # Log-space search: a parameter whose start is 0 (e.g. triton_extra_us) starts at 1 us instead.
-    start = start.with_(**{p: 1.0 for p in names if getattr(start, p) <= 0})
-    x0 = np.log([getattr(start, p) for p in names])
+                  and not (p == "launch_us" and "eager" not in modes)
+                  and not (p == "triton_extra_us" and "eager" not in modes))
+    lo = np.log([FIT_BOUNDS[p][0] for p in names])
+    hi = np.log([FIT_BOUNDS[p][1] for p in names])
+    # fixed start: the starting model, clipped just inside the bounds (a 0 start, e.g.
+    # triton_extra_us, starts at 1 us)
+    x0 = np.log([getattr(start, p) if getattr(start, p) > 0 else 1.0 for p in names])
+    x0 = np.clip(x0, lo + 1e-6, hi - 1e-6)
 
     def model(x):
         return start.with_(**{p: float(v) for p, v in zip(names, np.exp(x))})
 
-    def loss(x):
-        if np.any(np.abs(x - x0) > math.log(1e3)):  # stay within 1000x of the start: no runaway values
-            return 1e30
+    def log_pred(x):
         pm = model(x)
-        pred = np.log([_fast_forward_us(_costs(s, pm, g, 1), L, pm.graph_launch_us if g else 0.0)[0]
+        return np.log([_fast_forward_us(_costs(s, pm, g, 1), L, pm.graph_launch_us if g else 0.0)[0]
                        for s, L, g in specs])
-        return float(np.mean((pred - meas) ** 2))
 
-    x = x0
-    for _ in range(3):  # restarts: Nelder-Mead stalls on the max() kinks of the queue model
-        x = _nelder_mead(loss, x, iters=iters)
-    pm = model(x)
-    return FitResult(pm, math.sqrt(loss(x)), len(rows), names, src + ["sweep"])
+    if names:
+        # each finite-difference step moves a parameter by 0.1 % (diff_step): wide enough to step
+        # over the queue model's max() kinks (host-bound vs device-bound) instead of reading a zero
+        # slope between them
+        res = least_squares(lambda x: weight * (log_pred(x) - meas), x0, bounds=(lo, hi), method="trf",
+                            diff_step=1e-3, x_scale=1.0, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=400)
+        x = res.x
+    else:
+        x = x0
+    err = log_pred(x) - meas
+    at = tuple(p for p, v, a, b in zip(names, x, lo, hi) if v - a < 1e-3 or b - v < 1e-3)
+    return FitResult(model(x), float(np.sqrt(np.mean(err ** 2))), len(rows), names, src + ["sweep"], at)
 
 
-def validate(sweep: pd.DataFrame, params: CostModel, *, target_pct: float = 15.0) -> pd.DataFrame:
-    """Predicted vs measured, per guard (and mode): n, mean/max absolute % error, share of rows
-    within `target_pct`, and whether every row is within it."""
-    p = predict(sweep, params)
-    p["abs_err_pct"] = p["error_pct"].abs()
-    keys = ["guard"] + (["mode"] if "mode" in p.columns else [])
+def judge(pred: pd.DataFrame, *, target_pct: float = 15.0) -> pd.DataFrame:
+    """The pass rule, per row of `predict`'s table: a prediction passes when it is within
+    +-target_pct of the measured median, or inside the measurement's 95 % interval where that
+    interval is wider (a noisy point cannot be asked to match better than it was measured).
+    Adds in_interval, within_target, passes and, for a miss, why."""
+    p = pred.copy()
+    lo = p["lo95_us"].astype(float) if "lo95_us" in p else pd.Series(np.nan, index=p.index)
+    hi = p["hi95_us"].astype(float) if "hi95_us" in p else pd.Series(np.nan, index=p.index)
+    p["lo95_us"], p["hi95_us"] = lo, hi
+    p["in_interval"] = (p["predicted_us"] >= lo) & (p["predicted_us"] <= hi)
+    p["within_target"] = p["error_pct"].abs() <= target_pct
+    p["passes"] = p["within_target"] | p["in_interval"]
+    half = 100.0 * (hi - lo) / 2.0 / p["median_us"].astype(float)
+    p["why"] = [
+        "" if ok else (f"predicted {e:+.1f} % ({'above' if e > 0 else 'below'} the measured median); "
+                       + (f"its 95 % interval is only +-{h:.2g} %" if np.isfinite(h) else "no interval recorded"))
+        for ok, e, h in zip(p["passes"], p["error_pct"], half)]
+    p["target_pct"] = target_pct
+    return p
+
+
+def summarize(points: pd.DataFrame) -> pd.DataFrame:
+    """Per guard and mode: points, how many pass, mean and max |error| %, ok when all pass."""
+    keys = ["guard"] + (["mode"] if "mode" in points.columns else [])
+    p = points.assign(abs_err_pct=points["error_pct"].abs(), passes=points["passes"].astype(bool))
     g = p.groupby(keys, sort=True)
-    t = pd.DataFrame({
-        "n": g.size(),
-        "mean_abs_err_pct": g["abs_err_pct"].mean(),
-        "max_abs_err_pct": g["abs_err_pct"].max(),
-        "within_target_frac": g["abs_err_pct"].apply(lambda s: float((s <= target_pct).mean())),
-    }).reset_index()
-    t["target_pct"] = target_pct
-    t["ok"] = t["max_abs_err_pct"] <= target_pct
+    t = pd.DataFrame({"n": g.size(), "passed": g["passes"].sum().astype(int),
+                      "mean_abs_err_pct": g["abs_err_pct"].mean(),
+                      "max_abs_err_pct": g["abs_err_pct"].max()}).reset_index()
+    t["ok"] = t["passed"] == t["n"]
     return t
 
 
+POINT_COLUMNS = ["fold", "preset", "layers", "tokens", "guard", "mode", "active", "median_us", "lo95_us", "hi95_us",
+                 "predicted_us", "error_pct", "in_interval", "within_target", "passes", "why"]
+
+
+@dataclass
+class Validation:
+    """Every validated point (`points`: predicted vs measured median, the 95 % interval, error %,
+    pass / miss and why) and its per-guard `summary`."""
+    points: pd.DataFrame
+    target_pct: float = 15.0
+    how: str = ""
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.points)
+
+    @property
+    def misses(self) -> pd.DataFrame:
+        return self.points[~self.points["passes"].astype(bool)]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.points["passes"].all())
+
+    def report(self) -> str:
+        """The summary and the misses only (not every point)."""
+        n, k = len(self.points), int(self.points["passes"].sum())
+        head = (f"{k} of {n} points pass (within +-{self.target_pct:g} % of the measured median, or inside its "
+                f"95 % interval where that is wider){'; ' + self.how if self.how else ''}")
+        lines = [head, self.summary.round(1).to_string(index=False)]
+        m = self.misses
+        if len(m):
+            lines.append(f"{len(m)} miss(es):")
+            for r in m.itertuples():
+                lines.append(f"  {r.preset} M={r.tokens} active={r.active:g} {r.guard}/{r.mode}: measured "
+                             f"{r.median_us:.0f} us, predicted {r.predicted_us:.0f} us: {r.why}")
+        return "\n".join(lines)
+
+
+def validate(sweep: pd.DataFrame, params: CostModel, *, target_pct: float = 15.0) -> Validation:
+    """Every row of `sweep` predicted with `params` and judged (`judge`): in-sample when `params`
+    were fitted on these rows; `holdout` validates on rows the fit did not see."""
+    p = judge(predict(sweep, params), target_pct=target_pct).assign(fold="in-sample")
+    return Validation(p[[c for c in POINT_COLUMNS if c in p.columns]], target_pct, "in-sample")
+
+
+def holdout(sweep: pd.DataFrame, *, by: str = "tokens", target_pct: float = 15.0, **fit_kw) -> Validation:
+    """Held-out validation, k-fold by `by` (default: leave one token count out): for each value v
+    of `by`, fit on every row whose `by` differs from v and predict the rows at v. Every row is
+    predicted exactly once by a fit that never saw it; the folds are sorted, so the split is
+    deterministic. At the smallest and largest token counts this is an extrapolation."""
+    d = _clean_sweep(sweep)
+    vals = sorted(d[by].unique())
+    if len(vals) < 2:
+        raise ValueError(f"held-out validation needs at least two values of {by!r}, got {vals}")
+    out = []
+    for v in vals:
+        f = fit(d[d[by] != v], **fit_kw)
+        out.append(judge(predict(d[d[by] == v], f.params), target_pct=target_pct).assign(fold=f"{by}={v}"))
+    p = pd.concat(out, ignore_index=True)
+    what = "token count" if by == "tokens" else f"{by} value"
+    return Validation(p[[c for c in POINT_COLUMNS if c in p.columns]], target_pct,
+                      f"held out: leave one {what} out, {len(vals)} folds")

@@ -141,7 +141,7 @@ def scale_model_report(sweep: pd.DataFrame | None = None, *, traces: Iterable | 
     """Everything notebook 05 shows, from recorded data in one call: the fit, predictions beside
     measurements, the per-guard validation table, the production-shape extrapolation, its
     comparison with the production figures, and the sync overhead that would explain production's
-    stall per sync."""
+    stall per sync. (The canonical recording goes through sim/calibration.py instead.)"""
     f = fit(sweep, traces=traces, init=init)
     rows = sweep
     if traces is not None:
@@ -150,6 +150,6 @@ def scale_model_report(sweep: pd.DataFrame | None = None, *, traces: Iterable | 
     ex = extrapolate(f.params, chunks=chunks, **extrap_kw)
     return dict(fit=f, params=pd.Series(f.params.as_dict(), name="value"),
                 predictions=predict(rows, f.params) if rows is not None else None,
-                validation=validate(rows, f.params, target_pct=target_pct) if rows is not None else None,
+                validation=validate(rows, f.params, target_pct=target_pct).summary if rows is not None else None,
                 extrapolation=ex, comparison=compare_production(ex),
                 sync_us_to_match=sync_us_to_match(f.params, tokens=max(chunks)))

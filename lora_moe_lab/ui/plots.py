@@ -144,7 +144,7 @@ def timeline(tables, window: tuple[int, int] | None = None, forward: int | None 
         barmode="overlay", bargap=0.25, height=180 + 45 * len(present),
         title=title or ("timeline" + (f": forward {forward}" if forward is not None else "")),
         xaxis_title="time (us from window start)", hovermode="closest",
-        yaxis=dict(categoryorder="array", categoryarray=present[::-1]),
+        yaxis=dict(title="lane (host thread / GPU stream)", categoryorder="array", categoryarray=present[::-1]),
         legend=dict(orientation="h", y=-0.25), margin=dict(l=130, r=20, t=50, b=40))
     return fig
 

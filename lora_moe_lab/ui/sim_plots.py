@@ -100,8 +100,12 @@ def predicted_vs_measured(pred: pd.DataFrame, *, target_pct: float = 15.0,
         keys = keys if isinstance(keys, tuple) else (keys,)
         guard, mode = keys[0], (keys[1] if mode_col else "eager")
         cd = g[["preset", "tokens", "active", "error_pct"]].to_numpy()
+        err = None  # the measurement's 95 % interval, where the recording has one
+        if {"lo95_us", "hi95_us"} <= set(g.columns) and g["hi95_us"].notna().any():
+            err = dict(type="data", symmetric=False, array=((g["hi95_us"] - g["median_us"]) / 1e3).fillna(0),
+                       arrayminus=((g["median_us"] - g["lo95_us"]) / 1e3).fillna(0), thickness=1)
         fig.add_trace(go.Scatter(
-            x=g["median_us"] / 1e3, y=g["predicted_us"] / 1e3, mode="markers", name=f"{guard} {mode}",
+            x=g["median_us"] / 1e3, y=g["predicted_us"] / 1e3, mode="markers", name=f"{guard} {mode}", error_x=err,
             marker=dict(color=_color(guard), symbol=MODE_SYMBOL.get(mode, "circle"), size=8), customdata=cd,
             hovertemplate="%{customdata[0]} M=%{customdata[1]} active=%{customdata[2]}<br>measured %{x:.3f} ms"
                           "<br>predicted %{y:.3f} ms (%{customdata[3]:+.1f} %)<extra></extra>"))
@@ -141,6 +145,11 @@ def extrapolation_figure(extrap: pd.DataFrame, compare: pd.DataFrame | None = No
         fig.add_trace(go.Bar(x=xs, y=ys, marker_color=["#9467bd"] * len(g) + ["#444444"], showlegend=False,
                              text=[f"{y:.3g}" for y in ys], textposition="outside",
                              hovertemplate="%{x}: %{y:.3g}<extra>" + _METRIC_TITLES[m] + "</extra>"), row=1, col=c)
+    fig.update_xaxes(title_text="prefill chunk (tokens)", row=1, col=1)
+    fig.update_yaxes(title_text="forward time (ms)", row=1, col=1)
+    for c, m in enumerate(metrics, start=2):
+        fig.update_xaxes(title_text="model vs production", row=1, col=c)
+        fig.update_yaxes(title_text=_METRIC_TITLES[m], row=1, col=c)
     fig.update_layout(title=title, template="plotly_white", barmode="group", height=420)
     return fig
 

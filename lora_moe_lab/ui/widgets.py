@@ -47,9 +47,11 @@ def simulated_curve(cost: sim.CostModel, preset: str, layers: int, active: float
 
 
 def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: float, rank: int,
-                  mode: str) -> pd.DataFrame:
-    """Rows of a recorded sweep (bench.py CSV) at this preset / layers / active / rank / mode."""
-    cols = ["guard", "tokens", "forward_ms", "p10_ms", "p90_ms", "source"]
+                  mode: str, *, label: str | None = None) -> pd.DataFrame:
+    """Rows of a recorded sweep (the canonical recording's `as_sweep()`, or a bench.py CSV) at this
+    preset / layers / active / rank / mode. lo_ms / hi_ms: the median's 95 % interval (lo95_us,
+    hi95_us) where the recording has it, else p10 / p90; `interval` says which."""
+    cols = ["guard", "tokens", "forward_ms", "lo_ms", "hi_ms", "interval", "source"]
     if sweep is None or not len(sweep):
         return pd.DataFrame(columns=cols)
     from ..instruments.bench import clean
@@ -59,13 +61,33 @@ def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: 
          & (d["rank"].astype(int) == int(rank)) & (d["mode"] == mode))
     d = d[m]
     gpu = d["gpu"].iloc[0] if "gpu" in d and len(d) else "GPU"
+    ci = "lo95_us" in d and d["lo95_us"].notna().any()
+    lo, hi = ("lo95_us", "hi95_us") if ci else ("p10_us", "p90_us")
     return pd.DataFrame(dict(guard=d["guard"], tokens=d["tokens"].astype(int), forward_ms=d["median_us"] / 1e3,
-                             p10_ms=d["p10_us"] / 1e3, p90_ms=d["p90_us"] / 1e3,
-                             source=f"recorded ({gpu})")).reset_index(drop=True)
+                             lo_ms=d[lo].astype(float) / 1e3, hi_ms=d[hi].astype(float) / 1e3,
+                             interval="95 % CI of the median" if ci else "p10-p90",
+                             source=f"recorded ({label or gpu})")).reset_index(drop=True)
+
+
+def agreement(sim_ms: float, recorded: pd.DataFrame, guard: str, tokens: int, *, target_pct: float = 15.0) -> str:
+    """The simulator's value at one point against the recorded one, by the validation's rule
+    (sim/fit.py: judge): within +-target_pct, or inside the measurement's 95 % interval where that
+    is wider. "" when nothing was recorded there."""
+    r = recorded[(recorded["guard"] == guard) & (recorded["tokens"] == int(tokens))] if recorded is not None else ()
+    if not len(r):
+        return ""
+    r = r.iloc[0]
+    ci = r["interval"].startswith("95") if "interval" in r else False
+    j = sim.judge(pd.DataFrame(dict(median_us=[r["forward_ms"]], predicted_us=[sim_ms],
+                                    error_pct=[100.0 * (sim_ms / r["forward_ms"] - 1.0)],
+                                    lo95_us=[r["lo_ms"] if ci else np.nan], hi95_us=[r["hi_ms"] if ci else np.nan])),
+                  target_pct=target_pct).iloc[0]
+    verdict = "agrees" if j["passes"] else f"MISSES (outside +-{target_pct:g} % and the 95 % interval)"
+    return f"recorded {r['forward_ms']:.3f} ms: simulator {j['error_pct']:+.1f} %, {verdict}"
 
 
 def bench_view_figure(curve: pd.DataFrame, recorded: pd.DataFrame | None, live: pd.DataFrame | None,
-                      sel: dict, *, note: str = "") -> go.Figure:
+                      sel: dict, *, note: str = "", target_pct: float = 15.0) -> go.Figure:
     """Forward time vs tokens, a line per guard (simulator), recorded and live points on top, the
     selected (guard, tokens) marked. `sel` holds preset, layers, tokens, guard, active, rank, mode."""
     fig = go.Figure()
@@ -92,6 +114,9 @@ def bench_view_figure(curve: pd.DataFrame, recorded: pd.DataFrame | None, live: 
                              hovertemplate="selected<br>M=%{x}<br>%{y:.3f} ms<extra></extra>"))
     title = (f"{sel['preset']}, {sel['layers']} layers, active {sel['active']:g}, rank {sel['rank']}, {sel['mode']}"
              f" — {sel['guard']} at M={int(sel['tokens'])}: {y:.3f} ms (simulator)")
+    agree = agreement(y, recorded, sel["guard"], sel["tokens"], target_pct=target_pct)
+    if agree:
+        title += f"<br>{agree}"
     fig.update_layout(title=dict(text=title, font=dict(size=14)), template="plotly_white", height=430,
                       xaxis=dict(title="tokens per forward (M)", type="log"),
                       yaxis=dict(title="forward time (ms)", type="log"), legend=dict(font=dict(size=10)),
@@ -101,26 +126,28 @@ def bench_view_figure(curve: pd.DataFrame, recorded: pd.DataFrame | None, live: 
 
 
 def results_figure(results: pd.DataFrame) -> go.Figure:
-    """One bar per result row (median forward ms, p10-p90 whiskers), coloured by guard, grouped by
-    configuration; the source (live / recorded / simulator) in the label."""
+    """One bar per result row (median forward ms, whiskers: its lo_ms-hi_ms interval), coloured by
+    guard, grouped by configuration; the source (live / recorded / simulator) in the label."""
     fig = go.Figure()
+    axes = dict(xaxis_title="configuration (preset, layers, tokens, active fraction, mode)",
+                yaxis_title="median forward time (ms)")
     if results is None or not len(results):
-        fig.update_layout(title="no results yet: press Run", template="plotly_white", height=300)
+        fig.update_layout(title="no results yet: press Run", template="plotly_white", height=300, **axes)
         return fig
     r = results.copy()
     r["config"] = (r["preset"] + " L" + r["layers"].astype(str) + " M" + r["tokens"].astype(str) + " a"
                    + r["active"].map(lambda a: f"{a:g}") + " " + r["mode"])
     for (g, src), d in r.groupby(["guard", "source"], sort=False):
         err = None
-        if {"p10_ms", "p90_ms"} <= set(d.columns) and d["p90_ms"].notna().any():
-            err = dict(type="data", symmetric=False, array=(d["p90_ms"] - d["median_ms"]).fillna(0),
-                       arrayminus=(d["median_ms"] - d["p10_ms"]).fillna(0))
+        if {"lo_ms", "hi_ms"} <= set(d.columns) and d["hi_ms"].notna().any():
+            err = dict(type="data", symmetric=False, array=(d["hi_ms"] - d["median_ms"]).fillna(0),
+                       arrayminus=(d["median_ms"] - d["lo_ms"]).fillna(0))
         fig.add_trace(go.Bar(x=d["config"], y=d["median_ms"], name=f"{g} · {src}", error_y=err,
                              marker=dict(color=guard_color(g), pattern_shape="" if src.startswith("live") else
                                          ("/" if src.startswith("recorded") else ".")),
                              hovertemplate="%{x}<br>%{y:.3f} ms<extra>" + f"{g} · {src}" + "</extra>"))
-    fig.update_layout(barmode="group", title="Results (median forward time)", yaxis_title="forward (ms)",
-                      template="plotly_white", height=380, legend=dict(font=dict(size=10)))
+    fig.update_layout(barmode="group", title="Results (median forward time; whiskers: the row's interval)",
+                      template="plotly_white", height=380, legend=dict(font=dict(size=10)), **axes)
     return fig
 
 
@@ -158,7 +185,7 @@ def what_if_view(cost: sim.CostModel, *, launch_us: float, tokens: int, preset: 
     fig.update_xaxes(type="log", title_text="launch cost per kernel (us)", row=1, col=1)
     fig.update_xaxes(type="log", title_text="tokens per forward", row=1, col=2)
     fig.update_yaxes(title_text="forward (ms)", type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_yaxes(title_text="forward (ms)", type="log", row=1, col=2)
     fig.update_layout(title=dict(text=title, font=dict(size=13)), template="plotly_white", height=420)
     table = now[["forward_ms", "syncs", "device_idle_ms"]].reset_index()
     table["gain_vs_sync_pct"] = 100 * (s / table["forward_ms"] - 1)
@@ -214,11 +241,13 @@ class BenchPanel:
 
     def __init__(self, *, live: bool, sweep: pd.DataFrame | None = None, cost: sim.CostModel = sim.CostModel(),
                  defaults: dict | None = None, reps: int = 10, warmup: int = 3, all_guards: bool = True,
-                 build: Callable | None = None, note: str = ""):
+                 build: Callable | None = None, note: str = "", label: str | None = None,
+                 target_pct: float = 15.0):
         import ipywidgets as W
 
         self.live, self.sweep, self.cost = live, sweep, cost
         self.reps, self.warmup, self.note = reps, warmup, note
+        self.label, self.target_pct = label, target_pct  # the recording's label; the agreement rule's target
         self._labs = LabCache(build)
         self.results = pd.DataFrame()
         self.last_figure: go.Figure | None = None
@@ -271,14 +300,14 @@ class BenchPanel:
     def view_figure(self, **values) -> go.Figure:
         p = {**self.params(), **values}
         curve = simulated_curve(self.cost, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
-        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label)
         live = None
         if len(self.results):
             r = self.results
             m = ((r["preset"] == p["preset"]) & (r["layers"] == p["layers"]) & np.isclose(r["active"], p["active"])
                  & (r["rank"] == p["rank"]) & (r["mode"] == p["mode"]) & r["source"].str.startswith("live"))
             live = r[m].rename(columns={"median_ms": "forward_ms"})
-        return bench_view_figure(curve, rec, live, p, note=self.note)
+        return bench_view_figure(curve, rec, live, p, note=self.note, target_pct=self.target_pct)
 
     def update(self, **values) -> go.Figure:
         """Set any controls given, then redraw the view figure (what every control change calls)."""
@@ -330,25 +359,31 @@ class BenchPanel:
 
     def _report(self, p: dict, guards: list[str]) -> list[dict]:
         self.progress.max, self.progress.value = len(guards), 0
-        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
-        rows = []
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label)
+        rows, misses = [], []
         for g in guards:
             if self._stop.is_set():
                 break
             r = sim.simulate_forward(p["preset"], int(p["tokens"]), g, layers=p["layers"], mode=p["mode"],
                                      params=self.cost, active=p["active"], rank=p["rank"])
             base = {k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")}
-            rows.append(dict(base, guard=g, source="simulator", median_ms=r.forward_us / 1e3, p10_ms=np.nan,
-                             p90_ms=np.nan, syncs_per_forward=r.syncs, reps=0))
+            agree = agreement(r.forward_us / 1e3, rec, g, p["tokens"], target_pct=self.target_pct)
+            if "MISSES" in agree:
+                misses.append(g)
+            rows.append(dict(base, guard=g, source="simulator", median_ms=r.forward_us / 1e3, lo_ms=np.nan,
+                             hi_ms=np.nan, interval="", syncs_per_forward=r.syncs, reps=0, vs_recorded=agree))
             hit = rec[(rec["guard"] == g) & (rec["tokens"] == int(p["tokens"]))]
             for h in hit.itertuples():
-                rows.append(dict(base, guard=g, source=h.source, median_ms=h.forward_ms, p10_ms=h.p10_ms,
-                                 p90_ms=h.p90_ms, syncs_per_forward=np.nan, reps=np.nan))
+                rows.append(dict(base, guard=g, source=h.source, median_ms=h.forward_ms, lo_ms=h.lo_ms,
+                                 hi_ms=h.hi_ms, interval=h.interval, syncs_per_forward=np.nan, reps=np.nan,
+                                 vs_recorded=""))
             self.progress.value += 1
         n_rec = sum(r["source"].startswith("recorded") for r in rows)
         self.status.value = ("No GPU here: these rows come from the <b>simulator</b> (queue model)"
                              + (f" and <b>{n_rec} recorded GPU rows</b>" if n_rec else
-                                " — no recorded sweep row matches these controls") + ", not from a live measurement.")
+                                " — no recorded row matches these controls") + ", not from a live measurement."
+                             + (f" The simulator <b>misses</b> the recorded value for {', '.join(misses)}."
+                                if misses else ""))
         return rows
 
     def _lab_for(self, p: dict):
@@ -398,9 +433,9 @@ class BenchPanel:
             if samples:
                 rows.append(dict({k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")},
                                  guard=g, source=f"live ({gpu})", median_ms=float(np.median(samples)) / 1e3,
-                                 p10_ms=float(np.percentile(samples, 10)) / 1e3,
-                                 p90_ms=float(np.percentile(samples, 90)) / 1e3, syncs_per_forward=c.count,
-                                 reps=len(samples)))
+                                 lo_ms=float(np.percentile(samples, 10)) / 1e3,
+                                 hi_ms=float(np.percentile(samples, 90)) / 1e3, interval="p10-p90",
+                                 syncs_per_forward=c.count, reps=len(samples)))
             if self._stop.is_set():
                 break
         self.status.value = ("stopped early: " if self._stop.is_set() else "done: ") + \
@@ -408,8 +443,8 @@ class BenchPanel:
         return rows
 
     def show_results(self) -> None:
-        cols = ["source", "preset", "layers", "tokens", "guard", "active", "rank", "mode", "median_ms", "p10_ms",
-                "p90_ms", "syncs_per_forward", "reps"]
+        cols = ["source", "preset", "layers", "tokens", "guard", "active", "rank", "mode", "median_ms", "lo_ms",
+                "hi_ms", "interval", "syncs_per_forward", "reps", "vs_recorded"]
         tbl = self.results[[c for c in cols if c in self.results]] if len(self.results) else self.results
         _show(self.results_out, tbl.round(4) if len(tbl) else tbl, results_figure(self.results))
 

@@ -13,9 +13,9 @@
 # In graph mode the whole forward is one `cudaGraphLaunch`: no per-kernel launch cost, and no
 # guard syncs (every guard records the LoRA kernels; they exit early on the GPU).
 #
-# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.sim`) and the
-# sweep recorded on an H200 (`data/sweep/*.csv`, when present) instead — the panel says which
-# numbers come from where. Moving a control redraws the view (simulator curves, recorded points,
+# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.sim`, as fitted
+# to the recording) and the canonical H200 recording (`data/guards/h200_guards.csv`) instead — the
+# panel says which numbers come from where. Moving a control redraws the view (simulator curves, recorded points,
 # your live points); **Run** adds rows to the results table. A long run shows its progress and
 # stops at the next repetition when you press **Stop**.
 
@@ -37,7 +37,7 @@ device = "auto"          # auto, cpu or cuda
 import pandas as pd
 
 from lora_moe_lab import sim
-from lora_moe_lab.instruments import bench
+from lora_moe_lab.instruments.recordings import load_guards
 from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.ui import widgets
@@ -63,27 +63,41 @@ active_fraction = nbk.check_fraction("active_fraction", active_fraction)
 dev = nbk.check_device(device)
 nbk.setup_plotly()
 LIVE = dev.type == "cuda"
-print("live GPU: Run measures on", dev if LIVE else "—",
-      "" if LIVE else "no GPU here: the panel shows the simulator and the recorded sweep, not live timings")
+if LIVE:
+    print(f"live GPU: Run measures on {dev}")
+else:
+    print("no GPU here: the panel shows the simulator and the recorded H200 timings, not live ones")
 
 # %% [markdown]
 # ## Recorded data and the simulator's parameters
-# The recorded sweep (if any) gives GPU points to compare against, and fits the simulator's cost
-# model (host launch cost, sync overhead, kernel floor, math and memory rates) so that its curves
-# match that GPU. Without recorded data the simulator uses its default order-of-magnitude H200
-# guesses — fine to see the shape of the effect, not to quote numbers.
+# The canonical recording gives GPU points to compare against: per point the median of 15
+# interleaved repetitions and the 95 % interval of that median. The simulator's cost model (host
+# launch cost, sync overhead, kernel floor, math and memory rates) is the one fitted to that
+# recording by `scripts/validate_simulator.py` (`data/simulator/simulator_fit.json`; notebook 05
+# shows the fit and its held-out validation). At every point the panel says whether the simulator
+# agrees with the recording by the validation's rule: within ±15 %, or inside the measurement's
+# 95 % interval where that is wider. Without a recording the simulator uses its default
+# order-of-magnitude H200 guesses — fine to see the shape of the effect, not to quote numbers.
 
 # %%
-sweep = bench.load_recorded_sweeps(nbk.DATA / "sweep")  # every recorded CSV, GPU rows only
-if sweep is not None:
-    fitted = sim.fit(sweep, iters=150, params=sim.FIT_PARAMS_RECORDED)
-    cost = fitted.params
-    note = (f"simulator fitted to {fitted.rows} recorded rows ({', '.join(sorted(set(sweep['gpu'].astype(str))))}), "
-            f"rms log error {fitted.rms_log_error:.3f}")
+try:
+    rec = load_guards()
+except FileNotFoundError as e:
+    rec, sweep, label = None, None, None
+    print(f"no canonical recording: {e}")
 else:
+    sweep, label = rec.as_sweep(), rec.label
+try:
+    cal = sim.load_calibration()
+    cost = cal.params
+    note = (f"simulator fitted to {cal.label} ({cal.fit.rows} points; held out, "
+            f"{int(cal.validation.points['passes'].sum())} of {len(cal.validation.points)} pass)")
+except (OSError, ValueError) as e:
     cost = sim.CostModel()
-    note = "no recorded sweep in data/sweep: simulator with its default cost model (order-of-magnitude guesses)"
+    note = f"no recorded fit ({e}): simulator with its default cost model (order-of-magnitude guesses)"
 print(note)
+if label:
+    print(f"recorded points: {label}")
 pd.Series(cost.as_dict(), name="cost model").to_frame().T
 
 # %% [markdown]
@@ -93,7 +107,7 @@ pd.Series(cost.as_dict(), name="cost model").to_frame().T
 
 # %%
 panel = widgets.BenchPanel(live=LIVE, sweep=sweep, cost=cost, reps=reps, warmup=warmup, all_guards=all_guards,
-                           note=note, defaults=dict(preset=preset, layers=num_layers, tokens=tokens, guard=guard,
+                           note=note, label=label, defaults=dict(preset=preset, layers=num_layers, tokens=tokens, guard=guard,
                                                     active=active_fraction, rank=rank, mode=mode))
 display(panel.widget)
 # Without a frontend (papermill) nobody moves the controls or presses Run: do it once here, with
@@ -101,6 +115,10 @@ display(panel.widget)
 view = panel.update(preset=preset, layers=num_layers, tokens=tokens, guard=guard, active=active_fraction,
                     rank=rank, mode=mode)
 rows = panel.run(blocking=True)
+if "vs_recorded" in rows:  # the simulator beside the recorded point, by the validation's rule
+    for r in rows[rows["source"] == "simulator"].itertuples():
+        print(f"{r.guard}: simulator {r.median_ms:.3f} ms; {r.vs_recorded or 'no recorded point here'}"
+              + (f"  [{label}]" if r.vs_recorded else ""))
 
 # %% [markdown]
 # ## Checks

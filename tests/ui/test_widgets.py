@@ -10,6 +10,14 @@ from lora_moe_lab.ui import widgets
 ipywidgets = pytest.importorskip("ipywidgets")
 
 
+def assert_axis_titles(fig: go.Figure) -> None:
+    """Every axis that carries a trace has a title."""
+    for t in fig.data:
+        for ref, key in ((getattr(t, "xaxis", None) or "x", "xaxis"), (getattr(t, "yaxis", None) or "y", "yaxis")):
+            ax = fig.layout[key + ref[1:]]
+            assert ax.title.text, f"{fig.layout.title.text!r}: {key + ref[1:]} has no title"
+
+
 def _sweep_rows():
     from lora_moe_lab.instruments.bench import COLUMNS
 
@@ -28,14 +36,38 @@ def test_pure_builders():
     curve = widgets.simulated_curve(sim.CostModel(), "qwen3-30b-a3b", 8, 0.5, 16, "eager", tokens=(16, 128))
     assert set(curve.guard) == set(widgets.guard_names()) and len(curve) == 6
     rec = widgets.recorded_rows(_sweep_rows(), "qwen3-30b-a3b", 8, 0.5, 16, "eager")
-    assert len(rec) == 6 and rec.source.iloc[0] == "recorded (NVIDIA H200)"
+    assert len(rec) == 6 and rec.source.iloc[0] == "recorded (NVIDIA H200)" and (rec.interval == "p10-p90").all()
     assert len(widgets.recorded_rows(_sweep_rows(), "qwen3-30b-a3b", 4, 0.5, 16, "eager")) == 0
     assert len(widgets.recorded_rows(None, "tiny", 4, 0.5, 16, "eager")) == 0
     sel = dict(preset="qwen3-30b-a3b", layers=8, tokens=128, guard="sync", active=0.5, rank=16, mode="eager")
     fig = widgets.bench_view_figure(curve, rec, None, sel)
     assert isinstance(fig, go.Figure) and "sync at M=128" in fig.layout.title.text
     assert fig.data[-1].name == "selected" and fig.data[-1].x == (128,)
-    assert isinstance(widgets.results_figure(pd.DataFrame()), go.Figure)
+    # the simulator (x1) vs the recorded median (x1.1): agrees; within +-15 % of it or not, says so
+    assert "simulator -9.1 %, agrees" in fig.layout.title.text
+    assert "MISSES" in widgets.agreement(1.0, rec.assign(forward_ms=2.0), "sync", 128)
+    assert widgets.agreement(1.0, rec, "sync", 4096) == ""
+    empty = widgets.results_figure(pd.DataFrame())
+    assert isinstance(empty, go.Figure) and empty.layout.xaxis.title.text and empty.layout.yaxis.title.text
+    assert_axis_titles(fig)
+
+
+def test_recorded_rows_read_the_canonical_recording(tmp_path):
+    from lora_moe_lab.instruments.recordings import SAMPLE_COLUMNS, load_guards
+
+    rows = [dict(preset="qwen3-30b-a3b", layers=8, tokens=128, active=0.5, variant=g, guard=g, mode="eager", rep=i,
+                 us=1000.0 + i, syncs_per_forward=8 if g == "sync" else 0)
+            for g in widgets.guard_names() for i in range(9)]
+    pd.DataFrame(rows, columns=SAMPLE_COLUMNS).to_csv(tmp_path / "g.csv", index=False)
+    (tmp_path / "g.meta.json").write_text('{"gpu": "NVIDIA H200", "git_commit": "abc1234", "date_utc": "2026-11-30"}')
+    r = load_guards(tmp_path / "g.csv")
+    rec = widgets.recorded_rows(r.as_sweep(), "qwen3-30b-a3b", 8, 0.5, 16, "eager", label=r.label)
+    assert len(rec) == 3 and (rec.interval == "95 % CI of the median").all()
+    assert rec.source.iloc[0] == "recorded (H200 · commit abc1234 · 2026-11-30)"
+    assert (rec.lo_ms < rec.forward_ms).all() and (rec.forward_ms < rec.hi_ms).all()
+    # 1.0 ms recorded, interval [1.001, 1.007]: 1.1 ms is within 15 %, 1.2 ms is outside both
+    assert "agrees" in widgets.agreement(1.1, rec, "sync", 128)
+    assert "MISSES" in widgets.agreement(1.2, rec, "sync", 128)
 
 
 def test_bench_panel_redraws_on_control_change_and_runs():
@@ -54,6 +86,9 @@ def test_bench_panel_redraws_on_control_change_and_runs():
     assert sim_rows.loc["sync", "syncs_per_forward"] == 8 and sim_rows.loc["cpu_flag", "syncs_per_forward"] == 0
     assert "No GPU here" in p.status.value and p.progress.value == p.progress.max == 3
     assert len(p.results_out.outputs) == 2 and len(p.results) == 6
+    assert sim_rows["vs_recorded"].str.contains("agrees").all()
+    assert_axis_titles(p.last_figure)
+    assert_axis_titles(widgets.results_figure(p.results))
     with pytest.raises(ValueError, match="unknown control"):
         p.set(colour="red")
 
@@ -74,6 +109,7 @@ def test_what_if_panel():
     fig, table = widgets.what_if_view(sim.CostModel(), launch_us=5.0, tokens=8192, layers=4)
     assert isinstance(fig, go.Figure) and set(table.guard) == set(widgets.guard_names())
     assert table.set_index("guard").loc["sync", "syncs"] == 4
+    assert_axis_titles(fig)
     w = widgets.WhatIfPanel(sim.CostModel(), tokens=8192, layers=4)
     a = w.update(launch_us=2.0)
     b = w.update(launch_us=20.0)
