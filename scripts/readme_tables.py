@@ -1,0 +1,251 @@
+"""Regenerate the README's figures from data/: every number in README.md sits between a pair of
+markers `<!-- begin:NAME -->` ... `<!-- end:NAME -->` and is written here from a recording.
+
+    python scripts/readme_tables.py           # rewrite the blocks in README.md
+    python scripts/readme_tables.py --check   # exit 1 if README.md is not what data/ says (a test runs this)
+
+Blocks: guards (the canonical guards recording), traces (the recorded profiler traces), kernels
+(the kernel recording), production (the decoder's chunked prefill under TP, when recorded),
+simulator (the fitted queue model and its production extrapolation).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from lora_moe_lab.instruments.recordings import load_guards  # noqa: E402
+from lora_moe_lab.provenance import DATA, label, normalize_meta  # noqa: E402
+
+README = ROOT / "README.md"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.1f}"
+
+
+def guards_block() -> str:
+    rec = load_guards()
+    s = rec.summary().set_index(["preset", "tokens", "active", "variant"])["median_us"]
+    p = rec.paired("sync", "cpu_flag")
+    n = int(p.n.min())
+    lines = [f"From the canonical guards recording `data/guards/h200_guards.csv` ({rec.label}): 48 distinct "
+             f"MoE layers, bf16, Triton backend, 8 requests, no adapter active. Every point was timed over {n} "
+             "interleaved repetitions (each runs the three guards and a CUDA-graph replay back to back, in a "
+             "rotating order, each from an idle GPU). Times are medians; the lost time per sync is the median "
+             "of the paired per-repetition difference `sync − cpu_flag` over the 48 syncs, with its 95 % "
+             "interval.", "",
+             "| preset | M (tokens) | sync (ms) | cpu_flag (ms) | sync / cpu_flag | lost per sync (µs) [95 %] "
+             "| launch_always (ms) | graph replay (ms) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in p[p.active == 0].itertuples():
+        k = (r.preset, r.tokens, r.active)
+        lines.append(f"| {r.preset} | {r.tokens} | {_ms(r.t_variant_us)} | {_ms(r.t_baseline_us)} | {r.ratio:.2f}x "
+                     f"| {r.us_per_sync:.0f} [{r.us_per_sync_lo95:.0f}, {r.us_per_sync_hi95:.0f}] "
+                     f"| {_ms(s[k + ('launch_always',)])} | {_ms(s[k + ('graph',)])} |")
+    half = p[p.active > 0]
+    big = p[(p.active == 0) & (p.tokens >= 1024)]
+    small = p[(p.active == 0) & (p.tokens == p.tokens.min())]
+    g16 = {r.preset: s[(r.preset, r.tokens, 0.0, "cpu_flag")] / s[(r.preset, r.tokens, 0.0, "graph")]
+           for r in small.itertuples()}
+    lines += ["",
+              f"- From M = 1024 up, every interval lies above zero: {big.us_per_sync.min():.0f}–"
+              f"{big.us_per_sync.max():.0f} µs lost per sync, most at M = 4096 "
+              f"({big.ratio.max():.2f}x).",
+              f"- At M = {int(small.tokens.iloc[0])} the eager forward is host-bound: "
+              + ", ".join(f"{r.preset} {r.us_per_sync:.0f} µs [{r.us_per_sync_lo95:.0f}, {r.us_per_sync_hi95:.0f}]"
+                          for r in small.itertuples())
+              + ". A graph replay removes the host from the critical path: "
+              + ", ".join(f"{v:.1f}x faster than eager `cpu_flag` ({k})" for k, v in g16.items()) + ".",
+              f"- With half the requests active, `sync / cpu_flag` is {half.ratio.min():.2f}x–{half.ratio.max():.2f}x.",
+              f"- `launch_always` in eager mode at M = {int(small.tokens.iloc[0])}, no adapter active: "
+              + ", ".join(f"{_ms(s[(r.preset, r.tokens, 0.0, 'launch_always')])} ms against "
+                          f"{_ms(s[(r.preset, r.tokens, 0.0, 'cpu_flag')])} ms for `cpu_flag` ({r.preset})"
+                          for r in small.itertuples()) + "."]
+    return "\n".join(lines)
+
+
+def traces_block() -> str:
+    d = pd.read_csv(DATA / "traces" / "traces_summary.csv")
+    meta = normalize_meta(json.loads((DATA / "traces" / "traces_summary.meta.json").read_text()))
+    e = d[d["mode"] == "eager"].set_index(["guard", "M"])  # the columns are per forward already
+    g = d[d["mode"] == "graph"].set_index(["guard", "M"])
+    per = e["n_syncs"]
+    lines = [f"Per forward, from the profiler traces in `data/traces/` ({label(meta)}): 8 layers of "
+             "qwen3-30b-a3b, two forwards per trace.", "",
+             f"- `sync` makes {per[('sync', 16)]:.0f} syncs per forward (one per layer); `cpu_flag` and "
+             f"`launch_always` make {per[('cpu_flag', 16)]:.0f}.",
+             "- GPU idle right after the syncs: "
+             + ", ".join(f"{e.loc[('sync', m), 'idle_after_sync_ns'] / 1e6:.2f} ms "
+                         f"per forward at M = {m}" for m in sorted(e.loc["sync"].index)) + "; the other guards have none.",
+             "- GPU utilisation inside the forward at M = 4096: "
+             + ", ".join(f"{e.loc[(k, 4096), 'gpu_util']:.2f} with `{k}`" for k in ("sync", "cpu_flag"))
+             + (f", {g['gpu_util'].xs(4096, level='M').max():.2f} under graph replay." if len(g) else ".")]
+    return "\n".join(lines)
+
+
+def kernels_block() -> str:
+    d = pd.read_csv(DATA / "kernels" / "kernels.csv")
+    meta = normalize_meta(json.loads((DATA / "kernels" / "kernels_meta.json").read_text()))
+    k = d[d.section == "lora_gate_up"].drop_duplicates(["preset", "M"], keep="last").set_index(["preset", "M"])
+    dis = d[d.section == "disabled"]
+    Ms = sorted(k.loc["qwen3-30b-a3b"].index)
+    head = "| M | " + " | ".join(str(m) for m in Ms) + " |"
+    rows = [head, "| --- |" + " ---: |" * len(Ms)]
+    q = k.loc["qwen3-30b-a3b"]
+    rows.append("| qwen3-30b-a3b, ours (µs) | " + " | ".join(f"{q.loc[m, 'time_us']:.1f}" for m in Ms) + " |")
+    rows.append("| target (µs) | " + " | ".join(f"{q.loc[m, 'target_us']:.0f}" for m in Ms) + " |")
+    rows.append("| speed-up | " + " | ".join(f"{q.loc[m, 'speedup']:.1f}x" for m in Ms) + " |")
+    rows.append("| share of measured copy bandwidth | " + " | ".join(f"{100 * q.loc[m, 'bw_frac']:.0f} %" for m in Ms) + " |")
+    t = k.loc["qwen3-30b-a3b-tp4"]
+    rows.append("| qwen3-30b-a3b-tp4, ours (µs) / target | "
+                + " | ".join(f"{t.loc[m, 'time_us']:.1f} / {t.loc[m, 'target_us']:.0f}" for m in Ms) + " |")
+    return "\n".join([f"From `data/kernels/kernels.csv` ({label(meta)}): the gate_up LoRA delta, both slices, "
+                      f"rank {meta.get('rank', 32)}, {meta.get('slots', 4)} adapters all enabled, one request per "
+                      "token, top-8 of 128, bf16, timed as CUDA-graph replay. The target row is a production "
+                      "engine's Triton kernel on the same inputs on the same GPU.", ""] + rows + [
+        "", f"- All adapters disabled, a LoRA launch costs {dis.time_us.min():.2f}–{dis.time_us.max():.2f} µs "
+            f"against {dis.empty_kernel_us.min():.2f}–{dis.empty_kernel_us.max():.2f} µs for an empty Triton "
+            "kernel: the persistent grid exits after one round of metadata loads."])
+
+
+def production_block() -> str | None:
+    """The decoder's chunked prefill per TP size (data/production/*.summary.csv) beside production's
+    figures, and the TP=4 extrapolation from each measured TP size (sim/tp.py)."""
+    from lora_moe_lab.sim import PRODUCTION
+    from lora_moe_lab.sim.tp import extrapolate_tp
+
+    files = sorted((DATA / "production").glob("*.summary.csv"))
+    if not files:
+        return None
+    d = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    metas = {normalize_meta(json.loads(f.with_name(f.name.replace(".summary.csv", ".meta.json")).read_text()))
+             .get("commit") for f in files}
+    meta = normalize_meta(json.loads(files[0].with_name(files[0].name.replace(".summary.csv", ".meta.json")).read_text()))
+    reps = int(d.reps.min())
+    lines = [f"From `data/production/` ({label(meta)}{'' if len(metas) == 1 else ', several commits'}): "
+             f"{int(d.layers.iloc[0])} layers, {int(d.requests.iloc[0])} requests × {int(d.input_len.iloc[0])} tokens "
+             f"in chunks of {int(d.chunk.iloc[0])}, bf16, {reps} interleaved repetitions; changes are those of "
+             "`cpu_flag` against `sync`, paired per repetition, with the 2.5–97.5 percentile range of the "
+             "repetitions.", "",
+             "| TP | syncs per forward | adapters in use | input tokens/s, sync → cpu_flag | throughput change "
+             "| mean TTFT (ms), sync → cpu_flag | TTFT change | GPU idle per forward (ms), sync / cpu_flag |",
+             "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k, g in d.groupby(["tp", "guard_sites", "adapters"], sort=True):
+        g = g.set_index("guard")
+        if not {"sync", "cpu_flag"} <= set(g.index):
+            continue
+        sy, cf = g.loc["sync"], g.loc["cpu_flag"]
+        lines.append(
+            f"| {k[0]} | {sy.syncs_per_forward:.0f} | {'none' if k[2] == 'none' else 'half'} "
+            f"| {sy.input_tok_per_s:,.0f} → {cf.input_tok_per_s:,.0f} "
+            f"| **{sy.fix_throughput_gain_pct:+.1f} %** [{sy.fix_throughput_gain_pct_lo:+.1f}, {sy.fix_throughput_gain_pct_hi:+.1f}] "
+            f"| {sy.ttft_mean_ms:,.0f} → {cf.ttft_mean_ms:,.0f} "
+            f"| **{sy.fix_ttft_change_pct:+.1f} %** [{sy.fix_ttft_change_pct_lo:+.1f}, {sy.fix_ttft_change_pct_hi:+.1f}] "
+            f"| {sy.gpu_idle_ms:.1f} / {cf.gpu_idle_ms:.1f} |")
+    lines.append(f"| production, TP=4 | {PRODUCTION['syncs_per_forward']:.0f} | none | | "
+                 f"**{PRODUCTION['input_throughput_gain_pct']:+.1f} %** | | **{PRODUCTION['ttft_change_pct']:+.1f} %** | |")
+    la = d[d.guard == "launch_always"]
+    if len(la):
+        lines += ["", f"`launch_always` stays within {la.fix_throughput_gain_pct.abs().max():.1f} % of `cpu_flag` "
+                      "in throughput at every TP size and adapter mix."]
+    t2 = d[(d.tp == 2) & (d.guard_sites > 1) & (d.adapters == "none")].set_index("guard")
+    if {"sync", "cpu_flag"} <= set(t2.index):
+        F, S = t2.loc["cpu_flag", "forward_median_ms"], t2.loc["sync", "forward_median_ms"]
+        n = t2.loc["sync", "syncs_per_forward"]
+        f_prod = PRODUCTION["stall_ms_per_forward"] / (PRODUCTION["input_throughput_gain_pct"] / 100.0)
+        lines += ["", f"Why TP=2 gains more than production: here one forward (one chunk) takes {F:.0f} ms with "
+                      f"`cpu_flag` and {S:.0f} ms with `sync`, {S - F:.0f} ms of stall over {n:.0f} syncs "
+                      f"({1e3 * (S - F) / n:.0f} µs each). Production lost {PRODUCTION['stall_ms_per_forward']:.0f} ms "
+                      f"per forward ({PRODUCTION['stall_us_per_sync']:.0f} µs per sync) for its "
+                      f"{PRODUCTION['input_throughput_gain_pct']:+.1f} %, which implies about {f_prod:.0f} ms of "
+                      f"forward without the stall: its stall was {PRODUCTION['stall_ms_per_forward'] / (S - F):.1f}x "
+                      f"ours but its forward {f_prod / F:.1f}x longer, so the same syncs were a smaller share. "
+                      "At TP=1 part of the stall is hidden: kernels ran faster in the `sync` forward "
+                      "than in the `cpu_flag` one (notebook 06 shows it in the traces)."]
+    ex = extrapolate_tp(d)
+    ex = ex[(ex.guard_sites > 1) & (ex.adapters == "none")]
+    if len(ex):
+        lines += ["", "TP=4 **extrapolated, not measured** (no 4-GPU machine was lent): each measured TP size's "
+                      "`cpu_flag` forward time and time lost per sync, scaled to a TP=4 rank's shapes by the fitted "
+                      "queue model (`lora_moe_lab/sim/tp.py`): "
+                  + "; ".join(f"from TP={r.source_tp}: {r.throughput_gain_pct:+.1f} % throughput, "
+                              f"{r.ttft_change_pct:+.1f} % TTFT" for r in ex.itertuples())
+                  + ". A TP=4 rank has half a TP=2 rank's work per forward and the same syncs, so the share of "
+                    "the stall grows; production's heavier forward is why it saw less."]
+    return "\n".join(lines)
+
+
+def simulator_block() -> str | None:
+    d = DATA / "simulator"
+    if not (d / "simulator_fit.json").exists():
+        return None
+    from lora_moe_lab import sim
+
+    return sim.readme_block(d)
+
+
+def simulator_check_block() -> str | None:
+    """The queue model against the decoder measured at TP=2 with one guard sync per layer."""
+    from lora_moe_lab import sim
+    from lora_moe_lab.sim.tp import rank_shape
+
+    f = DATA / "production" / "tp2_C16384_gs1.summary.csv"
+    if not f.exists() or not (DATA / "simulator" / "simulator_fit.json").exists():
+        return None
+    m = pd.read_csv(f).set_index("guard").loc["sync"]
+    params = sim.load_calibration().params
+    x = sim.extrapolate(params, preset=rank_shape(2), tp=2, chunks=(int(m.chunk),), active=0.0,
+                        guards=("sync", "cpu_flag"))
+    c = sim.compare_production(x).set_index("metric")["predicted"]
+    return (f"Checked against the measurement: at the measured TP=2 setting with one guard sync per layer "
+            f"({m.syncs_per_forward:.0f} per forward, chunks of {int(m.chunk)}, no adapter in use) the queue model "
+            f"predicts {c['input_throughput_gain_pct']:+.1f} % input throughput and {c['ttft_change_pct']:+.1f} % TTFT; "
+            f"the decoder measured {m.fix_throughput_gain_pct:+.1f} % [{m.fix_throughput_gain_pct_lo:+.1f}, "
+            f"{m.fix_throughput_gain_pct_hi:+.1f}] and {m.fix_ttft_change_pct:+.1f} % "
+            f"(`data/production/tp2_C16384_gs1.summary.csv`). The model holds the MoE blocks only: it has no "
+            "attention to dilute the stall, and its agreement with production's +14.4 % at 48 syncs per forward "
+            "is a coincidence of that, not a validation.")
+
+
+BLOCKS = {"guards": guards_block, "traces": traces_block, "kernels": kernels_block,
+          "production": production_block, "simulator": simulator_block, "simulator-check": simulator_check_block}
+
+
+def render(text: str) -> str:
+    for name, fn in BLOCKS.items():
+        pat = re.compile(rf"(<!-- begin:{name} -->).*?(<!-- end:{name} -->)", re.S)
+        if not pat.search(text):
+            continue
+        body = fn()
+        if body is None:
+            body = f"*(no recording in data/ yet for `{name}`)*"
+        text = pat.sub(lambda m: m.group(1) + "\n" + body + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if README.md differs from what data/ says")
+    a = ap.parse_args(argv)
+    old = README.read_text()
+    new = render(old)
+    if a.check:
+        if new != old:
+            print("README.md is out of date with data/: run python scripts/readme_tables.py")
+            return 1
+        print("README.md agrees with data/")
+        return 0
+    README.write_text(new)
+    print("README.md", "rewritten" if new != old else "unchanged")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
