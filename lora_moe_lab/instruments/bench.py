@@ -31,6 +31,7 @@ from ..model.graphs import GraphForward
 from ..model.guards import count_guard_syncs, guard_names
 from ..model.lab import LabCache, split_tokens
 from ..provenance import META_KEYS, metadata, normalize_meta
+from .cli import fraction, nonneg_int, pos_int, progress as cli_progress
 from .timing import _check_counts, time_device
 
 MODES = ("eager", "graph")
@@ -202,7 +203,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     labs = LabCache(build)
     t_start = time.perf_counter()
     new_file = not out.exists() or out.stat().st_size == 0
-    bar = _progress(len(grid), len(grid) - len(todo), progress)
+    bar = cli_progress(len(grid), progress, initial=len(grid) - len(todo))
     try:
         with out.open("a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -241,21 +242,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
         bar.close()
         labs.free()
     return pd.read_csv(out)
-
-
-def _progress(total: int, initial: int, enabled: bool):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = None
-    if tqdm is None or not enabled:
-        class _Null:
-            def update(self, n=1): pass
-            def set_description(self, s): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return _Null()
-    return tqdm(total=total, initial=initial, unit="row", file=sys.stderr, dynamic_ncols=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,24 +360,6 @@ def summary_table(df):
 # ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
-def _arg(convert, ok, what: str):
-    """An argparse `type` that converts and range-checks, naming what it expected."""
-    def parse(s: str):
-        try:
-            v = convert(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return parse
-
-
-_pos_int = _arg(int, lambda v: v > 0, "a positive integer")
-_nonneg_int = _arg(int, lambda v: v >= 0, "an integer >= 0")
-_fraction = _arg(float, lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
-
-
 def _preset(s: str) -> str:
     if s not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose from {', '.join(sorted(PRESETS))}")
@@ -406,21 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Every combination of the list options (itertools.product). Device-event "
                                    "timing on a GPU, wall clock on CPU. Rows are appended as they finish.")
     s.add_argument("--preset", nargs="+", type=_preset, default=["tiny"], help="model shape presets (default: tiny)")
-    s.add_argument("--layers", nargs="+", type=_pos_int, default=None,
+    s.add_argument("--layers", nargs="+", type=pos_int, default=None,
                    help="MoE layers per forward (default: the preset's own count)")
-    s.add_argument("--tokens", "-M", nargs="+", type=_pos_int, default=[16, 128], help="tokens per forward (M)")
+    s.add_argument("--tokens", "-M", nargs="+", type=pos_int, default=[16, 128], help="tokens per forward (M)")
     s.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()),
                    help="guard strategies (the registry in model/guards.py)")
-    s.add_argument("--active", nargs="+", type=_fraction, default=[0.0, 0.5],
+    s.add_argument("--active", nargs="+", type=fraction, default=[0.0, 0.5],
                    help="fraction of requests that use an adapter")
-    s.add_argument("--rank", nargs="+", type=_pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
+    s.add_argument("--rank", nargs="+", type=pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
     s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
-    s.add_argument("--requests", type=_pos_int, default=8, help="requests per batch (default 8)")
+    s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (default 8)")
     s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
     s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     s.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    s.add_argument("--warmup", type=_nonneg_int, default=3, help="untimed calls before timing (default 3)")
-    s.add_argument("--reps", type=_pos_int, default=10, help="timed repetitions per row (default 10)")
+    s.add_argument("--warmup", type=nonneg_int, default=3, help="untimed calls before timing (default 3)")
+    s.add_argument("--reps", type=pos_int, default=10, help="timed repetitions per row (default 10)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", required=True, help="CSV file to append rows to (a .meta.json is written beside it)")
     g = s.add_mutually_exclusive_group()

@@ -43,6 +43,7 @@ from .. import runtime
 from ..config import PRESETS
 from ..model.guards import count_guard_syncs, guard_names
 from ..provenance import metadata
+from .cli import pos_float, pos_int, progress as cli_progress
 
 ADAPTER_MODES = ("none", "mix")
 NO_IDLE = dict(gpu_idle_ms=math.nan, gpu_idle_after_sync_ms=math.nan, gpu_busy_ms=math.nan, gpu_span_ms=math.nan)
@@ -253,7 +254,7 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
                 path = Path(trace_dir) / (_tag(key, mode, g) + ".json.gz")
             idle[mode, g] = (d.profile(g, path=path, labels={**key, "adapters": mode, "guard": g})
                              if profile else dict(NO_IDLE))
-    bar = _progress(reps * len(drivers) * len(guards), progress)
+    bar = cli_progress(reps * len(drivers) * len(guards), progress, unit="prefill")
     group = next(iter(drivers.values())).group if drivers else None
     for r in range(reps):
         if r > 0 and deadline is not None and _any_rank(group, time.monotonic() > deadline):
@@ -287,20 +288,6 @@ def _any_rank(group, flag: bool) -> bool:
 def _tag(key: dict, mode: str, guard: str) -> str:
     return (f"{key['preset']}_L{key['layers']}_tp{key['tp']}_C{key['chunk']}_gs{key['guard_sites']:g}_"
             f"{mode}_{guard}_rank{key.get('tp_rank', 0)}")
-
-
-def _progress(total: int, enabled: bool):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        tqdm = None
-    if tqdm is None or not enabled:
-        class _Null:
-            def update(self, n=1): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return _Null()
-    return tqdm(total=total, unit="prefill", file=sys.stderr, dynamic_ncols=True)
 
 
 # --- the summary: medians, intervals, change vs cpu_flag ---------------------------------------
@@ -366,39 +353,23 @@ def init_group(tp_auto: bool):
 
 
 # --- CLI -----------------------------------------------------------------------------------------
-def _arg(convert, ok, what):
-    def parse(s):
-        try:
-            v = convert(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return parse
-
-
-_pos_int = _arg(int, lambda v: v > 0, "a positive integer")
-_pos_float = _arg(float, lambda v: v > 0, "a positive number")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.prefill",
                                 description="Chunked prefill per guard: input throughput, TTFT, syncs and GPU "
                                             "idle per forward, interleaved repetitions, tidy CSV.")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument("--layers", type=_pos_int, default=None, help="layers (default: the preset's)")
-    p.add_argument("--requests", type=_pos_int, default=128, help="requests R (default 128)")
-    p.add_argument("--input-len", type=_pos_int, default=2048, help="input tokens per request L (default 2048)")
+    p.add_argument("--layers", type=pos_int, default=None, help="layers (default: the preset's)")
+    p.add_argument("--requests", type=pos_int, default=128, help="requests R (default 128)")
+    p.add_argument("--input-len", type=pos_int, default=2048, help="input tokens per request L (default 2048)")
     p.add_argument("--chunk", type=int, nargs="+", default=[16384], help="tokens per chunk C, multiples of L")
     p.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()))
     p.add_argument("--adapters", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES))
-    p.add_argument("--guard-sites", type=_pos_float, nargs="+", default=[1.0],
+    p.add_argument("--guard-sites", type=pos_float, nargs="+", default=[1.0],
                    help="guard decisions per layer (260 / 48 = 5.42 gives production's syncs per forward)")
-    p.add_argument("--n-adapters", type=_pos_int, default=2, help="adapters loaded (default 2)")
-    p.add_argument("--rank", type=_pos_int, default=16, help="LoRA rank of the loaded adapters (default 16)")
-    p.add_argument("--max-loras", type=_pos_int, default=4)
-    p.add_argument("--reps", type=_pos_int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--n-adapters", type=pos_int, default=2, help="adapters loaded (default 2)")
+    p.add_argument("--rank", type=pos_int, default=16, help="LoRA rank of the loaded adapters (default 16)")
+    p.add_argument("--max-loras", type=pos_int, default=4)
+    p.add_argument("--reps", type=pos_int, default=5, help="interleaved repetitions (default 5)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--device", default="auto")

@@ -15,41 +15,42 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Step:
     name: str
+    block: str  # "attention" or "moe": which half of a decoder layer it belongs to
     lora: bool = False  # part of the LoRA path: skipped when the guard says no adapter is active
     what: str = ""
 
 
-MOE_LAYER_STEPS: tuple[Step, ...] = (
-    Step("rmsnorm", what="pre-norm of the residual stream (one Triton kernel on a GPU)"),
-    Step("router_gemm", what="router logits in fp32"),
-    Step("softmax_topk", what="softmax, top-k, renormalise"),
-    Step("align", what="group (token, k) pairs by expert, padded to blocks"),
-    Step("gate_up_gemm", what="base grouped GEMM x @ w13.T"),
-    Step("lora_align", lora=True, what="per-adapter alignment"),
-    Step("lora_gate_up", lora=True, what="fused LoRA shrink+expand added into the intermediate"),
-    Step("silu_mul", what="SiLU(gate) * up"),
-    Step("down_gemm", what="base grouped GEMM act @ w2.T, times the routed weight"),
-    Step("lora_down", lora=True, what="fused LoRA delta of the down projection, times the routed weight"),
-    Step("topk_sum", what="sum of the top-k expert outputs"),
-    Step("residual_add", what="h + layer(h)"),
+# One decoder layer (model/decoder.py, model/attention.py), in issue order: the attention steps,
+# then the MoE steps (whose `rmsnorm` is then the post-attention norm). The MoE-only mini model
+# (model/moe.py) runs the "moe" steps alone.  (name, block, lora, what)
+_TABLE = (
+    ("attn_rmsnorm", "attention", False, "pre-norm of the residual stream before attention"),
+    ("qkv_gemm", "attention", False, "fused q, k, v projection (this rank's heads under TP)"),
+    ("qk_norm", "attention", False, "per-head RMSNorm of q and of k over head_dim (two kernels)"),
+    ("rope", "attention", False, "rotary position embedding of q and k (rotate-half), positions from host lists"),
+    ("sdpa", "attention", False, "causal attention per request (one call when all requests have one length)"),
+    ("o_proj_gemm", "attention", False, "output projection (row-parallel under TP: a partial sum)"),
+    ("attn_residual_add", "attention", False, "h + attention(h) (after the all-reduce under TP)"),
+    ("rmsnorm", "moe", False, "pre-norm of the residual stream (one Triton kernel on a GPU)"),
+    ("router_gemm", "moe", False, "router logits in fp32"),
+    ("softmax_topk", "moe", False, "softmax, top-k, renormalise"),
+    ("align", "moe", False, "group (token, k) pairs by expert, padded to blocks"),
+    ("gate_up_gemm", "moe", False, "base grouped GEMM x @ w13.T"),
+    ("lora_align", "moe", True, "per-adapter alignment"),
+    ("lora_gate_up", "moe", True, "fused LoRA shrink+expand added into the intermediate"),
+    ("silu_mul", "moe", False, "SiLU(gate) * up"),
+    ("down_gemm", "moe", False, "base grouped GEMM act @ w2.T, times the routed weight"),
+    ("lora_down", "moe", True, "fused LoRA delta of the down projection, times the routed weight"),
+    ("topk_sum", "moe", False, "sum of the top-k expert outputs"),
+    ("residual_add", "moe", False, "h + layer(h)"),
 )
+DECODER_LAYER_STEPS: tuple[Step, ...] = tuple(Step(*row) for row in _TABLE)
+ATTENTION_STEPS: tuple[Step, ...] = tuple(s for s in DECODER_LAYER_STEPS if s.block == "attention")
+MOE_LAYER_STEPS: tuple[Step, ...] = tuple(s for s in DECODER_LAYER_STEPS if s.block == "moe")
 
 # the guard's device check, when it has one: a reduction kernel and its `.item()`
 GUARD_CHECK_KERNEL = "lora_any"
 GUARD_CHECK_SYNC = "lora_any.item"
-
-# The decoder layer (model/decoder.py, model/attention.py): these attention steps, then the MoE
-# steps above (whose `rmsnorm` is then the post-attention norm).
-ATTENTION_STEPS: tuple[Step, ...] = (
-    Step("attn_rmsnorm", what="pre-norm of the residual stream before attention"),
-    Step("qkv_gemm", what="fused q, k, v projection (this rank's heads under TP)"),
-    Step("qk_norm", what="per-head RMSNorm of q and of k over head_dim (two kernels)"),
-    Step("rope", what="rotary position embedding of q and k (rotate-half), positions from host lists"),
-    Step("sdpa", what="causal attention per request (one call when all requests have one length)"),
-    Step("o_proj_gemm", what="output projection (row-parallel under TP: a partial sum)"),
-    Step("attn_residual_add", what="h + attention(h) (after the all-reduce under TP)"),
-)
-DECODER_LAYER_STEPS: tuple[Step, ...] = ATTENTION_STEPS + MOE_LAYER_STEPS
 
 # Where the decoder's guard sites sit: call point -> the step it precedes. A layer's sites are
 # dealt to these points in turn (site j at point j % 4); the first decides the layer.

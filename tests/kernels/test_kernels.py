@@ -6,7 +6,7 @@ must write (NaN) and checks that rows it must not touch stay bit-identical.
 """
 import pytest
 import torch
-from conftest import fp32_tol, rel_err
+from helpers import fp32_tol, rel_err
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

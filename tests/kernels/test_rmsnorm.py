@@ -1,7 +1,7 @@
 """RMSNorm Triton kernel vs the float64 reference (fresh random inputs, poisoned output)."""
 import pytest
 import torch
-from conftest import fp32_tol, rel_err
+from helpers import fp32_tol, rel_err
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels.rmsnorm import rmsnorm as rmsnorm_triton

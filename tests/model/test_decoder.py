@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import fp32_tol, rel_err
+from helpers import fp32_tol, rel_err
 
 from lora_moe_lab.model.decoder import GuardSites, build_decoder_lab, sites_per_layer
 from lora_moe_lab.model.guards import count_guard_syncs, guard_names

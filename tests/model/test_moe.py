@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import fp32_tol, rel_err
+from helpers import fp32_tol, rel_err
 
 from lora_moe_lab.model.guards import count_guard_syncs, guard_names
 from lora_moe_lab.kernels.align import moe_align, padded_size

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, fp32_tol, rel_err
+from helpers import ROOT, fp32_tol, rel_err
 
 from lora_moe_lab.config import PRESETS, get_shape
 from lora_moe_lab.model.attention import Attention
