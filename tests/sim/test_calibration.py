@@ -71,7 +71,9 @@ def test_calibrate_save_load_round_trip(make_recording, tmp_path):
     assert back.label == cal.label == "synthetic · commit 5e7e7e7 · 2026-11-30"
     assert back.params == cal.params and back.headline() == pytest.approx(cal.headline())
     assert back.validation.points["passes"].tolist() == cal.validation.points["passes"].tolist()
-    assert back.validation.summary.equals(cal.validation.summary)
+    # the same table (dtypes may differ after a CSV round trip: pandas versions read them differently)
+    pd.testing.assert_frame_equal(back.validation.summary.reset_index(drop=True),
+                                  cal.validation.summary.reset_index(drop=True), check_dtype=False)
     # the production figures are one extrapolation of the saved parameters
     again = sim.production_figures(back.params)
     assert np.allclose(again["predicted"], back.production["predicted"])
