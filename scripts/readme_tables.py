@@ -214,7 +214,18 @@ def simulator_check_block() -> str | None:
             "is a coincidence of that, not a validation.")
 
 
-BLOCKS = {"guards": guards_block, "traces": traces_block, "kernels": kernels_block,
+def setup_block() -> str | None:
+    f = DATA / "setup" / "setup_time.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    return (f"Set-up time, measured by `python3 scripts/measure_setup.py` (a fresh clone and `make venv` with "
+            f"pip's cache off, {d['runs']} runs on this {d['cores']}-core CI-sized machine, commit {d['commit']}): "
+            f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, the "
+            "notebook tools and the browser test's driver in one go; the first `make run` or `make test` pays it once.")
+
+
+BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, "kernels": kernels_block,
           "production": production_block, "simulator": simulator_block, "simulator-check": simulator_check_block}
 
 

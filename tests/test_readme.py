@@ -16,5 +16,5 @@ def test_readme_figures_equal_the_recordings():
 def test_every_block_is_filled():
     text = (ROOT / "README.md").read_text()
     assert "no recording in data/ yet" not in text
-    for name in ("guards", "production", "traces", "kernels", "simulator", "simulator-check"):
+    for name in ("setup", "guards", "production", "traces", "kernels", "simulator", "simulator-check"):
         assert f"<!-- begin:{name} -->" in text and f"<!-- end:{name} -->" in text, name
