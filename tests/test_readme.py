@@ -18,3 +18,12 @@ def test_every_block_is_filled():
     assert "no recording in data/ yet" not in text
     for name in ("setup", "guards", "production", "traces", "kernels", "simulator", "simulator-check"):
         assert f"<!-- begin:{name} -->" in text and f"<!-- end:{name} -->" in text, name
+
+
+def test_the_readme_api_example_runs():
+    text = (ROOT / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split("\n")[:2]
+    assert first == "True" and second.split()[0] == "4"  # the flag, and 4 syncs for 4 layers
