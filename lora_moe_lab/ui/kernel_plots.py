@@ -43,6 +43,6 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names.get(v, str(v)),
                                  marker=dict(size=12, symbol="square", color=cols.get(v, "black"))))
     fig.update_layout(title=title, xaxis_title="token block b (BLOCK_M rows of one expert)", height=170 + 28 * S,
-                      yaxis=dict(autorange="reversed"), plot_bgcolor="white",
+                      yaxis=dict(autorange="reversed", title="adapter slot"), plot_bgcolor="white",
                       legend=dict(orientation="h", y=-0.35), margin=dict(l=70, r=20, t=50, b=40))
     return fig

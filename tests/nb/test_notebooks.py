@@ -46,6 +46,23 @@ def test_executes_with_ci_params(nb, tmp_path):
     out = tmp_path / nb.name
     assert out.stat().st_size < 1_000_000, f"{nb.name} executed is {out.stat().st_size} bytes (limit 1 MB)"
     assert "plotly.js v" not in out.read_text(), f"{nb.name} embeds plotly.js"
+    assert not _untitled_axes(out), f"{nb.name}: figures without axis titles {_untitled_axes(out)}"
+
+
+def _untitled_axes(executed: Path) -> list[str]:
+    """Every axis a figure's traces use must have a title: (cell, figure title, axis) of those that do not."""
+    bad = []
+    for i, cell in enumerate(json.loads(executed.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            fig = out.get("data", {}).get("application/vnd.plotly.v1+json")
+            if not fig:
+                continue
+            layout = fig.get("layout", {})
+            used = {f"{ax}axis{t.get(ax + 'axis', ax)[1:]}" for t in fig.get("data", [])
+                    if t.get("type") not in ("pie", "table") for ax in ("x", "y")}
+            bad += [(i, (layout.get("title") or {}).get("text", "")[:40], a) for a in sorted(used)
+                    if not ((layout.get(a) or {}).get("title") or {}).get("text")]
+    return bad
 
 
 BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter preset"),
