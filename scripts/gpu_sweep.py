@@ -3,7 +3,9 @@
     PYTHONPATH=. python3 scripts/gpu_sweep.py --out DIR        # (scripts/gpu_run.sh sweep)
     -> DIR/h200_sweep.csv        one tidy row per measurement (lora_moe_lab.instruments.bench schema)
        DIR/h200_sweep.meta.json  GPU, torch, triton, CUDA, commit, date, the sweep specs
-    then copy both to data/sweep/.
+    (one median per row; the canonical guards recording, with every repetition kept, is
+    scripts/gpu_side_by_side.py -> data/guards/. An earlier run of this sweep is retired to
+    data/archive/sweep_2026-11-29/.)
 
 What it measures (bf16, Triton backend, 48 distinct MoE layers, 8 requests per batch):
   eager: presets qwen3-30b-a3b and qwen3-30b-a3b-tp4 x M in {16, 128, 1024, 4096, 16384}
@@ -16,10 +18,10 @@ forwards (CUDA events, each from an idle GPU); median, p10, p90.
 Same data from the CLI (two calls per preset, the second with --resume):
     python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
         --tokens 16 128 1024 4096 16384 --guards sync cpu_flag launch_always --active 0 0.5 \
-        --mode eager --warmup 3 --reps 10 --out data/sweep/h200_sweep.csv
+        --mode eager --warmup 3 --reps 10 --out build/sweep/h200_sweep.csv
     python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b qwen3-30b-a3b-tp4 --layers 48 \
         --tokens 128 4096 --guards cpu_flag launch_always --active 0 0.5 --mode graph \
-        --warmup 3 --reps 10 --out data/sweep/h200_sweep.csv --resume
+        --warmup 3 --reps 10 --out build/sweep/h200_sweep.csv --resume
 (the script also keeps one model per preset for both sweeps instead of building it twice).
 
 Expected time on one H200: building a 48-layer qwen3-30b-a3b (~58 GB of bf16 expert weights,
@@ -93,7 +95,7 @@ def wide_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(DATA / "sweep"), help="output directory (default data/sweep)")
+    ap.add_argument("--out", default=str(DATA.parent / "build" / "sweep"), help="output directory (default build/sweep)")
     ap.add_argument("--name", default="h200_sweep", help="file stem (default h200_sweep)")
     ap.add_argument("--presets", nargs="+", default=PRESETS)
     ap.add_argument("--layers", type=int, default=48)

@@ -54,10 +54,12 @@ def guards_block() -> str:
     small = p[(p.active == 0) & (p.tokens == p.tokens.min())]
     g16 = {r.preset: s[(r.preset, r.tokens, 0.0, "cpu_flag")] / s[(r.preset, r.tokens, 0.0, "graph")]
            for r in small.itertuples()}
+    top = big.loc[big.us_per_sync.idxmax()]
+    above = "every interval lies above zero" if (big.us_per_sync_lo95 > 0).all() else \
+        f"{int((big.us_per_sync_lo95 > 0).sum())} of {len(big)} intervals lie above zero"
     lines += ["",
-              f"- From M = 1024 up, every interval lies above zero: {big.us_per_sync.min():.0f}–"
-              f"{big.us_per_sync.max():.0f} µs lost per sync, most at M = 4096 "
-              f"({big.ratio.max():.2f}x).",
+              f"- From M = 1024 up, {above}: {big.us_per_sync.min():.0f}–{big.us_per_sync.max():.0f} µs lost per "
+              f"sync, most at M = {int(top.tokens)} ({top.preset}, {top.ratio:.2f}x).",
               f"- At M = {int(small.tokens.iloc[0])} the eager forward is host-bound: "
               + ", ".join(f"{r.preset} {r.us_per_sync:.0f} µs [{r.us_per_sync_lo95:.0f}, {r.us_per_sync_hi95:.0f}]"
                           for r in small.itertuples())
@@ -77,13 +79,18 @@ def traces_block() -> str:
     e = d[d["mode"] == "eager"].set_index(["guard", "M"])  # the columns are per forward already
     g = d[d["mode"] == "graph"].set_index(["guard", "M"])
     per = e["n_syncs"]
-    lines = [f"Per forward, from the profiler traces in `data/traces/` ({label(meta)}): 8 layers of "
+    layers = json.loads((DATA / "traces" / "qwen3-30b-a3b_sync_eager_M16.meta.json").read_text())["params"]["num_layers"]
+    others = [k for k in e.index.get_level_values("guard").unique() if k != "sync"]
+    after_others = e.loc[others, "idle_after_sync_ns"].max()
+    lines = [f"Per forward, from the profiler traces in `data/traces/` ({label(meta)}): {layers} layers of "
              "qwen3-30b-a3b, two forwards per trace.", "",
-             f"- `sync` makes {per[('sync', 16)]:.0f} syncs per forward (one per layer); `cpu_flag` and "
-             f"`launch_always` make {per[('cpu_flag', 16)]:.0f}.",
+             f"- `sync` makes {per[('sync', 16)]:.0f} syncs per forward over {layers} layers; "
+             + " and ".join(f"`{k}`" for k in others) + f" make {e.loc[others, 'n_syncs'].max():.0f}.",
              "- GPU idle right after the syncs: "
              + ", ".join(f"{e.loc[('sync', m), 'idle_after_sync_ns'] / 1e6:.2f} ms "
-                         f"per forward at M = {m}" for m in sorted(e.loc["sync"].index)) + "; the other guards have none.",
+                         f"per forward at M = {m}" for m in sorted(e.loc["sync"].index))
+             + ("; none with the other guards." if after_others == 0 else
+                f"; at most {after_others / 1e6:.2f} ms with the other guards."),
              "- GPU utilisation inside the forward at M = 4096: "
              + ", ".join(f"{e.loc[(k, 4096), 'gpu_util']:.2f} with `{k}`" for k in ("sync", "cpu_flag"))
              + (f", {g['gpu_util'].xs(4096, level='M').max():.2f} under graph replay." if len(g) else ".")]
@@ -113,6 +120,24 @@ def kernels_block() -> str:
         "", f"- All adapters disabled, a LoRA launch costs {dis.time_us.min():.2f}–{dis.time_us.max():.2f} µs "
             f"against {dis.empty_kernel_us.min():.2f}–{dis.empty_kernel_us.max():.2f} µs for an empty Triton "
             "kernel: the persistent grid exits after one round of metadata loads."])
+
+
+def _tp1_busy_sentence() -> str:
+    """What the TP=1 traces say about the kernels' busy time under `sync` vs `cpu_flag` (one
+    profiled forward each, no adapter in use)."""
+    from lora_moe_lab.instruments import trace
+
+    busy = {}
+    for g in ("sync", "cpu_flag"):
+        f = sorted((DATA / "production" / "traces").glob(f"*_tp1_*_none_{g}_rank0.json.gz"))
+        if not f:
+            return ""
+        busy[g] = float(trace.forward_metrics(trace.load_trace(f[0])).busy_ns.iloc[0]) / 1e6
+    if busy["sync"] >= busy["cpu_flag"]:
+        return ""
+    return (f" At TP=1 part of the stall is hidden: in the profiled forward the kernels were busy {busy['sync']:.0f} ms "
+            f"with `sync` against {busy['cpu_flag']:.0f} ms with `cpu_flag` (the same kernels ran faster with bubbles "
+            "between them; notebook 06).")
 
 
 def production_block() -> str | None:
@@ -159,16 +184,17 @@ def production_block() -> str | None:
     if {"sync", "cpu_flag"} <= set(t2.index):
         F, S = t2.loc["cpu_flag", "forward_median_ms"], t2.loc["sync", "forward_median_ms"]
         n = t2.loc["sync", "syncs_per_forward"]
-        f_prod = PRODUCTION["stall_ms_per_forward"] / (PRODUCTION["input_throughput_gain_pct"] / 100.0)
-        lines += ["", f"Why TP=2 gains more than production: here one forward (one chunk) takes {F:.0f} ms with "
+        f_prod = PRODUCTION["implied_forward_ms"]
+        more = t2.loc["sync", "fix_throughput_gain_pct"] > PRODUCTION["input_throughput_gain_pct"]
+        lines += ["", f"Why TP=2 gains {'more' if more else 'less'} than production: here one forward (one chunk) takes {F:.0f} ms with "
                       f"`cpu_flag` and {S:.0f} ms with `sync`, {S - F:.0f} ms of stall over {n:.0f} syncs "
                       f"({1e3 * (S - F) / n:.0f} µs each). Production lost {PRODUCTION['stall_ms_per_forward']:.0f} ms "
                       f"per forward ({PRODUCTION['stall_us_per_sync']:.0f} µs per sync) for its "
                       f"{PRODUCTION['input_throughput_gain_pct']:+.1f} %, which implies about {f_prod:.0f} ms of "
                       f"forward without the stall: its stall was {PRODUCTION['stall_ms_per_forward'] / (S - F):.1f}x "
-                      f"ours but its forward {f_prod / F:.1f}x longer, so the same syncs were a smaller share. "
-                      "At TP=1 part of the stall is hidden: kernels ran faster in the `sync` forward "
-                      "than in the `cpu_flag` one (notebook 06 shows it in the traces)."]
+                      f"ours but its forward {f_prod / F:.1f}x longer, so the same syncs were a "
+                      f"{'smaller' if PRODUCTION['stall_ms_per_forward'] / f_prod < (S - F) / F else 'larger'} share."
+                      + _tp1_busy_sentence()]
     ex = extrapolate_tp(d)
     ex = ex[(ex.guard_sites > 1) & (ex.adapters == "none")]
     if len(ex):
@@ -194,6 +220,7 @@ def simulator_block() -> str | None:
 def simulator_check_block() -> str | None:
     """The queue model against the decoder measured at TP=2 with one guard sync per layer."""
     from lora_moe_lab import sim
+    from lora_moe_lab.sim import PRODUCTION
     from lora_moe_lab.sim.tp import rank_shape
 
     f = DATA / "production" / "tp2_C16384_gs1.summary.csv"
@@ -210,8 +237,9 @@ def simulator_check_block() -> str | None:
             f"the decoder measured {m.fix_throughput_gain_pct:+.1f} % [{m.fix_throughput_gain_pct_lo:+.1f}, "
             f"{m.fix_throughput_gain_pct_hi:+.1f}] and {m.fix_ttft_change_pct:+.1f} % "
             f"(`data/production/tp2_C16384_gs1.summary.csv`). The model holds the MoE blocks only: it has no "
-            "attention to dilute the stall, and its agreement with production's +14.4 % at 48 syncs per forward "
-            "is a coincidence of that, not a validation.")
+            f"attention to dilute the stall: beside production's {PRODUCTION['input_throughput_gain_pct']:+.1f} % its "
+            f"own extrapolation above is made with {m.syncs_per_forward:.0f} syncs per forward, not production's "
+            f"{PRODUCTION['syncs_per_forward']:.0f}, so an agreement there is no validation.")
 
 
 def setup_block() -> str | None:

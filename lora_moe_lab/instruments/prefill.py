@@ -44,6 +44,7 @@ from ..config import PRESETS
 from ..model.guards import count_guard_syncs, guard_names
 from ..provenance import metadata
 from .cli import pos_float, pos_int, progress as cli_progress
+from .timing import rotated
 
 ADAPTER_MODES = ("none", "mix")
 NO_IDLE = dict(gpu_idle_ms=math.nan, gpu_idle_after_sync_ms=math.nan, gpu_busy_ms=math.nan, gpu_span_ms=math.nan)
@@ -259,9 +260,8 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
     for r in range(reps):
         if r > 0 and deadline is not None and _any_rank(group, time.monotonic() > deadline):
             break
-        k = r % len(guards)
         for mode, d in drivers.items():
-            for i, g in enumerate(guards[k:] + guards[:k]):
+            for i, g in enumerate(rotated(guards, r)):
                 res = d.run(g)
                 row = {**key, "adapters": mode, "guard": g, "rep": r, "order": i, **res, **idle[mode, g],
                        "timer": "cuda_events" if d.cuda else "wall"}

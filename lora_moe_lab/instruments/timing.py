@@ -104,6 +104,13 @@ def time_once(fn: Callable[[], object], cuda: bool | None = None) -> tuple[float
     return start.elapsed_time(end) * 1e3, (time.perf_counter() - t0) * 1e6  # ms -> us
 
 
+def rotated(names: Sequence, r: int) -> list:
+    """The order of repetition r in an interleaved measurement: `names` rotated by r, so every
+    variant runs first, second, ... equally often and slow drifts land on all of them alike."""
+    k = r % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
 def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 10, *,
                      cuda: bool | None = None) -> dict[str, Timing]:
     """Time several callables in one loop (no warm-up: do it first): repetition r runs each once,
@@ -114,8 +121,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 10, *,
     names = list(fns)
     got = {n: ([], []) for n in names}
     for r in range(reps):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
+        for n in rotated(names, r):
             dev_us, wall_us = time_once(fns[n], cuda)
             got[n][0].append(dev_us)
             got[n][1].append(wall_us)

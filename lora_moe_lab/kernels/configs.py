@@ -77,11 +77,6 @@ def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) 
     return 64
 
 
-def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """The BLOCK_M the MoE layer aligns with (one alignment size for the base GEMM and LoRA)."""
-    return moe_block_m(num_tokens, top_k, num_experts)
-
-
 def gemm_config(num_tokens: int, block_m: int, N: int, K: int) -> GemmConfig:
     if runtime.interpreter():
         return _INTERP_GEMM

@@ -17,14 +17,11 @@ import torch.nn.functional as F
 
 from ..config import MoEShape
 from ..ops import Backend
+from . import init
 
 # `enable_gqa` (torch >= 2.5) lets SDPA read each KV head for its group of query heads without
 # materialising copies; older versions get the copies.
 _SDPA_GQA = torch.__version__ >= (2, 5)
-
-
-def _weight(t: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(t, requires_grad=False)
 
 
 def positions(token_counts: list[int], device) -> torch.Tensor:
@@ -91,7 +88,7 @@ class Attention(torch.nn.Module):
         self.H, self.KV, self.D, self.eps, self.theta = H, KV, D, eps, shape.rope_theta
 
         def randn(*size, std):  # full tensors in fp32, drawn in the same order on every rank
-            return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).mul_(std)
+            return init.randn(gen, device, *size, std=std)
 
         def heads(w, n):  # rows of this rank's n heads
             return w[tp_rank * n * D:(tp_rank + 1) * n * D]
@@ -100,13 +97,13 @@ class Attention(torch.nn.Module):
         k = heads(randn(KV * tp_size * D, K, std=K ** -0.5), KV)
         v = heads(randn(KV * tp_size * D, K, std=K ** -0.5), KV)
         # one fused GEMM for q, k and v (rows: q heads, then k heads, then v heads)
-        self.qkv_w = _weight(torch.cat([q, k, v]).to(dtype))
+        self.qkv_w = init.frozen(torch.cat([q, k, v]).to(dtype))
         del q, k, v
         o = randn(K, H * tp_size * D, std=(H * tp_size * D) ** -0.5)
-        self.o_w = _weight(o[:, tp_rank * H * D:(tp_rank + 1) * H * D].to(dtype).contiguous())
+        self.o_w = init.frozen(o[:, tp_rank * H * D:(tp_rank + 1) * H * D].to(dtype).contiguous())
         del o
-        self.q_norm_w = _weight((1 + randn(D, std=0.1)).to(dtype))
-        self.k_norm_w = _weight((1 + randn(D, std=0.1)).to(dtype))
+        self.q_norm_w = init.frozen((1 + randn(D, std=0.1)).to(dtype))
+        self.k_norm_w = init.frozen((1 + randn(D, std=0.1)).to(dtype))
 
     def forward(self, x, token_counts: list[int], rope, backend: Backend, before_o_proj=None):
         """x (M, hidden), already normed -> this rank's partial o_proj output (M, hidden).

@@ -39,7 +39,8 @@ from .attention import Attention, rope_cos_sin
 from .guards import Guard, get_guard
 from .lab import Lab
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from .moe import LoRAHook, MiniMoEModel, MoELayer, _weight
+from . import init
+from .moe import LoRAHook, MiniMoEModel, MoELayer
 from .spec import GUARD_SITE_POINTS
 from .tp import TPGroup, single, tp_shape
 
@@ -81,7 +82,7 @@ class DecoderLayer(torch.nn.Module):
         kw = dict(tp_rank=tp.rank, tp_size=tp.size)
         self.eps = eps
         self.attn = Attention(shape, dtype, device, gen, eps, **kw)  # draws its weights first
-        self.norm_w = _weight((1 + torch.randn(shape.hidden, generator=gen, device=device).mul_(0.1)).to(dtype))
+        self.norm_w = init.frozen((1 + torch.randn(shape.hidden, generator=gen, device=device).mul_(0.1)).to(dtype))
         self.moe = MoELayer(shape, dtype, device, gen, eps, **kw)  # its norm_w is the post-attention norm
 
     def forward(self, h, token_counts, rope, sites: GuardSites, backend: Backend, tp: TPGroup,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import LoRAConfig, MoEShape
+from . import init
 
 
 @dataclass
@@ -103,7 +104,7 @@ class AdapterPool:
 
     def _fill(self, w: LayerLoRAWeights, s: int, r: int, scaling: float, K: int, I: int, gen) -> None:
         def randn(*size, std):
-            return torch.randn(*size, generator=gen, device=self.device, dtype=torch.float32).mul_(std)
+            return init.randn(gen, self.device, *size, std=std)
 
         E = self.shape.num_experts
         If, lo = I * self.tp_size, I * self.tp_rank  # full intermediate, this rank's first index

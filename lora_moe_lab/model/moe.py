@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from .. import runtime
 from ..config import MoEShape
 from ..ops import Backend, get_backend
+from . import init
 from .guards import Guard, get_guard
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 
@@ -41,10 +42,6 @@ class LoRAHook:
                                 self.info.adapter_enabled, top_k, out, routed_weights=topk_w, gather=False)
 
 
-def _weight(t: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(t, requires_grad=False)  # inference only: no autograd bookkeeping
-
-
 class MoELayer(torch.nn.Module):
     """One MoE block with its pre-norm weight. Steps, in order (model/spec.py names them for the
     simulator): rmsnorm, router, align, gate_up GEMM, LoRA gate_up, SiLU-and-mul, down GEMM,
@@ -60,18 +57,18 @@ class MoELayer(torch.nn.Module):
         self.shape, self.top_k, self.eps = shape, shape.top_k, eps
 
         def randn(*size, std):
-            return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).mul_(std)
+            return init.randn(gen, device, *size, std=std)
 
         # The router runs in fp32 so every dtype picks the same experts; keeping its weight in fp32
         # saves an upcast launch per layer. Router and norm are replicated on every rank.
-        self.router_w = _weight(randn(E, K, std=K ** -0.5).to(dtype).float())
+        self.router_w = init.frozen(randn(E, K, std=K ** -0.5).to(dtype).float())
         w13 = randn(E, 2 * If, K, std=K ** -0.5)  # gate rows first, then up
         if tp_size > 1:  # this rank's gate rows and the matching up rows
             w13 = torch.cat([w13[:, lo:lo + I], w13[:, If + lo:If + lo + I]], dim=1)
-        self.w13 = _weight(w13.to(dtype))
+        self.w13 = init.frozen(w13.to(dtype))
         del w13  # free the full tensor before the next one is drawn
-        self.w2 = _weight(randn(E, K, If, std=If ** -0.5)[:, :, lo:lo + I].to(dtype).contiguous())
-        self.norm_w = _weight((1 + randn(K, std=0.1).to(dtype).float()).to(dtype))
+        self.w2 = init.frozen(randn(E, K, If, std=If ** -0.5)[:, :, lo:lo + I].to(dtype).contiguous())
+        self.norm_w = init.frozen((1 + randn(K, std=0.1).to(dtype).float()).to(dtype))
 
     def route(self, x):
         # Router in fp32 so that every dtype picks the same experts for the same input.

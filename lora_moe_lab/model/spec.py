@@ -1,7 +1,8 @@
 """What one MoE layer does, step by step, in the order the host issues it: the ONE description
 that the model (model/moe.py: MiniMoEModel.forward and MoELayer.forward) follows and the
-simulator (sim/cost.py) turns into ops. A step the model gains is added here, and the
-simulator then needs its cost (a test checks that every step has one).
+simulator (sim/cost.py) turns into ops. A step the MoE layer gains is added here, and the
+simulator then needs its cost (a test checks that every MoE step has one; the simulator models
+the MoE blocks, and the decoder's attention steps are listed for the reader and the guard sites).
 
 Per layer, the guard runs first (its `sites_per_layer` checks: with a `device_check` guard each is
 a device reduction plus a host sync), then these steps; the `lora` steps run only when the guard

@@ -75,7 +75,10 @@ def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, t
 
 
 def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """Rows per block: small blocks when few pairs land on each expert (decode), larger in prefill."""
+    """Rows per block: small blocks when few pairs land on each expert (decode), larger in prefill.
+    Here BLOCK_M only sets how many rows one batched matmul takes (the results do not depend on
+    it); the Triton tiles are tuned separately in kernels/configs.py, which under the interpreter
+    always answers 16 and would make CPU runs of the torch backend slower for nothing."""
     per_expert = num_tokens * top_k / num_experts
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 

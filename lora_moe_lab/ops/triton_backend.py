@@ -23,7 +23,7 @@ class TritonBackend(Backend):
     name = "triton"
     moe_gemm = staticmethod(moe_gemm)
     lora_delta = staticmethod(lora_delta)
-    block_m = staticmethod(moe_block_m)  # one alignment size for the base GEMM and LoRA
+    block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
     silu_and_mul = staticmethod(silu_and_mul)
     rmsnorm = staticmethod(rmsnorm)

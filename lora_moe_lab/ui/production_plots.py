@@ -62,7 +62,8 @@ def guard_bars(summary: pd.DataFrame, y: str, *, lo: str | None = None, hi: str 
     if reference is not None:
         fig.add_hline(y=reference, line_dash="dash", line_color="black",
                       annotation_text=f"{reference_name}: {reference:g}", annotation_position="top left")
-    fig.update_layout(barmode="group", title=title, xaxis_title="configuration (TP size · chunk · adapters)",
+    fig.update_layout(barmode="group", title=title,
+                      xaxis_title="configuration (TP size · chunk · guard sites per layer · adapters)",
                       yaxis_title=yaxis_title, legend_title="guard", margin=dict(t=60, b=60))
     return fig
 

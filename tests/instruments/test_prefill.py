@@ -103,3 +103,23 @@ def test_cli_writes_csv_meta_and_summary(tmp_path, capsys):
     with pytest.raises(SystemExit):
         P.main(argv + ["--chunk", "6"])
     assert "not a multiple" in capsys.readouterr().err
+
+
+def test_paired_changes_have_the_right_sign_and_size():
+    """cpu_flag 25 % faster in throughput and 20 % lower TTFT than sync in every repetition: the
+    summary must say +25 % and -20 % on the sync rows (and the interval must sit on them)."""
+    key = dict(preset="tiny", layers=2, tp=1, requests=4, input_len=8, chunk=16, guard_sites=1.0, adapters="none")
+    rows = []
+    for r in range(5):
+        base = 1000.0 + 10 * r  # a drift shared by the repetition: pairing removes it
+        for g, tps, ttft in (("sync", base, 10.0 + r), ("cpu_flag", 1.25 * base, 0.8 * (10.0 + r))):
+            rows.append({**key, "guard": g, "rep": r, "order": 0, "prefill_ms": 1.0, "input_tok_per_s": tps,
+                         "ttft_mean_ms": ttft, "ttft_p50_ms": ttft, "ttft_p99_ms": ttft, "forwards": 2,
+                         "forward_median_ms": 1.0, "syncs_per_forward": 2.0 if g == "sync" else 0.0,
+                         "gpu_idle_ms": float("nan"), "gpu_idle_after_sync_ms": float("nan"),
+                         "gpu_busy_ms": float("nan"), "gpu_span_ms": float("nan"), "timer": "wall"})
+    s = P.summarize(pd.DataFrame(rows)).set_index("guard")
+    assert s.loc["sync", "fix_throughput_gain_pct"] == pytest.approx(25.0)
+    assert s.loc["sync", "fix_ttft_change_pct"] == pytest.approx(-20.0)
+    assert s.loc["sync", "fix_throughput_gain_pct_lo"] == pytest.approx(25.0)
+    assert s.loc["sync", "fix_ttft_change_pct_hi"] == pytest.approx(-20.0)
