@@ -50,18 +50,21 @@ def token_bucket(num_tokens: int) -> int:
     return b
 
 
+# BLOCK_M by the mean number of (token, k) pairs a group will hold: (upper bound, BLOCK_M) steps.
+# Blocks about as tall as the groups waste few padded rows; taller ones reuse each weight tile more.
+_MOE_BM_STEPS = ((16, 16), (48, 32), (192, 64), (float("inf"), 128))
+_LORA_BM_STEPS = ((24, 16), (48, 32), (float("inf"), 64))
+
+
+def _step_pick(avg: float, steps) -> int:
+    return next(bm for limit, bm in steps if avg <= limit)
+
+
 def moe_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
     """BLOCK_M for the base GEMM's alignment: about the mean number of pairs per expert."""
     if runtime.interpreter():
         return 16
-    avg = token_bucket(num_tokens) * top_k / num_experts
-    if avg <= 16:
-        return 16
-    if avg <= 48:
-        return 32
-    if avg <= 192:
-        return 64
-    return 128
+    return _step_pick(token_bucket(num_tokens) * top_k / num_experts, _MOE_BM_STEPS)
 
 
 def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
@@ -69,12 +72,7 @@ def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) 
     over all slots."""
     if runtime.interpreter():
         return 16
-    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
-    if avg <= 24:
-        return 16
-    if avg <= 48:
-        return 32
-    return 64
+    return _step_pick(token_bucket(num_tokens) * top_k / (num_experts * num_slots), _LORA_BM_STEPS)
 
 
 def gemm_config(num_tokens: int, block_m: int, N: int, K: int) -> GemmConfig:
