@@ -143,7 +143,7 @@ def _tp1_busy_sentence() -> str:
 def production_block() -> str | None:
     """The decoder's chunked prefill per TP size (data/production/*.summary.csv) beside production's
     figures, and the TP=4 extrapolation from each measured TP size (sim/tp.py)."""
-    from lora_moe_lab.sim import PRODUCTION
+    from lora_moe_lab.sim import PRODUCTION, production_forward_ms
     from lora_moe_lab.sim.tp import extrapolate_tp
 
     files = sorted((DATA / "production").glob("*.summary.csv"))
@@ -184,7 +184,7 @@ def production_block() -> str | None:
     if {"sync", "cpu_flag"} <= set(t2.index):
         F, S = t2.loc["cpu_flag", "forward_median_ms"], t2.loc["sync", "forward_median_ms"]
         n = t2.loc["sync", "syncs_per_forward"]
-        f_prod = PRODUCTION["implied_forward_ms"]
+        f_prod = production_forward_ms()
         more = t2.loc["sync", "fix_throughput_gain_pct"] > PRODUCTION["input_throughput_gain_pct"]
         lines += ["", f"Why TP=2 gains {'more' if more else 'less'} than production: here one forward (one chunk) takes {F:.0f} ms with "
                       f"`cpu_flag` and {S:.0f} ms with `sync`, {S - F:.0f} ms of stall over {n:.0f} syncs "

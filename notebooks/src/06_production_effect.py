@@ -52,7 +52,7 @@ from lora_moe_lab.instruments import trace as T
 from lora_moe_lab.nb import params as nbp
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.provenance import DATA, label, normalize_meta
-from lora_moe_lab.sim import PRODUCTION
+from lora_moe_lab.sim import PRODUCTION, production_forward_ms
 from lora_moe_lab.sim.tp import extrapolate_tp
 from lora_moe_lab.ui import production_plots as pp
 
@@ -186,7 +186,7 @@ if RECORDED:
                           ttft_pct=g.loc["sync", "fix_ttft_change_pct"]))
     gain = PRODUCTION["input_throughput_gain_pct"]
     rows_.append(dict(tp=4, chunk="?", adapters="none (production)",
-                      forward_ms_cpu_flag=100 * PRODUCTION["stall_ms_per_forward"] / gain,
+                      forward_ms_cpu_flag=production_forward_ms(),
                       us_lost_per_sync=PRODUCTION["stall_us_per_sync"], gain_pct=gain,
                       ttft_pct=PRODUCTION["ttft_change_pct"]))
     display(pd.DataFrame(rows_).round(2))
