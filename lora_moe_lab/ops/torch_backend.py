@@ -5,6 +5,11 @@ BM (token, k) pairs gathers its rows and its expert's weights and does one batch
 loop bound is static (derived from shapes), every index is a device tensor, so nothing is ever
 read back to the host. It has no early exit: a disabled slot still costs its full share of work,
 which is exactly the difference the Triton kernel's early exit removes.
+
+Padding rows of a block (sentinel ids) and rows of a dead slot are computed like the others (static
+shapes) and point at pair 0; their results are REPLACED by +0.0 with `torch.where`, never
+multiplied by 0: an inf there (an overflowing adapter) times 0 is NaN, and index_add_ would pour it
+into pair 0, another request's row. The Triton kernels mask their stores instead.
 """
 from __future__ import annotations
 
@@ -39,10 +44,9 @@ def moe_gemm(x, w, align: Alignment, top_k: int, out, *, routed_weights=None, ga
     for c in _chunks(ids.shape[0], w.shape[1] * w.shape[2] * w.element_size()):
         valid, pair, row = _rows(ids[c], n_pairs, top_k, gather)
         y = torch.bmm(x[row], w[experts[c]].transpose(1, 2))  # (blocks, BM, N)
-        scale = valid.to(y.dtype)
         if rw is not None:
-            scale = scale * rw[pair].to(y.dtype)
-        out.index_add_(0, pair.reshape(-1), (y * scale[..., None]).reshape(-1, N))
+            y = y * rw[pair].to(y.dtype)[..., None]
+        out.index_add_(0, pair.reshape(-1), torch.where(valid[..., None], y, 0).reshape(-1, N))
     return out
 
 
@@ -64,14 +68,14 @@ def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, t
     for c in _chunks(S * nb, P * (r * K + N * r) * lora_a.element_size()):
         valid, pair, row = _rows(ids[c], n_pairs, top_k, gather)
         xb = x[row]  # (blocks, BM, K)
-        scale = (valid & live[c][:, None]).to(x.dtype)
-        if rw is not None:
-            scale = scale * rw[pair].to(x.dtype)
+        keep = (valid & live[c][:, None])[..., None]  # real pairs of live slots
         for p in range(P):
             a = lora_a[p][slot[c], e[c]]  # (blocks, r, K)
             b = lora_b[p][slot[c], e[c]]  # (blocks, N, r)
             d = torch.bmm(torch.bmm(xb, a.transpose(1, 2)), b.transpose(1, 2))  # (blocks, BM, N)
-            out[:, p * N:(p + 1) * N].index_add_(0, pair.reshape(-1), (d * scale[..., None]).reshape(-1, N))
+            if rw is not None:
+                d = d * rw[pair].to(x.dtype)[..., None]
+            out[:, p * N:(p + 1) * N].index_add_(0, pair.reshape(-1), torch.where(keep, d, 0).reshape(-1, N))
 
 
 def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
