@@ -9,6 +9,10 @@ per finished measurement, flushed at once) with the metadata of `provenance`.
     python -m lora_moe_lab.instruments.bench meta                       # what a row's metadata is
 
 (`lora-moe-bench` is the same CLI.) The guard choices are the registry's (`model.guards`).
+
+`--skew` (model/moe.py: SERVING_SKEW) biases the router towards a few hot experts; it is a key
+column. CSVs written before it existed load with skew 0 (their routing was uniform), and such a
+file can still be resumed at skew 0 (its rows keep the old columns).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from ..config import PRESETS, check_dtype, get_shape
 from ..model.graphs import GraphForward
 from ..model.guards import count_guard_syncs, guard_names
 from ..model.lab import LabCache, split_tokens
+from ..model.moe import check_skew
 from ..provenance import META_KEYS, metadata, normalize_meta
 from .cli import fraction, nonneg_int, pos_int, progress as cli_progress
 from .timing import _check_counts, time_device
@@ -37,10 +42,13 @@ from .timing import _check_counts, time_device
 MODES = ("eager", "graph")
 
 META_COLUMNS = list(META_KEYS)
-KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests"]
+KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests",
+               "skew"]
+KEY_DEFAULTS = {"skew": 0.0}  # the value of a key column in CSVs written before it existed
 RESULT_COLUMNS = ["warmup", "reps", "median_us", "p10_us", "p90_us", "mean_us", "wall_median_us", "timer",
                   "syncs_per_forward", "error"]
 COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
+LEGACY_COLUMNS = [c for c in COLUMNS if c not in KEY_DEFAULTS]  # the schema before `skew`
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,7 +57,7 @@ COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
 @dataclass
 class SweepSpec:
     """The grid: every combination of the list fields (itertools.product), in this loop order:
-    preset, layers, rank (a model is built once for each), then tokens, active, guard, mode."""
+    preset, layers, rank, skew (a model is built once for each), then tokens, active, guard, mode."""
 
     presets: list[str] = field(default_factory=lambda: ["tiny"])
     layers: list[int | None] = field(default_factory=lambda: [None])  # None: the preset's own count
@@ -65,6 +73,7 @@ class SweepSpec:
     warmup: int = 3
     reps: int = 10
     seed: int = 0
+    skews: list[float] = field(default_factory=lambda: [0.0])  # router skew (model/moe.py); 0: uniform
 
     def resolved(self) -> "SweepSpec":
         """Validate every field and fill in the 'auto' choices; raises ValueError with a clear message."""
@@ -75,7 +84,7 @@ class SweepSpec:
         for p in self.presets:
             if p not in PRESETS:
                 raise ValueError(f"unknown preset {p!r}; choose from {sorted(PRESETS)}")
-        for name in ("presets", "layers", "tokens", "guards", "active", "ranks", "modes"):
+        for name in ("presets", "layers", "tokens", "guards", "active", "ranks", "modes", "skews"):
             if not list(getattr(self, name)):
                 raise ValueError(f"{name} is empty: give at least one value")
         for L in self.layers:
@@ -100,46 +109,55 @@ class SweepSpec:
             raise ValueError("mode 'graph' (CUDA-graph replay) needs a CUDA GPU; use --mode eager on CPU")
         if not isinstance(self.requests, int) or self.requests <= 0:
             raise ValueError(f"requests must be a positive int, got {self.requests!r}")
+        skews = [check_skew(s) for s in self.skews]  # ValueError naming skew
         _check_counts(self.warmup, self.reps)
         return SweepSpec(list(self.presets), list(self.layers), list(self.tokens),
                          list(self.guards), [float(a) for a in self.active], list(self.ranks), list(self.modes),
-                         dtype, backend, str(dev), self.requests, self.warmup, self.reps, self.seed)
+                         dtype, backend, str(dev), self.requests, self.warmup, self.reps, self.seed, skews)
 
     def grid(self) -> list[dict]:
         """The parameter rows, in run order (resolve first)."""
         rows = []
-        for preset, layers, rank, tokens, active, guard, mode in itertools.product(
-                self.presets, self.layers, self.ranks, self.tokens, self.active, self.guards, self.modes):
+        for preset, layers, rank, skew, tokens, active, guard, mode in itertools.product(
+                self.presets, self.layers, self.ranks, self.skews, self.tokens, self.active, self.guards, self.modes):
             layers = get_shape(preset).num_layers if layers is None else layers
             rows.append(dict(preset=preset, layers=layers, tokens=tokens, guard=guard, active=active, rank=rank,
                              mode=mode, dtype=self.dtype, backend=self.backend,
-                             requests=min(self.requests, tokens)))
+                             requests=min(self.requests, tokens), skew=skew))
         return rows
 
 
 def _norm(col: str, v) -> str:
     if col in ("layers", "tokens", "rank", "requests"):
         return str(int(float(v)))
-    if col == "active":
+    if col in ("active", "skew"):
         return f"{float(v):.6g}"
     return str(v)
 
 
 def row_key(row: dict) -> tuple:
     """The parameter key of a row (what --resume compares), normalised so CSV strings match."""
-    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
+    return tuple(_norm(c, row[c] if c in row else KEY_DEFAULTS[c]) for c in KEY_COLUMNS)
+
+
+def file_columns(path: Path) -> list[str] | None:
+    """The header of an existing sweep CSV (None for a missing or empty file): this schema or the
+    one before `skew`; anything else is a ValueError."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with path.open(newline="") as f:
+        cols = next(csv.reader(f), None)
+    if cols not in (COLUMNS, LEGACY_COLUMNS):
+        raise ValueError(f"{path} has columns {cols}, not this harness's schema {COLUMNS}: write to a new file")
+    return cols
 
 
 def read_done(path: Path) -> set[tuple]:
     """Keys of the rows already measured without error in an existing sweep CSV."""
-    if not path.exists() or path.stat().st_size == 0:
+    if file_columns(path) is None:
         return set()
     with path.open(newline="") as f:
-        r = csv.DictReader(f)
-        if r.fieldnames != COLUMNS:
-            raise ValueError(f"{path} has columns {r.fieldnames}, not this harness's schema {COLUMNS}: "
-                             "write to a new file")
-        return {row_key(row) for row in r if not row.get("error")}
+        return {row_key(row) for row in csv.DictReader(f) if not row.get("error")}
 
 
 def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
@@ -192,6 +210,10 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     if overwrite and out.exists():
         out.unlink()
     done = read_done(out) if resume else set()
+    fields = (file_columns(out) if resume else None) or COLUMNS
+    if "skew" not in fields and any(spec.skews):
+        raise ValueError(f"{out} was written before the skew column: resume it with skew 0 only, "
+                         "or write to a new file")
     meta = metadata()
     grid = spec.grid()
     todo = [p for p in grid if row_key(p) not in done]
@@ -206,7 +228,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     bar = cli_progress(len(grid), progress, initial=len(grid) - len(todo))
     try:
         with out.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")  # an older file: skew 0, dropped
             if new_file:
                 w.writeheader()
                 f.flush()
@@ -219,7 +241,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
                 try:
                     lab = labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p["layers"],
                                    max_loras=4, max_rank=p["rank"], dtype=spec.dtype, device=spec.device,
-                                   backend=spec.backend, seed=spec.seed)
+                                   backend=spec.backend, seed=spec.seed,
+                                   **({"skew": p["skew"]} if p["skew"] else {}))  # a `build` without skew works at 0
                     res = measure(lab, p, warmup=spec.warmup, reps=spec.reps, seed=spec.seed)
                 except (KeyboardInterrupt, SystemExit):
                     raise
@@ -253,6 +276,10 @@ def load_sweep(path: str | os.PathLike):
 
     path = Path(path)
     df = pd.read_csv(path).rename(columns={"git_commit": "commit", "date_utc": "date"})  # older schema
+    if "preset" in df.columns:  # a sweep table: rows recorded before `skew` ran the uniform router
+        for c, v in KEY_DEFAULTS.items():
+            if c not in df.columns:
+                df[c] = v
     mp = _meta_path(path)
     if mp.exists():
         m = json.loads(mp.read_text())
@@ -280,6 +307,7 @@ def normalize_sweep(df, meta: dict | None = None):
     d["requests"] = params.get("requests", 8)
     d["dtype"], d["backend"], d["timer"], d["error"] = "bfloat16", "triton", "cuda_events", ""
     d["warmup"] = params.get("warmup", 3)
+    d["skew"] = params.get("skew", 0.0)  # side-by-side tables predate skew: uniform routing
     return pd.DataFrame({c: d[c] if c in d.columns else None for c in COLUMNS + ["variant"]})
 
 
@@ -348,13 +376,15 @@ def summary_table(df):
     ratio and us lost per sync (on the sync rows)."""
     d = clean(df).copy()
     lost = time_lost_per_sync(d)
-    keys = [c for c in KEY_COLUMNS if c != "guard"]
+    keys = [c for c in KEY_COLUMNS if c != "guard" and c in d.columns]
     d = d.merge(lost[keys + ["ratio", "us_per_sync"]], on=keys, how="left")
     d.loc[d["guard"] != "sync", ["ratio", "us_per_sync"]] = float("nan")
     d["median_ms"] = d["median_us"] / 1e3
-    cols = ["tokens", "preset", "layers", "rank", "guard", "active", "mode", "median_ms", "syncs_per_forward",
+    skew = ["skew"] if "skew" in d.columns else []
+    cols = ["tokens", "preset", "layers", "rank", *skew, "guard", "active", "mode", "median_ms", "syncs_per_forward",
             "ratio", "us_per_sync"]
-    return d[cols].sort_values(["preset", "layers", "rank", "tokens", "mode", "active", "guard"]).reset_index(drop=True)
+    order = ["preset", "layers", "rank", *skew, "tokens", "mode", "active", "guard"]
+    return d[cols].sort_values(order).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,6 +394,13 @@ def _preset(s: str) -> str:
     if s not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose from {', '.join(sorted(PRESETS))}")
     return s
+
+
+def _skew(s: str) -> float:
+    try:
+        return check_skew(float(s))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "skew" in str(e) else f"skew must be a number, got {s!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--active", nargs="+", type=fraction, default=[0.0, 0.5],
                    help="fraction of requests that use an adapter")
     s.add_argument("--rank", nargs="+", type=pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
+    s.add_argument("--skew", nargs="+", type=_skew, default=[0.0],
+                   help="router skew towards a few hot experts (0: uniform; 1.0: about a quarter of the "
+                        "experts carry 90 %% of the tokens, model/moe.py: SERVING_SKEW)")
     s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
     s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (default 8)")
     s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
@@ -422,7 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         spec = SweepSpec(presets=a.preset, layers=a.layers or [None], tokens=a.tokens, guards=a.guards,
                          active=a.active, ranks=a.rank, modes=a.mode, dtype=a.dtype, backend=a.backend,
-                         device=a.device, requests=a.requests, warmup=a.warmup, reps=a.reps, seed=a.seed)
+                         device=a.device, requests=a.requests, warmup=a.warmup, reps=a.reps, seed=a.seed,
+                         skews=a.skew)
         sp = parser.sweep_parser
         try:
             spec.resolved()

@@ -40,7 +40,7 @@ from .guards import Guard, get_guard
 from .lab import Lab
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from . import init
-from .moe import LoRAHook, MiniMoEModel, MoELayer
+from .moe import LoRAHook, MiniMoEModel, MoELayer, check_skew
 from .spec import GUARD_SITE_POINTS
 from .tp import TPGroup, single, tp_shape
 
@@ -77,13 +77,15 @@ class GuardSites:
 
 
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, shape, dtype, device, gen, tp: TPGroup, eps: float = 1e-6):
+    def __init__(self, shape, dtype, device, gen, tp: TPGroup, eps: float = 1e-6, skew: float = 0.0,
+                 skew_seed: int = 0):
         super().__init__()
         kw = dict(tp_rank=tp.rank, tp_size=tp.size)
         self.eps = eps
         self.attn = Attention(shape, dtype, device, gen, eps, **kw)  # draws its weights first
         self.norm_w = init.frozen((1 + torch.randn(shape.hidden, generator=gen, device=device).mul_(0.1)).to(dtype))
-        self.moe = MoELayer(shape, dtype, device, gen, eps, **kw)  # its norm_w is the post-attention norm
+        # its norm_w is the post-attention norm
+        self.moe = MoELayer(shape, dtype, device, gen, eps, **kw, skew=skew, skew_seed=skew_seed)
 
     def forward(self, h, token_counts, rope, sites: GuardSites, backend: Backend, tp: TPGroup,
                 routing_log=None):
@@ -102,7 +104,7 @@ class DecoderModel(torch.nn.Module):
     """N decoder layers; called exactly like MiniMoEModel: model(x, batch, tensors, guard)."""
 
     def __init__(self, shape, pool: AdapterPool, dtype, device, backend="auto", seed: int = 0,
-                 guard_sites: float = 1.0, tp: TPGroup | None = None):
+                 guard_sites: float = 1.0, tp: TPGroup | None = None, skew: float = 0.0):
         super().__init__()
         device = torch.device(device)
         self.shape, self.pool, self.backend_name = shape, pool, backend
@@ -111,7 +113,8 @@ class DecoderModel(torch.nn.Module):
         # one generator per layer, seeded as MiniMoEModel does: every rank draws the same full
         # weights layer by layer and keeps its slice (a rank never holds the whole model)
         self.layers = torch.nn.ModuleList(
-            DecoderLayer(shape, dtype, device, torch.Generator(device=device).manual_seed(seed * 100003 + i), self.tp)
+            DecoderLayer(shape, dtype, device, torch.Generator(device=device).manual_seed(seed * 100003 + i), self.tp,
+                         skew=skew, skew_seed=seed * 100003 + i)
             for i in range(shape.num_layers))
         self.routing_log: list | None = None
 
@@ -149,9 +152,10 @@ class DecoderModel(torch.nn.Module):
 
 def build_decoder_lab(preset="tiny", num_layers: int | None = None, max_loras: int = 4, max_rank: int = 16,
                       dtype="auto", device: str = "auto", backend: str = "auto", seed: int = 0,
-                      guard_sites: float = 1.0, tp: TPGroup | None = None) -> Lab:
+                      guard_sites: float = 1.0, tp: TPGroup | None = None, skew: float = 0.0) -> Lab:
     """Decoder + adapter pool with seeded random weights. With `tp` (model/tp.py: init_tp) this
-    rank's slice of the same weights; `lab.shape` is then the rank's shape."""
+    rank's slice of the same weights; `lab.shape` is then the rank's shape. `skew`: as build_lab."""
+    skew = check_skew(skew)
     full = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
     shape = tp_shape(full, 1 if tp is None else tp.size)  # named error when heads or I do not split
     sites_per_layer(guard_sites, shape.num_layers)  # reject a bad guard_sites before any allocation
@@ -159,5 +163,6 @@ def build_decoder_lab(preset="tiny", num_layers: int | None = None, max_loras: i
     dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))
     rank, size = (0, 1) if tp is None else (tp.rank, tp.size)
     pool = AdapterPool(shape, LoRAConfig(max_loras, max_rank), dtype=dt, device=dev, tp_rank=rank, tp_size=size)
-    model = DecoderModel(shape, pool, dt, dev, backend=backend, seed=seed, guard_sites=guard_sites, tp=tp)
+    model = DecoderModel(shape, pool, dt, dev, backend=backend, seed=seed, guard_sites=guard_sites, tp=tp,
+                         skew=skew)
     return Lab(shape, model, pool, dev, dt)

@@ -16,7 +16,7 @@ import torch
 from .. import runtime
 from ..config import LoRAConfig, MoEShape, check_dtype, get_shape
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors
-from .moe import MiniMoEModel
+from .moe import MiniMoEModel, check_skew
 
 
 @dataclass
@@ -40,13 +40,15 @@ class Lab:
 
 def build_lab(preset: str | MoEShape = "tiny", num_layers: int | None = None, max_loras: int = 4,
               max_rank: int = 16, dtype: str | torch.dtype = "float32", device: str = "auto",
-              backend: str = "auto", seed: int = 0) -> Lab:
-    """Model + adapter pool with seeded random weights (nothing is downloaded)."""
+              backend: str = "auto", seed: int = 0, skew: float = 0.0) -> Lab:
+    """Model + adapter pool with seeded random weights (nothing is downloaded). `skew` > 0 biases
+    the router towards a seeded set of hot experts (model/moe.py: SERVING_SKEW); 0 is uniform."""
+    skew = check_skew(skew)  # before any allocation
     dev = runtime.resolve_device(device)
     shape = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
     dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))
     pool = AdapterPool(shape, LoRAConfig(max_loras, max_rank), dtype=dt, device=dev)
-    model = MiniMoEModel(shape, pool, dt, dev, backend=backend, seed=seed)
+    model = MiniMoEModel(shape, pool, dt, dev, backend=backend, seed=seed, skew=skew)
     return Lab(shape, model, pool, dev, dt)
 
 

@@ -30,6 +30,8 @@ from ..model.lab import LabCache
 TOKENS = tuple(2 ** i for i in range(15))  # 1 .. 16384
 RANKS = (4, 8, 16, 32, 64)
 SOURCE_SYMBOLS = {"simulator": "line", "recorded": "diamond", "live": "circle"}
+# The simulator's cost model has no routing input: its lines are the uniform router's at any skew.
+SKEW_NOTE = "skew: the simulator ignores it (its lines assume uniform routing); recorded and live points use it"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,10 +49,11 @@ def simulated_curve(cost: sim.CostModel, preset: str, layers: int, active: float
 
 
 def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: float, rank: int,
-                  mode: str, *, label: str | None = None) -> pd.DataFrame:
+                  mode: str, *, label: str | None = None, skew: float = 0.0) -> pd.DataFrame:
     """Rows of a recorded sweep (the canonical recording's `as_sweep()`, or a bench.py CSV) at this
     preset / layers / active / rank / mode. lo_ms / hi_ms: the median's 95 % interval (lo95_us,
-    hi95_us) where the recording has it, else p10 / p90; `interval` says which."""
+    hi95_us) where the recording has it, else p10 / p90; `interval` says which. A recording without
+    a skew column ran the uniform router: it matches skew 0 only."""
     cols = ["guard", "tokens", "forward_ms", "lo_ms", "hi_ms", "interval", "source"]
     if sweep is None or not len(sweep):
         return pd.DataFrame(columns=cols)
@@ -59,7 +62,9 @@ def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: 
     d = clean(sweep)
     m = ((d["preset"] == preset) & (d["layers"].astype(int) == int(layers)) & np.isclose(d["active"].astype(float), active)
          & (d["rank"].astype(int) == int(rank)) & (d["mode"] == mode))
-    d = d[m]
+    # no skew column, or an empty cell: recorded before skew existed, i.e. the uniform router
+    d_skew = pd.to_numeric(d["skew"], errors="coerce").fillna(0.0) if "skew" in d else pd.Series(0.0, index=d.index)
+    d = d[m & np.isclose(d_skew, float(skew))]
     gpu = d["gpu"].iloc[0] if "gpu" in d and len(d) else "GPU"
     ci = "lo95_us" in d and d["lo95_us"].notna().any()
     lo, hi = ("lo95_us", "hi95_us") if ci else ("p10_us", "p90_us")
@@ -137,6 +142,8 @@ def results_figure(results: pd.DataFrame) -> go.Figure:
     r = results.copy()
     r["config"] = (r["preset"] + " L" + r["layers"].astype(str) + " M" + r["tokens"].astype(str) + " a"
                    + r["active"].map(lambda a: f"{a:g}") + " " + r["mode"])
+    if "skew" in r:  # a skewed router's rows get their own bars
+        r["config"] += r["skew"].fillna(0.0).map(lambda s: f" skew{s:g}" if s else "")
     for (g, src), d in r.groupby(["guard", "source"], sort=False):
         err = None
         if {"lo_ms", "hi_ms"} <= set(d.columns) and d["hi_ms"].notna().any():
@@ -231,7 +238,7 @@ def _set_controls(panel, values: dict) -> None:
         panel._hold = False
 
 class BenchPanel:
-    """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph), Run and Stop
+    """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph, router skew), Run and Stop
     buttons, a progress bar, a view figure that follows the controls, and a results table + chart.
 
     live=True (a GPU): Run measures the forward with `instruments.timing.time_device` (CUDA events; graph replay
@@ -254,7 +261,7 @@ class BenchPanel:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hold = False
-        d = dict(preset="tiny", layers=4, tokens=16, guard="sync", active=0.5, rank=16, mode="eager")
+        d = dict(preset="tiny", layers=4, tokens=16, guard="sync", active=0.5, rank=16, mode="eager", skew=0.0)
         d.update(defaults or {})
         lay = dict(width="420px")
         sty = dict(description_width="110px")
@@ -268,6 +275,9 @@ class BenchPanel:
                                     layout=lay, style=sty),
             "rank": W.Dropdown(options=list(RANKS), value=int(d["rank"]), description="LoRA rank", layout=lay, style=sty),
             "mode": W.ToggleButtons(options=["eager", "graph"], value=d["mode"], description="mode", style=sty),
+            # 0: uniform routing; 1.0 (model/moe.py: SERVING_SKEW): a quarter of the experts take most tokens
+            "skew": W.FloatSlider(value=float(d["skew"]), min=0.0, max=3.0, step=0.25, description="router skew",
+                                  layout=lay, style=sty),
         }
         self.all_guards = W.Checkbox(value=all_guards, description="Run all three guards", indent=False)
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
@@ -300,14 +310,17 @@ class BenchPanel:
     def view_figure(self, **values) -> go.Figure:
         p = {**self.params(), **values}
         curve = simulated_curve(self.cost, p["preset"], p["layers"], p["active"], p["rank"], p["mode"])
-        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label)
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label,
+                            skew=p["skew"])
         live = None
         if len(self.results):
             r = self.results
             m = ((r["preset"] == p["preset"]) & (r["layers"] == p["layers"]) & np.isclose(r["active"], p["active"])
-                 & (r["rank"] == p["rank"]) & (r["mode"] == p["mode"]) & r["source"].str.startswith("live"))
+                 & (r["rank"] == p["rank"]) & (r["mode"] == p["mode"]) & r["source"].str.startswith("live")
+                 & np.isclose(r["skew"], p["skew"]))
             live = r[m].rename(columns={"median_ms": "forward_ms"})
-        return bench_view_figure(curve, rec, live, p, note=self.note, target_pct=self.target_pct)
+        note = " | ".join(n for n in (self.note, SKEW_NOTE if p["skew"] else "") if n)
+        return bench_view_figure(curve, rec, live, p, note=note, target_pct=self.target_pct)
 
     def update(self, **values) -> go.Figure:
         """Set any controls given, then redraw the view figure (what every control change calls)."""
@@ -359,14 +372,15 @@ class BenchPanel:
 
     def _report(self, p: dict, guards: list[str]) -> list[dict]:
         self.progress.max, self.progress.value = len(guards), 0
-        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label)
+        rec = recorded_rows(self.sweep, p["preset"], p["layers"], p["active"], p["rank"], p["mode"], label=self.label,
+                            skew=p["skew"])
         rows, misses = [], []
         for g in guards:
             if self._stop.is_set():
                 break
             r = sim.simulate_forward(p["preset"], int(p["tokens"]), g, layers=p["layers"], mode=p["mode"],
                                      params=self.cost, active=p["active"], rank=p["rank"])
-            base = {k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")}
+            base = {k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode", "skew")}
             agree = agreement(r.forward_us / 1e3, rec, g, p["tokens"], target_pct=self.target_pct)
             if "MISSES" in agree:
                 misses.append(g)
@@ -383,12 +397,13 @@ class BenchPanel:
                              + (f" and <b>{n_rec} recorded GPU rows</b>" if n_rec else
                                 " — no recorded row matches these controls") + ", not from a live measurement."
                              + (f" The simulator <b>misses</b> the recorded value for {', '.join(misses)}."
-                                if misses else ""))
+                                if misses else "") + (f" ({SKEW_NOTE}.)" if p["skew"] else ""))
         return rows
 
     def _lab_for(self, p: dict):
         return self._labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p["layers"], max_loras=4,
-                              max_rank=p["rank"], dtype="bfloat16", device="cuda", backend="triton")
+                              max_rank=p["rank"], dtype="bfloat16", device="cuda", backend="triton",
+                              **({"skew": p["skew"]} if p["skew"] else {}))  # a `build` without skew works at 0
 
     def _measure(self, p: dict, guards: list[str]) -> list[dict]:
         import torch
@@ -431,7 +446,7 @@ class BenchPanel:
                     self.status.value = f"{g}: repetition {i + 1}/{self.reps}, last {samples[-1] / 1e3:.3f} ms"
                 del graph
             if samples:
-                rows.append(dict({k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode")},
+                rows.append(dict({k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode", "skew")},
                                  guard=g, source=f"live ({gpu})", median_ms=float(np.median(samples)) / 1e3,
                                  lo_ms=float(np.percentile(samples, 10)) / 1e3,
                                  hi_ms=float(np.percentile(samples, 90)) / 1e3, interval="p10-p90",
@@ -443,7 +458,7 @@ class BenchPanel:
         return rows
 
     def show_results(self) -> None:
-        cols = ["source", "preset", "layers", "tokens", "guard", "active", "rank", "mode", "median_ms", "lo_ms",
+        cols = ["source", "preset", "layers", "tokens", "guard", "active", "rank", "skew", "mode", "median_ms", "lo_ms",
                 "hi_ms", "interval", "syncs_per_forward", "reps", "vs_recorded"]
         tbl = self.results[[c for c in cols if c in self.results]] if len(self.results) else self.results
         _show(self.results_out, tbl.round(4) if len(tbl) else tbl, results_figure(self.results))
