@@ -16,3 +16,11 @@ from lora_moe_lab import runtime  # noqa: E402
 @pytest.fixture
 def device():
     return runtime.default_device()
+
+
+@pytest.fixture
+def sync_check():
+    """`with sync_check(allow=["file.py:LINE", "file.py:function"]): ...` fails on every host-device
+    sync outside the allowlist, and on an allow entry that matched nothing (instruments/sync_check.py)."""
+    from lora_moe_lab.instruments.sync_check import sync_check as check
+    return check

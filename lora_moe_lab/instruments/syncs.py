@@ -46,7 +46,7 @@ except Exception:  # pragma: no cover - guards.py missing or broken
     _guard_sync_events = None
 
 __all__ = ["SyncRecord", "SyncReport", "HostSyncError", "count_syncs", "checked_region", "no_syncs",
-           "allow_sync", "user_site", "PROFILER_SYNC_NAMES"]
+           "allow_sync", "user_site", "tool_file", "PROFILER_SYNC_NAMES"]
 
 # The message torch uses in sync debug mode (warning in "warn", RuntimeError in "error").
 _TORCH_SYNC_MSG = "synchronizing CUDA operation"
@@ -79,13 +79,20 @@ def _lib_dirs() -> tuple[str, ...]:
 _LIB_DIRS = _lib_dirs()
 _THIS_FILE = os.path.normpath(__file__)
 _RUNTIME_FILE = os.path.normpath(runtime.__file__)
+_TOOL_FILES = {_THIS_FILE, _RUNTIME_FILE}  # the tooling's own frames: never a user's site
+
+
+def tool_file(path: str) -> None:
+    """Mark a module's file as tooling, so sites skip its frames (sync_check runs every torch call
+    of its region from inside its own frame: without this, every site would point there)."""
+    _TOOL_FILES.add(os.path.normpath(path))
 
 
 def _is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<frozen") or filename == "<string>":
         return False
     f = os.path.normpath(filename)
-    if f in (_THIS_FILE, _RUNTIME_FILE):
+    if f in _TOOL_FILES:
         return False
     # A project that lives in a venv's site-packages (editable installs don't) would be skipped:
     # acceptable, the site then falls back to the innermost frame.
