@@ -11,8 +11,8 @@ per finished measurement, flushed at once) with the metadata of `provenance`.
 (`lora-moe-bench` is the same CLI.) The guard choices are the registry's (`model.guards`).
 
 `--skew` (model/moe.py: SERVING_SKEW) biases the router towards a few hot experts; it is a key
-column. CSVs written before it existed load with skew 0 (their routing was uniform), and such a
-file can still be resumed at skew 0 (its rows keep the old columns).
+column. CSVs written before it existed load with skew 0 (their routing was uniform); resuming
+one of them asks for a new file.
 """
 from __future__ import annotations
 
@@ -44,11 +44,9 @@ MODES = ("eager", "graph")
 META_COLUMNS = list(META_KEYS)
 KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests",
                "skew"]
-KEY_DEFAULTS = {"skew": 0.0}  # the value of a key column in CSVs written before it existed
 RESULT_COLUMNS = ["warmup", "reps", "median_us", "p10_us", "p90_us", "mean_us", "wall_median_us", "timer",
                   "syncs_per_forward", "error"]
 COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
-LEGACY_COLUMNS = [c for c in COLUMNS if c not in KEY_DEFAULTS]  # the schema before `skew`
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,27 +135,19 @@ def _norm(col: str, v) -> str:
 
 def row_key(row: dict) -> tuple:
     """The parameter key of a row (what --resume compares), normalised so CSV strings match."""
-    return tuple(_norm(c, row[c] if c in row else KEY_DEFAULTS[c]) for c in KEY_COLUMNS)
-
-
-def file_columns(path: Path) -> list[str] | None:
-    """The header of an existing sweep CSV (None for a missing or empty file): this schema or the
-    one before `skew`; anything else is a ValueError."""
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    with path.open(newline="") as f:
-        cols = next(csv.reader(f), None)
-    if cols not in (COLUMNS, LEGACY_COLUMNS):
-        raise ValueError(f"{path} has columns {cols}, not this harness's schema {COLUMNS}: write to a new file")
-    return cols
+    return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
 
 
 def read_done(path: Path) -> set[tuple]:
     """Keys of the rows already measured without error in an existing sweep CSV."""
-    if file_columns(path) is None:
+    if not path.exists() or path.stat().st_size == 0:
         return set()
     with path.open(newline="") as f:
-        return {row_key(row) for row in csv.DictReader(f) if not row.get("error")}
+        r = csv.DictReader(f)
+        if r.fieldnames != COLUMNS:
+            raise ValueError(f"{path} has columns {r.fieldnames}, not this harness's schema {COLUMNS}: "
+                             "write to a new file")
+        return {row_key(row) for row in r if not row.get("error")}
 
 
 def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
@@ -210,10 +200,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     if overwrite and out.exists():
         out.unlink()
     done = read_done(out) if resume else set()
-    fields = (file_columns(out) if resume else None) or COLUMNS
-    if "skew" not in fields and any(spec.skews):
-        raise ValueError(f"{out} was written before the skew column: resume it with skew 0 only, "
-                         "or write to a new file")
     meta = metadata()
     grid = spec.grid()
     todo = [p for p in grid if row_key(p) not in done]
@@ -228,7 +214,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     bar = cli_progress(len(grid), progress, initial=len(grid) - len(todo))
     try:
         with out.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")  # an older file: skew 0, dropped
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
             if new_file:
                 w.writeheader()
                 f.flush()
@@ -276,10 +262,8 @@ def load_sweep(path: str | os.PathLike):
 
     path = Path(path)
     df = pd.read_csv(path).rename(columns={"git_commit": "commit", "date_utc": "date"})  # older schema
-    if "preset" in df.columns:  # a sweep table: rows recorded before `skew` ran the uniform router
-        for c, v in KEY_DEFAULTS.items():
-            if c not in df.columns:
-                df[c] = v
+    if "preset" in df.columns and "skew" not in df.columns:  # recorded before `skew`: the uniform router
+        df["skew"] = 0.0
     mp = _meta_path(path)
     if mp.exists():
         m = json.loads(mp.read_text())
@@ -420,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of requests that use an adapter")
     s.add_argument("--rank", nargs="+", type=pos_int, default=[16], help="LoRA rank of the adapter (and pool max)")
     s.add_argument("--skew", nargs="+", type=_skew, default=[0.0],
-                   help="router skew towards a few hot experts (0: uniform; 1.0: about a quarter of the "
-                        "experts carry 90 %% of the tokens, model/moe.py: SERVING_SKEW)")
+                   help="router skew towards a few hot experts (0: uniform; 1.0: about a fifth of the "
+                        "experts carry 90 %% of the assignments, model/moe.py: SERVING_SKEW)")
     s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
     s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (default 8)")
     s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")

@@ -10,7 +10,7 @@ SKEWED ROUTING. A random router spreads tokens evenly over the experts; real ser
 a few hot experts. `skew` adds a fixed per-expert bias to the router logits,
 bias_e = -skew * log(1 + rank_e), ranks a seeded permutation of the experts (a Zipf-like
 popularity). skew = 0 adds nothing (bit-identical to the uniform router); SERVING_SKEW makes
-about a quarter of the experts carry most of the tokens (`expert_share`).
+about a fifth of the experts carry 90 % of the assignments (`expert_share`).
 """
 from __future__ import annotations
 

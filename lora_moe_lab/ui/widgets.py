@@ -275,7 +275,7 @@ class BenchPanel:
                                     layout=lay, style=sty),
             "rank": W.Dropdown(options=list(RANKS), value=int(d["rank"]), description="LoRA rank", layout=lay, style=sty),
             "mode": W.ToggleButtons(options=["eager", "graph"], value=d["mode"], description="mode", style=sty),
-            # 0: uniform routing; 1.0 (model/moe.py: SERVING_SKEW): a quarter of the experts take most tokens
+            # 0: uniform routing; 1.0 (model/moe.py: SERVING_SKEW): about a fifth of the experts take 90 % of the assignments
             "skew": W.FloatSlider(value=float(d["skew"]), min=0.0, max=3.0, step=0.25, description="router skew",
                                   layout=lay, style=sty),
         }

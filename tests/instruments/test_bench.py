@@ -83,8 +83,8 @@ def test_resume_refuses_another_schema(tmp_path):
 
 def test_resume_key_normalises_csv_strings():
     row = dict(preset="tiny", layers="2", tokens="16.0", guard="sync", active="0.50", rank=16, mode="eager",
-               dtype="float32", backend="torch", requests=4)
-    assert bench.row_key(row) == bench.row_key(dict(row, layers=2, tokens=16, active=0.5, rank="16"))
+               dtype="float32", backend="torch", requests=4, skew="0.0")
+    assert bench.row_key(row) == bench.row_key(dict(row, layers=2, tokens=16, active=0.5, rank="16", skew=0))
 
 
 def test_grid_uses_itertools_product_order_and_preset_layers():

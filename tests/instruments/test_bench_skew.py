@@ -1,12 +1,12 @@
 """The router skew in sweeps: a key column and a --skew option; CSVs written before the column
-load (and resume) as skew 0."""
+load as skew 0, and resuming one asks for a new file."""
 import json
 
 import pandas as pd
 import pytest
 
 from lora_moe_lab.instruments import bench
-from lora_moe_lab.instruments.bench import COLUMNS, LEGACY_COLUMNS, SweepSpec, run_sweep
+from lora_moe_lab.instruments.bench import COLUMNS, SweepSpec, run_sweep
 
 TINY = dict(presets=["tiny"], tokens=[8], guards=["cpu_flag"], active=[0.5], warmup=0, reps=1, device="cpu",
             requests=2)
@@ -22,17 +22,13 @@ def test_skew_is_a_key_column_and_in_the_meta(tmp_path):
     assert len(run_sweep(SweepSpec(**TINY, skews=[0.0, 1.0]), out, resume=True, progress=False)) == 2
 
 
-def test_old_csv_without_skew_loads_and_resumes_at_skew_zero(tmp_path):
+def test_old_csv_without_skew_loads_as_skew_zero_and_is_not_resumed(tmp_path):
     out = tmp_path / "old.csv"
     run_sweep(SweepSpec(**TINY), out, progress=False)
-    pd.read_csv(out)[LEGACY_COLUMNS].to_csv(out, index=False)  # the schema before skew
-    loaded = bench.load_sweep(out)
-    assert (loaded["skew"] == 0.0).all()
-    assert bench.read_done(out) == {bench.row_key(dict(p, skew=0.0)) for p in SweepSpec(**TINY).resolved().grid()}
-    more = run_sweep(SweepSpec(**dict(TINY, tokens=[8, 4])), out, resume=True, progress=False)
-    assert list(more.columns) == LEGACY_COLUMNS and len(more) == 2  # appended in the file's own schema
-    with pytest.raises(ValueError, match="before the skew column"):
-        run_sweep(SweepSpec(**TINY, skews=[1.0]), out, resume=True, progress=False)
+    pd.read_csv(out).drop(columns="skew").to_csv(out, index=False)  # the schema before skew
+    assert (bench.load_sweep(out)["skew"] == 0.0).all()
+    with pytest.raises(ValueError, match="write to a new file"):
+        run_sweep(SweepSpec(**TINY), out, resume=True, progress=False)
 
 
 def test_skew_cli_option(capsys):
