@@ -50,13 +50,13 @@ def fused_moe_lora_kernel(
     a_ptr,  # (P, S, E, R, K) LoRA A (shrink), R = padded max rank
     b_ptr,  # (P, S, E, N, R) LoRA B (expand), scaling folded in
     out_ptr,  # (M*top_k, P*N): the delta is ADDED here in place
-    sorted_ids_ptr,  # (S, EM) int32 per-slot alignment, sentinel = num_pairs
-    expert_ids_ptr,  # (S, EM // BLOCK_M) int32, -1 = unused block
-    ntpp_ptr,  # (S,) int32 num_tokens_post_padded per slot
-    lora_ids_ptr,  # (S,) int32, -1 = no adapter in this slot
-    enabled_ptr,  # (S,) int32, 0 = adapter disabled for this batch
+    sorted_ids_ptr,  # (L, EM) int32 per-row alignment, sentinel = num_pairs
+    expert_ids_ptr,  # (L, EM // BLOCK_M) int32, -1 = unused block
+    ntpp_ptr,  # (L,) int32 num_tokens_post_padded per row
+    lora_ids_ptr,  # (L,) int32 weight slot of each LoRA row, -1 = no adapter
+    enabled_ptr,  # (L,) int32, 0 = adapter disabled for this batch
     rw_ptr,  # (M*top_k,) float32 routed weights (HAS_RW only)
-    exit_ptr,  # (S, EM // BLOCK_M) int32 exit codes (WRITE_EXIT only)
+    exit_ptr,  # (L, EM // BLOCK_M) int32 exit codes (WRITE_EXIT only)
     N, K, R,
     num_pairs,  # M * top_k, also the sentinel
     num_blocks,  # EM // BLOCK_M (blocks per slot row)
@@ -106,13 +106,14 @@ def fused_moe_lora_kernel(
 
     # Persistent loop: the grid is a few programs per SM (static), each takes every nprog-th item.
     for g in range(pid, total, nprog):
-        slot = tl.sum((cum <= g).to(tl.int32), 0)  # the slot whose item range holds g
+        slot = tl.sum((cum <= g).to(tl.int32), 0)  # the LoRA row whose item range holds g
         local = g - tl.sum(tl.where(offs_s < slot, items, 0), 0)
         pid_n = local % SPLIT_N
         b = local // SPLIT_N
         expert = tl.load(expert_ids_ptr + slot * stride_es + b)
+        wslot = tl.sum(tl.where(offs_s == slot, lid, 0), 0)  # the row's weight slot (already loaded)
         if expert != -1:  # early exit 4, before any activation or weight load
-            _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, pid_n, expert,
+            _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslot, b, pid_n, expert,
                         N, K, R, num_pairs, top_k, n_per_split,
                         stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                         stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
@@ -120,13 +121,14 @@ def fused_moe_lora_kernel(
 
 
 @triton.jit
-def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, pid_n, expert,
+def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslot, b, pid_n, expert,
                 N, K, R, num_pairs, top_k, n_per_split,
                 stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                 stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
                 P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr):
-    """One work item: BLOCK_M pairs of one (slot, expert), N columns [pid_n * n_per_split, +n_per_split)."""
+    """One work item: BLOCK_M pairs of one (LoRA row, expert), N columns [pid_n * n_per_split, +n_per_split).
+    `slot` indexes the alignment (the row), `wslot` the weight stacks (lora_ids[row])."""
     # ---- rows of this block ----
     offs_m = tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + slot * stride_ss + b * BLOCK_M + offs_m)
@@ -139,8 +141,8 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, b, p
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
     offs_k = tl.arange(0, BLOCK_K)
-    a_base = a_ptr + slot.to(tl.int64) * stride_as + expert.to(tl.int64) * stride_ae
-    b_base = b_ptr + slot.to(tl.int64) * stride_bs + expert.to(tl.int64) * stride_be
+    a_base = a_ptr + wslot.to(tl.int64) * stride_as + expert.to(tl.int64) * stride_ae
+    b_base = b_ptr + wslot.to(tl.int64) * stride_bs + expert.to(tl.int64) * stride_be
 
     # ---- shrink: t_p = x_rows @ A[p].T, x tile loaded once for both slices ----
     x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
@@ -205,8 +207,11 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
                gather=True, exit_codes=None, config: LoRAKernelConfig | None = None):
     """ADD the LoRA delta into `out` in place (see ops/torch_backend.py: lora_delta for the exact contract).
 
-    lora_a (P, S, E, r, K), lora_b (P, S, E, N, r), out (M*top_k, P*N); align: per-adapter Alignment
-    with S slots. exit_codes: optional int32 (S, EM // BM) that receives each program's exit code.
+    lora_a (P, S, E, r, K), lora_b (P, S, E, N, r), out (M*top_k, P*N); align: per-row Alignment with
+    L LoRA rows (1 <= L <= S); lora_ids (L,) maps each row to its weight slot (or -1), adapter_enabled
+    (L,). The pool's batches use L = S, row s = slot s; a compacted batch (the `per_active_count`
+    graph strategy) has one row per active adapter. exit_codes: optional int32 (L, EM // BM) that
+    receives each program's exit code.
     """
     check_tensor("x", x, 2, FLOAT_DTYPES)
     dev = x.device
@@ -226,20 +231,23 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     if out.shape[1] != P * N:
         raise ValueError(f"out must have P*N={P}*{N}={P * N} columns, got shape {tuple(out.shape)}")
     num_pairs = num_pairs_of(x, top_k, gather, out)
-    bm = check_alignment(align, num_pairs, E, S, dev, "lora_delta")
+    bm = check_alignment(align, num_pairs, E, None, dev, "lora_delta")
+    L = align.sorted_token_ids.shape[0]  # LoRA rows of this batch
+    if not 1 <= L <= S:
+        raise ValueError(f"lora_delta: the alignment has {L} LoRA rows; it needs 1 to S={S} (the weight slots)")
     for nm, t in (("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled)):
         check_tensor(nm, t, 1, (torch.int32,), dev)
-        if t.shape != (S,):
-            raise ValueError(f"{nm} must be (S,)=({S},), got {tuple(t.shape)}")
+        if t.shape != (L,):
+            raise ValueError(f"{nm} must be (L,)=({L},), one per LoRA row of the alignment, got {tuple(t.shape)}")
     check_routed_weights(routed_weights, num_pairs, top_k, dev)
     nb = align.expert_ids.shape[1]
     if exit_codes is not None:
         check_tensor("exit_codes", exit_codes, 2, (torch.int32,), dev)
-        if exit_codes.shape != (S, nb):
-            raise ValueError(f"exit_codes must be (S, EM // block_m)=({S}, {nb}), got {tuple(exit_codes.shape)}")
+        if exit_codes.shape != (L, nb):
+            raise ValueError(f"exit_codes must be (L, EM // block_m)=({L}, {nb}), got {tuple(exit_codes.shape)}")
     if R == 0:
         return out  # nothing to add; decided from the static shape
-    plan = _lora_plan(dev, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+    plan = _lora_plan(dev, x.dtype, num_pairs, top_k, P, L, E, R, N, K, bm, nb, bool(gather),
                       routed_weights is not None, exit_codes is not None, config)
     cfg, split, br, stages, key, pps, grid = (plan[k] for k in ("cfg", "split", "br", "stages", "key", "pps", "grid"))
     n_per_split = plan["n_per_split"]
@@ -253,7 +261,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         *lora_a.stride(), *lora_b.stride(),
         out.stride(0), out.stride(1),
         align.sorted_token_ids.stride(0), align.expert_ids.stride(0),
-        NUM_SLOTS=S, SLOTS_POW2=pow2(S),
+        NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
         num_warps=cfg.num_warps, num_stages=stages,
@@ -298,11 +306,11 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
     P, S, E, R, K = lora_a.shape
     N = lora_b.shape[3]
     num_pairs = x.shape[0] * top_k if gather else x.shape[0]
-    bm, nb = align.block_m, align.expert_ids.shape[1]
-    p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, bool(gather),
+    bm, (L, nb) = align.block_m, align.expert_ids.shape
+    p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, L, E, R, N, K, bm, nb, bool(gather),
                    routed_weights is not None, bool(exit_codes), config)
     c = p["cfg"]
-    return dict(slots_S=S, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
+    return dict(slots_S=S, lora_rows_L=L, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
                 EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                 split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
                 programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)

@@ -41,14 +41,17 @@ def ref_moe_gemm(x, w, topk_ids, top_k, routed_weights=None, gather=True):
 
 def ref_lora_delta(x, lora_a, lora_b, topk_ids, token_slot, lora_ids, adapter_enabled, top_k,
                    routed_weights=None, gather=True):
-    """(M*top_k, P*N) delta: zero for pairs whose token has no slot, an empty or disabled slot."""
+    """(M*top_k, P*N) delta: zero for pairs whose token has no LoRA row (-1), or whose row holds no
+    adapter (lora_ids -1) or a disabled one. token_slot holds LoRA rows; lora_ids[row] is the
+    weight slot (the pool's batches: row = slot)."""
     P, S, E, r, K = lora_a.shape
     N = lora_b.shape[3]
     xr = _rows(x, top_k, gather)
-    slot = _i(token_slot).repeat_interleave(top_k)
+    row = _i(token_slot).repeat_interleave(top_k)
     e = _i(topk_ids).reshape(-1)
-    s = slot.clamp(min=0)
-    live = (slot >= 0) & (_i(lora_ids)[s] >= 0) & (_i(adapter_enabled)[s] != 0)
+    rw_ = row.clamp(min=0)
+    live = (row >= 0) & (_i(lora_ids)[rw_] >= 0) & (_i(adapter_enabled)[rw_] != 0)
+    s = _i(lora_ids)[rw_].clamp(min=0)
     outs = []
     for p in range(P):
         a = _d(lora_a[p])[s, e]  # (pairs, r, K)
@@ -151,7 +154,7 @@ def ref_decoder_layer(x, layer, token_counts, lora=None, topk_ids=None):
 
 
 def exit_codes(align, lora_ids, adapter_enabled) -> torch.Tensor:
-    """The fused LoRA kernel's early-exit rule on the host side, as an (S, EM // BM) int32 tensor
+    """The fused LoRA kernel's early-exit rule on the host side, as an (L, EM // BM) int32 tensor
     on the inputs' device (sync-free): 0 ran, 1 lora_id -1, 2 disabled, 3 past
     num_tokens_post_padded, 4 expert -1 (names: kernels.fused_moe_lora.EXIT_CODES). The first
     rule that applies wins, in that order, as in the kernel."""

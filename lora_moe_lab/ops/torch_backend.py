@@ -56,16 +56,17 @@ def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, t
     N = lora_b.shape[3]
     n_pairs = out.shape[0]
     BM = align.block_m
-    nb = align.expert_ids.shape[1]
-    ids = align.sorted_token_ids.view(S * nb, BM)
-    slot = torch.arange(S, device=ids.device).repeat_interleave(nb)
+    L, nb = align.expert_ids.shape  # LoRA rows; lora_ids maps a row to its weight slot
+    ids = align.sorted_token_ids.view(L * nb, BM)
+    row = torch.arange(L, device=ids.device).repeat_interleave(nb)
     experts = align.expert_ids.reshape(-1).long()
-    live = (lora_ids.long()[slot] >= 0) & (adapter_enabled.long()[slot] != 0) & (experts >= 0)
+    live = (lora_ids.long()[row] >= 0) & (adapter_enabled.long()[row] != 0) & (experts >= 0)
+    slot = lora_ids.long()[row].clamp(min=0)  # weight slot per block (a dead row's is never kept)
     if exit_codes is not None:
         exit_codes.copy_(host_exit_codes(align, lora_ids, adapter_enabled))
     e = experts.clamp(min=0)
     rw = None if routed_weights is None else routed_weights.reshape(-1)
-    for c in _chunks(S * nb, P * (r * K + N * r) * lora_a.element_size()):
+    for c in _chunks(L * nb, P * (r * K + N * r) * lora_a.element_size()):
         valid, pair, row = _rows(ids[c], n_pairs, top_k, gather)
         xb = x[row]  # (blocks, BM, K)
         keep = (valid & live[c][:, None])[..., None]  # real pairs of live slots

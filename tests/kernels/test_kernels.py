@@ -78,7 +78,9 @@ def test_moe_gemm_block_sizes_and_grouping():
 # LoRA delta
 # ------------------------------------------------------------------------------------------------
 def make_lora_case(seed, M, K, N, E, top_k, S, R, P, *, ranks=None, token_slot=None, lora_ids=None,
-                   enabled=None, gather=True, with_rw=False, dtype=torch.float32, bm=16):
+                   enabled=None, gather=True, with_rw=False, dtype=torch.float32, bm=16, rows=None):
+    # rows: L LoRA rows (token_slot holds rows, lora_ids[row] = weight slot); default L = S, row = slot
+    L = S if rows is None else rows
     g = torch.Generator().manual_seed(seed)
     ids = routing(g, M, top_k, E)
     x = randn(g, M if gather else M * top_k, K, dtype=dtype)
@@ -90,13 +92,13 @@ def make_lora_case(seed, M, K, N, E, top_k, S, R, P, *, ranks=None, token_slot=N
         b[:, s, :, :, r:] = 0
     a, b = a.to(dtype).to(DEV), b.to(dtype).to(DEV)
     if token_slot is None:
-        token_slot = torch.randint(-1, S, (M,), generator=g)
+        token_slot = torch.randint(-1, L, (M,), generator=g)
     token_slot = torch.as_tensor(token_slot, dtype=torch.int32)
-    lora_ids = torch.as_tensor(lora_ids if lora_ids is not None else list(range(S)), dtype=torch.int32)
-    enabled = torch.as_tensor(enabled if enabled is not None else [1] * S, dtype=torch.int32)
+    lora_ids = torch.as_tensor(lora_ids if lora_ids is not None else list(range(L)), dtype=torch.int32)
+    enabled = torch.as_tensor(enabled if enabled is not None else [1] * L, dtype=torch.int32)
     rw = torch.rand(M, top_k, generator=g).add_(0.1).to(DEV) if with_rw else None
     out0 = randn(g, M * top_k, P * N, dtype=dtype)
-    align = moe_align(ids.to(DEV), E, bm, token_slot.to(DEV), S)
+    align = moe_align(ids.to(DEV), E, bm, token_slot.to(DEV), L)
     return dict(x=x, a=a, b=b, ids=ids, token_slot=token_slot, lora_ids=lora_ids, enabled=enabled, rw=rw,
                 out0=out0, align=align, top_k=top_k, gather=gather)
 
@@ -140,6 +142,9 @@ def check_lora_case(c, dtype, config=None):
     (11, 32, 48, 6, 3, 4, 16, 2, dict(enabled=[1, 0, 1, 0], lora_ids=[0, 1, -1, 3])),  # disabled + empty slots
     (5, 32, 32, 4, 2, 2, 16, 2, dict(token_slot=[-1, -1, -1, -1, -1])),  # no token has an adapter
     (8, 32, 32, 4, 2, 3, 16, 1, dict(enabled=[0, 0, 0], gather=False, with_rw=True)),  # all slots disabled
+    # compacted rows (per_active_count graphs): 2 rows pointing at weight slots 3 and 1 of 4
+    (9, 32, 32, 4, 2, 4, 16, 2, dict(rows=2, lora_ids=[3, 1])),
+    (7, 40, 48, 5, 2, 4, 16, 1, dict(rows=3, lora_ids=[2, -1, 0], enabled=[1, 1, 0], gather=False, with_rw=True)),
 ])
 def test_lora_delta_matches_reference(case, dtype):
     M, K, N, E, top_k, S, R, P, extra = case
@@ -295,7 +300,7 @@ def test_lora_delta_validation_errors():
         call(x, a, b[..., :8].contiguous(), al, ids, en, 2, out)
     with pytest.raises(ValueError, match="disagree on slots S"):
         call(x, a, b[:, :1].contiguous(), al, ids, en, 2, out)
-    with pytest.raises(ValueError, match="alignment has 2 slots but the LoRA weights have S=1"):
+    with pytest.raises(ValueError, match="alignment has 2 LoRA rows; it needs 1 to S=1"):
         call(x, a[:, :1].contiguous(), b[:, :1].contiguous(), al, ids[:1], en[:1], 2, out)
     with pytest.raises(ValueError, match="lora_b must be contiguous"):
         call(x, a, b.transpose(3, 4).contiguous().transpose(3, 4), al, ids, en, 2, out)

@@ -78,6 +78,22 @@ def test_torch_lora_delta_matches_reference(M, k, E, S):
     assert rel_err(out, want) < 1e-5
 
 
+def test_torch_lora_delta_compacted_rows():
+    # 2 LoRA rows pointing at weight slots 2 and 0 of 3 (what a per_active_count graph launches)
+    M, k, E, N, K, r = 9, 2, 5, 24, 40, 8
+    x, _, ids, _, a, b, *_ = _rand_case(M, k, E, N, K, 3, r, seed=5)
+    rows = torch.tensor([0, -1, 1, 1, 0, -1, 0, 1, 1], dtype=torch.int32)
+    lora_ids, enabled = torch.tensor([2, 0], dtype=torch.int32), torch.tensor([1, 1], dtype=torch.int32)
+    base = torch.randn(M * k, 2 * N)
+    out = base.clone()
+    torch_ops.lora_delta(x, a, b, moe_align(ids, E, 4, rows, 2), lora_ids, enabled, k, out)
+    want = base.double() + ref.ref_lora_delta(x, a, b, ids, rows, lora_ids, enabled, k)
+    assert rel_err(out, want) < 1e-5
+    # the reference really reads slots 2 and 0: a delta from slots 0 and 1 differs
+    other = ref.ref_lora_delta(x, a, b, ids, rows, torch.tensor([0, 1], dtype=torch.int32), enabled, k)
+    assert rel_err(base.double() + other, want) > 1e-2
+
+
 def _lora_ref_args(lab, tensors):
     return [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
                  lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu())
