@@ -4,8 +4,8 @@
     causal scaled_dot_product_attention, one independent sequence per request (GQA: groups of
     query heads share a KV head) -> o_proj GEMM
 
-Nothing here reads a device value on the host: request lengths and RoPE positions come from the
-batch's host lists, so the host keeps issuing work while the GPU runs. Under tensor parallelism
+Nothing here reads a device value on the host: request lengths come from the batch's host lists
+and RoPE positions from its device offsets, so the host keeps issuing work while the GPU runs. Under tensor parallelism
 a rank holds a contiguous block of query heads and the KV heads they read (column-parallel qkv)
 and the matching columns of o_proj (row-parallel): its output is a partial sum that the decoder
 all-reduces.
@@ -24,19 +24,22 @@ from . import init
 _SDPA_GQA = torch.__version__ >= (2, 5)
 
 
-def positions(token_counts: list[int], device) -> torch.Tensor:
-    """0..len-1 for every request, concatenated: built on the host from the list and copied in
-    one non-blocking transfer (pinned memory on a GPU), so the host does not wait."""
-    pos = torch.cat([torch.arange(c, dtype=torch.int32) for c in token_counts])
-    if torch.device(device).type == "cuda":
-        pos = pos.pin_memory()
-    return pos.to(device, non_blocking=True)
+def positions(seg_indptr: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """0..len-1 for every request, concatenated, computed ON THE DEVICE from the batch's request
+    offsets (seg_indptr, R + 1, already there). Nothing is copied from the host here: a captured
+    graph that replays this reads the static seg_indptr a new batch was written into, where a
+    copy from a temporary pinned host buffer would replay stale (or freed) host memory.
+    `output_size` sizes repeat_interleave from the host: without it torch reads the counts back."""
+    ptr = seg_indptr.long()
+    R = ptr.shape[0] - 1
+    req = torch.repeat_interleave(torch.arange(R, device=ptr.device), ptr[1:] - ptr[:-1], output_size=num_tokens)
+    return torch.arange(num_tokens, device=ptr.device) - ptr[req]
 
 
-def rope_cos_sin(token_counts: list[int], head_dim: int, theta: float, device):
-    """(cos, sin), each (M, head_dim) fp32: built once per forward, shared by every layer."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
-    freqs = positions(token_counts, device).float()[:, None] * inv_freq[None, :]
+def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float):
+    """(cos, sin), each (M, head_dim) fp32 for positions `pos` (M,): built once per forward, shared by every layer."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos.device) / head_dim)
+    freqs = pos.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)  # rotate-half pairs dim i with dim i + head_dim/2
     return emb.cos(), emb.sin()
 

@@ -35,7 +35,7 @@ from torch.profiler import record_function
 from .. import runtime
 from ..config import LoRAConfig, check_dtype, get_shape
 from ..ops import Backend, get_backend
-from .attention import Attention, rope_cos_sin
+from .attention import Attention, positions, rope_cos_sin
 from .guards import Guard, get_guard
 from .lab import Lab
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -140,7 +140,7 @@ class DecoderModel(torch.nn.Module):
         self._check(x, batch, tensors)
         backend = self.backend
         with record_function("forward"):
-            rope = rope_cos_sin(batch.token_counts, self.shape.head_dim, self.shape.rope_theta, x.device)
+            rope = rope_cos_sin(positions(tensors.seg_indptr, x.shape[0]), self.shape.head_dim, self.shape.rope_theta)
             h = x
             for i, layer in enumerate(self.layers):
                 with record_function(f"decoder_layer_{i}"):

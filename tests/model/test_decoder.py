@@ -66,10 +66,13 @@ def test_decoder_matches_reference_and_guards_agree(counts, mode):
 def test_attention_matches_reference_on_fresh_input():
     lab = _lab(num_layers=1)
     attn, backend = lab.model.layers[0].attn, lab.model.backend
-    from lora_moe_lab.model.attention import rope_cos_sin
-    for counts in ([5, 2, 6], [3, 3]):
-        x = torch.randn(sum(counts), lab.shape.hidden, generator=torch.Generator().manual_seed(sum(counts)))
-        rope = rope_cos_sin(counts, attn.D, attn.theta, "cpu")
+    from lora_moe_lab.model.attention import positions, rope_cos_sin
+    for counts in ([5, 2, 6], [3, 3], [0, 4, 0, 1]):
+        M = sum(counts)
+        x = torch.randn(M, lab.shape.hidden, generator=torch.Generator().manual_seed(M))
+        pos = positions(torch.tensor([0] + counts, dtype=torch.int32).cumsum(0), M)
+        assert pos.tolist() == [p for c in counts for p in range(c)]
+        rope = rope_cos_sin(pos, attn.D, attn.theta)
         assert rel_err(attn(x, counts, rope, backend), ref.ref_attention(x, attn, counts)) < fp32_tol("cpu")
 
 
