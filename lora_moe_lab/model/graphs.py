@@ -22,15 +22,17 @@ def _need_cuda():
         raise RuntimeError("CUDA graphs need a CUDA GPU; this machine has none (the notebooks show recorded data)")
 
 
-def capture(fn, warmup: int = 2, pool=None):
+def capture(fn, warmup: int = 2, pool=None, launch_all: bool = True):
     """Capture `fn()` into a CUDA graph; returns (graph, output). THE capture recipe of this lab.
 
     Warm-up runs on a side stream first (torch's recipe): the first calls compile Triton kernels
     and allocate memory, neither of which may happen inside capture. Everything runs under
-    `capture_mode()`, so every guard records the LoRA kernels unconditionally and none syncs.
-    Keep the output: it holds the graph's output memory alive."""
+    `capture_mode()`, so every guard records the LoRA kernels unconditionally and none syncs;
+    `launch_all=False` leaves the host's decision to `fn` (a no-LoRA graph: `cpu_flag` on a batch
+    without adapters records no LoRA kernel). `pool`: a graph memory pool shared with other graphs
+    (torch.cuda.graph_pool_handle()). Keep the output: it holds the graph's output memory alive."""
     _need_cuda()
-    with runtime.capture_mode():
+    with runtime.capture_mode(launch_all):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

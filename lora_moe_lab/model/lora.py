@@ -131,19 +131,35 @@ class LoRABatchInfo:
 
     adapters: list[str | None]  # adapter name or None, per request
     token_counts: list[int]  # tokens per request
-    req_slots: list[int]  # slot per request, -1 = no adapter
+    req_slots: list[int]  # LoRA row per request, -1 = no adapter
     seg_indptr: list[int]  # request boundaries in the token dimension (R + 1)
-    adapter_enabled: list[int]  # per slot: 1 if some request of this batch uses it
-    lora_ids: list[int]  # per slot: the slot id if an adapter is loaded there, else -1
-    lora_ranks: list[int]  # per slot
+    adapter_enabled: list[int]  # per row: 1 if some request of this batch uses it
+    lora_ids: list[int]  # per row: its weight slot if an adapter is there, else -1
+    lora_ranks: list[int]  # per row
     has_active_lora: bool  # THE flag: decided here, from lists, for free
+
+    # LoRA ROWS. By default a batch has one row per pool slot, row s = slot s (L = max_loras). With
+    # `rows=L` it is COMPACTED: the adapters this batch uses get rows 0, 1, ... in slot order and
+    # lora_ids maps each row to its slot; the rest of the L rows are empty (-1). The kernels' work
+    # and the alignment then scale with L, not with the pool: what a `per_active_count` graph
+    # captured for L active adapters launches.
 
     @property
     def num_tokens(self) -> int:
         return self.seg_indptr[-1]
 
+    @property
+    def num_rows(self) -> int:
+        return len(self.lora_ids)
+
+    @property
+    def num_active(self) -> int:
+        """Distinct adapters this batch uses (requests with tokens): host lists, free."""
+        return sum(self.adapter_enabled)
+
     @classmethod
-    def build(cls, pool: AdapterPool, adapters: list[str | None], token_counts: list[int]) -> "LoRABatchInfo":
+    def build(cls, pool: AdapterPool, adapters: list[str | None], token_counts: list[int],
+              rows: int | None = None) -> "LoRABatchInfo":
         if len(adapters) != len(token_counts):
             raise ValueError(f"{len(adapters)} adapter entries but {len(token_counts)} token counts: one each per request")
         if not adapters:
@@ -162,8 +178,11 @@ class LoRABatchInfo:
             if s >= 0 and c > 0:
                 enabled[s] = 1
         lora_ids = [s if n is not None else -1 for s, n in enumerate(pool.slot_names)]
+        ranks = list(pool.slot_ranks)
+        if rows is not None:
+            slots, enabled, lora_ids, ranks = _compact(slots, enabled, pool.slot_ranks, rows, pool.max_loras)
         return cls(list(adapters), list(token_counts), slots, indptr, enabled, lora_ids,
-                   list(pool.slot_ranks), has_active_lora=any(enabled))
+                   ranks, has_active_lora=any(enabled))
 
     @classmethod
     def random(cls, pool: AdapterPool, num_requests: int, tokens_per_request: int, active_fraction: float,
@@ -181,6 +200,20 @@ class LoRABatchInfo:
         act = set(rng.sample(range(num_requests), n_active))
         adapters = [rng.choice(names) if i in act else None for i in range(num_requests)]
         return cls.build(pool, adapters, [tokens_per_request] * num_requests)
+
+
+def _compact(slots: list[int], enabled: list[int], slot_ranks: list[int], rows: int, max_loras: int):
+    """Slot-indexed lists -> L = `rows` LoRA rows holding only the adapters in use (in slot order)."""
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= max_loras:
+        raise ValueError(f"rows must be an int in [1, max_loras={max_loras}], got {rows!r}")
+    used = [s for s, e in enumerate(enabled) if e]
+    if len(used) > rows:
+        raise ValueError(f"this batch uses {len(used)} adapters but only {rows} LoRA rows were asked for")
+    row_of = {s: i for i, s in enumerate(used)}
+    pad = rows - len(used)
+    req_rows = [row_of.get(s, -1) for s in slots]  # a request on a slot with no tokens gets no row
+    return (req_rows, [1] * len(used) + [0] * pad, used + [-1] * pad,
+            [slot_ranks[s] for s in used] + [0] * pad)
 
 
 @dataclass
