@@ -37,8 +37,20 @@ class LoRAKernelConfig:
     programs_per_sm: int = 4  # persistent grid: programs = min(work items bound, SMs * this)
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Decode-path LoRA tile (kernels/lora_decode.py): one program per (pair, slice, N share);
+    split_n is a run-time argument of the kernel, so changing it compiles nothing new."""
+
+    block_n: int
+    block_k: int
+    split_n: int = 1
+    num_warps: int = 4
+
+
 _INTERP_GEMM = GemmConfig(block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
 _INTERP_LORA = LoRAKernelConfig(block_n=32, block_k=32, split_n=1, num_warps=4, num_stages=1)
+_INTERP_DECODE = DecodeConfig(block_n=16, block_k=32, split_n=2, num_warps=4)
 
 
 def token_bucket(num_tokens: int) -> int:
@@ -120,3 +132,23 @@ def block_r(rank: int) -> int:
         r *= 2
     return r
 
+
+# The decode path (no alignment) is taken for M * top_k <= this many pairs: per pair it reads its
+# adapter-expert's weights once, with no reuse between pairs of one (adapter, expert), so past a
+# few dozen pairs the aligned kernel wins (bound from the H200 recording in data/kernels/).
+DECODE_MAX_PAIRS = 64
+_DECODE_PROGRAMS = 2 * _NUM_SMS_GUESS  # about two programs per SM
+
+
+def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfig:
+    """Decode tile: BLOCK_N 64; split N until about two programs per SM exist."""
+    if runtime.interpreter():
+        return _INTERP_DECODE
+    block_n = 64
+    split = max(1, min(cdiv(N, block_n), cdiv(_DECODE_PROGRAMS, max(1, num_pairs * P))))
+    return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4)
+
+
+def use_decode_path(num_tokens: int, top_k: int) -> bool:
+    """The MoE layer's choice, from static shapes only (capture-safe)."""
+    return num_tokens * top_k <= DECODE_MAX_PAIRS

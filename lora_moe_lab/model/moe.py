@@ -65,26 +65,40 @@ def expert_share(topk_ids: torch.Tensor, num_experts: int, coverage: float | Non
 
 
 class LoRAHook:
-    """The LoRA work of one layer for one batch: per-adapter alignment, gate_up and down deltas."""
+    """The LoRA work of one layer for one batch: gate_up and down deltas, either over a per-adapter
+    alignment or, at decode sizes (`backend.use_decode_path`, static shapes only), straight from
+    topk_ids and the per-token row mapping with no alignment kernels at all."""
 
     def __init__(self, info: LoRAInfo, backend: Backend, num_experts: int):
         self.info, self.backend, self.E = info, backend, num_experts
         self.align = None
+        self.topk_ids = None  # set instead of `align` on the decode path
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
+        M, k = topk_ids.shape
+        if self.backend.use_decode_path(M, k):
+            self.align, self.topk_ids = None, topk_ids
+            return
         S = self.info.lora_ids.shape[0]
-        bm = self.backend.lora_block_m(topk_ids.shape[0], topk_ids.shape[1], self.E, S)
+        bm = self.backend.lora_block_m(M, k, self.E, S)
         self.align = self.backend.align(topk_ids, self.E, bm, self.info.token_lora_mapping, S)
+        self.topk_ids = None
+
+    def _delta(self, x, a, b, out, top_k, **kw):
+        i = self.info
+        if self.topk_ids is not None:
+            self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
+                                           i.adapter_enabled, out, **kw)
+        else:
+            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, **kw)
 
     def gate_up(self, x, inter, top_k):
         w = self.info.weights
-        self.backend.lora_delta(x, w.gate_up_a, w.gate_up_b, self.align, self.info.lora_ids,
-                                self.info.adapter_enabled, top_k, inter, gather=True)
+        self._delta(x, w.gate_up_a, w.gate_up_b, inter, top_k, gather=True)
 
     def down(self, act, out, top_k, topk_w):
         w = self.info.weights
-        self.backend.lora_delta(act, w.down_a[None], w.down_b[None], self.align, self.info.lora_ids,
-                                self.info.adapter_enabled, top_k, out, routed_weights=topk_w, gather=False)
+        self._delta(act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
 
 
 class MoELayer(torch.nn.Module):

@@ -45,6 +45,18 @@ class Backend(ABC):
         """out[pair, p*N:(p+1)*N] += (x[row] @ A[p, s, e].T) @ B[p, s, e].T for live slots."""
 
     @staticmethod
+    def use_decode_path(num_tokens: int, top_k: int) -> bool:
+        """Whether the LoRA path runs without alignment at this static size (`lora_delta_decode`).
+        No by default: a backend with a decode kernel overrides both."""
+        return False
+
+    @staticmethod
+    def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids, adapter_enabled, out, *,
+                          routed_weights=None, gather=True):
+        """The LoRA delta straight from topk_ids and the per-token row mapping, no alignment."""
+        raise NotImplementedError("this backend has no decode path (use_decode_path answers False)")
+
+    @staticmethod
     @abstractmethod
     def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up over the last dim split in two halves."""

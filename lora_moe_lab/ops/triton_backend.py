@@ -9,9 +9,10 @@ import torch
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.align import moe_align
-from ..kernels.configs import gemm_config, lora_block_m, lora_config, moe_block_m
+from ..kernels.configs import gemm_config, lora_block_m, lora_config, moe_block_m, use_decode_path
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
+from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
 from .torch_backend import silu_and_mul
@@ -23,6 +24,8 @@ class TritonBackend(Backend):
     name = "triton"
     moe_gemm = staticmethod(moe_gemm)
     lora_delta = staticmethod(lora_delta)
+    lora_delta_decode = staticmethod(lora_delta_decode)  # decode sizes: no alignment (kernels/lora_decode.py)
+    use_decode_path = staticmethod(use_decode_path)
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
     silu_and_mul = staticmethod(silu_and_mul)
@@ -89,6 +92,14 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                  lambda c, al=al_l: lora_delta(h, a2, b2, al, lora_ids, enabled, k,
                                                torch.zeros(k, K, dtype=dtype, device=device),
                                                routed_weights=rw, gather=False, config=c)),
+            ]
+        if use_decode_path(M, k):  # the decode path: one binary per op serves every M (split is run-time)
+            jobs += [
+                ("decode13", None, 0, lambda c: lora_delta_decode(
+                    x1, a13, b13, ids, slot, lora_ids, enabled, torch.zeros(k, 2 * I, dtype=dtype, device=device))),
+                ("decode2", None, 0, lambda c: lora_delta_decode(
+                    h, a2, b2, ids, slot, lora_ids, enabled, torch.zeros(k, K, dtype=dtype, device=device),
+                    routed_weights=rw, gather=False)),
             ]
         for name, cfg, bm, fn in jobs:
             if (name, cfg, bm) not in seen:

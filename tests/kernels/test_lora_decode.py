@@ -1,0 +1,169 @@
+"""The decode-path LoRA delta (kernels/lora_decode.py: no alignment) against float64.
+
+Interpreter on CPU (fp32 < 1e-5, fp16 < 2e-2; tiny shapes), unchanged on CUDA (bf16 added). Rows of
+pairs that must exit are NaN-poisoned and compared bit for bit; live rows start random (the kernel
+adds into them) and must come back finite and equal to base + delta.
+"""
+import pytest
+import torch
+from helpers import rel_err
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lora_moe_lab import runtime
+from lora_moe_lab.kernels import configs
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import DecodeConfig
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+from lora_moe_lab.kernels.lora_decode import DECODE_EXIT_CODES, decode_launch_plan, lora_delta_decode
+from lora_moe_lab.ops.reference import tolerance
+from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
+
+DEV = runtime.default_device()
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+I32 = dict(dtype=torch.int32)
+
+
+def make_case(seed, M, K, N, E, top_k, S, L, R, P, *, dtype=torch.float32, gather=True, with_rw=False,
+              mapping=None, lora_ids=None, enabled=None, dead_experts=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)]).int()
+    if dead_experts:  # some pairs routed nowhere (expert -1)
+        ids.view(-1)[torch.randperm(M * top_k, generator=g)[:dead_experts]] = -1
+    rnd = lambda *s, std=1.0: (torch.randn(*s, generator=g) * std).to(dtype)  # noqa: E731
+    c = dict(x=rnd(M if gather else M * top_k, K), a=rnd(P, S, E, R, K, std=K ** -0.5),
+             b=rnd(P, S, E, N, R, std=R ** -0.5), ids=ids, gather=gather,
+             mapping=torch.tensor(mapping, **I32) if mapping is not None else torch.randint(-1, L, (M,), generator=g, **I32),
+             lora_ids=torch.tensor(lora_ids, **I32) if lora_ids is not None else torch.randperm(S, generator=g)[:L].int(),
+             enabled=torch.tensor(enabled, **I32) if enabled is not None else torch.ones(L, **I32),
+             rw=torch.rand(M, top_k, generator=g).add_(0.1) if with_rw else None,
+             out0=rnd(M * top_k, P * N))
+    return c
+
+
+def run_case(c, dtype, *, live_pairs=None, config=None, exit_codes=False):
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    ref, codes = ref_lora_delta_rows(c["x"], c["a"], c["b"], c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
+                                     routed_weights=c["rw"], gather=c["gather"], num_live_pairs=live_pairs)
+    live = codes == 0
+    out0 = c["out0"].clone()
+    out0[~live] = float("nan")  # poison: a pair that exits must not be touched at all
+    out = out0.to(DEV, copy=True)
+    ex = torch.full(codes.shape, -7, device=DEV, **I32) if exit_codes else None
+    cnt = None if live_pairs is None else torch.tensor([live_pairs], device=DEV, **I32)
+    res = lora_delta_decode(d["x"], d["a"], d["b"], d["ids"], d["mapping"], d["lora_ids"], d["enabled"], out,
+                            routed_weights=d["rw"], gather=c["gather"], num_live_pairs=cnt, exit_codes=ex,
+                            config=config)
+    assert res is out
+    out = out.cpu()
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(out[~live].view(bits), out0[~live].view(bits)), "an exiting pair's row was written"
+    if live.any():
+        assert torch.isfinite(out[live]).all()
+        err = rel_err(out[live].double() - out0[live].double(), ref[live])
+        assert err < tolerance(dtype, DEV), f"rel err {err:.3g} ({dtype})"
+    if exit_codes:
+        assert torch.equal(ex.cpu(), codes)
+    return out, codes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    # M, K, N, E, top_k, S, L, R, P, extra
+    (1, 64, 32, 8, 2, 1, 1, 16, 2, dict(mapping=[0])),  # one token, gate_up
+    (5, 40, 24, 6, 3, 4, 4, 8, 2, {}),  # odd K, rows = a permutation of the slots
+    (7, 48, 72, 5, 2, 3, 2, 20, 1, dict(gather=False, with_rw=True)),  # down: M*top_k rows, routed weights
+    (6, 33, 17, 4, 2, 4, 3, 5, 2, dict(lora_ids=[3, -1, 1], enabled=[1, 1, 0])),  # empty + disabled rows
+    (4, 32, 40, 8, 4, 2, 2, 16, 1, dict(gather=False, with_rw=True, dead_experts=5)),  # expert -1
+])
+def test_decode_matches_reference(case, dtype):
+    M, K, N, E, top_k, S, L, R, P, extra = case
+    run_case(make_case(M * 13 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype)
+
+
+def test_exit_map_every_code_and_live_count():
+    # 8 tokens x 2: row -1, a row with no adapter, a disabled row, an expert -1, pairs past the live count
+    c = make_case(3, 8, 32, 24, 6, 2, 3, 3, 8, 2, mapping=[0, -1, 1, 2, 0, 2, 0, 2],
+                  lora_ids=[2, -1, 0], enabled=[1, 1, 0], dead_experts=0)
+    c["ids"][4, 1] = -1
+    _, codes = run_case(c, torch.float32, live_pairs=13, exit_codes=True)
+    assert set(codes.tolist()) == set(DECODE_EXIT_CODES) == {0, 1, 2, 3, 4, 5}
+
+
+def test_all_disabled_and_empty_leave_out_untouched():
+    c = make_case(4, 6, 32, 24, 5, 2, 2, 2, 8, 2, enabled=[0, 0])
+    _, codes = run_case(c, torch.float32)
+    assert (codes == 2).sum() + (codes == 5).sum() == codes.numel()
+    c["enabled"] = torch.ones(2, **I32)
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    out = c["out0"].to(DEV, copy=True)
+    lora_delta_decode(d["x"], d["a"], d["b"], d["ids"], d["mapping"], d["lora_ids"], d["enabled"], out, empty=True)
+    assert torch.equal(out.cpu(), c["out0"])  # the timing reference: same grid, body compiled out
+
+
+@pytest.mark.parametrize("config", [DecodeConfig(16, 16, 1, 4), DecodeConfig(16, 64, 5, 4), DecodeConfig(32, 16, 9, 4)])
+def test_other_tiles_and_splits(config):
+    c = make_case(9, 3, 72, 56, 6, 2, 3, 3, 24, 2)
+    run_case(c, torch.float32, config=config)
+    plan = decode_launch_plan(6, 2, 56, 72, 24, config)
+    assert plan["programs"] == 6 * 2 * plan["split_n"] and plan["alignment_kernels"] == 0
+    assert (plan["split_n"] - 1) * plan["n_per_split"] < 56 <= plan["split_n"] * plan["n_per_split"]
+
+
+def test_decode_equals_aligned_path():
+    """The same delta through the alignment + fused kernel (rows decoupled from slots there too)."""
+    c = make_case(5, 7, 40, 24, 6, 2, 3, 2, 8, 2, lora_ids=[2, 0], enabled=[1, 1])
+    out, _ = run_case(c, torch.float32)
+    al = moe_align(c["ids"].to(DEV), 6, 16, c["mapping"].to(DEV), 2)
+    out2 = torch.where(torch.isnan(out), out, c["out0"]).to(DEV)  # the same starting rows
+    lora_delta(c["x"].to(DEV), c["a"].to(DEV), c["b"].to(DEV), al, c["lora_ids"].to(DEV), c["enabled"].to(DEV), 2, out2)
+    assert rel_err(out2.cpu().nan_to_num(), out.nan_to_num()) < 1e-5
+
+
+@settings(max_examples=40 if DEV.type == "cpu" else 15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_decode_random(data):
+    d = data.draw
+    E, S = d(st.integers(1, 6), label="E"), d(st.integers(1, 4), label="S")
+    top_k, L = d(st.integers(1, min(E, 4)), label="top_k"), d(st.integers(1, S), label="L")
+    M, R, P = d(st.integers(1, 6), label="M"), d(st.integers(1, 40), label="R"), d(st.sampled_from([1, 2]), label="P")
+    K, N = d(st.integers(1, 70), label="K"), d(st.integers(1, 70), label="N")
+    gather = d(st.booleans(), label="gather")
+    dtype = d(st.sampled_from(DTYPES), label="dtype")
+    c = make_case(d(st.integers(0, 2 ** 30), label="seed"), M, K, N, E, top_k, S, L, R, P, dtype=dtype,
+                  gather=gather, with_rw=d(st.booleans(), label="rw"),
+                  lora_ids=d(st.lists(st.integers(-1, S - 1), min_size=L, max_size=L), label="lora_ids"),
+                  enabled=d(st.lists(st.sampled_from([0, 1, 1]), min_size=L, max_size=L), label="enabled"),
+                  dead_experts=d(st.integers(0, M * top_k), label="dead"))
+    live = d(st.one_of(st.none(), st.integers(0, M * top_k)), label="live_pairs")
+    run_case(c, dtype, live_pairs=live, exit_codes=d(st.booleans(), label="exit"))
+
+
+def test_validation_errors():
+    c = make_case(1, 2, 16, 16, 4, 2, 2, 2, 4, 2)
+    args = [c[k].to(DEV) for k in ("x", "a", "b", "ids", "mapping", "lora_ids", "enabled", "out0")]
+
+    def call(i=None, v=None, **kw):
+        a = list(args)
+        if i is not None:
+            a[i] = v
+        lora_delta_decode(*a, **kw)
+
+    with pytest.raises(TypeError, match="topk_ids must have dtype int32"):
+        call(3, args[3].long())
+    with pytest.raises(ValueError, match="token_lora_mapping must be"):
+        call(4, torch.zeros(3, device=DEV, **I32))
+    with pytest.raises(ValueError, match=r"must both be \(L,\) with 1 <= L <= S=2"):
+        call(5, torch.zeros(3, device=DEV, **I32))
+    with pytest.raises(ValueError, match="out must be"):
+        call(7, torch.zeros(4, 16, device=DEV))
+    with pytest.raises(ValueError, match="x must be"):
+        call(gather=False)
+    with pytest.raises(ValueError, match="num_live_pairs must be"):
+        call(num_live_pairs=torch.zeros(2, device=DEV, **I32))
+
+
+def test_path_choice_is_static():
+    assert configs.use_decode_path(1, 8) and configs.use_decode_path(configs.DECODE_MAX_PAIRS // 8, 8)
+    assert not configs.use_decode_path(configs.DECODE_MAX_PAIRS // 8 + 1, 8)

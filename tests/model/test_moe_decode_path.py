@@ -1,0 +1,44 @@
+"""The MoE layer's choice of LoRA path (model/moe.py: LoRAHook): at decode sizes the deltas run
+straight from topk_ids and the per-token row mapping (no alignment), above the bound over the
+per-adapter alignment. Both give the float64 model's output; the choice reads static shapes only."""
+import pytest
+import torch
+from helpers import fp32_tol, rel_err
+
+from lora_moe_lab.kernels import configs
+from lora_moe_lab.model.lab import build_lab
+from lora_moe_lab.model.moe import LoRAHook
+from lora_moe_lab.ops import reference as ref
+
+
+def _lab(device):
+    lab = build_lab("tiny", num_layers=2, max_loras=3, max_rank=8, device=str(device), backend="triton", seed=4)
+    lab.pool.load("r3", rank=3)
+    lab.pool.load("r8", rank=8, scaling=0.5)
+    return lab
+
+
+@pytest.mark.parametrize("bound", [0, 10 ** 6])  # 0: always aligned; huge: always the decode path
+def test_both_paths_match_the_reference(bound, device, monkeypatch):
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
+    lab = _lab(device)
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    x = lab.random_input(batch.num_tokens, seed=1)
+    lab.model.routing_log = []
+    y = lab.model(x, batch, tensors, guard="launch_always")
+    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
+                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
+    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
+    lab.model.routing_log = None
+    assert rel_err(y, want) < fp32_tol(device)
+
+
+def test_hook_takes_the_decode_path_from_static_shapes(device):
+    lab = _lab(device)
+    k = lab.shape.top_k
+    for M, decode in ((configs.DECODE_MAX_PAIRS // k, True), (configs.DECODE_MAX_PAIRS // k + 1, False)):
+        batch, tensors = lab.make_batch(["r3"], [M])
+        hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
+        ids = torch.zeros(M, k, dtype=torch.int32, device=device)
+        hook.prepare(ids)
+        assert (hook.align is None) == decode and (hook.topk_ids is ids) == decode  # decode: no alignment
