@@ -102,13 +102,15 @@ def test_capture_without_a_gpu_is_a_clear_error():
 @gpu_only
 @pytest.mark.parametrize("kind", ["moe", "decoder"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_replay_after_adapter_switches_is_the_eager_graph_bit_for_bit(kind, strategy):
+def test_replay_after_adapter_switches_is_the_eager_graph_bit_for_bit(kind, strategy, sync_check):
     lab = _lab(kind, device="cuda", backend="triton")
     gs = GraphSet(lab, strategy, sizes=[4, 8]).capture()
     assert gs.memory["reserved"] >= 0 and gs.capture_s > 0
     for i, adapters in enumerate(SWITCHES):
         x = lab.random_input(len(adapters), seed=i)
-        y = gs(x, adapters, [1] * len(adapters)).clone()
+        with sync_check():  # choosing, loading and replaying a graph never waits for the GPU
+            y = gs(x, adapters, [1] * len(adapters))
+        y = y.clone()
         g, *_ = gs.pick(adapters, [1] * len(adapters))
         assert torch.equal(y, gs.eager(g, len(adapters))), (strategy, adapters)
         batch, tensors = lab.make_batch(adapters, [1] * len(adapters))
