@@ -82,6 +82,17 @@ def pick_rows(strategy: str, num_active: int, max_loras: int) -> int:
     return next(b for b in buckets(max_loras) if b >= num_active)
 
 
+def pool_bytes(pool) -> dict:
+    """Bytes the caching allocator holds in one graph pool (its segments, and what is allocated in
+    them), from a memory snapshot: exact per pool, where before/after deltas of the global counters
+    also see other pools grow or shrink. Empty when this torch's snapshot has no pool ids."""
+    segs = [s for s in torch.cuda.memory_snapshot() if "segment_pool_id" in s]
+    if not segs:
+        return {}
+    mine = [s for s in segs if tuple(s["segment_pool_id"]) == tuple(pool)]
+    return dict(pool_segments=sum(s["total_size"] for s in mine), pool_allocated=sum(s["allocated_size"] for s in mine))
+
+
 @dataclass
 class Graph:
     """One captured (or, without graphs, eagerly run) forward: `size` requests, `rows` LoRA rows."""
@@ -180,7 +191,7 @@ class GraphSet:
             g.capture_s = time.perf_counter() - t0
         self.capture_s = time.perf_counter() - t_all
         self.memory = dict(allocated=torch.cuda.memory_allocated() - a0,
-                           reserved=torch.cuda.memory_reserved() - r0)
+                           reserved=torch.cuda.memory_reserved() - r0, **pool_bytes(pool))
         self._pool = pool
         return self
 

@@ -144,8 +144,8 @@ def test_gpu_item_site_and_pinned_uploads(sync_check):
     x = torch.randn(64, device="cuda")
     with pytest.raises(sc.SyncCheckError) as ei:
         with sync_check():
-            x.sum().item()  # GPU-ITEM
-    assert ei.value.sites == Counter({_site("# GPU-ITEM"): 1})
+            x.sum().item()  # GPU-ITEM1
+    assert ei.value.sites == Counter({_site("# GPU-ITEM1"): 1})
     with sync_check(allow=[_site("# GPU-ITEM2"), "test_sync_check.py:test_gpu_item_site_and_pinned_uploads"]):
         x.sum().item()  # GPU-ITEM2
     pinned, buf = torch.zeros(64).pin_memory(), torch.empty(64, device="cuda")

@@ -20,7 +20,9 @@ ADAPTERS = [None, "a", "b", None, "a"]  # requests 0 and 3 use no adapter; reque
 TOKENS = [3, 2, 4, 3, 2]
 
 
-def _lab(kind, backend, device="cpu", load=True):
+def _lab(kind, backend, device=None, load=True):
+    # the Triton backend on the GPU where there is one (the interpreter only exists on CPU-only machines)
+    device = device or ("cuda" if backend == "triton" and runtime.has_cuda() else "cpu")
     build = build_lab if kind == "moe" else build_decoder_lab
     lab = build("tiny", num_layers=2, max_loras=3, max_rank=8, dtype="float32", device=device,
                 backend=backend, seed=3)
