@@ -36,7 +36,8 @@ from gpu_kernels import cfg_str, copy_bandwidth, graph_time_us, route  # noqa: E
 from lora_moe_lab.config import LoRAConfig, get_shape  # noqa: E402
 from lora_moe_lab.kernels import configs, fused_moe_lora  # noqa: E402
 from lora_moe_lab.kernels.align import moe_align  # noqa: E402
-from lora_moe_lab.kernels.configs import DecodeConfig, LoRAKernelConfig, lora_block_m, lora_config  # noqa: E402
+from lora_moe_lab.kernels.configs import (DecodeConfig, LoRAKernelConfig, lora_block_m, lora_config,  # noqa: E402
+                                          lora_down_config)
 from lora_moe_lab.kernels.empty import empty_args_kernel  # noqa: E402
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
 from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode  # noqa: E402
@@ -220,9 +221,10 @@ def time_paths(preset, dev, gen, deadline):
         if M in (1, 8):  # other decode tiles/splits (split is a run-time argument: no new compile)
             for p_, op in ((2, "gate_up"), (1, "down")):
                 base = configs.decode_config(M * k, p_, I if p_ == 2 else K, K if p_ == 2 else I, RANK)
-                cands = [DecodeConfig(base.block_n, base.block_k, sp, base.num_warps) for sp in (1, 2, 4, 8, 16, 32)]
-                cands += [DecodeConfig(64, 128, base.split_n, 4), DecodeConfig(64, 256, base.split_n, 8),
-                          DecodeConfig(128, 256, base.split_n, 4), DecodeConfig(32, 512, base.split_n, 8)]
+                cands = [DecodeConfig(base.block_n, base.block_k, sp, base.num_warps, 1) for sp in (1, 2, 4, 8, 16, 32)]
+                cands += [DecodeConfig(64, 256, base.split_n, 4, 1), DecodeConfig(64, 256, base.split_n, 8, 3),
+                          DecodeConfig(64, 128, base.split_n, 8, 1), DecodeConfig(32, 512, base.split_n, 8, 1),
+                          DecodeConfig(128, 256, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 16, 1)]
                 for c in cands:
                     kw = dict(cfg13=c) if p_ == 2 else dict(cfg2=c)
                     tt = graph_time_us([lambda s=s: dec(s, ("gu",) if p_ == 2 else ("down",), **kw) for s in sets],
@@ -246,12 +248,14 @@ def lora_bytes(s, sh, P, N, Kin, gather):
     return used * P * (RANK * Kin + N * RANK) * 2 + xrows * Kin * 2 + 2 * M * k * P * N * 2
 
 
-def down_candidates(bm, base):
-    out = [(bm, base)]
+def down_candidates(bm, base, new):
+    out = [(bm, base), (bm, new)]
     for bn, bk, sp, w, st, pps in ((128, 64, 1, 4, 3, 4), (128, 64, 1, 8, 3, 4), (256, 64, 1, 8, 3, 2),
                                    (64, 64, 1, 4, 3, 8), (128, 32, 1, 4, 4, 4), (128, 64, 2, 8, 3, 4),
                                    (64, 128, 2, 4, 3, 4), (256, 32, 1, 8, 3, 4)):
-        out.append((bm, LoRAKernelConfig(bn, bk, max(base.split_n, sp), w, st, pps)))
+        c = (bm, LoRAKernelConfig(bn, bk, max(base.split_n, sp), w, st, pps))
+        if c not in out:
+            out.append(c)
     if bm == 64:
         out.append((128, LoRAKernelConfig(128, 64, 1, 8, 3, 2)))
         out.append((32, LoRAKernelConfig(128, 64, 1, 4, 3, 4)))
@@ -272,7 +276,8 @@ def time_down(preset, dev, gen, copy_gbps, deadline):
         for op, P, N, Kin in (("gate_up", 2, I, K), ("down", 1, K, I)):
             nbytes = sum(lora_bytes(s, sh, P, N, Kin, P == 2) for s in sets) / n_sets
             base = lora_config(M, k, E, S, bm0, N, Kin)
-            cands = down_candidates(bm0, base) if op == "down" else [(bm0, base)]
+            new = lora_down_config(M, k, E, S, bm0, N, Kin)
+            cands = down_candidates(bm0, base, new) if op == "down" else [(bm0, base)]
             for i, (bm, cfg) in enumerate(cands):
                 if i and time.time() > deadline:
                     log(f"  down sweep cut at {preset} M={M} (budget)")
@@ -289,7 +294,7 @@ def time_down(preset, dev, gen, copy_gbps, deadline):
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
                 row(section="down" if op == "down" else "gate_up_bw", preset=preset, M=M, op=op, config=cfg_str(bm, cfg),
-                    table=i == 0, time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps,
+                    table=i == 0, down_table=op == "down" and cfg == new and bm == bm0, time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps,
                     grid=fused_moe_lora.LAST_LORA_LAUNCH.get("grid"))
             best = min((r for r in ROWS if r.get("op") == op and r["preset"] == preset and r["M"] == M
                         and r["section"] in ("down", "gate_up_bw")), key=lambda r: r["time_us"])
@@ -423,7 +428,10 @@ def summary(meta):
         if r["section"] in ("down", "gate_up_bw") and r["table"]:
             best = min((x for x in ROWS if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]),
                        key=lambda x: x["time_us"])
-            log(f"{r['op']:<8}{r['preset']:<18}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}%  best "
+            nt = next((x for x in ROWS if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]
+                       and x.get("down_table")), r)
+            log(f"{r['op']:<8}{r['preset']:<18}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}%  new "
+                f"{nt['time_us']:7.1f} us {100 * nt['bw_frac']:3.0f}%  best "
                 f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
     for r in ROWS:
         if r["section"] == "layer":

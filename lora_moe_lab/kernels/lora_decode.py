@@ -19,7 +19,8 @@ so the split_n programs that re-read the same A[p] find it in L2 after the first
 The grid is static: capacity * P * split_n programs (capacity = M * top_k of the static batch), so
 it can be captured in a CUDA graph. `num_live_pairs` (optional int32 (1,) device tensor) marks how
 many of the capacity's pairs are real in a replay of a padded batch; pairs at or past it exit.
-No activation or weight is loaded by a program that exits; the exits read metadata only, so with
+No activation or weight is loaded by a program that exits; the exits read metadata only (one round
+of independent loads: the (L,) lora_ids and enabled vectors whole, the pair's expert and row), so with
 every adapter disabled the launch costs about an empty launch of the same grid (EMPTY=True below
 compiles exactly that: the same signature and grid with the body removed, the fair reference).
 """
@@ -27,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_routed_weights, check_tensor
+from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_routed_weights, check_tensor, pow2
 from .configs import DecodeConfig, block_r, decode_config
 
 DECODE_EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_ids[row] = -1 (no adapter in the row)",
@@ -35,7 +36,7 @@ DECODE_EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_ids[row] = -1 (no a
                      5: "exit: token without adapter (mapping = -1)"}
 
 
-@triton.jit(do_not_specialize=["num_pairs", "split_n", "n_per_split"])
+@triton.jit(do_not_specialize=["L", "num_pairs", "split_n", "n_per_split"])
 def lora_decode_kernel(
     x_ptr,  # (M or M*top_k, K) activations
     a_ptr,  # (P, S, E, R, K) LoRA A
@@ -48,12 +49,12 @@ def lora_decode_kernel(
     rw_ptr,  # (M*top_k,) float32 routed weights (HAS_RW only)
     count_ptr,  # (1,) int32 live pairs (HAS_COUNT only)
     exit_ptr,  # (M*top_k,) int32 exit codes (WRITE_EXIT only)
-    N, K, R, num_pairs, top_k, split_n, n_per_split,
+    N, K, R, L, num_pairs, top_k, split_n, n_per_split,
     stride_xm, stride_xk,
     stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
     stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     stride_om, stride_on,
-    P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, L_POW2: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, HAS_COUNT: tl.constexpr, WRITE_EXIT: tl.constexpr,
     EMPTY: tl.constexpr,
 ):
@@ -63,17 +64,21 @@ def lora_decode_kernel(
         pair = pid // per_pair
         p = (pid % per_pair) // split_n
         pid_n = pid % split_n
-        # ---- the exits: metadata loads only (the expert load overlaps the mapping chain) ----
+        # ---- the exits: metadata only, in ONE round of independent loads (the row's lora_id and
+        # enabled flag are picked from the whole (L,) vectors, not loaded after the mapping) ----
         tok = pair // top_k
         expert = tl.load(topk_ids_ptr + pair)
         row = tl.load(mapping_ptr + tok)
-        row_c = tl.maximum(row, 0)
-        slot = tl.load(lora_ids_ptr + row_c)
-        en = tl.load(enabled_ptr + row_c)
+        offs_l = tl.arange(0, L_POW2)
+        l_ok = offs_l < L
+        lids = tl.load(lora_ids_ptr + offs_l, mask=l_ok, other=-1)
+        ens = tl.load(enabled_ptr + offs_l, mask=l_ok, other=0)
         if HAS_COUNT:
             live = pair < tl.load(count_ptr)
         else:
             live = pair < num_pairs
+        slot = tl.sum(tl.where(offs_l == row, lids, 0), 0)  # row -1 matches nothing (exit 5 first)
+        en = tl.sum(tl.where(offs_l == row, ens, 0), 0)
         code = tl.where(~live, 3, tl.where(row < 0, 5, tl.where(slot < 0, 1, tl.where(en == 0, 2,
                                                                                    tl.where(expert < 0, 4, 0)))))
         if WRITE_EXIT:
@@ -102,14 +107,17 @@ def _decode_pair(x_ptr, a_ptr, b_ptr, out_ptr, rw_ptr, pair, tok, p, pid_n, slot
     a_base = (a_ptr + p * stride_ap + slot.to(tl.int64) * stride_as + expert.to(tl.int64) * stride_ae
               + offs_r[:, None] * stride_ar)
     x_base = x_ptr + xrow.to(tl.int64) * stride_xm
-    # shrink: K contiguous in A's rows and in x, so the (BLOCK_R, BLOCK_K) tile loads 16 bytes a lane
-    t = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    # shrink: K contiguous in A's rows and in x, so the (BLOCK_R, BLOCK_K) tile loads 16 bytes a lane.
+    # Products accumulate elementwise; the one reduction over K (across lanes and warps, through
+    # shared memory) runs once after the loop, so each iteration is loads + FMAs only.
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < K
         xv = tl.load(x_base + k * stride_xk, mask=k_ok, other=0.0).to(tl.float32)
         at = tl.load(a_base + k[None, :] * stride_ak, mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        t += tl.sum(at.to(tl.float32) * xv[None, :], axis=1)
+        acc += at.to(tl.float32) * xv[None, :]
+    t = tl.sum(acc, axis=1)
     if HAS_RW:  # the routed weight scales the R-vector, not the N outputs: R multiplies instead of N
         t = t * tl.load(rw_ptr + pair)
     # expand: this program's N share; R contiguous in B's rows
@@ -188,11 +196,11 @@ def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
         x, lora_a, lora_b, out, topk_ids, token_lora_mapping, lora_ids, adapter_enabled,
         routed_weights if routed_weights is not None else out, num_live_pairs if num_live_pairs is not None else dummy,
         exit_codes if exit_codes is not None else dummy,
-        N, K, R, M * top_k, top_k, plan["split_n"], plan["n_per_split"],
+        N, K, R, lora_ids.shape[0], M * top_k, top_k, plan["split_n"], plan["n_per_split"],
         x.stride(0), x.stride(1), *lora_a.stride(), *lora_b.stride(), out.stride(0), out.stride(1),
-        P=P, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=plan["BLOCK_R"], GATHER=bool(gather),
+        P=P, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=plan["BLOCK_R"], L_POW2=pow2(lora_ids.shape[0]), GATHER=bool(gather),
         HAS_RW=routed_weights is not None, HAS_COUNT=num_live_pairs is not None,
-        WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), num_warps=cfg.num_warps, num_stages=1,
+        WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     LAST_DECODE_LAUNCH.update(plan)
     return out

@@ -90,6 +90,10 @@ class LoRAHook:
             self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
                                            i.adapter_enabled, out, **kw)
         else:
+            if kw.get("routed_weights") is not None:  # the down delta: its own tile table, if the backend has one
+                M, E, L = out.shape[0] // top_k, self.E, i.lora_ids.shape[0]
+                cfg = self.backend.lora_down_config(M, top_k, E, L, self.align.block_m, out.shape[1], x.shape[1])
+                kw = dict(kw, config=cfg) if cfg is not None else kw
             self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, **kw)
 
     def gate_up(self, x, inter, top_k):

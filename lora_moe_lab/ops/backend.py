@@ -45,6 +45,11 @@ class Backend(ABC):
         """out[pair, p*N:(p+1)*N] += (x[row] @ A[p, s, e].T) @ B[p, s, e].T for live slots."""
 
     @staticmethod
+    def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int, N: int, K: int):
+        """A launch config for the down delta's `lora_delta(..., config=)`, or None (the default)."""
+        return None
+
+    @staticmethod
     def use_decode_path(num_tokens: int, top_k: int) -> bool:
         """Whether the LoRA path runs without alignment at this static size (`lora_delta_decode`).
         No by default: a backend with a decode kernel overrides both."""

@@ -9,7 +9,8 @@ import torch
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.align import moe_align
-from ..kernels.configs import gemm_config, lora_block_m, lora_config, moe_block_m, use_decode_path
+from ..kernels.configs import (gemm_config, lora_block_m, lora_config, lora_down_config, moe_block_m,
+                               use_decode_path)
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
 from ..kernels.lora_decode import lora_delta_decode
@@ -26,6 +27,7 @@ class TritonBackend(Backend):
     lora_delta = staticmethod(lora_delta)
     lora_delta_decode = staticmethod(lora_delta_decode)  # decode sizes: no alignment (kernels/lora_decode.py)
     use_decode_path = staticmethod(use_decode_path)
+    lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
     silu_and_mul = staticmethod(silu_and_mul)
@@ -88,7 +90,7 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                 ("lora13", lora_config(M, k, E, S, bm, I, K), bm,
                  lambda c, al=al_l: lora_delta(x1, a13, b13, al, lora_ids, enabled, k,
                                                torch.zeros(k, 2 * I, dtype=dtype, device=device), config=c)),
-                ("lora2", lora_config(M, k, E, S, bm, K, I), bm,
+                ("lora2", lora_down_config(M, k, E, S, bm, K, I), bm,
                  lambda c, al=al_l: lora_delta(h, a2, b2, al, lora_ids, enabled, k,
                                                torch.zeros(k, K, dtype=dtype, device=device),
                                                routed_weights=rw, gather=False, config=c)),
