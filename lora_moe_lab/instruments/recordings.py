@@ -115,3 +115,62 @@ def load_guards(path: str | Path | None = None) -> Recording:
     mp = path.with_name(path.stem + ".meta.json")
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     return Recording(df, meta, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# The graph-strategies recording (scripts/gpu_graphs.py -> data/graphs/strategies_*)
+GRAPHS_DIR = DATA / "graphs"
+STRATEGY_KEYS = ["model", "tokens", "requests", "tokens_per_request", "active"]
+
+
+@dataclass
+class GraphStrategiesRecording:
+    capture: pd.DataFrame  # one row per (model, graph group, strategy): graphs, capture_s, pool_mib
+    samples: pd.DataFrame  # one row per repetition of one whole step (pick + upload + replay)
+    switches: pd.DataFrame  # replay after adapter switches vs eager
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return _label(self.meta)
+
+    def summary(self) -> pd.DataFrame:
+        """Per point and variant: median_us with its 95 % interval, and the paired per-repetition
+        ratio to launch_always (median and interval)."""
+        s = self.samples
+        base = s[s["variant"] == "launch_always"][STRATEGY_KEYS + ["rep", "us"]].rename(columns={"us": "us_base"})
+        j = s.merge(base, on=STRATEGY_KEYS + ["rep"], how="inner")
+        rows = []
+        for key, g in j.groupby(STRATEGY_KEYS + ["variant"], sort=True):
+            med, lo, hi = median_ci(g["us"])
+            r, rlo, rhi = median_ci(g["us"] / g["us_base"])
+            rows.append(dict(zip(STRATEGY_KEYS + ["variant"], key), median_us=med, lo95_us=lo, hi95_us=hi, n=len(g),
+                             vs_launch_always=r, vs_lo95=rlo, vs_hi95=rhi))
+        return pd.DataFrame(rows)
+
+    def table(self, model: str = "moe") -> pd.DataFrame:
+        """The trade-offs in one table: per strategy, graphs captured, capture seconds, graph pool
+        memory (all sizes of the model), and the median step time relative to launch_always at
+        decode (1 and 64 tokens) and the largest prefill, with no adapter and with one."""
+        cap = self.capture[self.capture["model"] == model].groupby("strategy", sort=False)[
+            ["graphs", "capture_s", "pool_mib"]].sum()
+        summ = self.summary()
+        summ = summ[summ["model"] == model]
+        big = int(summ["tokens"].max())
+        out = cap.reset_index()
+        for tokens, active in ((1, 0), (1, 1), (64, 0), (64, 1), (big, 0), (big, 1)):
+            col = f"M={tokens}, {active} active"
+            sel = summ[(summ["tokens"] == tokens) & (summ["active"] == active)].set_index("variant")
+            out[col] = [sel["vs_launch_always"].get(v, math.nan) for v in out["strategy"]]
+        return out
+
+
+def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesRecording:
+    d = Path(path) if path is not None else GRAPHS_DIR
+    files = {n: d / f"strategies_{n}.csv" for n in ("capture", "replay", "switches")}
+    for f in files.values():
+        if not f.exists():
+            raise FileNotFoundError(f"no recording at {f}: scripts/gpu_graphs.py writes it on a GPU")
+    mp = d / "strategies_meta.json"
+    meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
+    return GraphStrategiesRecording(*(pd.read_csv(f) for f in files.values()), meta)
