@@ -1,9 +1,9 @@
 """`make run` / `make lab`: execute every notebook headless with papermill on the detected device
 into build/ (plus an offline HTML report), or start JupyterLab on loopback with a token.
 
-    python -m lora_moe_lab.run_notebooks --out build            # all notebooks, params by device
-    python -m lora_moe_lab.run_notebooks --only 01 --params ci  # one notebook, CI parameters
-    python -m lora_moe_lab.run_notebooks --lab --port 8888
+    python -m lora_moe_lab.nb.runner --out build            # all notebooks, params by device
+    python -m lora_moe_lab.nb.runner --only 01 --params ci  # one notebook, CI parameters
+    python -m lora_moe_lab.nb.runner --lab --port 8888
 """
 from __future__ import annotations
 
