@@ -150,19 +150,26 @@ def block_r(rank: int) -> int:
 
 
 # The decode path (no alignment) is taken for M * top_k <= this many pairs: per pair it reads its
-# adapter-expert's weights once, with no reuse between pairs of one (adapter, expert), so past a
-# few dozen pairs the aligned kernel wins (bound from the H200 recording in data/kernels/).
-DECODE_MAX_PAIRS = 64
+# adapter-expert's weights once, with no reuse between pairs of one (adapter, expert). H200,
+# data/kernels/decode_run3_*: the whole LoRA path of a layer (both deltas) is 0.69-0.84x today's
+# (alignment + aligned deltas) up to M=32 at top-8 (256 pairs), 0.97-1.05x at 512 pairs.
+DECODE_MAX_PAIRS = 256
 _DECODE_PROGRAMS = 2 * _NUM_SMS_GUESS  # about two programs per SM
 
 
 def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfig:
-    """Decode tile: BLOCK_N 64; split N until about two programs per SM exist."""
+    """Decode tile: BLOCK_N 64; split N until about two programs per SM exist. With very few
+    programs and a long K (gate_up at one token), BLOCK_K 512 over 8 warps puts more of each
+    program's A bytes in flight per loop trip (decode_run3: 12.0 -> 9.2 us, tp4 12.3 -> 8.6 us;
+    slower from M=8 on, where enough programs exist)."""
     if runtime.interpreter():
         return _INTERP_DECODE
     block_n = 64
     split = max(1, min(cdiv(N, block_n), cdiv(_DECODE_PROGRAMS, max(1, num_pairs * P))))
-    return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4)
+    if num_pairs * P <= 16 and K >= 1024:
+        return DecodeConfig(block_n=32, block_k=512, split_n=split, num_warps=8, num_stages=1)
+    return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4,
+                        num_stages=1)
 
 
 def use_decode_path(num_tokens: int, top_k: int) -> bool:
