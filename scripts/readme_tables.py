@@ -119,7 +119,46 @@ def kernels_block() -> str:
                       "engine's Triton kernel on the same inputs on the same GPU.", ""] + rows + [
         "", f"- All adapters disabled, a LoRA launch costs {dis.time_us.min():.2f}–{dis.time_us.max():.2f} µs "
             f"against {dis.empty_kernel_us.min():.2f}–{dis.empty_kernel_us.max():.2f} µs for an empty Triton "
-            "kernel: the persistent grid exits after one round of metadata loads."])
+            "kernel: the persistent grid exits after one round of metadata loads."] + _decode_lines())
+
+
+def _decode_lines() -> list[str]:
+    """Issue 13: the decode path without alignment, the down delta's table, LoRA's share of a layer."""
+    from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
+    kd = DATA / "kernels"
+    p3 = pd.read_csv(kd / "decode_run3_kernels_decode.csv")
+    r2 = pd.read_csv(kd / "decode_run2_kernels_decode.csv")
+    m3 = normalize_meta(json.loads((kd / "decode_run3_kernels_decode_meta.json").read_text()))
+    path = p3[p3.section == "path"].set_index(["preset", "M"])
+    Ms = sorted(path.loc["qwen3-30b-a3b"].index)
+    rows = ["| whole LoRA path of a layer (µs) | " + " | ".join(f"M={m}" for m in Ms) + " |",
+            "| --- |" + " ---: |" * len(Ms)]
+    for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4"):
+        q = path.loc[pre]
+        rows.append(f"| {pre}: today → decode path | " + " | ".join(
+            f"{q.loc[m, 'today']:.1f} → {q.loc[m, 'decode']:.1f}" for m in Ms) + " |")
+    dis = p3[p3.section == "disabled"]
+    down = r2[r2.section == "down"]
+    old = down[down.table].set_index(["preset", "M"])
+    new = down[down.down_table.astype(bool)].set_index(["preset", "M"])
+    lay = r2[r2.section == "layer"].set_index(["preset", "M"])
+    lines = ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/decode_run3_*`, "
+             f"{label(m3)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
+             "kernels. Same inputs, graph replay, rank 32, 4 adapters, every token with one. The layer takes this "
+             f"path for M·top_k ≤ {DECODE_MAX_PAIRS} pairs (from this table; the layer-share figures below were "
+             f"recorded with the earlier bound of {m3['params']['decode_max_pairs']}):", ""] + rows + [
+        "", f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
+            f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
+            f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x.",
+        "- Down delta (P=1, routed weights), its own tile table (`lora_down_config`, `decode_run2_*`): "
+        + ", ".join(f"{pre.replace('qwen3-30b-a3b', 'qwen3')} M={m} {old.loc[(pre, m), 'time_us']:.0f} → "
+                    f"{new.loc[(pre, m), 'time_us']:.0f} µs ({100 * new.loc[(pre, m), 'bw_frac']:.0f} % of copy)"
+                    for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4") for m in (1024, 8192)) + ".",
+        "- LoRA's share of one MoE layer (graph replay; all adapters active / none active): "
+        + "; ".join(f"{pre.replace('qwen3-30b-a3b', 'qwen3')} M=" + ", ".join(
+            f"{m} +{100 * lay.loc[(pre, m), 'lora_share']:.0f} % / +{100 * lay.loc[(pre, m), 'none_active_share']:.0f} %"
+            for m in (1, 8, 1024, 16384)) for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")) + "."]
+    return lines
 
 
 def _tp1_busy_sentence() -> str:

@@ -335,3 +335,45 @@ finally:
 ok = lab.model.lora_info(0, batch, tensors)
 assert ok.has_active_lora and not ok.debug_check
 print("with a correct flag and debug_check off, nothing is checked and nothing syncs")
+
+# %% [markdown]
+# ## The decode path: no alignment at all
+# At decode sizes (`M·top_k ≤ configs.DECODE_MAX_PAIRS`, a static choice) the MoE layer skips the
+# per-adapter alignment: `kernels/lora_decode.py` launches one program per **(pair, slice, N share)**
+# straight from `topk_ids` and the per-token row mapping. Each program checks, in one round of
+# metadata loads: the pair past a device-side live count (3), token without adapter (5), row without
+# adapter (1), adapter disabled (2), expert -1 (4); 0 = it ran. Below: its launch plan for this batch,
+# and the code of every pair with slot `b` disabled, the last token's pairs past a live count, and
+# one pair routed nowhere.
+
+# %%
+from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS
+from lora_moe_lab.kernels.lora_decode import DECODE_EXIT_CODES, decode_launch_plan, lora_delta_decode
+
+bd, td = lab.make_batch([["a", None, "b", "c"][i % 4] for i in range(num_requests)], counts)
+w0, k0 = lab.pool.layers[0], lab.shape.top_k
+g0 = torch.Generator().manual_seed(3)
+ids_d = torch.stack([torch.randperm(lab.shape.num_experts, generator=g0)[:k0] for _ in range(num_tokens)]).int()
+ids_d[0, 0] = -1  # one pair routed nowhere
+ids_d = ids_d.to(dev)
+enabled_d = td.adapter_enabled.clone()
+enabled_d[lab.pool.slot_of("b")] = 0  # adapter b disabled for this launch
+live_d = torch.tensor([(num_tokens - 1) * k0], dtype=torch.int32, device=dev)  # last token: padding
+codes_d = torch.full((num_tokens * k0,), -1, dtype=torch.int32, device=dev)
+xd = lab.random_input(num_tokens, seed=5)
+out_d = torch.zeros(num_tokens * k0, 2 * lab.shape.intermediate, dtype=xd.dtype, device=dev)
+lora_delta_decode(xd, w0.gate_up_a, w0.gate_up_b, ids_d, td.token_lora_mapping, td.lora_ids, enabled_d, out_d,
+                  num_live_pairs=live_d, exit_codes=codes_d)
+plan_d = decode_launch_plan(num_tokens * k0, 2, lab.shape.intermediate, lab.shape.hidden, rank)
+print(f"decode path for M*top_k <= {DECODE_MAX_PAIRS} pairs; this batch: {num_tokens * k0} pairs")
+pd.Series({k: str(v) for k, v in plan_d.items()}, name="decode launch plan (static shapes)").to_frame()
+
+# %%
+cd = codes_d.view(num_tokens, k0).cpu().numpy()
+fig = go.Figure(go.Heatmap(z=cd, zmin=0, zmax=5, colorscale="Viridis", text=cd, texttemplate="%{text}",
+                           colorbar=dict(title="exit code")))
+fig.update_layout(title="decode path: exit code per (token, k) pair", height=320)
+fig.update_xaxes(title_text="k (expert choice of the token)")
+fig.update_yaxes(title_text="token", autorange="reversed")
+fig.show()
+pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
