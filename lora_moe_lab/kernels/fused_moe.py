@@ -19,6 +19,17 @@ from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, c
 from .configs import GemmConfig, gemm_config
 
 
+@triton.jit
+def grouped_tile(pid, N, num_blocks, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program id -> (token block, N tile), grouped: GROUP_M consecutive token blocks sweep the
+    same N tiles together (shared with kernels/fused_moe_lora_epilogue.py)."""
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(num_blocks - first_m, GROUP_M)
+    return first_m + (pid % in_group) % group_size, (pid % in_group) // group_size
+
+
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
 # specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
 # at any M then covers all M, and CUDA-graph capture never triggers a compile.
@@ -44,14 +55,7 @@ def fused_moe_kernel(
     # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
     # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
     # are served from L2 instead of HBM.
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_pid_n
-    group_id = pid // in_group
-    first_m = group_id * GROUP_M
-    group_size = tl.minimum(num_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    pid_m, pid_n = grouped_tile(tl.program_id(0), N, num_blocks, BLOCK_N, GROUP_M)
 
     # Blocks past the padded end hold only sentinels: nothing to compute, nothing to write.
     ntpp = tl.load(ntpp_ptr)
@@ -95,11 +99,9 @@ def fused_moe_kernel(
 # --------------------------------------------------------------------------------------------
 # Launcher
 # --------------------------------------------------------------------------------------------
-def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None):
-    """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
-
-    x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
-    """
+def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe_gemm"):
+    """The base GEMM's input checks (shared with the fused LoRA-epilogue GEMM); returns
+    (N, K, num_pairs, block_m)."""
     check_tensor("x", x, 2, FLOAT_DTYPES)
     dev = x.device
     check_compute_dtype(x)
@@ -111,10 +113,19 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     if out.shape[1] != N:
         raise ValueError(f"out must have N={N} columns (w is {tuple(w.shape)}), got shape {tuple(out.shape)}")
     num_pairs = num_pairs_of(x, top_k, gather, out)
-    bm = check_alignment(align, num_pairs, E, None, dev, "moe_gemm")
+    bm = check_alignment(align, num_pairs, E, None, dev, what)
     if align.sorted_token_ids.shape[0] != 1:
-        raise ValueError(f"moe_gemm takes an alignment with one slot (S=1), got S={align.sorted_token_ids.shape[0]}")
+        raise ValueError(f"{what} takes an alignment with one slot (S=1), got S={align.sorted_token_ids.shape[0]}")
     check_routed_weights(routed_weights, num_pairs, top_k, dev)
+    return N, K, num_pairs, bm
+
+
+def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None):
+    """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
+
+    x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
+    """
+    N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K)
     nb = align.expert_ids.shape[1]

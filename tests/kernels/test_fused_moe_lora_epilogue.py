@@ -1,0 +1,82 @@
+"""The base GEMM with the LoRA delta in its epilogue (kernels/fused_moe_lora_epilogue.py) against
+float64: out = base (+ delta for pairs of tokens with a live adapter) (* routed weight).
+
+Interpreter on CPU (tiny shapes, fp32 < 1e-5, fp16 < 2e-2), unchanged on CUDA (bf16 added). `out`
+starts NaN-poisoned (every row must be written); rows of pairs without a live adapter must equal
+the plain base GEMM (`moe_gemm`, same tiles) bit for bit.
+"""
+import pytest
+import torch
+from helpers import rel_err
+from test_lora_decode import I32, make_case
+
+from lora_moe_lab import runtime
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.fused_moe import moe_gemm
+from lora_moe_lab.kernels.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
+from lora_moe_lab.ops.reference import ref_moe_gemm, tolerance
+from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
+
+DEV = runtime.default_device()
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+
+
+def run_fused(c, dtype, E, top_k, P, N, bm=16):
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(E, P * N, c["x"].shape[1], generator=g) * c["x"].shape[1] ** -0.5).to(dtype)
+    al = moe_align(d["ids"], E, bm)
+    rw = d["rw"]
+    base = torch.full((c["ids"].numel(), P * N), float("nan"), dtype=dtype, device=DEV)
+    moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"])
+    out = torch.full_like(base, float("nan"))
+    res = moe_gemm_lora(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
+                        routed_weights=rw, gather=c["gather"])
+    assert res is out
+    out, base = out.cpu(), base.cpu()
+    # the LoRA reference's b is (P, S, E, N, r): the kernel's B of slice p covers columns [p*N, (p+1)*N)
+    delta, codes = ref_lora_delta_rows(c["x"], c["a"], c["b"], c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
+                                       routed_weights=c["rw"], gather=c["gather"])
+    ref = ref_moe_gemm(c["x"], w, c["ids"], top_k, c["rw"], gather=c["gather"]) + delta
+    assert torch.isfinite(out).all(), "a row of out was not written"
+    err = rel_err(out, ref)
+    assert err < tolerance(dtype, DEV), f"rel err {err:.3g} ({dtype})"
+    off = codes != 0
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(out[off].view(bits), base[off].view(bits)), "a pair without adapter differs from the plain GEMM"
+    return codes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    # M, K, N (per slice), E, top_k, S, L, R, P, extra
+    (5, 40, 24, 6, 3, 4, 3, 16, 2, dict(lora_ids=[2, -1, 0], enabled=[1, 1, 0])),  # gate_up; a tile straddles slices
+    (6, 33, 17, 4, 2, 3, 2, 5, 1, dict(gather=False, with_rw=True)),  # down: routed weights, odd K/N
+    (3, 32, 32, 5, 2, 2, 2, 24, 2, {}),  # gate_up, every tile inside one slice
+])
+def test_fused_epilogue_matches_reference(case, dtype):
+    M, K, N, E, top_k, S, L, R, P, extra = case
+    codes = run_fused(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P, N)
+    assert (codes == 0).any() and (codes != 0).any()  # both kinds of row were checked
+
+
+def test_fused_epilogue_nothing_live_is_the_plain_gemm():
+    c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[0, -1, 1, 1], enabled=[0, 0])
+    codes = run_fused(c, torch.float32, 4, 2, 2, 16)
+    assert (codes != 0).all()
+    assert LAST_EPILOGUE_LAUNCH["lora_columns"] == 2 * 16  # L_POW2 * BLOCK_R
+
+
+def test_fused_epilogue_errors():
+    c = make_case(1, 2, 16, 8, 4, 2, 2, 2, 4, 2)
+    x, a, b, ids = (c[k].to(DEV) for k in ("x", "a", "b", "ids"))
+    w = torch.randn(4, 16, 16, device=DEV)
+    al = moe_align(ids, 4, 16)
+    out = torch.empty(4, 16, device=DEV)
+    m, lid, en = (c[k].to(DEV) for k in ("mapping", "lora_ids", "enabled"))
+    with pytest.raises(ValueError, match="must match w"):
+        moe_gemm_lora(x, w, al, 2, out, a[:1], b, m, lid, en)
+    with pytest.raises(ValueError, match="token_lora_mapping must be"):
+        moe_gemm_lora(x, w, al, 2, out, a, b, torch.zeros(3, device=DEV, **I32), lid, en)
+    with pytest.raises(TypeError, match="lora_ids must have dtype int32"):
+        moe_gemm_lora(x, w, al, 2, out, a, b, m, lid.long(), en)
