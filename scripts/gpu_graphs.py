@@ -210,8 +210,11 @@ def main():
         med = {v: statistics.median([r["us"] for r in rep if (r["model"], r["tokens"], r["active"]) == k
                                      and r["variant"] == v]) for v in list(STRATEGIES) + ["eager"]}
         print(f"{k[0]:8} M={k[1]:<5} active={k[2]}  " + "  ".join(f"{v}={m:9.1f}" for v, m in med.items()))
-    bad = [r for r in sw if not r["bit_exact_vs_same_graph_eager"] or r["rel_err_vs_eager"] > 2e-2]
-    print(f"\n== switches: {len(sw)} checks, {len(bad)} failures", bad[:3])
+    bad = [r for r in sw if not r["bit_exact_vs_same_graph_eager"]]
+    far = sorted({r["graph_size"] for r in sw if r["rel_err_vs_eager"] > 2e-2})
+    print(f"\n== switches: {len(sw)} replays, {len(bad)} differ from the eager run of the same graph", bad[:3])
+    print(f"   against the unpadded eager forward, relative error > 2e-2 in graphs of size {far} "
+          "(padding changes tiles and rounding; see padding_check)")
     print(json.dumps(notes, indent=1))
 
 
