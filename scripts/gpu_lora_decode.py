@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lora_moe_lab import runtime  # noqa: E402  (first: sets TRITON_INTERPRET on a CPU-only machine)
-from gpu_kernels import cfg_str, copy_bandwidth, graph_time_us, route  # noqa: E402
+from gpu_kernels import ROWS, TOL, cfg_str, copy_bandwidth, graph_time_us, log, route, row  # noqa: E402  (one row list)
 from lora_moe_lab.config import LoRAConfig, get_shape  # noqa: E402
 from lora_moe_lab.kernels import configs, fused_moe_lora  # noqa: E402
 from lora_moe_lab.kernels.align import moe_align  # noqa: E402
@@ -52,31 +52,23 @@ S, RANK, BF = 4, 32, torch.bfloat16
 PATH_M = (1, 2, 4, 8, 16, 32, 64)
 DOWN_M = (128, 1024, 8192)
 LAYER_M = tuple(2 ** i for i in range(15))  # 1 .. 16384
-TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2}
-ROWS: list[dict] = []
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def row(**kw):
-    ROWS.append(kw)
-    return kw
-
 
 # ------------------------------------------------------------------------------------------------
 def differential(dev, n_cases, seed=0):
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
-    fails, worst = [], {}
+    fails, worst, variants = [], {}, set()
     for i in range(n_cases):
         dtype = (torch.float32, torch.float16, torch.bfloat16 if dev.type == "cuda" else torch.float16)[i % 3]
         P, gather = (2, True) if i % 2 == 0 else (1, False)
         M, E = rng.randint(1, 16), rng.choice((8, 16, 33))
         k, Sn = rng.randint(1, 8), rng.randint(1, 4)
-        L, R = rng.randint(1, Sn), rng.choice((16, 32))
+        L, R = rng.randint(1, Sn), rng.choice((16, 32, 32, 48))
         K, N = rng.choice((37, 96, 128, 208)), rng.choice((45, 64, 160, 71))
+        if i % 8 == 4:  # gate_up of one or two tokens with a long K: the table's BLOCK_K 512 / 8-warp tile
+            M, k, K = rng.randint(1, 2), rng.randint(1, 4), rng.choice((1040, 2048))
+        c_ = configs.decode_config(M * k, P, N, K, R)  # split_n is a run-time argument: not a compile variant
+        variants.add(f"bn{c_.block_n}/bk{c_.block_k}/w{c_.num_warps}/br{configs.block_r(R)}")
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).int()
         ids.view(-1)[torch.randperm(M * k, generator=g)[:rng.choice((0, 0, 1, 3))]] = -1
         a = torch.randn(P, Sn, E, R, K, generator=g) * K ** -0.5
@@ -118,8 +110,8 @@ def differential(dev, n_cases, seed=0):
         if not ok:
             fails.append(dict(i=i, dtype=key, M=M, K=K, N=N, R=R, P=P, err=err, untouched=untouched, codes=codes_ok))
     row(section="diff", op="lora_delta_decode", cases=n_cases, failures=len(fails),
-        worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]))
-    log(f"differential: {n_cases} cases, {len(fails)} failures, worst rel err {worst}")
+        worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]), table_tiles=json.dumps(sorted(variants)))
+    log(f"differential: {n_cases} cases, {len(fails)} failures, worst rel err {worst}; decode tiles {sorted(variants)}")
     for f in fails[:5]:
         log(f"  FAIL {f}")
 

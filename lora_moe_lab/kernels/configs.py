@@ -175,3 +175,17 @@ def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfi
 def use_decode_path(num_tokens: int, top_k: int) -> bool:
     """The MoE layer's choice, from static shapes only (capture-safe)."""
     return num_tokens * top_k <= DECODE_MAX_PAIRS
+
+
+# The fused LoRA epilogue (kernels/fused_moe_lora_epilogue.py: the base GEMM adds the delta before its
+# store) is used for these (op, token bucket) pairs only; everywhere else the base GEMM and the
+# separate delta run. Filled from the H200 recording of scripts/gpu_fused_epilogue.py.
+FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+
+
+def use_fused_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
+    """Whether the MoE layer runs `op` ("gate_up" or "down") as one GEMM with the LoRA delta in its
+    epilogue; from static shapes only (capture-safe)."""
+    if op not in FUSED_LORA_TOKENS:
+        raise ValueError(f"op must be one of {sorted(FUSED_LORA_TOKENS)}, got {op!r}")
+    return token_bucket(num_tokens) in FUSED_LORA_TOKENS[op]

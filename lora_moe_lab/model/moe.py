@@ -74,6 +74,22 @@ class LoRAHook:
         self.align = None
         self.topk_ids = None  # set instead of `align` on the decode path
 
+    def fuses(self, op: str, M: int, top_k: int, N: int, K: int) -> bool:
+        """Whether `op` runs inside the base GEMM's epilogue (`backend.use_fused_lora`, static shapes)."""
+        return self.backend.use_fused_lora(op, M, top_k, self.E, N, K)
+
+    def gemm_gate_up(self, x, w13, align, top_k, out):
+        """The base gate_up GEMM with this hook's delta in its epilogue (no alignment of its own)."""
+        i, w = self.info, self.info.weights
+        return self.backend.moe_gemm_lora(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b, i.token_lora_mapping,
+                                          i.lora_ids, i.adapter_enabled, gather=True)
+
+    def gemm_down(self, act, w2, align, top_k, out, topk_w):
+        i, w = self.info, self.info.weights
+        return self.backend.moe_gemm_lora(act, w2, align, top_k, out, w.down_a[None], w.down_b[None],
+                                          i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
+                                          routed_weights=topk_w, gather=False)
+
     def prepare(self, topk_ids: torch.Tensor) -> None:
         M, k = topk_ids.shape
         if self.backend.use_decode_path(M, k):
@@ -158,16 +174,31 @@ class MoELayer(torch.nn.Module):
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
         align = backend.align(topk_ids, E, backend.block_m(M, k, E))
-        inter = backend.moe_gemm(x, self.w13, align, k, x.new_empty(M * k, 2 * I), gather=True)
-        for h in hooks:
-            h.prepare(topk_ids)
-            h.gate_up(x, inter, k)
+        # The first hook's delta may run inside the base GEMM's epilogue (static shapes decide per op);
+        # the others, and any op not fused, run as separate kernels after the GEMM.
+        f13 = bool(hooks) and hooks[0].fuses("gate_up", M, k, 2 * I, K)
+        f2 = bool(hooks) and hooks[0].fuses("down", M, k, K, I)
+        inter = x.new_empty(M * k, 2 * I)
+        if f13:
+            hooks[0].gemm_gate_up(x, self.w13, align, k, inter)
+        else:
+            backend.moe_gemm(x, self.w13, align, k, inter, gather=True)
+        for i, h in enumerate(hooks):
+            if i or not (f13 and f2):  # a fully fused hook needs no LoRA alignment
+                h.prepare(topk_ids)
+            if i or not f13:
+                h.gate_up(x, inter, k)
         act = backend.silu_and_mul(inter)
         if before_down is not None:
             before_down()
-        out = backend.moe_gemm(act, self.w2, align, k, x.new_empty(M * k, K), routed_weights=topk_w, gather=False)
-        for h in hooks:
-            h.down(act, out, k, topk_w)
+        out = x.new_empty(M * k, K)
+        if f2:
+            hooks[0].gemm_down(act, self.w2, align, k, out, topk_w)
+        else:
+            backend.moe_gemm(act, self.w2, align, k, out, routed_weights=topk_w, gather=False)
+        for i, h in enumerate(hooks):
+            if i or not f2:
+                h.down(act, out, k, topk_w)
         return out.view(M, k, K).sum(1)
 
 

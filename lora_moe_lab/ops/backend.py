@@ -62,6 +62,18 @@ class Backend(ABC):
         raise NotImplementedError("this backend has no decode path (use_decode_path answers False)")
 
     @staticmethod
+    def use_fused_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
+        """Whether `op` ("gate_up" / "down") runs as one GEMM with the LoRA delta in its epilogue
+        (`moe_gemm_lora`), from static shapes. No by default."""
+        return False
+
+    @staticmethod
+    def moe_gemm_lora(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
+                      adapter_enabled, *, routed_weights=None, gather=True):
+        """moe_gemm with the LoRA delta of each pair's LoRA row added before the store; fully writes out."""
+        raise NotImplementedError("this backend has no fused LoRA epilogue (use_fused_lora answers False)")
+
+    @staticmethod
     @abstractmethod
     def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up over the last dim split in two halves."""

@@ -10,9 +10,10 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.align import moe_align
 from ..kernels.configs import (gemm_config, lora_block_m, lora_config, lora_down_config, moe_block_m,
-                               use_decode_path)
+                               use_decode_path, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
+from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
@@ -27,6 +28,8 @@ class TritonBackend(Backend):
     lora_delta = staticmethod(lora_delta)
     lora_delta_decode = staticmethod(lora_delta_decode)  # decode sizes: no alignment (kernels/lora_decode.py)
     use_decode_path = staticmethod(use_decode_path)
+    moe_gemm_lora = staticmethod(moe_gemm_lora)  # the base GEMM with the delta in its epilogue
+    use_fused_lora = staticmethod(use_fused_lora)  # ... at the sizes where it won (kernels/configs.py)
     lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
@@ -84,6 +87,14 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        gather=False, config=c)),
         ]
+        if use_fused_lora("gate_up", M, k, E, 2 * I, K):
+            jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K), bm_base, lambda c, al=al: moe_gemm_lora(
+                x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
+                config=c)))
+        if use_fused_lora("down", M, k, E, K, I):
+            jobs.append(("fused2", gemm_config(M, bm_base, K, I), bm_base, lambda c, al=al: moe_gemm_lora(
+                h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
+                routed_weights=rw, gather=False, config=c)))
         for bm in (bm_lora, bm_base):  # the layer may align LoRA with either size
             al_l = moe_align(ids, E, bm, slot, S)
             jobs += [
