@@ -2,7 +2,9 @@
 # # 03 · CUDA-graph capture
 #
 # **Goal.** Understand why the `sync` guard cannot live inside a CUDA graph, what the
-# capture-mode rule does about it, and that one captured forward serves every adapter mix.
+# capture-mode rule does about it, that one captured forward serves every adapter mix, and how
+# the three ways serving engines put LoRA under graphs (one graph with early exit, a graph per
+# count of active adapters, separate LoRA and no-LoRA graphs) compare on the same model.
 #
 # A CUDA graph records a sequence of kernel launches once and replays it with a single host call:
 # the per-kernel launch cost (a few microseconds of Python + driver each) disappears. Two rules
