@@ -216,7 +216,9 @@ def time_paths(preset, dev, gen, deadline):
                 cands = [DecodeConfig(base.block_n, base.block_k, sp, base.num_warps, 1) for sp in (1, 2, 4, 8, 16, 32)]
                 cands += [DecodeConfig(64, 256, base.split_n, 4, 1), DecodeConfig(64, 256, base.split_n, 8, 3),
                           DecodeConfig(64, 128, base.split_n, 8, 1), DecodeConfig(32, 512, base.split_n, 8, 1),
-                          DecodeConfig(128, 256, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 16, 1)]
+                          DecodeConfig(128, 256, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 16, 1),
+                          DecodeConfig(32, 1024, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 8, 1),
+                          DecodeConfig(32, 512, base.split_n, 16, 1)]
                 for c in cands:
                     kw = dict(cfg13=c) if p_ == 2 else dict(cfg2=c)
                     tt = graph_time_us([lambda s=s: dec(s, ("gu",) if p_ == 2 else ("down",), **kw) for s in sets],
@@ -394,13 +396,13 @@ def _dry():
     torch.cuda.empty_cache = lambda: None
 
 
-def write(out_dir, meta):
+def write(out_dir, meta, name="kernels_decode"):
     keys = list(dict.fromkeys(kk for r in ROWS for kk in r))
-    with open(os.path.join(out_dir, "kernels_decode.csv"), "w", newline="") as f:
+    with open(os.path.join(out_dir, f"{name}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(ROWS)
-    with open(os.path.join(out_dir, "kernels_decode_meta.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}_meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
 
 

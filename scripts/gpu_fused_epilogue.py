@@ -1,0 +1,271 @@
+"""Issue 13 on the GPU, round 2: the LoRA delta fused into the base GEMM's epilogue, measured against the base
+GEMM + the separate delta (today's path); the whole LoRA path re-timed; the decode differential over every tile.
+
+    PYTHONPATH=. GIT_COMMIT=abc1234 python3 scripts/gpu_fused_epilogue.py --out DIR [--budget-s 360] [--cases 1200]
+
+Sections (rows of DIR/kernels_fused.csv, metadata DIR/kernels_fused_meta.json; the others come from
+scripts/gpu_lora_decode.py and land in the same file):
+  fused_check  kernels/fused_moe_lora_epilogue.py at the presets' shapes (bf16, M 1..8192) and a random
+               differential (dtypes, gate_up / down, odd K/N, every BLOCK_M of the tile table, rows and tokens
+               without adapter, disabled rows, routed weights) against float64; NaN-poisoned `out`; pairs
+               without a live adapter compared bit for bit with `moe_gemm`.
+  fused        per preset, op and M = 1..16384 (bf16, rank 32, 4 adapters, every token with one, graph replay):
+               base GEMM alone, base + today's separate delta (decode kernel at <= DECODE_MAX_PAIRS pairs, else
+               the aligned kernel), the LoRA alignment, the fused GEMM, the fused GEMM with every adapter disabled.
+  diff, path   gpu_lora_decode's: the decode differential, the whole LoRA path at M = 1..64.
+  layer        one MoE layer: base, LoRA all active and none active, with the separate deltas and with both fused.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_lora_decode as gld  # noqa: E402  (puts the checkout on sys.path)
+from gpu_kernels import ROWS, TOL, graph_time_us, log, ref_gemm, ref_lora, rel, route, row  # noqa: E402
+from lora_moe_lab.config import get_shape  # noqa: E402
+from lora_moe_lab.kernels import configs  # noqa: E402
+from lora_moe_lab.kernels.align import moe_align  # noqa: E402
+from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path  # noqa: E402
+from lora_moe_lab.kernels.fused_moe import moe_gemm  # noqa: E402
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
+from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora  # noqa: E402
+from lora_moe_lab.kernels.lora_decode import lora_delta_decode  # noqa: E402
+from lora_moe_lab.provenance import metadata  # noqa: E402
+
+S, RANK, BF = gld.S, gld.RANK, gld.BF
+FUSED_M = tuple(2 ** i for i in range(15))
+CHECK_M = (1, 16, 256, 2048, 8192)
+
+
+def _fused_case(x, w, al, k, a, b, mapping, lids, en, rw, gather, refs):
+    """One fused launch on NaN-poisoned out: (rel err vs float64, adapter-less rows == moe_gemm bit for bit)."""
+    base = torch.full((al_pairs(x, k, gather), w.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
+    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather)
+    out = torch.full_like(base, float("nan"))
+    moe_gemm_lora(x, w, al, k, out, a, b, mapping, lids, en, routed_weights=rw, gather=gather)
+    ref, live = refs
+    bits = torch.int32 if x.dtype == torch.float32 else torch.int16
+    same = torch.equal(out[~live].view(bits), base[~live].view(bits))
+    return (rel(out.double(), ref) if torch.isfinite(out).all() else float("inf")), same
+
+
+def al_pairs(x, k, gather):
+    return x.shape[0] * k if gather else x.shape[0]
+
+
+def fused_check(dev, gen, n_random):
+    lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # row 3 empty
+    en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # row 1 disabled
+    fails = 0
+    for preset in gld.PRESETS:  # the presets' shapes, bf16
+        sh = get_shape(preset)
+        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        a13, b13, a2, b2 = gld.weights(sh, dev, gen)
+        for M in CHECK_M:
+            x = torch.randn(M, K, generator=gen, device=dev).to(BF)
+            h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
+            rw, ids = route(M, E, k, gen, dev)
+            mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+            al = moe_align(ids, E, moe_block_m(M, k, E))
+            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True), ("down", h, w2, a2, b2, rw, False)):
+                d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
+                err, same = _fused_case(xin, w, al, k, a, b, mapping, lids, en, r, gather,
+                                        (ref_gemm(xin, w, ids, k, r, gather) + d, live))
+                ok = err < TOL[BF] and same
+                fails += not ok
+                row(section="fused_check", preset=preset, op=op, M=M, dtype="bfloat16", block_m=al.block_m,
+                    rel_err=err, adapterless_rows_bitwise=same, ok=ok)
+            log(f"fused check {preset} M={M}: " + " ".join(f"{r['op']} {r['rel_err']:.1e}{'' if r['ok'] else ' FAIL'}"
+                                                          for r in ROWS[-2:]))
+        del w13, w2, a13, b13, a2, b2
+    rng, g = random.Random(1), torch.Generator(device=dev).manual_seed(1)
+    worst = {}
+    for i in range(n_random):  # small random shapes through every BLOCK_M (and so every tile) of the table
+        dtype = (torch.float32, torch.float16, BF)[i % 3]
+        P, gather = (2, True) if i % 2 == 0 else (1, False)
+        M, E, k, Sn = rng.randint(1, 40), rng.choice((4, 9)), rng.randint(1, 4), rng.randint(1, 4)
+        L, R, bm = rng.randint(1, Sn), rng.choice((8, 16, 32)), rng.choice((16, 32, 64, 128))
+        K, N = rng.choice((37, 96, 208)), rng.choice((45, 64, 96))
+        rnd = lambda *s_, std=1.0: (torch.randn(*s_, generator=g, device=dev) * std).to(dtype)  # noqa: E731
+        x, w = rnd(M if gather else M * k, K), rnd(E, P * N, K, std=K ** -0.5)
+        a, b = rnd(P, Sn, E, R, K, std=K ** -0.5), rnd(P, Sn, E, N, R, std=R ** -0.5)
+        rw, ids = route(M, E, k, g, dev)
+        rw = None if gather else rw
+        mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
+        lids = torch.tensor([rng.choice(list(range(Sn)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
+        en_ = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
+        d, live = gld.ref_lora_delta_rows(x, a, b, ids, mapping, lids, en_, routed_weights=rw, gather=gather)
+        d, live = d.to(dev), (live == 0).to(dev)
+        al = moe_align(ids, E, bm)
+        err, same = _fused_case(x, w, al, k, a, b, mapping, lids, en_, rw, gather,
+                                (ref_gemm(x, w, ids, k, rw, gather) + d, live))
+        key = str(dtype)[6:]
+        worst[key] = max(worst.get(key, 0.0), err)
+        fails += not (err < TOL[dtype] and same)
+    row(section="fused_check", op="random", cases=n_random, worst=str(worst), failures=fails)
+    log(f"fused differential: {n_random} random cases + {4 * len(CHECK_M)} preset cases, {fails} failures, worst {worst}")
+
+
+def time_fused(preset, dev, gen, deadline):
+    sh = get_shape(preset)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+    w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+    a13, b13, a2, b2 = gld.weights(sh, dev, gen)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)
+    on, off = torch.ones(S, dtype=torch.int32, device=dev), torch.zeros(S, dtype=torch.int32, device=dev)
+    for M in FUSED_M:
+        if time.time() > deadline:
+            log(f"  fused section cut at {preset} M={M} (budget)")
+            break
+        n_sets = 8 if M <= 64 else 4 if M <= 1024 else 2 if M <= 4096 else 1
+        sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        bm, bml, dec = moe_block_m(M, k, E), lora_block_m(M, k, E, S), use_decode_path(M, k)
+        for s in sets:
+            s["al"] = moe_align(s["ids"], E, bm)
+            s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+
+        def base(s, op):
+            if op == "gate_up":
+                moe_gemm(s["x"], w13, s["al"], k, s["inter"])
+            else:
+                moe_gemm(s["act"], w2, s["al"], k, s["down"], routed_weights=s["rw"], gather=False)
+
+        def delta(s, op):
+            if op == "gate_up":
+                if dec:
+                    lora_delta_decode(s["x"], a13, b13, s["ids"], s["slot"], lids, on, s["inter"])
+                else:
+                    lora_delta(s["x"], a13, b13, s["lal"], lids, on, k, s["inter"])
+            elif dec:
+                lora_delta_decode(s["act"], a2, b2, s["ids"], s["slot"], lids, on, s["down"], routed_weights=s["rw"],
+                                  gather=False)
+            else:
+                lora_delta(s["act"], a2, b2, s["lal"], lids, on, k, s["down"], routed_weights=s["rw"], gather=False, config=cfg2)
+
+        def fused(s, op, en=on):
+            if op == "gate_up":
+                moe_gemm_lora(s["x"], w13, s["al"], k, s["inter"], a13, b13, s["slot"], lids, en)
+            else:
+                moe_gemm_lora(s["act"], w2, s["al"], k, s["down"], a2, b2, s["slot"], lids, en, routed_weights=s["rw"],
+                              gather=False)
+
+        inner = 4 if M <= 256 else 1
+        reps = 15 if M <= 1024 else 8
+        t_align = 0.0 if dec else graph_time_us([lambda s=s: moe_align(s["ids"], E, bml, s["slot"], S) for s in sets],
+                                                inner=inner, reps=reps)
+        for op in ("gate_up", "down"):
+            t = {nm: graph_time_us([lambda s=s, f=f: f(s) for s in sets], inner=inner, reps=reps) for nm, f in (
+                ("base_us", lambda s: base(s, op)), ("separate_us", lambda s: (base(s, op), delta(s, op))),
+                ("fused_us", lambda s: fused(s, op)), ("fused_off_us", lambda s: fused(s, op, off)))}
+            r = row(section="fused", preset=preset, M=M, op=op, path="decode" if dec else "aligned", block_m=bm,
+                    lora_align_us=t_align, **t, delta_separate_us=t["separate_us"] - t["base_us"],
+                    delta_fused_us=t["fused_us"] - t["base_us"], ratio=t["fused_us"] / t["separate_us"])
+            log(f"fused {preset} {op:<7} M={M:>5}: base {t['base_us']:8.1f}  +sep {r['delta_separate_us']:7.1f}  "
+                f"+fused {r['delta_fused_us']:7.1f}  off {t['fused_off_us'] - t['base_us']:6.1f}  (lora align "
+                f"{t_align:.1f}) fused/sep {r['ratio']:.2f}")
+        del sets
+    del w13, w2, a13, b13, a2, b2
+    torch.cuda.empty_cache()
+
+
+def time_layer_both(preset, dev, deadline):
+    """gpu_lora_decode's layer section twice: separate deltas (FUSED_LORA_TOKENS empty), then both fused."""
+    keep = configs.FUSED_LORA_TOKENS
+    for variant, table in (("separate", {"gate_up": frozenset(), "down": frozenset()}),
+                           ("fused", {"gate_up": frozenset(FUSED_M), "down": frozenset(FUSED_M)})):
+        configs.FUSED_LORA_TOKENS = table
+        n0 = len(ROWS)
+        try:
+            gld.time_layer(preset, dev, deadline)
+        finally:
+            configs.FUSED_LORA_TOKENS = keep
+        for r in ROWS[n0:]:
+            r["lora_variant"] = variant
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=360.0)
+    ap.add_argument("--cases", type=int, default=1200)
+    ap.add_argument("--fused-cases", type=int, default=150)
+    ap.add_argument("--sections", default="fused_check,fused,path,layer,diff")
+    ap.add_argument("--dry", action="store_true")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    meta = metadata(params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=configs.DECODE_MAX_PAIRS,
+                                fused_table={k: sorted(v) for k, v in configs.FUSED_LORA_TOKENS.items()}))
+    meta["errors"] = []
+    dev = torch.device("cuda")
+    if args.dry:  # CPU: every section once on the tiny preset under the interpreter, fake timer
+        dev = _dry()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    secs = args.sections.split(",")
+    share = {"fused": 0.45, "path": 0.55, "layer": 0.75}  # cumulative deadlines (diff runs last, unbounded)
+
+    def guarded(name, fn, *a):
+        try:
+            fn(*a)
+        except Exception as exc:  # noqa: BLE001  one failing section must not lose the others
+            import traceback
+            traceback.print_exc()
+            meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
+            torch.cuda.synchronize()
+        meta["wall_s"] = time.time() - t0
+        gld.write(args.out, meta, "kernels_fused")
+        log(f"[{name} done at {time.time() - t0:.0f}s]")
+
+    if "fused_check" in secs:
+        guarded("fused_check", fused_check, dev, gen, args.fused_cases)
+    for sec, fn in (("fused", time_fused), ("path", gld.time_paths), ("layer", time_layer_both)):
+        if sec in secs:
+            t_sec = time.time()
+            for i, preset in enumerate(gld.PRESETS):  # each preset its share of the section's time
+                dl = t_sec + (t0 + args.budget_s * share[sec] - t_sec) * (i + 1) / len(gld.PRESETS)
+                guarded(f"{sec} {preset}", fn, preset, dev, *((dl,) if sec == "layer" else (gen, dl)))
+    if "diff" in secs:
+        guarded("diff", gld.differential, dev, args.cases)
+    summary()
+
+
+def _dry():
+    global FUSED_M, CHECK_M, BF, RANK
+    gld._dry()
+    FUSED_M, CHECK_M, BF, RANK = (1, 16), (1, 16), torch.float32, gld.RANK
+    globals()["graph_time_us"] = gld.graph_time_us
+    real = gld.differential
+    gld.differential = lambda dev, n: real(dev, 3)
+    torch.cuda.synchronize = lambda *a: None
+    return torch.device("cpu")
+
+
+def summary():
+    log(f"\n{'fused':<6}{'preset':<19}{'op':<8}{'M':>6}{'base':>9}{'+sep':>8}{'+fused':>8}{'f/s':>6}")
+    for r in ROWS:
+        if r["section"] == "fused":
+            log(f"{'':<6}{r['preset']:<19}{r['op']:<8}{r['M']:>6}{r['base_us']:9.1f}{r['delta_separate_us']:8.1f}"
+                f"{r['delta_fused_us']:8.1f}{r['ratio']:6.2f}")
+    for r in ROWS:
+        if r["section"] in ("diff", "fused_check") and "failures" in r:
+            log(f"{r['section']}: {r['cases']} cases, {r['failures']} failures, worst {r['worst']} {r.get('table_tiles', '')}")
+        elif r["section"] == "path":
+            log(f"path {r['preset']:<18}{r['M']:>4} today {r['today']:6.1f} decode {r['decode']:6.1f} ({r['ratio']:.2f}) "
+                f"gu {r['decode_gate_up']:.1f} down {r['decode_down']:.1f}")
+        elif r["section"] == "layer":
+            log(f"layer {r['lora_variant']:<9}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% "
+                f"none {100 * r['none_active_share']:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
