@@ -201,6 +201,7 @@ def main(argv=None):
     ap.add_argument("--fused-cases", type=int, default=150)
     ap.add_argument("--sections", default="fused_check,fused,path,layer,diff")
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the decode differential (several processes, one each)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -235,7 +236,7 @@ def main(argv=None):
                 dl = t_sec + (t0 + args.budget_s * share[sec] - t_sec) * (i + 1) / len(gld.PRESETS)
                 guarded(f"{sec} {preset}", fn, preset, dev, *((dl,) if sec == "layer" else (gen, dl)))
     if "diff" in secs:
-        guarded("diff", gld.differential, dev, args.cases)
+        guarded("diff", gld.differential, dev, args.cases, args.seed)
     summary()
 
 
