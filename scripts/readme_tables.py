@@ -123,41 +123,57 @@ def kernels_block() -> str:
 
 
 def _decode_lines() -> list[str]:
-    """Issue 13: the decode path without alignment, the down delta's table, LoRA's share of a layer."""
+    """Issue 13: the decode path without alignment, the down delta's table, LoRA's share of a layer,
+    the fused-epilogue experiment, the differential over the decode tiles."""
     from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
     kd = DATA / "kernels"
-    p3 = pd.read_csv(kd / "decode_run3_kernels_decode.csv")
+    f1 = pd.read_csv(kd / "fused_run1_kernels_fused.csv")
+    f1 = f1[f1.M.notna()].astype({"M": int})  # the rows of random cases carry no M
     r2 = pd.read_csv(kd / "decode_run2_kernels_decode.csv")
-    m3 = normalize_meta(json.loads((kd / "decode_run3_kernels_decode_meta.json").read_text()))
-    path = p3[p3.section == "path"].set_index(["preset", "M"])
+    m1 = normalize_meta(json.loads((kd / "fused_run1_kernels_fused_meta.json").read_text()))
+    path = f1[f1.section == "path"].set_index(["preset", "M"])
     Ms = sorted(path.loc["qwen3-30b-a3b"].index)
     rows = ["| whole LoRA path of a layer (µs) | " + " | ".join(f"M={m}" for m in Ms) + " |",
             "| --- |" + " ---: |" * len(Ms)]
     for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4"):
         q = path.loc[pre]
-        rows.append(f"| {pre}: today → decode path | " + " | ".join(
-            f"{q.loc[m, 'today']:.1f} → {q.loc[m, 'decode']:.1f}" for m in Ms) + " |")
-    dis = p3[p3.section == "disabled"]
+        rows.append(f"| {pre}: today → decode path (ratio) | " + " | ".join(
+            f"{q.loc[m, 'today']:.1f} → {q.loc[m, 'decode']:.1f} ({q.loc[m, 'ratio']:.2f})" for m in Ms) + " |")
+    dis = f1[f1.section == "disabled"]
     down = r2[r2.section == "down"]
     old = down[down.table].set_index(["preset", "M"])
     new = down[down.down_table.astype(bool)].set_index(["preset", "M"])
-    lay = r2[r2.section == "layer"].set_index(["preset", "M"])
-    lines = ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/decode_run3_*`, "
-             f"{label(m3)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
-             "kernels. Same inputs, graph replay, rank 32, 4 adapters, every token with one. The layer takes this "
-             f"path for M·top_k ≤ {DECODE_MAX_PAIRS} pairs (from this table; the layer-share figures below were "
-             f"recorded with the earlier bound of {m3['params']['decode_max_pairs']}):", ""] + rows + [
-        "", f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
-            f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
-            f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x.",
+    lay = f1[(f1.section == "layer") & (f1.lora_variant == "separate")].set_index(["preset", "M"])
+    fl = f1[(f1.section == "layer") & (f1.lora_variant == "fused")].set_index(["preset", "M"])
+    fk = f1[f1.section == "fused"]
+    diffs = [pd.read_csv(f) for f in sorted(kd.glob("fused_run2_seed*_kernels_fused.csv"))]
+    dd = pd.concat([d[d.section == "diff"] for d in diffs])
+    tiles = sorted(set().union(*(json.loads(t) for t in dd.table_tiles)))
+    short = lambda pre: pre.replace("qwen3-30b-a3b", "qwen3")  # noqa: E731
+    lines = ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/fused_run1_*`, "
+             f"{label(m1)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
+             "kernels, against today's alignment + aligned gate_up + down deltas. Same inputs, graph replay, rank "
+             f"32, 4 adapters, every token with one. The layer takes this path for M·top_k ≤ {DECODE_MAX_PAIRS} "
+             f"pairs (recorded with {m1['params']['decode_max_pairs']}):", ""] + rows + [
+        "", f"- Decode differential (`fused_run2_seed*`): {int(dd.cases.sum())} random cases against float64, "
+            f"{int(dd.failures.sum())} failures, over every tile the table uses ({', '.join(tiles)}).",
+        f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
+        f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
+        f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x.",
         "- Down delta (P=1, routed weights), its own tile table (`lora_down_config`, `decode_run2_*`): "
-        + ", ".join(f"{pre.replace('qwen3-30b-a3b', 'qwen3')} M={m} {old.loc[(pre, m), 'time_us']:.0f} → "
+        + ", ".join(f"{short(pre)} M={m} {old.loc[(pre, m), 'time_us']:.0f} → "
                     f"{new.loc[(pre, m), 'time_us']:.0f} µs ({100 * new.loc[(pre, m), 'bw_frac']:.0f} % of copy)"
                     for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4") for m in (1024, 8192)) + ".",
-        "- LoRA's share of one MoE layer (graph replay; all adapters active / none active): "
-        + "; ".join(f"{pre.replace('qwen3-30b-a3b', 'qwen3')} M=" + ", ".join(
+        "- LoRA's share of one MoE layer (graph replay, the layer's path; all adapters active / none active): "
+        + "; ".join(f"{short(pre)} M=" + ", ".join(
             f"{m} +{100 * lay.loc[(pre, m), 'lora_share']:.0f} % / +{100 * lay.loc[(pre, m), 'none_active_share']:.0f} %"
-            for m in (1, 8, 1024, 16384)) for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")) + "."]
+            for m in (1, 8, 1024, 16384)) for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")) + ".",
+        "- Delta fused into the base GEMM's epilogue (`kernels/fused_moe_lora_epilogue.py`, an experiment, not "
+        "used by the layer): fused GEMM / (base GEMM + separate delta) "
+        f"{fk.ratio.min():.2f}–{fk.ratio.max():.2f}x over {len(fk)} (preset, op, M) points, M ≤ {fk.M.max()}; "
+        "in the layer with both deltas fused, LoRA all active costs " + "; ".join(
+            f"{short(pre)} M=" + ", ".join(f"{m} +{100 * fl.loc[(pre, m), 'lora_share']:.0f} %" for m in (1, 1024, 16384))
+            for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")) + "."]
     return lines
 
 
