@@ -120,8 +120,8 @@ def time_fused(preset, dev, gen, deadline):
     w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
     w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
     a13, b13, a2, b2 = gld.weights(sh, dev, gen)
-    lids = torch.arange(S, dtype=torch.int32, device=dev)
-    on, off = torch.ones(S, dtype=torch.int32, device=dev), torch.zeros(S, dtype=torch.int32, device=dev)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)  # row s holds slot s, every row enabled (on) or none
+    on, off = torch.ones_like(lids), torch.zeros_like(lids)
     for M in FUSED_M:
         if time.time() > deadline:
             log(f"  fused section cut at {preset} M={M} (budget)")
@@ -216,15 +216,8 @@ def main(argv=None):
     share = {"fused": 0.45, "path": 0.55, "layer": 0.75}  # cumulative deadlines (diff runs last, unbounded)
 
     def guarded(name, fn, *a):
-        try:
-            fn(*a)
-        except Exception as exc:  # noqa: BLE001  one failing section must not lose the others
-            import traceback
-            traceback.print_exc()
-            meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
-            torch.cuda.synchronize()
         meta["wall_s"] = time.time() - t0
-        gld.write(args.out, meta, "kernels_fused")
+        gld.run_section(name, fn, a, meta, args.out, "kernels_fused")
         log(f"[{name} done at {time.time() - t0:.0f}s]")
 
     if "fused_check" in secs:

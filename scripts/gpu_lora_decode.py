@@ -365,14 +365,7 @@ def main(argv=None):
     budget = {"path": 0.45, "down": 0.7, "layer": 1.0}  # cumulative shares of the budget
 
     def guarded(name, fn, *a):
-        try:
-            fn(*a)
-        except Exception as exc:  # noqa: BLE001  one failing section must not lose the others
-            import traceback
-            traceback.print_exc()
-            meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
-            runtime.synchronize()
-        write(args.out, meta)
+        run_section(name, fn, a, meta, args.out)
 
     if "diff" in secs:
         guarded("diff", differential, dev, args.cases)
@@ -398,6 +391,19 @@ def _dry():
     g["graph_time_us"] = lambda fns, inner=1, reps=1: [f() for f in fns] and 1.0
     g["copy_bandwidth"] = lambda dev: (1.0, {})
     torch.cuda.empty_cache = lambda: None
+
+
+def run_section(name, fn, a, meta, out_dir, file_name="kernels_decode"):
+    """fn(*a); an exception is recorded in meta["errors"] (one failing section must not lose the
+    others), and the rows so far are written either way."""
+    try:
+        fn(*a)
+    except Exception as exc:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
+        runtime.synchronize()
+    write(out_dir, meta, file_name)
 
 
 def write(out_dir, meta, name="kernels_decode"):

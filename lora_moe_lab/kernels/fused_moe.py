@@ -30,6 +30,15 @@ def grouped_tile(pid, N, num_blocks, BLOCK_N: tl.constexpr, GROUP_M: tl.constexp
     return first_m + (pid % in_group) % group_size, (pid % in_group) // group_size
 
 
+@triton.jit
+def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
+    """The pair ids of token block pid_m (int64) and which are real: padding rows carry the sentinel
+    num_pairs and get pair 0, an in-bounds address that every load and store masks out."""
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    return tl.where(valid, pair, 0).to(tl.int64), valid
+
+
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
 # specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
 # at any M then covers all M, and CUDA-graph capture never triggers a compile.
@@ -65,10 +74,7 @@ def fused_moe_kernel(
     if expert < 0:
         return
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    valid = pair < num_pairs
-    pair = tl.where(valid, pair, 0).to(tl.int64)  # keep padded rows' addresses in bounds
+    pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     if GATHER:
         row = pair // top_k
     else:

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .common import check_tensor, cdiv, pow2, stages_for
 from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import check_gemm_inputs, grouped_tile, moe_gemm
+from .fused_moe import block_pairs, check_gemm_inputs, grouped_tile, moe_gemm
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks", "L"])
@@ -54,10 +54,7 @@ def fused_moe_lora_epilogue_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    valid = pair < num_pairs
-    pair = tl.where(valid, pair, 0).to(tl.int64)
+    pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     tok = pair // top_k
     if GATHER:
         row = tok
