@@ -117,7 +117,9 @@ def test_decode_equals_aligned_path():
     al = moe_align(c["ids"].to(DEV), 6, 16, c["mapping"].to(DEV), 2)
     out2 = torch.where(torch.isnan(out), out, c["out0"]).to(DEV)  # the same starting rows
     lora_delta(c["x"].to(DEV), c["a"].to(DEV), c["b"].to(DEV), al, c["lora_ids"].to(DEV), c["enabled"].to(DEV), 2, out2)
-    assert rel_err(out2.cpu().nan_to_num(), out.nan_to_num()) < 1e-5
+    # exact under the interpreter; on a GPU both paths use tf32 dots with other tiles, so they agree to
+    # the fp32-on-GPU tolerance of docs/design.md (each is checked against float64 elsewhere)
+    assert rel_err(out2.cpu().nan_to_num(), out.nan_to_num()) < tolerance(torch.float32, DEV)
 
 
 @settings(max_examples=40 if DEV.type == "cpu" else 15, deadline=None, derandomize=True,
