@@ -21,7 +21,7 @@ What can be seen where:
     `cudaStreamSynchronize` / `cudaDeviceSynchronize` / synchronous `cudaMemcpy` runtime calls,
     which do include it.
   * CPU-only torch: there is no device, so no device sync can be observed. What is reported is the
-    library's own guard syncs (`lora_moe_lab.guards` records one per `.item()` the `sync` guard
+    library's own guard syncs (`lora_moe_lab.model.guards` records one per `.item()` the `sync` guard
     performs): the number of syncs the same code would do on a GPU.
 """
 from __future__ import annotations
@@ -187,7 +187,7 @@ class SyncReport:
         else:
             lines.append("CPU-only machine: device syncs cannot be observed here. "
                          f"{self.count} library guard sync(s) counted "
-                         "(lora_moe_lab.guards: one per .item() the `sync` guard would do on a GPU)")
+                         "(lora_moe_lab.model.guards: one per .item() the `sync` guard would do on a GPU)")
         for site, n in self.sites.most_common(top):
             lines.append(f"  {n:6d}  {site}")
         if len(self.sites) > top:

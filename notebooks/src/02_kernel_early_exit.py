@@ -84,7 +84,7 @@ print("slots:", lab.pool.slot_names, " ranks:", lab.pool.slot_ranks, " token cou
 
 # %% [markdown]
 # ## The grid: a persistent launch over work items
-# The work of `triton_ops.lora_delta` is a list of **work items**, each `(slot, token block, N share)`:
+# The work of `kernels.fused_moe_lora.lora_delta` is a list of **work items**, each `(slot, token block, N share)`:
 #
 # * the per-adapter alignment groups each slot's `(token, k)` pairs by expert and pads each group
 #   to a multiple of `BLOCK_M`; a **token block** is `BLOCK_M` rows of *one* expert. The table has a
@@ -201,7 +201,7 @@ _ = lab.pool.load("b", rank=max(1, rank // 2))  # back in slot 1 for what follow
 # %% [markdown]
 # ## Correct where it works, untouched where it exits
 # The kernel *adds* the delta into the intermediate in place. For every pattern: the rows of
-# tokens that use an enabled adapter must match the float64 reference (`reference.ref_lora_delta`)
+# tokens that use an enabled adapter must match the float64 reference (`ops.reference.ref_lora_delta`)
 # within the tolerances of docs/design.md (fp32 under the interpreter < 1e-5, fp32 on a GPU with tf32
 # dots < 5e-3, bf16/fp16 < 2e-2); every other row must be **bit for bit** what it was before.
 # A second launch without the exit-code buffer (the normal, shorter grid) must agree too.
