@@ -171,8 +171,11 @@ class GraphSet:
         return self.graphs[(size, rows)], list(adapters) + [None] * pad, list(token_counts) + [t] * pad
 
     # --- capture and run -----------------------------------------------------------------------
-    def _forward(self, g: Graph, guard: str):
-        return lambda: self.lab.model(g.x, g.batch, g.tensors, guard=guard)
+    def _forward(self, g: Graph):
+        """Graph g's forward. A LoRA graph (rows > 0) runs under capture mode, where every guard
+        launches the LoRA kernels; the base graph runs `cpu_flag` on a batch without adapters, so
+        the host's decision (no LoRA kernel at all) is what gets recorded."""
+        return lambda: self.lab.model(g.x, g.batch, g.tensors, guard="cpu_flag" if g.rows == 0 else "launch_always")
 
     def capture(self, warmup: int = 2) -> "GraphSet":
         """Capture every graph into ONE private memory pool; records capture time and memory."""
@@ -184,15 +187,12 @@ class GraphSet:
         t_all = time.perf_counter()
         for g in self.graphs.values():  # largest size first: smaller graphs reuse its pool blocks
             t0 = time.perf_counter()
-            # launch_all=False for the base graph: cpu_flag on a batch without adapters records no LoRA
-            g.graph, g.out = capture(self._forward(g, "cpu_flag" if g.rows == 0 else "launch_always"),
-                                     warmup=warmup, pool=pool, launch_all=g.rows > 0)
+            g.graph, g.out = capture(self._forward(g), warmup=warmup, pool=pool, launch_all=g.rows > 0)
             torch.cuda.synchronize()
             g.capture_s = time.perf_counter() - t0
         self.capture_s = time.perf_counter() - t_all
         self.memory = dict(allocated=torch.cuda.memory_allocated() - a0,
                            reserved=torch.cuda.memory_reserved() - r0, **pool_bytes(pool))
-        self._pool = pool
         return self
 
     def load(self, g: Graph, x: torch.Tensor, adapters: list, counts: list) -> None:
@@ -213,6 +213,8 @@ class GraphSet:
             return self.lab.model(x, batch, LoRABatchTensors.from_batch(batch, self.lab.device), guard="cpu_flag")
         if x.shape[0] != sum(token_counts):
             raise ValueError(f"x has {x.shape[0]} rows but the batch has {sum(token_counts)} tokens")
+        if x.dtype != g.x.dtype or x.device.type != g.x.device.type:  # copy_ would convert silently
+            raise TypeError(f"x is {x.dtype} on {x.device}; the graphs take {g.x.dtype} on {g.x.device}")
         self.load(g, x, ad, counts)
         g.replays += 1
         if self.use_graphs:
@@ -226,10 +228,5 @@ class GraphSet:
         """What graph `g` computes, run eagerly on its current static buffers (same kernels, same
         shapes, same guard decision): the bit-for-bit reference of a replay."""
         with runtime.capture_mode(g.rows > 0):
-            y = self._forward(g, "cpu_flag" if g.rows == 0 else "launch_always")()
+            y = self._forward(g)()
         return y[:num_tokens]
-
-    def summary(self) -> list[dict]:
-        """One row per graph: size, rows, capture seconds, replays."""
-        return [dict(strategy=self.strategy, size=g.size, rows=g.rows, capture_s=g.capture_s, replays=g.replays)
-                for g in self.graphs.values()]

@@ -4,13 +4,15 @@ tables can pick so that a CUDA-graph capture never compiles.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.align import moe_align
-from ..kernels.configs import (gemm_config, lora_block_m, lora_config, lora_down_config, moe_block_m,
-                               use_decode_path, use_fused_lora)
+from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
+                               moe_block_m, use_decode_path, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
 from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
@@ -106,13 +108,16 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                                                torch.zeros(k, K, dtype=dtype, device=device),
                                                routed_weights=rw, gather=False, config=c)),
             ]
-        if use_decode_path(M, k):  # the decode path: one binary per op serves every M (split is run-time)
+        if use_decode_path(M, k):  # the decode path: the tile the table picks for M (split_n is a run-time
+            # argument, so configs differing only in it share one binary; the key drops it)
+            c13, c2 = decode_config(M * k, 2, I, K, R), decode_config(M * k, 1, K, I, R)
             jobs += [
-                ("decode13", None, 0, lambda c: lora_delta_decode(
-                    x1, a13, b13, ids, slot, lora_ids, enabled, torch.zeros(k, 2 * I, dtype=dtype, device=device))),
-                ("decode2", None, 0, lambda c: lora_delta_decode(
+                ("decode13", replace(c13, split_n=1), 0, lambda c, c13=c13: lora_delta_decode(
+                    x1, a13, b13, ids, slot, lora_ids, enabled, torch.zeros(k, 2 * I, dtype=dtype, device=device),
+                    config=c13)),
+                ("decode2", replace(c2, split_n=1), 0, lambda c, c2=c2: lora_delta_decode(
                     h, a2, b2, ids, slot, lora_ids, enabled, torch.zeros(k, K, dtype=dtype, device=device),
-                    routed_weights=rw, gather=False)),
+                    routed_weights=rw, gather=False, config=c2)),
             ]
         for name, cfg, bm, fn in jobs:
             if (name, cfg, bm) not in seen:

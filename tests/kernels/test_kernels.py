@@ -349,7 +349,10 @@ def test_launch_plan_matches_the_launch():
 
 def test_warmup_runs_every_config():
     n = triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
-    assert n >= 5
+    if runtime.interpreter():  # one config per kernel there: 3 base GEMMs, 2 aligned LoRA, 2 decode launches
+        assert n == 7
+    else:
+        assert n >= 7
 
 
 # ------------------------------------------------------------------------------------------------

@@ -75,6 +75,8 @@ def test_batches_no_graph_fits_get_named_errors():
         gs(x, [None, "a"], [1, 2])
     with pytest.raises(KeyError, match="unknown adapter 'zz'"):
         gs(lab.random_input(1), ["zz"], [1])
+    with pytest.raises(TypeError, match="the graphs take torch.float32"):
+        gs(lab.random_input(1).double(), ["a"], [1])
     eager = GraphSet(lab, "lora_split", sizes=[1, 2], fallback="eager")
     batch, tensors = lab.make_batch([None, "a", None], [1, 1, 1])
     assert torch.equal(eager(x, [None, "a", None], [1, 1, 1]), lab.model(x, batch, tensors))
