@@ -35,6 +35,9 @@ class LoRAKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int = 4  # persistent grid: programs = min(work items bound, SMs * this)
+    # expand loop pipelined by hand (kernels/fused_moe_lora.py): 1 = tile j+1's loads are issued before
+    # tile j's store; 2 = also the first tile's loads before the shrink. 0 = off.
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)

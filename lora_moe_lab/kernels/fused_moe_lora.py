@@ -71,7 +71,7 @@ def fused_moe_lora_kernel(
     NUM_SLOTS: tl.constexpr, SLOTS_POW2: tl.constexpr,
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_N: tl.constexpr,
-    GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr,
+    GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -117,7 +117,7 @@ def fused_moe_lora_kernel(
                         N, K, R, num_pairs, top_k, n_per_split,
                         stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                         stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
-                        P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW)
+                        P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW, PREFETCH)
 
 
 @triton.jit
@@ -126,7 +126,7 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
                 stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                 stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
                 P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr):
+                BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr, PREFETCH: tl.constexpr):
     """One work item: BLOCK_M pairs of one (LoRA row, expert), N columns [pid_n * n_per_split, +n_per_split).
     `slot` indexes the alignment (the row), `wslot` the weight stacks (lora_ids[row])."""
     # ---- rows of this block ----
@@ -143,6 +143,18 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
     offs_k = tl.arange(0, BLOCK_K)
     a_base = a_ptr + wslot.to(tl.int64) * stride_as + expert.to(tl.int64) * stride_ae
     b_base = b_ptr + wslot.to(tl.int64) * stride_bs + expert.to(tl.int64) * stride_be
+
+    # ---- expand geometry: this program's share of N ----
+    offs_n = tl.arange(0, BLOCK_N)
+    n_start = pid_n * n_per_split
+    n_end = tl.minimum(n_start + n_per_split, N)
+    o_rows = out_ptr + pair[:, None] * stride_om
+    b_cols = b_base + offs_r[:, None] * stride_br  # (BLOCK_R, BLOCK_N) = B.T tile, columns added below
+    n = n_start + offs_n
+    n_ok = n < n_end
+    if PREFETCH >= 2:  # the first expand tile's loads overlap the shrink (they do not depend on it)
+        bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on, stride_bp,
+                                         P)
 
     # ---- shrink: t_p = x_rows @ A[p].T, x tile loaded once for both slices ----
     x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
@@ -166,34 +178,72 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
     t1 = t1.to(b_ptr.dtype.element_ty)
     if HAS_RW:
         rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
+    else:
+        rw = tl.zeros((BLOCK_M,), dtype=tl.float32)  # never read
 
     # ---- expand: out[:, p*N + n] += t_p @ B[p].T over this program's share of N ----
-    offs_n = tl.arange(0, BLOCK_N)
-    n_start = pid_n * n_per_split
-    for n0 in range(0, n_per_split, BLOCK_N):
-        n = n_start + n0 + offs_n
-        n_ok = n < N
-        b_ptrs = b_base + n[None, :] * stride_bn + offs_r[:, None] * stride_br  # (BLOCK_R, BLOCK_N) = B.T tile
-        b_mask = r_ok[:, None] & n_ok[None, :]
-        o_mask = valid[:, None] & n_ok[None, :]
-        o_ptrs = out_ptr + pair[:, None] * stride_om + n[None, :] * stride_on
-        # All loads of the iteration first (both slices), then the dots, then the stores: the
-        # compiler may not move a load of `out` above a store to `out`, so this order keeps the
-        # two slices' memory round trips overlapped instead of back to back.
-        bt0 = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        o0 = tl.load(o_ptrs, mask=o_mask, other=0.0)
-        if P == 2:
-            bt1 = tl.load(b_ptrs + stride_bp, mask=b_mask, other=0.0)
-            o1 = tl.load(o_ptrs + N * stride_on, mask=o_mask, other=0.0)
-        d0 = tl.dot(t0, bt0)
+    if PREFETCH >= 1:
+        # Software-pipelined by hand: the loads of tile j+1 (B and `out`) are issued before tile j
+        # is stored, so two tiles of `out` are in flight per program instead of one. The stage
+        # pipeliner only overlaps loads that feed a dot across iterations; the load of `out` feeds an
+        # add whose result is stored to `out`, which the compiler may not reorder around the store.
+        # At large M each work item is a read-add-write stream of (BLOCK_M, N) bytes, so the bytes in
+        # flight per SM decide the bandwidth (Little's law: ~1 us of HBM latency x 4.8 TB/s).
+        if PREFETCH == 1:
+            bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on,
+                                             stride_bp, P)
+        for n0 in range(n_start, n_end, BLOCK_N):
+            nn = n + BLOCK_N
+            nn_ok = nn < n_end  # past this program's share: masked, no memory traffic
+            bn0, on0, bn1, on1 = _expand_loads(b_cols, o_rows, nn, nn_ok, valid, r_ok, N, stride_bn, stride_on,
+                                               stride_bp, P)
+            _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P, HAS_RW)
+            n, n_ok, bt0, o0, bt1, o1 = nn, nn_ok, bn0, on0, bn1, on1
+    else:
+        for n0 in range(0, n_per_split, BLOCK_N):
+            n = n_start + n0 + offs_n
+            n_ok = n < n_end
+            # All loads of the iteration first (both slices), then the dots, then the stores: the
+            # compiler may not move a load of `out` above a store to `out`, so this order keeps the
+            # two slices' memory round trips overlapped instead of back to back.
+            bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on,
+                                             stride_bp, P)
+            _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P, HAS_RW)
+
+
+@triton.jit
+def _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on, stride_bp, P: tl.constexpr):
+    """The B.T tiles and the `out` tiles of columns n, for both slices (slice 1 only when P == 2)."""
+    b_ptrs = b_cols + n[None, :] * stride_bn
+    b_mask = r_ok[:, None] & n_ok[None, :]
+    o_ptrs = o_rows + n[None, :] * stride_on
+    o_mask = valid[:, None] & n_ok[None, :]
+    bt0 = tl.load(b_ptrs, mask=b_mask, other=0.0)
+    o0 = tl.load(o_ptrs, mask=o_mask, other=0.0)
+    if P == 2:
+        bt1 = tl.load(b_ptrs + stride_bp, mask=b_mask, other=0.0)
+        o1 = tl.load(o_ptrs + N * stride_on, mask=o_mask, other=0.0)
+    else:
+        bt1 = bt0
+        o1 = o0
+    return bt0, o0, bt1, o1
+
+
+@triton.jit
+def _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P: tl.constexpr,
+                  HAS_RW: tl.constexpr):
+    """out[:, n] = o + t @ B.T (* routed weight) for both slices, accumulated in fp32."""
+    o_ptrs = o_rows + n[None, :] * stride_on
+    o_mask = valid[:, None] & n_ok[None, :]
+    d0 = tl.dot(t0, bt0)
+    if HAS_RW:
+        d0 = d0 * rw[:, None]
+    tl.store(o_ptrs, (o0.to(tl.float32) + d0).to(o_rows.dtype.element_ty), mask=o_mask)
+    if P == 2:
+        d1 = tl.dot(t1, bt1)
         if HAS_RW:
-            d0 = d0 * rw[:, None]
-        tl.store(o_ptrs, (o0.to(tl.float32) + d0).to(out_ptr.dtype.element_ty), mask=o_mask)
-        if P == 2:
-            d1 = tl.dot(t1, bt1)
-            if HAS_RW:
-                d1 = d1 * rw[:, None]
-            tl.store(o_ptrs + N * stride_on, (o1.to(tl.float32) + d1).to(out_ptr.dtype.element_ty), mask=o_mask)
+            d1 = d1 * rw[:, None]
+        tl.store(o_ptrs + N * stride_on, (o1.to(tl.float32) + d1).to(o_rows.dtype.element_ty), mask=o_mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +314,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        num_warps=cfg.num_warps, num_stages=stages,
+        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages,
     )
     if key not in _OCCUPANCY and dev.type == "cuda":
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)

@@ -1,0 +1,261 @@
+"""Issue 13, round 3 on the GPU: the aligned LoRA delta with its expand loop pipelined by hand
+(`LoRAKernelConfig.prefetch`), the floor of an all-disabled exit, and (with the table as committed)
+LoRA's share of the MoE layer.
+
+    PYTHONPATH=. python3 scripts/gpu_expand.py --out DIR [--sections check,sweep,floor] [--budget-s 400]
+
+Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand_meta.json):
+  check   every swept tile on the presets' real shapes (bf16, rank 32, 4 slots, one slot empty, one
+          disabled, tokens without adapter) against float64; rows that must not change compared bit
+          for bit.
+  sweep   gate_up and down delta at M = 128 .. 8192: the table's tile against prefetch 1/2 and a few
+          other tiles; bytes (used adapter-experts' A and B once, x once, out read + written) per
+          second over the measured copy bandwidth (`bw_frac`).
+  floor   all adapters disabled, decode and aligned paths, against the same-grid empty kernel and a
+          same-grid kernel whose programs load one device flag and exit (kernels/empty.py).
+  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (gpu_lora_decode.py).
+  path    the whole LoRA path of one layer at M = 1..64 (gpu_lora_decode.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lora_moe_lab import runtime  # noqa: E402  (first: sets TRITON_INTERPRET on a CPU-only machine)
+import gpu_lora_decode as gld  # noqa: E402
+from gpu_kernels import ROWS, TOL, cfg_str, copy_bandwidth, graph_time_us, log, ref_lora, rel, row  # noqa: E402
+from lora_moe_lab.config import get_shape  # noqa: E402
+from lora_moe_lab.kernels import fused_moe_lora  # noqa: E402
+from lora_moe_lab.kernels.align import moe_align  # noqa: E402
+from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_config  # noqa: E402
+from lora_moe_lab.kernels.empty import flag_exit_kernel  # noqa: E402
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
+from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode  # noqa: E402
+from lora_moe_lab.provenance import metadata  # noqa: E402
+
+PRESETS = gld.PRESETS
+S, RANK, BF = gld.S, gld.RANK, torch.bfloat16
+SWEEP_M = (128, 1024, 2048, 8192)
+FLOOR_M = (1, 8, 64)
+
+
+def candidates(op, M, bm0, table):
+    """(block_m, config) pairs: the table's first, then prefetch variants and a few other tiles."""
+    out = [(bm0, table), (bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
+    if op == "down":
+        out += [(bm0, replace(table, block_n=64, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
+                (bm0, replace(table, block_n=256, num_warps=8, programs_per_sm=2, prefetch=2))]
+    else:
+        out += [(bm0, replace(table, block_n=128, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
+                (bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
+    if M >= 2048:  # other block heights (a different alignment)
+        for bm in (32, 128):
+            out.append((bm, replace(table, num_warps=8 if bm == 128 else 4, prefetch=2)))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def op_args(op, sh):
+    K, I = sh.hidden, sh.intermediate
+    return (2, I, K, True) if op == "gate_up" else (1, K, I, False)  # P, N, K_in, gather
+
+
+def table_config(op, M, sh, bm):
+    P, N, Kin, _ = op_args(op, sh)
+    f = lora_config if op == "gate_up" else lora_down_config
+    return f(M, sh.top_k, sh.num_experts, S, bm, N, Kin)
+
+
+def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
+    a13, b13, a2, b2 = w
+    if op == "gate_up":
+        return lora_delta(s["x"], a13, b13, al, ids_s, en, k, s["inter"] if out is None else out, config=cfg)
+    return lora_delta(s["act"], a2, b2, al, ids_s, en, k, s["down"] if out is None else out, routed_weights=s["rw"],
+                      gather=False, config=cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+def check(preset, dev, gen, deadline):
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    w = gld.weights(sh, dev, gen)
+    lora_ids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # slot 3 empty
+    enabled = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # slot 1 disabled
+    for M in (16,) + SWEEP_M:
+        if time.time() > deadline:
+            log(f"  check cut at {preset} M={M} (budget)")
+            break
+        s = gld.make_set(sh, M, dev, gen)
+        s["slot"] = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)  # some without adapter
+        bm0 = lora_block_m(M, k, E, S)
+        for op in ("gate_up", "down"):
+            P, N, Kin, gather = op_args(op, sh)
+            xin = s["x"] if gather else s["act"]
+            a, b = (w[0], w[1]) if P == 2 else (w[2], w[3])
+            ref, live = ref_lora(xin, a, b, s["ids"], s["slot"], lora_ids, enabled, k, None if gather else s["rw"], gather)
+            # down: the expert outputs it adds to carry the routed weight too (out on the delta's scale)
+            out0 = s["inter"] if P == 2 else (s["down"].float() * s["rw"].reshape(-1, 1)).to(BF)
+            fails = 0
+            for bm, cfg in candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0)):
+                al = moe_align(s["ids"], E, bm, s["slot"], S)
+                out = out0.clone()
+                run_delta(op, s, w, al, lora_ids, enabled, k, cfg, out)
+                untouched = torch.equal(out[~live].view(torch.int16), out0[~live].view(torch.int16))
+                err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
+                ok = untouched and err < TOL[BF]
+                fails += not ok
+                row(section="check", preset=preset, op=op, M=M, config=cfg_str(bm, cfg), rel_err=err, tol=TOL[BF],
+                    untouched_rows_identical=untouched, ok=ok)
+            log(f"check {preset} M={M} {op}: {fails} failures, worst "
+                f"{max(r['rel_err'] for r in ROWS if r['section'] == 'check' and r['M'] == M and r['op'] == op and r['preset'] == preset):.1e}")
+            del ref, live
+        del s
+    del w
+    torch.cuda.empty_cache()
+
+
+def sweep(preset, dev, gen, copy_gbps, deadline):
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    w = gld.weights(sh, dev, gen)
+    ids_s = torch.arange(S, dtype=torch.int32, device=dev)
+    on = torch.ones(S, dtype=torch.int32, device=dev)
+    for M in SWEEP_M:
+        n_sets = 6 if M <= 1024 else 2
+        sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        bm0 = lora_block_m(M, k, E, S)
+        aligns = {}
+        for op in ("gate_up", "down"):
+            P, N, Kin, gather = op_args(op, sh)
+            nbytes = sum(gld.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
+            for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_config(op, M, sh, bm0))):
+                if i > 1 and time.time() > deadline:
+                    log(f"  sweep cut at {preset} M={M} {op} (budget)")
+                    break
+                if bm not in aligns:
+                    aligns[bm] = [moe_align(s["ids"], E, bm, s["slot"], S) for s in sets]
+                fns = [lambda s=s, a_=a_, c=cfg, op=op, w=w: run_delta(op, s, w, a_, ids_s, on, k, c) for s, a_ in zip(sets, aligns[bm])]
+                t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
+                gbps = nbytes / (t * 1e-6) / 1e9
+                row(section="sweep", preset=preset, M=M, op=op, config=cfg_str(bm, cfg), table=i == 0, prefetch=cfg.prefetch,
+                    time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps, grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"])
+            rs = [r for r in ROWS if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M and r["op"] == op]
+            best = min(rs, key=lambda r: r["time_us"])
+            log(f"{op:8}{preset:<19}M={M:<5} table {rs[0]['time_us']:7.1f} us {100 * rs[0]['bw_frac']:3.0f}%  best "
+                f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
+        del sets, aligns
+    del w
+    torch.cuda.empty_cache()
+
+
+def floor(preset, dev, gen, deadline):
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    w = gld.weights(sh, dev, gen)
+    ids_s = torch.arange(S, dtype=torch.int32, device=dev)
+    on, off = torch.ones(S, dtype=torch.int32, device=dev), torch.zeros(S, dtype=torch.int32, device=dev)
+    flag, sink = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+    for M in FLOOR_M:
+        s = gld.make_set(sh, M, dev, gen)
+        al = moe_align(s["ids"], E, lora_block_m(M, k, E, S), s["slot"], S)
+        for op in ("gate_up", "down"):
+            P, N, Kin, gather = op_args(op, sh)
+            a, b = (w[0], w[1]) if P == 2 else (w[2], w[3])
+            xin, out = (s["x"], s["inter"]) if gather else (s["act"], s["down"])
+            rw = None if gather else s["rw"]
+
+            def dec(en, empty=False):
+                lora_delta_decode(xin, a, b, s["ids"], s["slot"], ids_s, en, out, routed_weights=rw, gather=gather,
+                                  empty=empty)
+            t = dict(decode_off_us=graph_time_us([lambda: dec(off)], inner=32),
+                     decode_empty_us=graph_time_us([lambda: dec(on, True)], inner=32))
+            g = LAST_DECODE_LAUNCH["programs"]
+            t["decode_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(g,)](flag, sink)], inner=32)
+            t["aligned_off_us"] = graph_time_us([lambda: lora_delta(xin, a, b, al, ids_s, off, k, out, routed_weights=rw,
+                                                                    gather=gather)], inner=32)
+            ga = fused_moe_lora.LAST_LORA_LAUNCH["grid"]
+            t["aligned_empty_us"] = graph_time_us([lambda: gld.aligned_empty(xin, a, b, al, ids_s, on, k, out,
+                                                                             routed_weights=rw, gather=gather)], inner=32)
+            t["aligned_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(ga,)](flag, sink)], inner=32)
+            row(section="floor", preset=preset, M=M, op=op, decode_programs=g, aligned_programs=ga, **t,
+                decode_ratio=t["decode_off_us"] / t["decode_empty_us"],
+                decode_flag_ratio=t["decode_flag_us"] / t["decode_empty_us"],
+                aligned_ratio=t["aligned_off_us"] / t["aligned_empty_us"],
+                aligned_flag_ratio=t["aligned_flag_us"] / t["aligned_empty_us"])
+            log(f"floor {preset} M={M} {op}: decode off {t['decode_off_us']:.2f} / empty {t['decode_empty_us']:.2f} / "
+                f"flag {t['decode_flag_us']:.2f} us ({g} programs); aligned off {t['aligned_off_us']:.2f} / empty "
+                f"{t['aligned_empty_us']:.2f} / flag {t['aligned_flag_us']:.2f} us ({ga})")
+    del w
+    torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--sections", default="check,sweep,floor")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if not runtime.has_cuda():
+        raise SystemExit("gpu_expand.py needs a CUDA GPU")
+    t0 = time.time()
+    meta = metadata(params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16", sweep_m=SWEEP_M))
+    meta["errors"] = []
+    dev = runtime.default_device()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
+    secs = args.sections.split(",")
+    shares = {"check": 0.15, "sweep": 0.7, "floor": 0.75, "layer": 0.95, "path": 1.0}  # cumulative budget
+    for sec in ("check", "sweep", "floor", "layer", "path"):
+        if sec not in secs:
+            continue
+        for preset in PRESETS:
+            dl = t0 + args.budget_s * shares[sec]
+            fn, extra = {"check": (check, (gen, dl)), "sweep": (sweep, (gen, meta["copy_gbps"], dl)),
+                         "floor": (floor, (gen, dl)), "layer": (gld.time_layer, (dl,)),
+                         "path": (gld.time_paths, (gen, dl))}[sec]
+            gld.run_section(f"{sec} {preset}", fn, (preset, dev) + extra, meta, args.out, "kernels_expand")
+        log(f"[{sec} done at {time.time() - t0:.0f}s]")
+    meta["wall_s"] = time.time() - t0
+    gld.write(args.out, meta, "kernels_expand")
+    summary(meta)
+
+
+def summary(meta):
+    log(f"\ncopy {meta['copy_gbps']:.0f} GB/s; errors: {meta['errors']}")
+    chk = [r for r in ROWS if r["section"] == "check"]
+    if chk:
+        log(f"check: {len(chk)} cases, {sum(not r['ok'] for r in chk)} failures, worst {max(r['rel_err'] for r in chk):.2e}")
+    for r in ROWS:
+        if r["section"] == "sweep" and r["table"]:
+            rs = [x for x in ROWS if x["section"] == "sweep" and x["preset"] == r["preset"] and x["M"] == r["M"]
+                  and x["op"] == r["op"]]
+            best = min(rs, key=lambda x: x["time_us"])
+            pf = min((x for x in rs if x["config"] == r["config"] + "/pf2"), key=lambda x: x["time_us"], default=r)
+            log(f"{r['op']:<8}{r['preset']:<19}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}% | pf2 "
+                f"{pf['time_us']:7.1f} {100 * pf['bw_frac']:3.0f}% | best {best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% "
+                f"{best['config']}")
+    for r in ROWS:
+        if r["section"] == "floor":
+            log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "
+                f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x (flag {r['aligned_flag_ratio']:.2f}x)")
+    for r in ROWS:
+        if r["section"] == "layer":
+            log(f"layer {r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
+                f"{100 * r['none_active_share']:5.1f}% ({r['path']})")
+
+
+if __name__ == "__main__":
+    main()
