@@ -42,22 +42,31 @@ from lora_moe_lab.provenance import metadata  # noqa: E402
 
 PRESETS = gld.PRESETS
 S, RANK, BF = gld.S, gld.RANK, torch.bfloat16
-SWEEP_M = (128, 1024, 2048, 8192)
+SWEEP_M = (128, 1024, 2048, 8192)  # --candidates regs: REGS_M
+REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
 FLOOR_M = (1, 8, 64)
 
 
-def candidates(op, M, bm0, table):
-    """(block_m, config) pairs: the table's first, then prefetch variants and a few other tiles."""
+def candidates(op, M, bm0, table, which="regs"):
+    """(block_m, config) pairs, the table's first. "tiles" (run 1): prefetch 1/2 and a few other tiles
+    and block heights; "regs" (run 2): prefetch 0/1/2 with and without a register cap (maxnreg) that
+    lets 4 programs of 4 warps fit on an SM (128) or 3 (168)."""
     out = [(bm0, table), (bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
-    if op == "down":
-        out += [(bm0, replace(table, block_n=64, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
-                (bm0, replace(table, block_n=256, num_warps=8, programs_per_sm=2, prefetch=2))]
+    if which == "tiles":
+        if op == "down":
+            out += [(bm0, replace(table, block_n=64, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
+                    (bm0, replace(table, block_n=256, num_warps=8, programs_per_sm=2, prefetch=2))]
+        else:
+            out += [(bm0, replace(table, block_n=128, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
+                    (bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
+        if M >= 2048:  # other block heights (a different alignment)
+            for bm in (32, 128):
+                out.append((bm, replace(table, num_warps=8 if bm == 128 else 4, prefetch=2)))
     else:
-        out += [(bm0, replace(table, block_n=128, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
-                (bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
-    if M >= 2048:  # other block heights (a different alignment)
-        for bm in (32, 128):
-            out.append((bm, replace(table, num_warps=8 if bm == 128 else 4, prefetch=2)))
+        out += [(bm0, replace(table, max_regs=128, prefetch=pf)) for pf in (0, 1, 2)]
+        out += [(bm0, replace(table, max_regs=168, prefetch=2))]
+        if op == "gate_up":
+            out += [(bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
     seen, uniq = set(), []
     for c in out:
         if c not in seen:
@@ -86,7 +95,7 @@ def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
 
 
 # ------------------------------------------------------------------------------------------------
-def check(preset, dev, gen, deadline):
+def check(preset, dev, gen, deadline, which="regs"):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
     w = gld.weights(sh, dev, gen)
@@ -107,7 +116,8 @@ def check(preset, dev, gen, deadline):
             # down: the expert outputs it adds to carry the routed weight too (out on the delta's scale)
             out0 = s["inter"] if P == 2 else (s["down"].float() * s["rw"].reshape(-1, 1)).to(BF)
             fails = 0
-            for bm, cfg in candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0)):
+            for bm, cfg in candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), which) + (
+                    candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), "tiles") if which == "regs" else []):
                 al = moe_align(s["ids"], E, bm, s["slot"], S)
                 out = out0.clone()
                 run_delta(op, s, w, al, lora_ids, enabled, k, cfg, out)
@@ -126,13 +136,13 @@ def check(preset, dev, gen, deadline):
     torch.cuda.empty_cache()
 
 
-def sweep(preset, dev, gen, copy_gbps, deadline):
+def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
     w = gld.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones(S, dtype=torch.int32, device=dev)
-    for M in SWEEP_M:
+    for M in (SWEEP_M if which == "tiles" else REGS_M):
         n_sets = 6 if M <= 1024 else 2
         sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm0 = lora_block_m(M, k, E, S)
@@ -140,7 +150,7 @@ def sweep(preset, dev, gen, copy_gbps, deadline):
         for op in ("gate_up", "down"):
             P, N, Kin, gather = op_args(op, sh)
             nbytes = sum(gld.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
-            for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_config(op, M, sh, bm0))):
+            for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_config(op, M, sh, bm0), which)):
                 if i > 1 and time.time() > deadline:
                     log(f"  sweep cut at {preset} M={M} {op} (budget)")
                     break
@@ -150,7 +160,8 @@ def sweep(preset, dev, gen, copy_gbps, deadline):
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
                 row(section="sweep", preset=preset, M=M, op=op, config=cfg_str(bm, cfg), table=i == 0, prefetch=cfg.prefetch,
-                    time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps, grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"])
+                    time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps, grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"],
+                    regs=fused_moe_lora.LAST_LORA_LAUNCH.get("regs"), shared=fused_moe_lora.LAST_LORA_LAUNCH.get("shared"))
             rs = [r for r in ROWS if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M and r["op"] == op]
             best = min(rs, key=lambda r: r["time_us"])
             log(f"{op:8}{preset:<19}M={M:<5} table {rs[0]['time_us']:7.1f} us {100 * rs[0]['bw_frac']:3.0f}%  best "
@@ -207,6 +218,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
+    ap.add_argument("--candidates", choices=("tiles", "regs"), default="regs",
+                    help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -227,7 +240,8 @@ def main(argv=None):
             continue
         for preset in PRESETS:
             dl = t0 + args.budget_s * shares[sec]
-            fn, extra = {"check": (check, (gen, dl)), "sweep": (sweep, (gen, meta["copy_gbps"], dl)),
+            fn, extra = {"check": (check, (gen, dl, args.candidates)),
+                         "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
                          "floor": (floor, (gen, dl)), "layer": (gld.time_layer, (dl,)),
                          "path": (gld.time_paths, (gen, dl))}[sec]
             gld.run_section(f"{sec} {preset}", fn, (preset, dev) + extra, meta, args.out, "kernels_expand")
@@ -243,6 +257,7 @@ def _dry():
     gld._dry()
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF = ("tiny",), (16,), (1,), torch.float32
+    g["REGS_M"] = (16,)
     g["graph_time_us"] = gld.graph_time_us
     g["copy_bandwidth"] = gld.copy_bandwidth
     g["TOL"] = {torch.float32: 1e-5}
@@ -259,9 +274,9 @@ def summary(meta):
                   and x["op"] == r["op"]]
             best = min(rs, key=lambda x: x["time_us"])
             pf = min((x for x in rs if x["config"] == r["config"] + "/pf2"), key=lambda x: x["time_us"], default=r)
-            log(f"{r['op']:<8}{r['preset']:<19}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}% | pf2 "
-                f"{pf['time_us']:7.1f} {100 * pf['bw_frac']:3.0f}% | best {best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% "
-                f"{best['config']}")
+            log(f"{r['op']:<8}{r['preset']:<19}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}% "
+                f"({r['grid']} prog, {r.get('regs')} regs) | pf2 {pf['time_us']:7.1f} {100 * pf['bw_frac']:3.0f}% | best "
+                f"{best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% {best['config']} ({best['grid']} prog, {best.get('regs')} regs)")
     for r in ROWS:
         if r["section"] == "floor":
             log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "

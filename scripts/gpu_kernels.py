@@ -231,7 +231,8 @@ def lora_weights(preset, dev, gen, dtype=torch.bfloat16):
 
 def cfg_str(bm, c):
     return (f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
-            f"/pps{c.programs_per_sm}" + (f"/pf{c.prefetch}" if getattr(c, "prefetch", 0) else ""))
+            f"/pps{c.programs_per_sm}" + (f"/pf{c.prefetch}" if getattr(c, "prefetch", 0) else "")
+            + (f"/r{c.max_regs}" if getattr(c, "max_regs", 0) else ""))
 
 
 def sweep_candidates(preset, M):

@@ -38,6 +38,7 @@ class LoRAKernelConfig:
     # expand loop pipelined by hand (kernels/fused_moe_lora.py): 1 = tile j+1's loads are issued before
     # tile j's store; 2 = also the first tile's loads before the shrink. 0 = off.
     prefetch: int = 0
+    max_regs: int = 0  # register cap per thread passed to ptxas (maxnreg); 0 = the compiler's choice
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import runtime
 from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
                      check_tensor, num_pairs_of, num_sms, occupancy, pow2, stages_for)
 from .configs import LoRAKernelConfig, block_r, lora_config
@@ -144,15 +145,9 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
     a_base = a_ptr + wslot.to(tl.int64) * stride_as + expert.to(tl.int64) * stride_ae
     b_base = b_ptr + wslot.to(tl.int64) * stride_bs + expert.to(tl.int64) * stride_be
 
-    # ---- expand geometry: this program's share of N ----
-    offs_n = tl.arange(0, BLOCK_N)
-    n_start = pid_n * n_per_split
-    n_end = tl.minimum(n_start + n_per_split, N)
-    o_rows = out_ptr + pair[:, None] * stride_om
-    b_cols = b_base + offs_r[:, None] * stride_br  # (BLOCK_R, BLOCK_N) = B.T tile, columns added below
-    n = n_start + offs_n
-    n_ok = n < n_end
     if PREFETCH >= 2:  # the first expand tile's loads overlap the shrink (they do not depend on it)
+        n_start, n_end, n, n_ok, o_rows, b_cols = _expand_geometry(out_ptr, b_base, pair, offs_r, pid_n, n_per_split, N,
+                                                                   stride_om, stride_br, BLOCK_N)
         bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on, stride_bp,
                                          P)
 
@@ -182,6 +177,9 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
         rw = tl.zeros((BLOCK_M,), dtype=tl.float32)  # never read
 
     # ---- expand: out[:, p*N + n] += t_p @ B[p].T over this program's share of N ----
+    if PREFETCH < 2:  # computed here, not before the shrink: fewer registers live across its loop
+        n_start, n_end, n, n_ok, o_rows, b_cols = _expand_geometry(out_ptr, b_base, pair, offs_r, pid_n, n_per_split, N,
+                                                                   stride_om, stride_br, BLOCK_N)
     if PREFETCH >= 1:
         # Software-pipelined by hand: the loads of tile j+1 (B and `out`) are issued before tile j
         # is stored, so two tiles of `out` are in flight per program instead of one. The stage
@@ -201,7 +199,7 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
             n, n_ok, bt0, o0, bt1, o1 = nn, nn_ok, bn0, on0, bn1, on1
     else:
         for n0 in range(0, n_per_split, BLOCK_N):
-            n = n_start + n0 + offs_n
+            n = n_start + n0 + tl.arange(0, BLOCK_N)
             n_ok = n < n_end
             # All loads of the iteration first (both slices), then the dots, then the stores: the
             # compiler may not move a load of `out` above a store to `out`, so this order keeps the
@@ -209,6 +207,16 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
             bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on,
                                              stride_bp, P)
             _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P, HAS_RW)
+
+
+@triton.jit
+def _expand_geometry(out_ptr, b_base, pair, offs_r, pid_n, n_per_split, N, stride_om, stride_br, BLOCK_N: tl.constexpr):
+    """This program's columns [n_start, n_end) of N, its first tile's columns, the row pointers of `out`
+    and the B.T tile's row pointers (columns are added per tile)."""
+    n_start = pid_n * n_per_split
+    n_end = tl.minimum(n_start + n_per_split, N)
+    n = n_start + tl.arange(0, BLOCK_N)
+    return n_start, n_end, n, n < n_end, out_ptr + pair[:, None] * stride_om, b_base + offs_r[:, None] * stride_br
 
 
 @triton.jit
@@ -251,6 +259,13 @@ def _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, strid
 # --------------------------------------------------------------------------------------------
 _OCCUPANCY: dict = {}  # compiled-kernel key -> programs of it that fit on one SM at once
 LAST_LORA_LAUNCH: dict = {}  # grid and tiles of the last lora_delta launch (benchmarks, notebooks)
+_RESOURCES: dict = {}  # compiled-kernel key -> registers per thread and shared memory bytes (GPU only)
+
+
+def _reg_cap(cfg) -> dict:
+    """A register cap per thread for ptxas (`maxnreg`), only where one is configured and a GPU compiles:
+    registers decide how many programs fit on an SM (65536 per SM: 128 per thread for 4 programs of 4 warps)."""
+    return {"maxnreg": cfg.max_regs} if cfg.max_regs and not runtime.interpreter() else {}
 
 
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None,
@@ -314,11 +329,13 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages,
+        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages, **_reg_cap(cfg),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
-    LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg)
+        _RESOURCES[key] = dict(regs=getattr(compiled, "n_regs", None), shared=getattr(compiled.metadata, "shared", None))
+    LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg,
+                            **_RESOURCES.get(key, {}))
     return out
 
 
