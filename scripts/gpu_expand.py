@@ -51,6 +51,8 @@ def candidates(op, M, bm0, table, which="regs"):
     """(block_m, config) pairs, the table's first. "tiles" (run 1): prefetch 1/2 and a few other tiles
     and block heights; "regs" (run 2): prefetch 0/1/2 with and without a register cap (maxnreg) that
     lets 4 programs of 4 warps fit on an SM (128) or 3 (168)."""
+    if which == "table":
+        return [(bm0, table)]
     out = [(bm0, table), (bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
     if which == "tiles":
         if op == "down":
@@ -117,7 +119,7 @@ def check(preset, dev, gen, deadline, which="regs"):
             out0 = s["inter"] if P == 2 else (s["down"].float() * s["rw"].reshape(-1, 1)).to(BF)
             fails = 0
             for bm, cfg in candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), which) + (
-                    candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), "tiles") if which == "regs" else []):
+                    candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), "tiles") if which != "tiles" else []):
                 al = moe_align(s["ids"], E, bm, s["slot"], S)
                 out = out0.clone()
                 run_delta(op, s, w, al, lora_ids, enabled, k, cfg, out)
@@ -142,7 +144,7 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     w = gld.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones(S, dtype=torch.int32, device=dev)
-    for M in (SWEEP_M if which == "tiles" else REGS_M):
+    for M in (SWEEP_M if which == "tiles" else REGS_M):  # "table": the table's tile at every REGS_M
         n_sets = 6 if M <= 1024 else 2
         sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm0 = lora_block_m(M, k, E, S)
@@ -218,8 +220,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs"), default="regs",
-                    help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2")
+    ap.add_argument("--candidates", choices=("tiles", "regs", "table"), default="regs",
+                    help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
+                         "'table' = the committed table's tile only")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

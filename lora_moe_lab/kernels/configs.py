@@ -126,8 +126,14 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
         return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3)
     # bm16/32: (64, 128) beat (128, 64) at M = 16..1024 except qwen3 M=1024 (-5%) in the H200 sweep
     # of data/kernels (persistent grid: 4 programs/SM fit with these tiles, 3 with the other).
-    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3)
-
+    # The expand loop pipelined by hand (prefetch) pays where the groups fill the blocks: at 16 pairs
+    # per group (M=1024 at 4 slots of 128 experts, top-8) prefetch 2 at 3 programs/SM beat the
+    # 4 programs/SM without it, 77.1 -> 71.0 us (tp4 50.3 -> 47.3); with BLOCK_M 32 (M=2048) prefetch 1
+    # 115.6 -> 99.1 us (tp4 73.4 -> 66.8). At 8 pairs and fewer, and with BLOCK_M 64, it lost
+    # (data/kernels/expand_run2_*).
+    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
+    prefetch = 1 if block_m == 32 else (2 if avg > 8 else 0)
+    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3, prefetch=prefetch)
 
 
 def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
@@ -135,14 +141,28 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
     """Tile of the fused LoRA kernel for the down delta (P=1, routed weights): its N (hidden) is wide
     and each work item's time goes to the read-add-write of `out`, so a wider BLOCK_N keeps more of
     those bytes in flight per iteration; BLOCK_K 32 with 4 stages at small M, 64 above (H200 sweep,
-    data/kernels/decode_run1_*: 277 -> 235 us at M=8192 qwen3-30b-a3b, 77 -> 60 us at M=1024)."""
+    data/kernels/decode_run1_*: 277 -> 235 us at M=8192 qwen3-30b-a3b, 77 -> 60 us at M=1024).
+
+    Programs per SM decide the bytes in flight, and registers decide the programs per SM (65536 per
+    SM: 128 per thread for 4 programs of 4 warps). data/kernels/expand_run2_* (H200): at 8 pairs per
+    group (M=512) the BLOCK_K 64 tile needs 139 registers, 3 programs/SM; capped at 128 (maxnreg) 4 fit
+    and the delta drops 54.0 -> 38.2 us (tp4 45.5 -> 32.8). At 16 pairs prefetch 2 with a cap of 168:
+    60.4 -> 58.0 (tp4 51.2 -> 48.8). With BLOCK_M 64 (M >= 4096) the tile holds 233-240 registers
+    (2 programs/SM) and a cap spills: prefetch 2 alone, 236.3 -> 230.7 us at M=8192. At small M,
+    prefetch 2 (125 registers) 36.9 -> 35.1 us at M=256."""
     base = lora_config(num_tokens, top_k, num_experts, num_slots, block_m, N, K)
     if runtime.interpreter():
         return base
     small = token_bucket(num_tokens) <= 256
+    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
+    prefetch, max_regs = 2, 0
+    if block_m == 32:
+        prefetch = 0
+    elif block_m == 16 and not small:
+        prefetch, max_regs = (0, 128) if avg <= 8 else (2, 168)
     return LoRAKernelConfig(block_n=128, block_k=32 if small else 64,
                             split_n=max(1, min(base.split_n, cdiv(N, 128))), num_warps=4,
-                            num_stages=4 if small else 3, programs_per_sm=4)
+                            num_stages=4 if small else 3, programs_per_sm=4, prefetch=prefetch, max_regs=max_regs)
 
 
 def block_r(rank: int) -> int:

@@ -380,4 +380,5 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
     return dict(slots_S=S, lora_rows_L=L, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
                 EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                 split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
+                prefetch=c.prefetch, max_regs=c.max_regs,
                 programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)
