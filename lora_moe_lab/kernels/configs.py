@@ -122,8 +122,12 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     split = max(1, min(n_tiles, (2 * _NUM_SMS_GUESS + busy - 1) // busy))
     if busy >= 64:
         split = max(1, min(split, N // 256))
+    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)  # pairs per (adapter, expert) group
     if block_m >= 64:
-        return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3)
+        # 162 registers: 3 programs/SM. Capped at 128 (4 fit) it gained 7 % at 128+ pairs per group
+        # (M=8192: 232.9 -> 216.3 us, tp4 124.2 -> 115.7) and lost 8-11 % at 64 (data/kernels/expand_run2_*).
+        return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3,
+                                max_regs=128 if avg >= 128 else 0)
     # bm16/32: (64, 128) beat (128, 64) at M = 16..1024 except qwen3 M=1024 (-5%) in the H200 sweep
     # of data/kernels (persistent grid: 4 programs/SM fit with these tiles, 3 with the other).
     # The expand loop pipelined by hand (prefetch) pays where the groups fill the blocks: at 16 pairs
@@ -131,7 +135,6 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     # 4 programs/SM without it, 77.1 -> 71.0 us (tp4 50.3 -> 47.3); with BLOCK_M 32 (M=2048) prefetch 1
     # 115.6 -> 99.1 us (tp4 73.4 -> 66.8). At 8 pairs and fewer, and with BLOCK_M 64, it lost
     # (data/kernels/expand_run2_*).
-    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
     prefetch = 1 if block_m == 32 else (2 if avg > 8 else 0)
     return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3, prefetch=prefetch)
 
