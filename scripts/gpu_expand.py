@@ -13,7 +13,11 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand_meta.js
           second over the measured copy bandwidth (`bw_frac`).
   floor   all adapters disabled, decode and aligned paths, against the same-grid empty kernel and a
           same-grid kernel whose programs load one device flag and exit (kernels/empty.py).
-  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (gpu_lora_decode.py).
+  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (gpu_lora_decode.py,
+          each case timed on its own).
+  layer_paired  the same three cases captured once each and replayed interleaved (rotated order) for
+          REPS rounds: the share per round (all / base - 1, none / base - 1), its median and 10-90 %
+          interval, so drifts between runs land on all three alike.
   path    the whole LoRA path of one layer at M = 1..64 (gpu_lora_decode.py).
 """
 from __future__ import annotations
@@ -38,6 +42,13 @@ from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_co
 from lora_moe_lab.kernels.empty import flag_exit_kernel  # noqa: E402
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
 from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode  # noqa: E402
+from lora_moe_lab.config import LoRAConfig  # noqa: E402
+from lora_moe_lab.instruments.timing import _quantile, time_interleaved  # noqa: E402
+from lora_moe_lab.kernels import configs  # noqa: E402
+from lora_moe_lab.model.graphs import GraphForward  # noqa: E402
+from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo  # noqa: E402
+from lora_moe_lab.model.moe import LoRAHook, MoELayer  # noqa: E402
+from lora_moe_lab.ops import get_backend  # noqa: E402
 from lora_moe_lab.provenance import metadata  # noqa: E402
 
 PRESETS = gld.PRESETS
@@ -214,6 +225,57 @@ def floor(preset, dev, gen, deadline):
     torch.cuda.empty_cache()
 
 
+def layer_paired(preset, dev, deadline, reps=31):
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    backend = get_backend("triton", dev)
+    layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
+    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
+    for i in range(S):
+        pool.load(f"a{i}", rank=RANK, seed=i)
+    names = [f"a{i}" for i in range(S)]
+    for M in gld.LAYER_M:
+        if time.time() > deadline:
+            log(f"  layer_paired cut at {preset} M={M} (budget)")
+            break
+        x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
+        inner = 8 if M <= 64 else (4 if M <= 1024 else 1)  # one replay holds `inner` layer calls
+        graphs = {}
+        for case, adapters in (("base", None), ("lora_all_active", [names[i % S] for i in range(M)]),
+                               ("lora_none_active", [None] * M)):
+            hooks = []
+            if adapters is not None:
+                b = LoRABatchInfo.build(pool, adapters, [1] * M)
+                info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(b, dev), RANK)
+                hooks = [LoRAHook(info, backend, E)]
+
+            def body(h=hooks, layer=layer, x=x, inner=inner):
+                for _ in range(inner):
+                    out = layer(x, h, backend)
+                return out
+            graphs[case] = GraphForward(body, warmup=2)
+        for g in graphs.values():  # warm replays
+            for _ in range(3):
+                g.replay()
+        t = time_interleaved({c: g.replay for c, g in graphs.items()}, reps=reps)
+        per = {c: [v / inner for v in t[c].samples_us] for c in t}
+        share = [a / b - 1 for a, b in zip(per["lora_all_active"], per["base"])]
+        none = [a / b - 1 for a, b in zip(per["lora_none_active"], per["base"])]
+        med = {c: sorted(v)[len(v) // 2] for c, v in per.items()}
+        row(section="layer_paired", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned",
+            reps=reps, inner=inner, base=med["base"], lora_all_active=med["lora_all_active"],
+            lora_none_active=med["lora_none_active"], lora_share=_quantile(share, 0.5),
+            lora_share_p10=_quantile(share, 0.1), lora_share_p90=_quantile(share, 0.9),
+            none_active_share=_quantile(none, 0.5), none_active_share_p10=_quantile(none, 0.1),
+            none_active_share_p90=_quantile(none, 0.9))
+        log(f"layer_paired {preset} M={M}: base {med['base']:.1f} us, all active +{100 * _quantile(share, 0.5):.1f} % "
+            f"[{100 * _quantile(share, 0.1):.1f}, {100 * _quantile(share, 0.9):.1f}], none active "
+            f"+{100 * _quantile(none, 0.5):.1f} % [{100 * _quantile(none, 0.1):.1f}, {100 * _quantile(none, 0.9):.1f}]")
+        del graphs
+    del layer, pool
+    torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -237,8 +299,8 @@ def main(argv=None):
     gen = torch.Generator(device=dev).manual_seed(0)
     meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
     secs = args.sections.split(",")
-    shares = {"check": 0.15, "sweep": 0.7, "floor": 0.75, "layer": 0.95, "path": 1.0}  # cumulative budget
-    for sec in ("check", "sweep", "floor", "layer", "path"):
+    shares = {"check": 0.15, "sweep": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.9, "path": 1.0}
+    for sec in ("check", "sweep", "floor", "layer", "layer_paired", "path"):  # cumulative budget shares above
         if sec not in secs:
             continue
         for preset in PRESETS:
@@ -246,6 +308,7 @@ def main(argv=None):
             fn, extra = {"check": (check, (gen, dl, args.candidates)),
                          "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
                          "floor": (floor, (gen, dl)), "layer": (gld.time_layer, (dl,)),
+                         "layer_paired": (layer_paired, (dl,)),
                          "path": (gld.time_paths, (gen, dl))}[sec]
             gld.run_section(f"{sec} {preset}", fn, (preset, dev) + extra, meta, args.out, "kernels_expand")
         log(f"[{sec} done at {time.time() - t0:.0f}s]")
@@ -261,6 +324,16 @@ def _dry():
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF = ("tiny",), (16,), (1,), torch.float32
     g["REGS_M"] = (16,)
+    g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
+                                                  for c, f in fns.items()}
+
+    class _G:  # no capture on the CPU: the "graph" calls the body
+        def __init__(self, fn, warmup=0):
+            self.fn = fn
+
+        def replay(self):
+            return self.fn()
+    g["GraphForward"] = _G
     g["graph_time_us"] = gld.graph_time_us
     g["copy_bandwidth"] = gld.copy_bandwidth
     g["TOL"] = {torch.float32: 1e-5}
@@ -285,8 +358,8 @@ def summary(meta):
             log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "
                 f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x (flag {r['aligned_flag_ratio']:.2f}x)")
     for r in ROWS:
-        if r["section"] == "layer":
-            log(f"layer {r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
+        if r["section"] in ("layer", "layer_paired"):
+            log(f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
                 f"{100 * r['none_active_share']:5.1f}% ({r['path']})")
 
 
