@@ -55,6 +55,7 @@ PRESETS = gld.PRESETS
 S, RANK, BF = gld.S, gld.RANK, torch.bfloat16
 SWEEP_M = (128, 1024, 2048, 8192)  # --candidates regs: REGS_M
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
+BLOCKS_M = (1024, 2048, 4096)
 FLOOR_M = (1, 8, 64)
 
 
@@ -64,6 +65,11 @@ def candidates(op, M, bm0, table, which="regs"):
     lets 4 programs of 4 warps fit on an SM (128) or 3 (168)."""
     if which == "table":
         return [(bm0, table)]
+    if which == "blocks":  # the table, then every block height with prefetch 0/1/2, caps 0/128 and 2/168
+        out = [(bm0, table)]
+        for bm in (16, 32, 64):
+            out += [(bm, (bm, pf, cap)) for pf in (0, 1, 2) for cap in (0, 128)] + [(bm, (bm, 2, 168))]
+        return out
     out = [(bm0, table), (bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
     if which == "tiles":
         if op == "down":
@@ -155,7 +161,7 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     w = gld.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones(S, dtype=torch.int32, device=dev)
-    for M in (SWEEP_M if which == "tiles" else REGS_M):  # "table": the table's tile at every REGS_M
+    for M in {"tiles": SWEEP_M, "blocks": BLOCKS_M}.get(which, REGS_M):  # "table": the table's tile at every REGS_M
         n_sets = 6 if M <= 1024 else 2
         sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm0 = lora_block_m(M, k, E, S)
@@ -164,6 +170,8 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
             P, N, Kin, gather = op_args(op, sh)
             nbytes = sum(gld.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
             for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_config(op, M, sh, bm0), which)):
+                if isinstance(cfg, tuple):  # "blocks": the table's tile for that block height, varied
+                    cfg = replace(table_config(op, M, sh, bm), prefetch=cfg[1], max_regs=cfg[2])
                 if i > 1 and time.time() > deadline:
                     log(f"  sweep cut at {preset} M={M} {op} (budget)")
                     break
@@ -282,9 +290,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs", "table"), default="regs",
+    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks"), default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
-                         "'table' = the committed table's tile only")
+                         "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -323,7 +331,7 @@ def _dry():
     gld._dry()
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF = ("tiny",), (16,), (1,), torch.float32
-    g["REGS_M"] = (16,)
+    g["REGS_M"] = g["BLOCKS_M"] = (16,)
     g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
                                                   for c, f in fns.items()}
 
