@@ -70,7 +70,10 @@ def token_bucket(num_tokens: int) -> int:
 # BLOCK_M by the mean number of (token, k) pairs a group will hold: (upper bound, BLOCK_M) steps.
 # Blocks about as tall as the groups waste few padded rows; taller ones reuse each weight tile more.
 _MOE_BM_STEPS = ((16, 16), (48, 32), (192, 64), (float("inf"), 128))
-_LORA_BM_STEPS = ((24, 16), (48, 32), (float("inf"), 64))
+# LoRA: BLOCK_M 32 (at 25-48 pairs per group) was dropped after data/kernels/expand_run6_*: at 32 pairs
+# per group (M=2048, 4 adapters, 128 experts, top-8) both deltas together took 184.4 us with BLOCK_M 32
+# and 171.9 with 64 (tp4 138.4 -> 130.7); at 16 pairs BLOCK_M 16 stays (32 was -2.5 % / +2 %).
+_LORA_BM_STEPS = ((24, 16), (float("inf"), 64))
 
 
 def _step_pick(avg: float, steps) -> int:
@@ -125,9 +128,10 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)  # pairs per (adapter, expert) group
     if block_m >= 64:
         # 162 registers: 3 programs/SM. Capped at 128 (4 fit) it gained 7 % at 128+ pairs per group
-        # (M=8192: 232.9 -> 216.3 us, tp4 124.2 -> 115.7) and lost 8-11 % at 64 (data/kernels/expand_run2_*).
+        # (M=8192: 232.9 -> 216.3 us, tp4 124.2 -> 115.7; expand_run2) and 15 % at 32 (M=2048: 101.2 ->
+        # 87.4 us, tp4 62.0 -> 57.2; expand_run6), and lost 8-11 % at 64 (M=4096, both runs).
         return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3,
-                                max_regs=128 if avg >= 128 else 0)
+                                max_regs=128 if avg >= 128 or avg <= 32 else 0)
     # bm16/32: (64, 128) beat (128, 64) at M = 16..1024 except qwen3 M=1024 (-5%) in the H200 sweep
     # of data/kernels (persistent grid: 4 programs/SM fit with these tiles, 3 with the other).
     # The expand loop pipelined by hand (prefetch) pays where the groups fill the blocks: at 16 pairs
