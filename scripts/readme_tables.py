@@ -125,16 +125,15 @@ def kernels_block() -> str:
 def _decode_lines() -> list[str]:
     """Issue 13: the decode path without alignment, the deltas' bandwidth, LoRA's share of a layer
     against its byte floor, the all-disabled exit against its floors, the fused-epilogue experiment,
-    the differential over the decode tiles. Round 3 is the recording of the code as it is: `expand_run4`
-    (the table's tiles: check, deltas, exit floors, path) and `expand_run5` (the layer, paired); the
-    fused epilogue and the decode differential come from round 2 (`fused_run*`)."""
+    the differential over the decode tiles. Round 3's last run, `expand_run7`, is the recording of the
+    code as it is (the table's tiles: check, deltas, exit floors, the layer paired, the path); the fused
+    epilogue and the decode differential come from round 2 (`fused_run*`)."""
     from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
     kd = DATA / "kernels"
-    r3 = pd.read_csv(kd / "expand_run4_kernels_expand.csv")
+    r3 = pd.read_csv(kd / "expand_run7_kernels_expand.csv")
     r3 = r3[r3.M.notna()].astype({"M": int})
-    m3 = normalize_meta(json.loads((kd / "expand_run4_kernels_expand_meta.json").read_text()))
-    r5 = pd.read_csv(kd / "expand_run5_kernels_expand.csv")
-    m5 = normalize_meta(json.loads((kd / "expand_run5_kernels_expand_meta.json").read_text()))
+    m3 = normalize_meta(json.loads((kd / "expand_run7_kernels_expand_meta.json").read_text()))
+    r5, m5 = r3, m3
     f1 = pd.read_csv(kd / "fused_run1_kernels_fused.csv")
     f1 = f1[f1.M.notna()].astype({"M": int})  # the rows of random cases carry no M
     path = r3[r3.section == "path"].set_index(["preset", "M"])
@@ -168,18 +167,20 @@ def _decode_lines() -> list[str]:
     short = lambda pre: pre.replace("qwen3-30b-a3b", "qwen3")  # noqa: E731
     bw = lambda op: sw.xs(op, level="op").bw_frac  # noqa: E731
     d8 = sw.loc[("qwen3-30b-a3b", 8192, "down")]
-    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/expand_run4_*`, "
+    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/expand_run7_*`, "
             f"{label(m3)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
             "kernels, against today's alignment + aligned gate_up + down deltas. Same inputs, graph replay, rank "
             f"32, 4 adapters, every token with one. The layer takes this path for M·top_k ≤ {DECODE_MAX_PAIRS} "
             "pairs:", ""] + rows + [
         "", f"- Decode differential (`fused_run2_seed*`): {int(dd.cases.sum())} random cases against float64, "
             f"{int(dd.failures.sum())} failures, over every tile the table uses ({', '.join(tiles)}). Aligned "
-            f"kernel with the table's tiles on both presets' shapes (`expand_run4`): {len(chk)} checks, "
+            f"kernel with the table's tiles on both presets' shapes (`expand_run7`): {len(chk)} checks, "
             f"{int((~chk.ok.astype(bool)).sum())} failures.",
         f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
         f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
-        f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x. A same-grid kernel that only loads one "
+        f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x (down delta, M = 1..64; both deltas at M = 1, 8, 64: "
+        f"decode {fl1.decode_ratio.min():.2f}–{fl1.decode_ratio.max():.2f}x, aligned {fl1.aligned_ratio.min():.2f}–"
+        f"{fl1.aligned_ratio.max():.2f}x). A same-grid kernel that only loads one "
         f"device flag and exits (`kernels/empty.py:flag_exit_kernel`) already costs {fl1.decode_flag_ratio.min():.2f}–"
         f"{fl1.decode_flag_ratio.max():.2f}x (decode grid) and {fl1.aligned_flag_ratio.min():.2f}–"
         f"{fl1.aligned_flag_ratio.max():.2f}x (aligned grid): one round trip to memory is the floor of any exit "
@@ -188,11 +189,11 @@ def _decode_lines() -> list[str]:
         f"won, a register cap where 4 programs/SM paid): gate_up {100 * bw('gate_up').min():.0f}–"
         f"{100 * bw('gate_up').max():.0f} % of copy bandwidth, down {100 * bw('down').min():.0f}–"
         f"{100 * bw('down').max():.0f} %; the down delta of qwen3-30b-a3b at M=8192 {d8.time_us:.0f} µs.",
-        "", f"LoRA's share of one MoE layer (`expand_run5`, {label(m5)}; the base layer, the layer with all 4 adapters "
+        "", "LoRA's share of one MoE layer (same run; the base layer, the layer with all 4 adapters "
             "active and every token using one, and with none active, each captured once and replayed interleaved "
             f"{int(lay.reps.iloc[0])} times; the share per round, median and 10–90 % interval) next to its byte floor: the "
             "bytes both deltas must move (each used adapter-expert's A and B once, x once, the output read and "
-            "written; from `expand_run4` at the same M) at the measured copy bandwidth, over the base layer's time:",
+            "written; the deltas' rows of the same run at the same M) at the measured copy bandwidth, over the base layer's time:",
         ""] + share + [
         "", "- Delta fused into the base GEMM's epilogue (`kernels/fused_moe_lora_epilogue.py`, an experiment, not "
             "used by the layer; `fused_run1_*`): fused GEMM / (base GEMM + separate delta) "
