@@ -11,7 +11,9 @@ Work item = one block of BLOCK_M pairs of one slot's alignment (all of one exper
 1/SPLIT_N share of the N columns:
   * shrink: t_p = x_rows @ A[p, s, e].T for every slice, a (BLOCK_M, BLOCK_R) fp32 tile that stays in
     registers; each x tile is loaded once and used for both slices;
-  * expand: for its N columns, out += t_p @ B[p, s, e].T, read-add-write of `out` in place.
+  * expand: for its N columns, out += t_p @ B[p, s, e].T, read-add-write of `out` in place; with
+    PREFETCH (config `prefetch`) the loop is pipelined by hand, the next tile's loads issued before
+    this tile's store (docs/design.md, "Bytes in flight").
 No intermediate ever goes to memory and nothing is zero-filled. At small M there are few blocks, so
 SPLIT_N > 1 spreads the columns of one block over several work items (each recomputes the cheap
 shrink, whose A tiles then come from L2) to occupy more SMs.
