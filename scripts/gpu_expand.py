@@ -18,6 +18,8 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand_meta.js
   layer_paired  the same three cases captured once each and replayed interleaved (rotated order) for
           REPS rounds: the share per round (all / base - 1, none / base - 1), its median and 10-90 %
           interval, so drifts between runs land on all three alike.
+  compact one adapter active on every token: the LoRA path over the pool's 4 rows against one compacted
+          row (the per_active_count graph strategy's batch), paired the same way.
   path    the whole LoRA path of one layer at M = 1..64 (gpu_lora_decode.py).
 """
 from __future__ import annotations
@@ -233,29 +235,29 @@ def floor(preset, dev, gen, deadline):
     torch.cuda.empty_cache()
 
 
-def layer_paired(preset, dev, deadline, reps=31):
+def _paired_layer(preset, dev, deadline, Ms, cases, section, reps=31):
+    """One MoE layer per case (name -> (adapters per token or None for the base layer, LoRA rows or
+    None)), captured once each and replayed interleaved `reps` times; returns per M the per-round
+    times per call of each case (us) and writes nothing."""
     sh = get_shape(preset)
-    E, k = sh.num_experts, sh.top_k
     backend = get_backend("triton", dev)
     layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
     pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
     for i in range(S):
         pool.load(f"a{i}", rank=RANK, seed=i)
-    names = [f"a{i}" for i in range(S)]
-    for M in gld.LAYER_M:
+    for M in Ms:
         if time.time() > deadline:
-            log(f"  layer_paired cut at {preset} M={M} (budget)")
+            log(f"  {section} cut at {preset} M={M} (budget)")
             break
         x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
         inner = 8 if M <= 64 else (4 if M <= 1024 else 1)  # one replay holds `inner` layer calls
         graphs = {}
-        for case, adapters in (("base", None), ("lora_all_active", [names[i % S] for i in range(M)]),
-                               ("lora_none_active", [None] * M)):
+        for case, (adapters, rows) in cases(M).items():
             hooks = []
             if adapters is not None:
-                b = LoRABatchInfo.build(pool, adapters, [1] * M)
+                b = LoRABatchInfo.build(pool, adapters, [1] * M, rows=rows)
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(b, dev), RANK)
-                hooks = [LoRAHook(info, backend, E)]
+                hooks = [LoRAHook(info, backend, sh.num_experts)]
 
             def body(h=hooks, layer=layer, x=x, inner=inner):
                 for _ in range(inner):
@@ -266,22 +268,51 @@ def layer_paired(preset, dev, deadline, reps=31):
             for _ in range(3):
                 g.replay()
         t = time_interleaved({c: g.replay for c, g in graphs.items()}, reps=reps)
-        per = {c: [v / inner for v in t[c].samples_us] for c in t}
-        share = [a / b - 1 for a, b in zip(per["lora_all_active"], per["base"])]
-        none = [a / b - 1 for a, b in zip(per["lora_none_active"], per["base"])]
-        med = {c: sorted(v)[len(v) // 2] for c, v in per.items()}
-        row(section="layer_paired", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned",
-            reps=reps, inner=inner, base=med["base"], lora_all_active=med["lora_all_active"],
-            lora_none_active=med["lora_none_active"], lora_share=_quantile(share, 0.5),
-            lora_share_p10=_quantile(share, 0.1), lora_share_p90=_quantile(share, 0.9),
-            none_active_share=_quantile(none, 0.5), none_active_share_p10=_quantile(none, 0.1),
-            none_active_share_p90=_quantile(none, 0.9))
-        log(f"layer_paired {preset} M={M}: base {med['base']:.1f} us, all active +{100 * _quantile(share, 0.5):.1f} % "
-            f"[{100 * _quantile(share, 0.1):.1f}, {100 * _quantile(share, 0.9):.1f}], none active "
-            f"+{100 * _quantile(none, 0.5):.1f} % [{100 * _quantile(none, 0.1):.1f}, {100 * _quantile(none, 0.9):.1f}]")
+        yield M, inner, {c: [v / inner for v in t[c].samples_us] for c in t}
         del graphs
     del layer, pool
     torch.cuda.empty_cache()
+
+
+def _q(xs):
+    return _quantile(xs, 0.5), _quantile(xs, 0.1), _quantile(xs, 0.9)
+
+
+def layer_paired(preset, dev, deadline, reps=31):
+    """Base layer, LoRA with all 4 adapters active (round robin over tokens), LoRA with none active."""
+    k = get_shape(preset).top_k
+    names = [f"a{i}" for i in range(S)]
+    cases = lambda M: {"base": (None, None), "lora_all_active": ([names[i % S] for i in range(M)], None),  # noqa: E731
+                       "lora_none_active": ([None] * M, None)}
+    for M, inner, per in _paired_layer(preset, dev, deadline, gld.LAYER_M, cases, "layer_paired", reps):
+        share, p10, p90 = _q([a / b - 1 for a, b in zip(per["lora_all_active"], per["base"])])
+        none, n10, n90 = _q([a / b - 1 for a, b in zip(per["lora_none_active"], per["base"])])
+        med = {c: _quantile(v, 0.5) for c, v in per.items()}
+        row(section="layer_paired", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned",
+            reps=reps, inner=inner, base=med["base"], lora_all_active=med["lora_all_active"],
+            lora_none_active=med["lora_none_active"], lora_share=share, lora_share_p10=p10, lora_share_p90=p90,
+            none_active_share=none, none_active_share_p10=n10, none_active_share_p90=n90)
+        log(f"layer_paired {preset} M={M}: base {med['base']:.1f} us, all active +{100 * share:.1f} % "
+            f"[{100 * p10:.1f}, {100 * p90:.1f}], none active +{100 * none:.1f} % [{100 * n10:.1f}, {100 * n90:.1f}]")
+
+
+COMPACT_M = (64, 512, 2048)
+
+
+def compact(preset, dev, deadline, reps=31):
+    """One adapter active on every token: the LoRA path with the pool's 4 rows (3 of them exit) against
+    one compacted row (the per_active_count graph strategy's batch): the LoRA part of each, and the ratio."""
+    cases = lambda M: {"base": (None, None), "rows4": (["a1"] * M, None), "rows1": (["a1"] * M, 1)}  # noqa: E731
+    for M, inner, per in _paired_layer(preset, dev, deadline, COMPACT_M, cases, "compact", reps):
+        r, r10, r90 = _q([(c - b) / (a - b) if a > b else float("nan")
+                          for a, b, c in zip(per["rows4"], per["base"], per["rows1"])])
+        med = {c: _quantile(v, 0.5) for c, v in per.items()}
+        row(section="compact", preset=preset, M=M, reps=reps, inner=inner, base=med["base"], rows4=med["rows4"],
+            rows1=med["rows1"], lora_rows1_over_rows4=r, lora_rows1_over_rows4_p10=r10, lora_rows1_over_rows4_p90=r90,
+            block_m_rows4=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, S),
+            block_m_rows1=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, 1))
+        log(f"compact {preset} M={M}: base {med['base']:.1f} us, one adapter over 4 rows +{med['rows4'] - med['base']:.1f} "
+            f"us, over 1 row +{med['rows1'] - med['base']:.1f} us: x{r:.2f} [{r10:.2f}, {r90:.2f}]")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -307,8 +338,9 @@ def main(argv=None):
     gen = torch.Generator(device=dev).manual_seed(0)
     meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
     secs = args.sections.split(",")
-    shares = {"check": 0.15, "sweep": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.9, "path": 1.0}
-    for sec in ("check", "sweep", "floor", "layer", "layer_paired", "path"):  # cumulative budget shares above
+    shares = {"check": 0.15, "sweep": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.85, "compact": 0.9,
+              "path": 1.0}
+    for sec in ("check", "sweep", "floor", "layer", "layer_paired", "compact", "path"):  # cumulative budget shares
         if sec not in secs:
             continue
         for preset in PRESETS:
@@ -316,7 +348,7 @@ def main(argv=None):
             fn, extra = {"check": (check, (gen, dl, args.candidates)),
                          "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
                          "floor": (floor, (gen, dl)), "layer": (gld.time_layer, (dl,)),
-                         "layer_paired": (layer_paired, (dl,)),
+                         "layer_paired": (layer_paired, (dl,)), "compact": (compact, (dl,)),
                          "path": (gld.time_paths, (gen, dl))}[sec]
             gld.run_section(f"{sec} {preset}", fn, (preset, dev) + extra, meta, args.out, "kernels_expand")
         log(f"[{sec} done at {time.time() - t0:.0f}s]")
@@ -327,10 +359,10 @@ def main(argv=None):
 
 def _dry():
     """Exercise every section on the CPU (interpreter, tiny preset, each fn called once as 'timing')."""
-    global PRESETS, SWEEP_M, FLOOR_M, BF
+    global PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M
     gld._dry()
     g = globals()
-    PRESETS, SWEEP_M, FLOOR_M, BF = ("tiny",), (16,), (1,), torch.float32
+    PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M = ("tiny",), (16,), (1,), torch.float32, (16,)
     g["REGS_M"] = g["BLOCKS_M"] = (16,)
     g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
                                                   for c, f in fns.items()}
@@ -365,6 +397,10 @@ def summary(meta):
         if r["section"] == "floor":
             log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "
                 f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x (flag {r['aligned_flag_ratio']:.2f}x)")
+    for r in ROWS:
+        if r["section"] == "compact":
+            log(f"compact {r['preset']:<18}{r['M']:>6} LoRA over 1 row / over 4 rows x{r['lora_rows1_over_rows4']:.2f} "
+                f"[{r['lora_rows1_over_rows4_p10']:.2f}, {r['lora_rows1_over_rows4_p90']:.2f}]")
     for r in ROWS:
         if r["section"] in ("layer", "layer_paired"):
             log(f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
