@@ -263,12 +263,21 @@ def _paired_layer(preset, dev, deadline, Ms, cases, section, reps=31):
                 for _ in range(inner):
                     out = layer(x, h, backend)
                 return out
-            if bm:  # a forced LoRA BLOCK_M: the block size is chosen while the graph is captured
-                backend.lora_block_m = lambda *a, _bm=bm[0]: _bm
+            # forced choices ("bm": LoRA BLOCK_M, "split": split_n of both deltas), made while the graph
+            # is captured (the layer picks blocks and tiles then; replays repeat what was captured)
+            force = bm[0] if bm else {}
+            real_cfg = fused_moe_lora.lora_config
+            if "bm" in force:
+                backend.lora_block_m = lambda *a, _bm=force["bm"]: _bm
+            if "split" in force:
+                fused_moe_lora.lora_config = lambda *a, _s=force["split"]: replace(real_cfg(*a), split_n=_s)
+                backend.lora_down_config = lambda *a, _s=force["split"]: replace(lora_down_config(*a), split_n=_s)
             try:
                 graphs[case] = GraphForward(body, warmup=2)
             finally:
                 backend.__dict__.pop("lora_block_m", None)
+                backend.__dict__.pop("lora_down_config", None)
+                fused_moe_lora.lora_config = real_cfg
         for g in graphs.values():  # warm replays
             for _ in range(3):
                 g.replay()
@@ -308,22 +317,25 @@ def compact(preset, dev, deadline, reps=31):
     """One adapter active on every token: the LoRA path with the pool's 4 rows (3 of them exit) against
     one compacted row (the per_active_count graph strategy's batch): the LoRA part of each, and the ratio."""
     cases = lambda M: {"base": (None, None), "rows4": (["a1"] * M, None), "rows1": (["a1"] * M, 1),  # noqa: E731
-                       "rows1_bm16": (["a1"] * M, 1, 16)}
+                       "rows1_bm16": (["a1"] * M, 1, {"bm": 16}), "rows1_split1": (["a1"] * M, 1, {"split": 1})}
     for M, inner, per in _paired_layer(preset, dev, deadline, COMPACT_M, cases, "compact", reps):
         r, r10, r90 = _q([(c - b) / (a - b) if a > b else float("nan")
                           for a, b, c in zip(per["rows4"], per["base"], per["rows1"])])
         s16, s10, s90 = _q([(c - b) / (a - b) if a > b else float("nan")
                             for a, b, c in zip(per["rows4"], per["base"], per["rows1_bm16"])])
+        p1, p10_, p90_ = _q([(c - b) / (a - b) if a > b else float("nan")
+                             for a, b, c in zip(per["rows4"], per["base"], per["rows1_split1"])])
         med = {c: _quantile(v, 0.5) for c, v in per.items()}
         row(section="compact", preset=preset, M=M, reps=reps, inner=inner, base=med["base"], rows4=med["rows4"],
             rows1=med["rows1"], lora_rows1_over_rows4=r, lora_rows1_over_rows4_p10=r10, lora_rows1_over_rows4_p90=r90,
             rows1_bm16=med["rows1_bm16"], lora_rows1_bm16_over_rows4=s16, lora_rows1_bm16_over_rows4_p10=s10,
-            lora_rows1_bm16_over_rows4_p90=s90,
+            lora_rows1_bm16_over_rows4_p90=s90, rows1_split1=med["rows1_split1"], lora_rows1_split1_over_rows4=p1,
+            lora_rows1_split1_over_rows4_p10=p10_, lora_rows1_split1_over_rows4_p90=p90_,
             block_m_rows4=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, S),
             block_m_rows1=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, 1))
         log(f"compact {preset} M={M}: base {med['base']:.1f} us, one adapter over 4 rows +{med['rows4'] - med['base']:.1f} "
             f"us, over 1 row +{med['rows1'] - med['base']:.1f} us: x{r:.2f} [{r10:.2f}, {r90:.2f}]; 1 row with BLOCK_M 16 "
-            f"x{s16:.2f} [{s10:.2f}, {s90:.2f}]")
+            f"x{s16:.2f} [{s10:.2f}, {s90:.2f}]; 1 row with split_n 1 x{p1:.2f} [{p10_:.2f}, {p90_:.2f}]")
 
 
 # ------------------------------------------------------------------------------------------------
