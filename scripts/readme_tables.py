@@ -130,13 +130,12 @@ def _decode_lines() -> list[str]:
     epilogue and the decode differential come from round 2 (`fused_run*`)."""
     from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
     kd = DATA / "kernels"
-    r3 = pd.read_csv(kd / "expand_run7_kernels_expand.csv")
-    r3 = r3[r3.M.notna()].astype({"M": int})
-    m3 = normalize_meta(json.loads((kd / "expand_run7_kernels_expand_meta.json").read_text()))
-    r5, m5 = r3, m3
+    from lora_moe_lab.instruments.recordings import load_kernel_run
+    run = load_kernel_run("expand_run7")
+    m3 = run.meta
     f1 = pd.read_csv(kd / "fused_run1_kernels_fused.csv")
     f1 = f1[f1.M.notna()].astype({"M": int})  # the rows of random cases carry no M
-    path = r3[r3.section == "path"].set_index(["preset", "M"])
+    path = run.section("path").set_index(["preset", "M"])
     Ms = sorted(path.loc["qwen3-30b-a3b"].index)
     rows = ["| whole LoRA path of a layer (µs) | " + " | ".join(f"M={m}" for m in Ms) + " |",
             "| --- |" + " ---: |" * len(Ms)]
@@ -144,26 +143,25 @@ def _decode_lines() -> list[str]:
         q = path.loc[pre]
         rows.append(f"| {pre}: today → decode path (ratio) | " + " | ".join(
             f"{q.loc[m, 'today']:.1f} → {q.loc[m, 'decode']:.1f} ({q.loc[m, 'ratio']:.2f})" for m in Ms) + " |")
-    dis = r3[r3.section == "disabled"]
-    fl1 = r3[r3.section == "floor"]
-    sw = r3[r3.section == "sweep"].set_index(["preset", "M", "op"])
-    lay = r5[r5.section == "layer_paired"].astype({"M": int}).set_index(["preset", "M"])
-    big = sorted(m for m in lay.loc["qwen3-30b-a3b"].index if m >= 256)
-    floor = {(pre, m): (sw.loc[(pre, m, "gate_up"), "bytes"] + sw.loc[(pre, m, "down"), "bytes"])
-             / (m5["copy_gbps"] * 1e3) / lay.loc[(pre, m), "base"] for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
-             for m in big}  # bytes / (GB/s * 1e3) = us
+    dis = run.section("disabled")
+    fl1 = run.section("floor")
+    sw = run.section("sweep").set_index(["preset", "M", "op"])
+    sf = run.share_floor().set_index(["preset", "M"])
+    lay = run.section("layer_paired")
+    big = sorted(sf.loc["qwen3-30b-a3b"].index)
     share = ["| LoRA all active, share of the layer | " + " | ".join(f"M={m}" for m in big) + " |",
              "| --- |" + " ---: |" * len(big)]
     for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4"):
         share.append(f"| {pre}: measured [10–90 %] / byte floor | " + " | ".join(
-            f"+{100 * lay.loc[(pre, m), 'lora_share']:.1f} % [{100 * lay.loc[(pre, m), 'lora_share_p10']:.1f}–"
-            f"{100 * lay.loc[(pre, m), 'lora_share_p90']:.1f}] / {100 * floor[(pre, m)]:.0f} %" for m in big) + " |")
+            f"+{100 * sf.loc[(pre, m), 'lora_share']:.1f} % [{100 * sf.loc[(pre, m), 'lora_share_p10']:.1f}–"
+            f"{100 * sf.loc[(pre, m), 'lora_share_p90']:.1f}] / {100 * sf.loc[(pre, m), 'floor_share']:.0f} %"
+            for m in big) + " |")
     fk = f1[f1.section == "fused"]
     fl = f1[(f1.section == "layer") & (f1.lora_variant == "fused")].set_index(["preset", "M"])
     diffs = [pd.read_csv(f) for f in sorted(kd.glob("fused_run2_seed*_kernels_fused.csv"))]
     dd = pd.concat([d[d.section == "diff"] for d in diffs])
     tiles = sorted(set().union(*(json.loads(t) for t in dd.table_tiles)))
-    chk = r3[r3.section == "check"]
+    chk = run.section("check")
     short = lambda pre: pre.replace("qwen3-30b-a3b", "qwen3")  # noqa: E731
     bw = lambda op: sw.xs(op, level="op").bw_frac  # noqa: E731
     d8 = sw.loc[("qwen3-30b-a3b", 8192, "down")]

@@ -1,4 +1,5 @@
-"""The canonical GPU recording of the guards, and the ONE loader everything reads it through.
+"""The canonical GPU recordings and the ONE loader each is read through: the guards (below), the
+graph strategies (`load_graph_strategies`) and the kernel runs (`load_kernel_run`).
 
     rec = load_guards()                 # data/guards/h200_guards.csv + its .meta.json
     rec.label                           # "H200 · commit 1a2b3c4 · 2026-11-30" for every caption
@@ -174,3 +175,52 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
     mp = d / "strategies_meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     return GraphStrategiesRecording(*(pd.read_csv(f) for f in files.values()), meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# The kernel runs of scripts/gpu_expand.py (data/kernels/expand_run*): tiles, bandwidth, LoRA's share
+KERNELS_DIR = DATA / "kernels"
+
+
+@dataclass
+class KernelRun:
+    rows: pd.DataFrame  # one row per (section, preset, M, op, config); sections: check, sweep, floor, layer_paired, ...
+    meta: dict
+    name: str
+
+    @property
+    def label(self) -> str:
+        return _label(self.meta)
+
+    def section(self, name: str) -> pd.DataFrame:
+        s = self.rows[self.rows["section"] == name].copy()
+        if s.empty:
+            raise ValueError(f"{self.name} has no section {name!r}; it has {sorted(self.rows['section'].unique())}")
+        if "M" in s:
+            s["M"] = s["M"].astype(int)
+        return s
+
+    def share_floor(self) -> pd.DataFrame:
+        """Per (preset, M) where the run has both the layer (paired) and the two deltas' bytes: LoRA's
+        share of the base layer with all adapters active (median and 10-90 % of the paired rounds) and
+        its byte floor: the bytes both deltas must move (each used adapter-expert's A and B once, x
+        once, the output read and written) at the run's copy bandwidth, over the base layer's time."""
+        lay = self.section("layer_paired").set_index(["preset", "M"])
+        sw = self.section("sweep")
+        nbytes = sw[sw["table"].astype(bool)].groupby(["preset", "M"])["bytes"].sum()
+        out = lay.join(nbytes.rename("lora_bytes"), how="inner").reset_index()
+        out["floor_us"] = out["lora_bytes"] / (self.meta["copy_gbps"] * 1e3)  # bytes / (GB/s) -> us
+        out["floor_share"] = out["floor_us"] / out["base"]
+        return out[["preset", "M", "base", "lora_all_active", "lora_share", "lora_share_p10", "lora_share_p90",
+                    "lora_bytes", "floor_us", "floor_share"]]
+
+
+def load_kernel_run(name: str = "expand_run7", path: str | Path | None = None) -> KernelRun:
+    """One run of scripts/gpu_expand.py: `name`_kernels_expand.csv and its _meta.json in data/kernels."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    f = d / f"{name}_kernels_expand.csv"
+    if not f.exists():
+        raise FileNotFoundError(f"no recording at {f}: scripts/gpu_expand.py writes it on a GPU")
+    mp = d / f"{name}_kernels_expand_meta.json"
+    meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
+    return KernelRun(pd.read_csv(f), meta, name)

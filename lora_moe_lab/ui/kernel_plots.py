@@ -1,4 +1,5 @@
-"""Figures of the fused LoRA kernel: the exit-code map (which program exited where, and why)."""
+"""Figures of the fused LoRA kernel: the exit-code map (which program exited where, and why), and from
+the recorded kernel runs the occupancy-bandwidth map and LoRA's share of the layer against its byte floor."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,4 +46,65 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
     fig.update_layout(title=title, xaxis_title="token block b (BLOCK_M rows of one expert)", height=170 + 28 * S,
                       yaxis=dict(autorange="reversed", title="adapter slot"), plot_bgcolor="white",
                       legend=dict(orientation="h", y=-0.35), margin=dict(l=70, r=20, t=50, b=40))
+    return fig
+
+
+H200_SMS = 132  # multiprocessors of the H200 the kernel runs were recorded on (programs per SM = grid / 132)
+
+
+def occupancy_figure(sweep, Ms=(512, 8192), title: str = "registers -> programs per SM -> bandwidth") -> go.Figure:
+    """One point per swept tile variant of the aligned LoRA delta (rows of a `KernelRun` section
+    'sweep' for one preset): registers per thread against % of the copy bandwidth, coloured by the
+    programs per SM the registers allowed, marked by the prefetch level; one panel per (M, op)."""
+    from plotly.subplots import make_subplots
+
+    ops = ["gate_up", "down"]
+    fig = make_subplots(rows=len(Ms), cols=2, shared_yaxes=True, horizontal_spacing=0.06, vertical_spacing=0.12,
+                        subplot_titles=[f"{op}, M={m}" for m in Ms for op in ops])
+    colors = {2: "#d62728", 3: "#ff7f0e", 4: "#2ca02c"}
+    symbols = {0: "circle", 1: "diamond", 2: "square"}
+    shown = set()
+    for i, m in enumerate(Ms):
+        for j, op in enumerate(ops):
+            d = sweep[(sweep["M"] == m) & (sweep["op"] == op)]
+            for _, r in d.iterrows():
+                pps = int(round(r["grid"] / H200_SMS))
+                pf = int(r.get("prefetch", 0) or 0)
+                key = (pps, pf)
+                fig.add_trace(go.Scatter(
+                    x=[r["regs"]], y=[100 * r["bw_frac"]], mode="markers", legendgroup=str(key),
+                    name=f"{pps} programs/SM, prefetch {pf}", showlegend=key not in shown,
+                    marker=dict(size=11, color=colors.get(pps, "#7f7f7f"), symbol=symbols.get(pf, "x"),
+                                line=dict(width=1, color="black")),
+                    hovertemplate=(f"{r['config']}<br>{r['time_us']:.1f} us, %{{y:.0f}} % of copy<br>"
+                                   f"%{{x}} registers, grid {int(r['grid'])}<extra></extra>")), row=i + 1, col=j + 1)
+                shown.add(key)
+            fig.update_xaxes(title_text="registers per thread" if i == len(Ms) - 1 else None, row=i + 1, col=j + 1)
+        fig.update_yaxes(title_text="% of copy bandwidth", row=i + 1, col=1)
+    fig.update_layout(title=title, height=330 * len(Ms), plot_bgcolor="white", legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def share_floor_figure(table, target: float = 0.25, title: str = "LoRA's share of the MoE layer and its byte floor"):
+    """Bars per M: LoRA's measured share of the base layer with all adapters active (10-90 % whiskers)
+    and the share its bytes alone would take at the copy bandwidth; one panel per preset
+    (`KernelRun.share_floor()`)."""
+    from plotly.subplots import make_subplots
+
+    presets = list(dict.fromkeys(table["preset"]))
+    fig = make_subplots(rows=1, cols=len(presets), shared_yaxes=True, subplot_titles=presets, horizontal_spacing=0.05)
+    for j, pre in enumerate(presets):
+        d = table[table["preset"] == pre].sort_values("M")
+        x = [str(m) for m in d["M"]]
+        fig.add_trace(go.Bar(x=x, y=100 * d["lora_share"], name="measured (median of paired rounds)",
+                             marker_color="#1f77b4", showlegend=j == 0,
+                             error_y=dict(type="data", symmetric=False, array=100 * (d["lora_share_p90"] - d["lora_share"]),
+                                          arrayminus=100 * (d["lora_share"] - d["lora_share_p10"]))), row=1, col=j + 1)
+        fig.add_trace(go.Bar(x=x, y=100 * d["floor_share"], name="byte floor (bytes / copy bandwidth)",
+                             marker_color="#c7c7c7", showlegend=j == 0), row=1, col=j + 1)
+        label = dict(annotation_text=f"target {100 * target:.0f} %") if j == 0 else {}
+        fig.add_hline(y=100 * target, line_dash="dot", line_color="#d62728", row=1, col=j + 1, **label)
+        fig.update_xaxes(title_text="tokens M", type="category", row=1, col=j + 1)
+    fig.update_yaxes(title_text="% of the base layer's time", row=1, col=1)
+    fig.update_layout(title=title, barmode="group", height=380, plot_bgcolor="white", legend=dict(orientation="h", y=-0.25))
     return fig

@@ -377,3 +377,40 @@ fig.update_xaxes(title_text="k (expert choice of the token)")
 fig.update_yaxes(title_text="token", autorange="reversed")
 fig.show()
 pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
+
+# %% [markdown]
+# ## Beyond the exit: what the delta itself costs (recorded on the H200)
+# When adapters *are* active, the aligned kernel's work item is a stream: read BLOCK_M rows of the
+# output, add `t @ B.T`, write them back. What a stream reaches is set by the bytes it keeps in flight,
+# and those by how many programs fit on an SM: 65536 registers per SM make room for 4 programs of
+# 4 warps at 128 registers a thread, 3 at 168, 2 above. Below, every tile variant of the H200 sweep
+# (`scripts/gpu_expand.py --candidates regs`): its registers, the programs per SM they allowed
+# (colour) and whether the expand loop was pipelined by hand (`prefetch`, marker). A register cap
+# (`maxnreg`) that buys a fourth program pays (M=512, down); one that makes the compiler spill
+# costs far more than it buys (M=8192, down). These are recordings, not live timings: this
+# notebook's live part is the exit, above.
+
+# %%
+from lora_moe_lab.instruments.recordings import load_kernel_run
+from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
+
+sweep_run, final_run = load_kernel_run("expand_run2"), load_kernel_run("expand_run7")
+shown = preset if preset in set(sweep_run.rows["preset"]) else "qwen3-30b-a3b"  # the presets the H200 ran
+sw = sweep_run.section("sweep")
+print(f"recorded: {sweep_run.label} (tile sweep), preset {shown}")
+occupancy_figure(sw[sw["preset"] == shown]).show()
+
+# %% [markdown]
+# With every adapter active and every token using one, how much does LoRA add to the MoE layer?
+# Each bar is the median of 31 paired rounds (base and LoRA replayed back to back), whiskers the
+# 10-90 % spread. The grey bar is what the LoRA bytes alone (each used adapter-expert's A and B,
+# x, and the output read and written) would take at the measured copy bandwidth: no tile goes
+# below it. At TP=4 the LoRA weights do not shrink with the intermediate size the way the base
+# weights do, so the floor itself sits above 25 % up to M=2048.
+
+# %%
+sf = final_run.share_floor()
+print(f"recorded: {final_run.label}")
+share_floor_figure(sf).show()
+(sf.assign(share_pct=100 * sf["lora_share"], floor_pct=100 * sf["floor_share"])
+   [["preset", "M", "base", "share_pct", "floor_pct"]].round(1))

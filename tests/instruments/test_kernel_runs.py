@@ -1,0 +1,58 @@
+"""The kernel-run loader (scripts/gpu_expand.py recordings): sections, LoRA's share against its byte
+floor computed from the run's own rows, named errors; and the two figures notebook 02 draws from it."""
+import json
+
+import pandas as pd
+import pytest
+
+from lora_moe_lab.instruments.recordings import load_kernel_run
+from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
+
+
+def _write(tmp_path, name="run_x"):
+    rows = [dict(section="layer_paired", preset="p", M=512, base=400.0, lora_all_active=500.0, lora_share=0.25,
+                 lora_share_p10=0.24, lora_share_p90=0.26),
+            dict(section="sweep", preset="p", M=512, op="gate_up", table=True, bytes=2e8, bw_frac=0.8, regs=128,
+                 grid=528, prefetch=0, time_us=60.0, config="a"),
+            dict(section="sweep", preset="p", M=512, op="down", table=True, bytes=1e8, bw_frac=0.7, regs=139,
+                 grid=396, prefetch=2, time_us=40.0, config="b"),
+            dict(section="sweep", preset="p", M=512, op="down", table=False, bytes=1e8, bw_frac=0.5, regs=150,
+                 grid=264, prefetch=1, time_us=55.0, config="c")]
+    pd.DataFrame(rows).to_csv(tmp_path / f"{name}_kernels_expand.csv", index=False)
+    (tmp_path / f"{name}_kernels_expand_meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
+                                                                               date="2026-11-30", copy_gbps=4000.0)))
+    return load_kernel_run(name, tmp_path)
+
+
+def test_share_floor_from_the_table_rows(tmp_path):
+    run = _write(tmp_path)
+    assert "abc1234" in run.label
+    sf = run.share_floor()
+    assert len(sf) == 1
+    r = sf.iloc[0]
+    assert r.lora_bytes == pytest.approx(3e8)  # the table's gate_up and down rows, not the other tile
+    assert r.floor_us == pytest.approx(75.0)  # 3e8 bytes at 4000 GB/s
+    assert r.floor_share == pytest.approx(75.0 / 400.0)
+
+
+def test_named_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gpu_expand.py"):
+        load_kernel_run("nope", tmp_path)
+    with pytest.raises(ValueError, match="no section 'floor'"):
+        _write(tmp_path).section("floor")
+
+
+def test_figures(tmp_path):
+    run = _write(tmp_path)
+    occ = occupancy_figure(run.section("sweep"), Ms=(512,))
+    assert {t.name for t in occ.data} == {"4 programs/SM, prefetch 0", "3 programs/SM, prefetch 2",
+                                          "2 programs/SM, prefetch 1"}
+    fig = share_floor_figure(run.share_floor())
+    assert [t.name for t in fig.data] == ["measured (median of paired rounds)", "byte floor (bytes / copy bandwidth)"]
+    assert list(fig.data[0].y) == [25.0]
+
+
+def test_the_committed_final_run_loads():
+    sf = load_kernel_run().share_floor()
+    assert {"qwen3-30b-a3b", "qwen3-30b-a3b-tp4"} <= set(sf["preset"])
+    assert (sf["floor_share"] < sf["lora_share"]).all()  # no measurement below its byte floor
