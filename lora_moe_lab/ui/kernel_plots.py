@@ -59,7 +59,7 @@ def occupancy_figure(sweep, Ms=(512, 8192), title: str = "registers -> programs 
     from plotly.subplots import make_subplots
 
     ops = ["gate_up", "down"]
-    fig = make_subplots(rows=len(Ms), cols=2, shared_yaxes=True, horizontal_spacing=0.06, vertical_spacing=0.12,
+    fig = make_subplots(rows=len(Ms), cols=2, shared_yaxes=True, horizontal_spacing=0.08, vertical_spacing=0.14,
                         subplot_titles=[f"{op}, M={m}" for m in Ms for op in ops])
     colors = {2: "#d62728", 3: "#ff7f0e", 4: "#2ca02c"}
     symbols = {0: "circle", 1: "diamond", 2: "square"}
@@ -79,8 +79,8 @@ def occupancy_figure(sweep, Ms=(512, 8192), title: str = "registers -> programs 
                     hovertemplate=(f"{r['config']}<br>{r['time_us']:.1f} us, %{{y:.0f}} % of copy<br>"
                                    f"%{{x}} registers, grid {int(r['grid'])}<extra></extra>")), row=i + 1, col=j + 1)
                 shown.add(key)
-            fig.update_xaxes(title_text="registers per thread" if i == len(Ms) - 1 else None, row=i + 1, col=j + 1)
-        fig.update_yaxes(title_text="% of copy bandwidth", row=i + 1, col=1)
+            fig.update_xaxes(title_text="registers per thread", row=i + 1, col=j + 1)
+            fig.update_yaxes(title_text="% of copy bandwidth", row=i + 1, col=j + 1)
     fig.update_layout(title=title, height=330 * len(Ms), plot_bgcolor="white", legend=dict(orientation="h", y=-0.15))
     return fig
 
@@ -105,6 +105,6 @@ def share_floor_figure(table, target: float = 0.25, title: str = "LoRA's share o
         label = dict(annotation_text=f"target {100 * target:.0f} %") if j == 0 else {}
         fig.add_hline(y=100 * target, line_dash="dot", line_color="#d62728", row=1, col=j + 1, **label)
         fig.update_xaxes(title_text="tokens M", type="category", row=1, col=j + 1)
-    fig.update_yaxes(title_text="% of the base layer's time", row=1, col=1)
+        fig.update_yaxes(title_text="% of the base layer's time", row=1, col=j + 1)
     fig.update_layout(title=title, barmode="group", height=380, plot_bgcolor="white", legend=dict(orientation="h", y=-0.25))
     return fig

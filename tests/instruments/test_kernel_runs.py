@@ -50,6 +50,9 @@ def test_figures(tmp_path):
     fig = share_floor_figure(run.share_floor())
     assert [t.name for t in fig.data] == ["measured (median of paired rounds)", "byte floor (bytes / copy bandwidth)"]
     assert list(fig.data[0].y) == [25.0]
+    for f in (occ, fig):  # every panel's axes carry a title (the notebook test checks the same)
+        axes = [k for k in f.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+        assert axes and all(f.layout[k].title.text for k in axes)
 
 
 def test_the_committed_final_run_loads():
