@@ -55,24 +55,29 @@ from lora_moe_lab.provenance import metadata  # noqa: E402
 
 PRESETS = gld.PRESETS
 S, RANK, BF = gld.S, gld.RANK, torch.bfloat16
-SWEEP_M = (128, 1024, 2048, 8192)  # --candidates regs: REGS_M
+SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the check's M); regs/table: REGS_M
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
 BLOCKS_M = (1024, 2048, 4096)
 FLOOR_M = (1, 8, 64)
 
 
-def candidates(op, M, bm0, table, which="regs"):
-    """(block_m, config) pairs, the table's first. "tiles" (run 1): prefetch 1/2 and a few other tiles
-    and block heights; "regs" (run 2): prefetch 0/1/2 with and without a register cap (maxnreg) that
-    lets 4 programs of 4 warps fit on an SM (128) or 3 (168)."""
+def candidates(op, M, bm0, table_for, which="regs"):
+    """(block_m, config) pairs, the table's first; table_for(bm) is the table's tile for block height bm.
+    "tiles" (run 1): prefetch 1/2 and a few other tiles and block heights; "regs" (run 2): prefetch
+    0/1/2 with and without a register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128)
+    or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
+    "table": the table's tile only."""
+    table = table_for(bm0)
+    out = [(bm0, table)]
     if which == "table":
-        return [(bm0, table)]
-    if which == "blocks":  # the table, then every block height with prefetch 0/1/2, caps 0/128 and 2/168
-        out = [(bm0, table)]
-        for bm in (16, 32, 64):
-            out += [(bm, (bm, pf, cap)) for pf in (0, 1, 2) for cap in (0, 128)] + [(bm, (bm, 2, 168))]
         return out
-    out = [(bm0, table), (bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
+    if which == "blocks":
+        for bm in (16, 32, 64):
+            t = table_for(bm)
+            out += [(bm, replace(t, prefetch=pf, max_regs=cap)) for pf in (0, 1, 2) for cap in (0, 128)]
+            out.append((bm, replace(t, prefetch=2, max_regs=168)))
+        return _unique(out)
+    out += [(bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
     if which == "tiles":
         if op == "down":
             out += [(bm0, replace(table, block_n=64, prefetch=2)), (bm0, replace(table, num_warps=8, prefetch=2)),
@@ -88,12 +93,11 @@ def candidates(op, M, bm0, table, which="regs"):
         out += [(bm0, replace(table, max_regs=168, prefetch=2))]
         if op == "gate_up":
             out += [(bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return _unique(out)
+
+
+def _unique(pairs):
+    return list(dict.fromkeys(pairs))  # first occurrence kept, order kept
 
 
 def op_args(op, sh):
@@ -137,8 +141,9 @@ def check(preset, dev, gen, deadline, which="regs"):
             # down: the expert outputs it adds to carry the routed weight too (out on the delta's scale)
             out0 = s["inter"] if P == 2 else (s["down"].float() * s["rw"].reshape(-1, 1)).to(BF)
             fails = 0
-            for bm, cfg in candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), which) + (
-                    candidates(op, max(M, 128), bm0, table_config(op, M, sh, bm0), "tiles") if which != "tiles" else []):
+            table_for = lambda bm, op=op, M=M: table_config(op, M, sh, bm)  # noqa: E731
+            for bm, cfg in _unique(candidates(op, max(M, 128), bm0, table_for, which)
+                                   + candidates(op, max(M, 128), bm0, table_for, "tiles")):
                 al = moe_align(s["ids"], E, bm, s["slot"], S)
                 out = out0.clone()
                 run_delta(op, s, w, al, lora_ids, enabled, k, cfg, out)
@@ -171,9 +176,8 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
         for op in ("gate_up", "down"):
             P, N, Kin, gather = op_args(op, sh)
             nbytes = sum(gld.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
-            for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_config(op, M, sh, bm0), which)):
-                if isinstance(cfg, tuple):  # "blocks": the table's tile for that block height, varied
-                    cfg = replace(table_config(op, M, sh, bm), prefetch=cfg[1], max_regs=cfg[2])
+            table_for = lambda bm, op=op, M=M: table_config(op, M, sh, bm)  # noqa: E731
+            for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_for, which)):
                 if i > 1 and time.time() > deadline:
                     log(f"  sweep cut at {preset} M={M} {op} (budget)")
                     break
