@@ -1,6 +1,7 @@
 """Where and with what a figure was measured: ONE metadata schema for every recording in data/.
 
-    metadata(params={...})  -> {gpu, torch, triton, cuda, python, commit, date, params}
+    metadata(params={...})  -> {gpu, torch, triton, cuda, python, commit, date, dirty, driver,
+                                gpu_state: {clocks_sm, clocks_mem, power_draw, ...}, params}
     DATA                    -> the repository's data/ folder (the one place recordings live)
     normalize_meta(d)       -> a recorded dict in this schema (older files used git_commit/date_utc)
     label(meta)             -> "H200 · commit 1c65309 · 2026-11-29" for a figure's caption
@@ -99,9 +100,59 @@ def metadata(params: dict | None = None) -> dict:
         "commit": git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    out["dirty"] = git_dirty_flag()
+    state = gpu_state() if cuda else {}
+    out["driver"] = state.pop("driver_version", "")
+    out["gpu_state"] = state
     if params:
         out["params"] = params
     return out
+
+
+def git_dirty_flag() -> bool | None:
+    """Uncommitted changes to tracked files when the recording was made. GIT_DIRTY (0/1) wins:
+    a tree copied to a GPU machine carries no .git, so the caller passes what git said here."""
+    v = os.environ.get("GIT_DIRTY")
+    if v is not None and v.strip() in ("0", "1"):
+        return v.strip() == "1"
+    return git_dirty()
+
+
+_SMI_FIELDS = ("driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw",
+               "power.limit", "temperature.gpu", "pstate")
+
+
+def gpu_state() -> dict:
+    """The card as it was found (read only; nothing here changes a setting): driver, SM and memory
+    clocks now and at most, power draw and limit, temperature, performance state. A GPU's clocks
+    move with load and temperature, so two sessions' timings are comparable only beside these."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        r = subprocess.run([exe, f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits",
+                            "-i", str(_current_index())], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if r.returncode != 0 or not r.stdout.strip():
+        return {}
+    vals = [v.strip() for v in r.stdout.strip().splitlines()[0].split(",")]
+    out = {}
+    for k, v in zip(_SMI_FIELDS, vals):
+        try:
+            out[k.replace(".", "_")] = v if k in ("driver_version", "pstate") else float(v)
+        except ValueError:
+            out[k.replace(".", "_")] = v
+    return out
+
+
+def _current_index() -> int:
+    try:
+        import torch
+
+        return torch.cuda.current_device()
+    except Exception:  # pragma: no cover
+        return 0
 
 
 def normalize_meta(meta: dict | None) -> dict:

@@ -10,7 +10,8 @@ from lora_moe_lab import provenance, runtime
 
 def test_metadata_has_versions_commit_and_no_hostname():
     m = provenance.metadata()
-    assert set(provenance.META_KEYS) == set(m)
+    assert set(provenance.META_KEYS) <= set(m)
+    assert m["dirty"] in (True, False, None) and isinstance(m["gpu_state"], dict)
     assert m["torch"] == torch.__version__
     assert m["gpu"] == (torch.cuda.get_device_name() if runtime.has_cuda() else "cpu")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", m["date"])
@@ -37,3 +38,10 @@ def test_legacy_keys_are_normalised_and_labelled():
     m = provenance.normalize_meta({"gpu": "NVIDIA H200", "git_commit": "1c65309abc", "date_utc": "2026-11-29T10:00:00Z"})
     assert m == {"gpu": "NVIDIA H200", "commit": "1c65309abc", "date": "2026-11-29T10:00:00Z"}
     assert provenance.label(m) == "H200 · commit 1c65309 · 2026-11-29"
+
+
+def test_git_dirty_env_wins(monkeypatch):
+    monkeypatch.setenv("GIT_DIRTY", "1")
+    assert provenance.metadata()["dirty"] is True
+    monkeypatch.setenv("GIT_DIRTY", "0")
+    assert provenance.metadata()["dirty"] is False
