@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import threading
 
 import torch
@@ -100,3 +101,14 @@ def capture_mode(enabled: bool = True):
         yield
     finally:
         _state.capture = prev
+
+
+def host_spin(us: float) -> None:
+    """Keep the host busy for `us` microseconds (a busy-wait, not a sleep: an engine's Python and
+    scheduling work occupies the issuing thread the same way, and a sleep would let the OS take
+    the core and return late). It launches nothing and never touches the device."""
+    if us <= 0:
+        return
+    end = time.perf_counter_ns() + int(us * 1e3)
+    while time.perf_counter_ns() < end:
+        pass

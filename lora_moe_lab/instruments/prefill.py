@@ -43,10 +43,13 @@ from .. import runtime
 from ..config import PRESETS
 from ..model.guards import count_guard_syncs, guard_names
 from ..provenance import metadata
+from . import signature, stats
 from .cli import pos_float, pos_int, progress as cli_progress
 from .timing import rotated
 
 ADAPTER_MODES = ("none", "mix")
+HOST_SIGNATURE = ("first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us", "host_blocked_ms",
+                  "first_share")
 NO_IDLE = dict(gpu_idle_ms=math.nan, gpu_idle_after_sync_ms=math.nan, gpu_busy_ms=math.nan, gpu_span_ms=math.nan)
 
 
@@ -56,6 +59,74 @@ class ChunkSizeError(ValueError):
 
 class AdapterModeError(ValueError):
     """An adapter mode other than 'none' or 'mix'."""
+
+
+class EngineCostError(ValueError):
+    """An engine-cost parameter that is not a finite number in its range."""
+
+
+# --- what a serving engine adds and this lab lacks (every knob off by default) ---------------
+@dataclass(frozen=True)
+class EngineCosts:
+    """The host-side and scheduling costs of a real engine, each a parameter, all off by default.
+
+    host_us_per_layer    the engine's own host work per layer (Python, metadata, hooks), spread
+                         over the layer's four call points as a busy host (runtime.host_spin).
+                         It eats the host's lead: production's host was ~116 us ahead of its GPU at
+                         a typical sync, this lab's lean host over 1 ms.
+    host_us_per_forward  per forward: scheduling, batch building, result processing.
+    overlap_ms           GPU work of an earlier batch still queued when a forward starts (an
+                         overlap scheduler issues batch N+1 while batch N runs). Issued as one
+                         calibrated GPU spin kernel before the forward: the host is not blocked by it,
+                         so the forward's first sync is (sgl-project/sglang#25531: ~70 ms).
+                         It is GPU time of other work: `input_tok_per_s_net` leaves it out.
+    """
+
+    host_us_per_layer: float = 0.0
+    host_us_per_forward: float = 0.0
+    overlap_ms: float = 0.0
+
+    LIMITS = {"host_us_per_layer": 100_000.0, "host_us_per_forward": 1_000_000.0, "overlap_ms": 10_000.0}
+
+    def __post_init__(self):
+        for name, hi in self.LIMITS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
+                raise EngineCostError(f"{name} must be a finite number in [0, {hi:g}], got {v!r}")
+
+    @property
+    def off(self) -> bool:
+        return not (self.host_us_per_layer or self.host_us_per_forward or self.overlap_ms)
+
+    def as_key(self) -> dict:
+        return {k: float(getattr(self, k)) for k in self.LIMITS}
+
+
+class _GpuSpin:
+    """A GPU kernel that runs for a given time and does nothing else (torch.cuda._sleep spins for a
+    number of clock cycles; cycles per ms are measured once, with events, at the clock the GPU
+    runs now). On a CPU, where every op runs before it returns, the same time is spent on the host."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.cycles_per_ms = cuda, None
+        if cuda:
+            torch.cuda._sleep(1000)  # load the kernel
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            n = 20_000_000
+            runtime.synchronize()
+            a.record()
+            torch.cuda._sleep(n)
+            b.record()
+            b.synchronize()
+            self.cycles_per_ms = n / a.elapsed_time(b)
+
+    def __call__(self, ms: float) -> None:
+        if ms <= 0:
+            return
+        if self.cuda:
+            torch.cuda._sleep(int(ms * self.cycles_per_ms))
+        else:
+            runtime.host_spin(ms * 1e3)
 
 
 # --- the plan: which requests each chunk holds -------------------------------------------------
@@ -149,7 +220,14 @@ class PrefillDriver:
     parallelism every rank makes its own driver over its own lab; collectives inside the model
     keep the ranks in step."""
 
-    def __init__(self, lab, plan: PrefillPlan, adapters: Sequence, *, group=None, seed: int = 0):
+    def __init__(self, lab, plan: PrefillPlan, adapters: Sequence, *, group=None, seed: int = 0,
+                 costs: EngineCosts | None = None):
+        costs = costs or EngineCosts()
+        if not isinstance(costs, EngineCosts):
+            raise EngineCostError(f"costs must be an EngineCosts, got {type(costs).__name__}")
+        if costs.host_us_per_layer and not hasattr(lab.model, "host_us_per_layer"):
+            raise EngineCostError(f"host_us_per_layer needs the decoder (model/decoder.py); "
+                                  f"{type(lab.model).__name__} has no per-layer host hook")
         if len(adapters) != plan.requests:
             raise ValueError(f"{len(adapters)} adapter entries for {plan.requests} requests")
         for name in {a for a in adapters if a is not None}:
@@ -160,9 +238,16 @@ class PrefillDriver:
         # embed token ids here; the cost of the forward does not depend on the values).
         self.x = lab.random_input(plan.requests_per_chunk * plan.input_len, seed=seed)
         self.chunk_of = [c for c, reqs in enumerate(plan.chunks) for _ in reqs]
+        self.costs = costs
+        self.spin = _GpuSpin(self.cuda) if costs.overlap_ms else None
 
     def _forward(self, reqs: range, guard: str):
-        L = self.plan.input_len
+        L, c = self.plan.input_len, self.costs
+        if self.spin is not None:
+            self.spin(c.overlap_ms)  # the previous batch, still running on the GPU
+        runtime.host_spin(c.host_us_per_forward)  # the engine's scheduler (default 0)
+        if hasattr(self.lab.model, "host_us_per_layer"):
+            self.lab.model.host_us_per_layer = c.host_us_per_layer
         # Host work of the engine per chunk: batch metadata from Python lists, no device read.
         batch, tensors = self.lab.make_batch([self.adapters[r] for r in reqs], [L] * len(reqs))
         return self.lab.model(self.x[:len(reqs) * L], batch, tensors, guard=guard)
@@ -202,14 +287,51 @@ class PrefillDriver:
         ttft = np.array([ends[c] for c in self.chunk_of])
         n_fwd = len(ends)
         per_chunk = np.diff([0.0] + ends)
+        other = n_fwd * self.costs.overlap_ms  # GPU time of the earlier batch (overlap_ms), not ours
+        host = signature.from_sync_events(syncs.events, n_fwd)
         return dict(prefill_ms=ends[-1], input_tok_per_s=self.plan.total_tokens / (ends[-1] * 1e-3),
+                    input_tok_per_s_net=self.plan.total_tokens / (max(ends[-1] - other, 1e-9) * 1e-3),
+                    other_batch_ms=other,
                     ttft_mean_ms=float(ttft.mean()), ttft_p50_ms=float(np.percentile(ttft, 50)),
                     ttft_p99_ms=float(np.percentile(ttft, 99)), forwards=n_fwd,
-                    forward_median_ms=float(np.median(per_chunk)), syncs_per_forward=syncs.count / n_fwd)
+                    forward_median_ms=float(np.median(per_chunk)), syncs_per_forward=syncs.count / n_fwd,
+                    **{k: host[k] for k in HOST_SIGNATURE})
+
+    def profile_steady(self, guard: str, forwards: int = 3, path=None, labels: dict | None = None):
+        """Profile the first `forwards` chunks issued back to back, as in a timed prefill (GPU
+        only). Forward 0 starts from an idle GPU; the later ones are the steady state that the
+        per-sync signature (instruments.signature) and the GPU idle columns read. Returns
+        (idle: dict of NO_IDLE's keys, medians over the steady forwards; per_forward; per_sync).
+        For the picture only: a profiler slows the host, so the live host-blocked figures come
+        from `run` (perf_counter around each `.item()`), never from here."""
+        import pandas as pd
+
+        if not self.cuda:
+            return dict(NO_IDLE), pd.DataFrame(), pd.DataFrame()
+        from . import trace as T
+
+        chunks = self.plan.chunks[:max(2, forwards)]
+
+        def body():
+            for reqs in chunks:
+                self._forward(reqs, guard)
+
+        self.barrier()
+        t = T.profile_forwards(body, n_warmup=1, n_active=1, sync_events=True)
+        if path is not None:
+            T.export_perfetto(t, path, drop_cats=("cpu_op", "python_function"), labels=labels)
+        m = T.forward_metrics(t)
+        m = m[m["forward"] >= 1]
+        idle = dict(NO_IDLE) if not len(m) else dict(
+            gpu_idle_ms=float(m["idle_ns"].median()) / 1e6,
+            gpu_idle_after_sync_ms=float(m["idle_after_sync_ns"].median()) / 1e6,
+            gpu_busy_ms=float(m["busy_ns"].median()) / 1e6, gpu_span_ms=float(m["gpu_span_ns"].median()) / 1e6)
+        f, s = signature.per_forward(t), signature.per_sync(t)
+        return idle, f[f["forward"] >= 1].reset_index(drop=True), s[s["forward"] >= 1].reset_index(drop=True)
 
     def profile(self, guard: str, path=None, labels: dict | None = None) -> dict:
-        """One profiled forward of the first chunk (GPU only): GPU idle in it, by cause. With
-        `path`, a trimmed trace (no aten cpu_op events) is written there."""
+        """One profiled forward of the first chunk, from an idle GPU (GPU only): GPU idle in it,
+        by cause. With `path`, a trimmed trace (no aten cpu_op events) is written there."""
         if not self.cuda:
             return dict(NO_IDLE)
         from . import trace as T
@@ -228,18 +350,23 @@ class PrefillDriver:
 
 
 # --- the measurement: interleaved repetitions --------------------------------------------------
-KEY_COLUMNS = ["preset", "layers", "tp", "requests", "input_len", "chunk", "guard_sites", "adapters", "guard"]
-RESULT_COLUMNS = ["rep", "order", "prefill_ms", "input_tok_per_s", "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms",
-                  "forwards", "forward_median_ms", "syncs_per_forward", "gpu_idle_ms", "gpu_idle_after_sync_ms",
-                  "gpu_busy_ms", "gpu_span_ms", "timer"]
+COST_COLUMNS = list(EngineCosts.LIMITS)
+KEY_COLUMNS = ["preset", "layers", "tp", "requests", "input_len", "chunk", "guard_sites", *COST_COLUMNS, "adapters",
+               "guard"]
+RESULT_COLUMNS = ["rep", "order", "prefill_ms", "input_tok_per_s", "input_tok_per_s_net", "other_batch_ms",
+                  "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "forwards", "forward_median_ms", "syncs_per_forward",
+                  *HOST_SIGNATURE, "gpu_idle_ms", "gpu_idle_after_sync_ms", "gpu_busy_ms", "gpu_span_ms", "timer"]
 COLUMNS = KEY_COLUMNS + RESULT_COLUMNS
 
 
 def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profile: bool = True,
-            trace_dir=None, deadline: float | None = None, progress: bool = True, on_row=None) -> list[dict]:
+            trace_dir=None, deadline: float | None = None, progress: bool = True, on_row=None,
+            signatures: dict | None = None) -> list[dict]:
     """Rows for every adapter mode (drivers: mode -> PrefillDriver) x guard x repetition.
     Repetition r runs every mode and every guard once, the guards in an order rotated by r, so
-    slow drifts (clocks, temperature, the allocator) land on all guards alike."""
+    slow drifts (clocks, temperature, the allocator) land on all guards alike. With `signatures`
+    (a dict), the profiled steady forwards' per-forward and per-sync tables are appended to its
+    lists "forwards" and "syncs", labelled with the key, mode and guard."""
     for g in guards:
         if g not in guard_names():
             raise ValueError(f"unknown guard {g!r}; choose from {list(guard_names())}")
@@ -252,9 +379,16 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
             d.warmup(g)
             path = None
             if profile and trace_dir is not None:
-                path = Path(trace_dir) / (_tag(key, mode, g) + ".json.gz")
-            idle[mode, g] = (d.profile(g, path=path, labels={**key, "adapters": mode, "guard": g})
-                             if profile else dict(NO_IDLE))
+                path = Path(trace_dir) / (_tag(key, mode, g, d.costs) + ".json.gz")
+            lab_key = {**key, **d.costs.as_key(), "adapters": mode, "guard": g}
+            if profile:
+                idle[mode, g], pf, ps = d.profile_steady(g, path=path, labels=lab_key)
+                if signatures is not None:
+                    for name, tab in (("forwards", pf), ("syncs", ps)):
+                        if len(tab):
+                            signatures.setdefault(name, []).append(tab.assign(**lab_key))
+            else:
+                idle[mode, g] = dict(NO_IDLE)
     bar = cli_progress(reps * len(drivers) * len(guards), progress, unit="prefill")
     group = next(iter(drivers.values())).group if drivers else None
     for r in range(reps):
@@ -263,7 +397,8 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
         for mode, d in drivers.items():
             for i, g in enumerate(rotated(guards, r)):
                 res = d.run(g)
-                row = {**key, "adapters": mode, "guard": g, "rep": r, "order": i, **res, **idle[mode, g],
+                row = {**key, **d.costs.as_key(), "adapters": mode, "guard": g, "rep": r, "order": i, **res,
+                       **idle[mode, g],
                        "timer": "cuda_events" if d.cuda else "wall"}
                 rows.append(row)
                 if on_row is not None:
@@ -285,41 +420,99 @@ def _any_rank(group, flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
-def _tag(key: dict, mode: str, guard: str) -> str:
-    return (f"{key['preset']}_L{key['layers']}_tp{key['tp']}_C{key['chunk']}_gs{key['guard_sites']:g}_"
+def _tag(key: dict, mode: str, guard: str, costs: "EngineCosts | None" = None) -> str:
+    eng = "" if costs is None or costs.off else (f"_h{costs.host_us_per_layer:g}_f{costs.host_us_per_forward:g}"
+                                                 f"_o{costs.overlap_ms:g}")
+    return (f"{key['preset']}_L{key['layers']}_tp{key['tp']}_C{key['chunk']}_gs{key['guard_sites']:g}{eng}_"
             f"{mode}_{guard}_rank{key.get('tp_rank', 0)}")
 
 
 # --- the summary: medians, intervals, change vs cpu_flag ---------------------------------------
+def _with_defaults(df):
+    """Rows of recordings made before a column existed: engine costs 0 (they were off), the host
+    signature and the net throughput unknown (NaN, or equal to the raw one without overlap)."""
+    df = df.copy()
+    for c in COST_COLUMNS:
+        if c not in df:
+            df[c] = 0.0
+    for c in HOST_SIGNATURE + ("other_batch_ms",):
+        if c not in df:
+            df[c] = 0.0 if c == "other_batch_ms" else math.nan
+    if "input_tok_per_s_net" not in df:
+        df["input_tok_per_s_net"] = df["input_tok_per_s"]
+    return df
+
+
+MEDIAN_COLS = ("input_tok_per_s", "input_tok_per_s_net", "ttft_mean_ms", "ttft_p99_ms", "prefill_ms",
+               "forward_median_ms")
+CHANGES = (("fix_throughput_gain_pct", "input_tok_per_s"), ("fix_throughput_gain_net_pct", "input_tok_per_s_net"),
+           ("fix_ttft_change_pct", "ttft_mean_ms"))
+
+
 def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
-    """One row per configuration and guard: medians over the repetitions and [lo, hi] = the 2.5 and
-    97.5 percentiles of the repetitions (with 5 repetitions: close to their min and max). Changes
-    are paired per repetition (the guards of one repetition ran back to back):
-      fix_throughput_gain_pct  throughput of `fix` over this guard's, - 1 (production: +14.4 % for sync)
-      fix_ttft_change_pct      mean TTFT of `fix` over this guard's, - 1 (production: -12.6 % for sync)"""
+    """One row per configuration and guard, over the repetitions kept after the warm-up check.
+
+    Warm-up: each guard's prefill times, in repetition order, go through stats.drop_warmup; the
+    longest leading drift of any guard is dropped from all of them (pairs stay pairs), and the
+    row says how many (`warmup_dropped`) or that the timings never settled (`stable` False: its
+    figures are NaN, never an average of drifting data).
+    Intervals (`ci_method` names it): with >= 10 kept repetitions, the order-statistic 95 %
+    interval of each median and a paired bootstrap (95 %) of each change; with fewer (older
+    recordings of 5), the `ci` percentiles of the repetitions, which are a spread, not an interval.
+    Changes are paired per repetition (the guards of one repetition ran back to back):
+      fix_throughput_gain_pct      throughput of `fix` over this guard's, - 1 (production: +14.4 %)
+      fix_throughput_gain_net_pct  the same without the earlier batch's GPU time (overlap_ms)
+      fix_ttft_change_pct          mean TTFT of `fix` over this guard's, - 1 (production: -12.6 %)"""
     import pandas as pd
 
+    df = _with_defaults(df)
     keys = [c for c in KEY_COLUMNS if c != "guard"]
     out = []
     for k, g in df.groupby(keys, sort=False, dropna=False):
-        fx = g[g["guard"] == fix].set_index("rep")
-        for guard, gg in g.groupby("guard", sort=False):
+        reps = sorted(g["rep"].unique())
+        valid = len(reps) >= stats.MIN_PAIRED_REPS
+        dropped, stable, note = 0, True, f"{len(reps)} repetitions: too few for a drift check"
+        if valid:
+            try:
+                ws = [stats.drop_warmup(gg.sort_values("rep")["prefill_ms"]) for _, gg in g.groupby("guard")]
+                dropped = max(w.dropped for w in ws)
+                note = (f"dropped the first {dropped} of {len(reps)} repetitions as warm-up drift" if dropped
+                        else f"no warm-up drift in {len(reps)} repetitions")
+            except stats.UnstableWarmup as e:
+                stable, note = False, str(e)
+        kept = g[g["rep"].isin(reps[dropped:])]
+        n_kept = len(reps) - dropped
+        use_stats = valid and n_kept >= stats.MIN_PAIRED_REPS
+        method = (f"{stats.METHOD_MEDIAN}; changes: {stats.METHOD_BOOT}" if use_stats else
+                  f"{ci[0]:g}-{ci[1]:g} percentiles of {n_kept} repetitions (a spread, not an interval)")
+        fx = kept[kept["guard"] == fix].set_index("rep")
+        for guard, gg in kept.groupby("guard", sort=False):
             gg = gg.set_index("rep")
-            row = dict(zip(keys, k), guard=guard, reps=len(gg))
-            for m in ("input_tok_per_s", "ttft_mean_ms", "ttft_p99_ms", "prefill_ms", "forward_median_ms"):
+            row = dict(zip(keys, k), guard=guard, reps=len(gg), warmup_dropped=dropped, stable=stable,
+                       warmup_note=note, ci_method=method)
+            for m in MEDIAN_COLS:
+                x = gg[m].to_numpy(float)
+                if use_stats:
+                    row[m], row[m + "_lo"], row[m + "_hi"] = stats.median_ci(x)
+                else:
+                    row[m] = float(np.median(x))
+                    row[m + "_lo"], row[m + "_hi"] = (float(np.percentile(x, q)) for q in ci)
+            for m in ("syncs_per_forward", "other_batch_ms", *HOST_SIGNATURE):
                 row[m] = float(gg[m].median())
-                row[m + "_lo"], row[m + "_hi"] = (float(np.percentile(gg[m], q)) for q in ci)
-            row["syncs_per_forward"] = float(gg["syncs_per_forward"].median())
-            row["gpu_idle_ms"] = float(gg["gpu_idle_ms"].iloc[0])
-            row["gpu_idle_after_sync_ms"] = float(gg["gpu_idle_after_sync_ms"].iloc[0])
+            for m in ("gpu_idle_ms", "gpu_idle_after_sync_ms"):
+                row[m] = float(gg[m].iloc[0])
             both = gg.index.intersection(fx.index)
-            for name, m, num in (("fix_throughput_gain_pct", "input_tok_per_s", True),
-                                 ("fix_ttft_change_pct", "ttft_mean_ms", True)):
-                if len(both):
-                    ch = 100.0 * (fx.loc[both, m].to_numpy() / gg.loc[both, m].to_numpy() - 1.0)
+            for name, m in CHANGES:
+                f_, b_ = fx.loc[both, m].to_numpy(float), gg.loc[both, m].to_numpy(float)
+                if not len(both):
+                    row[name] = row[name + "_lo"] = row[name + "_hi"] = math.nan
+                elif use_stats:
+                    row[name], row[name + "_lo"], row[name + "_hi"] = stats.paired_change_pct(f_, b_)
+                else:
+                    ch = 100.0 * (f_ / b_ - 1.0)
                     row[name] = float(np.median(ch))
                     row[name + "_lo"], row[name + "_hi"] = (float(np.percentile(ch, q)) for q in ci)
-                else:
+                if not stable:
                     row[name] = row[name + "_lo"] = row[name + "_hi"] = math.nan
             out.append(row)
     return pd.DataFrame(out)
@@ -378,7 +571,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profile", action="store_true", help="skip the profiled forward (GPU idle = NaN)")
     p.add_argument("--trace-dir", default=None, help="write each profiled forward's trimmed trace here")
     p.add_argument("--max-minutes", type=float, default=None, help="start no repetition after this long")
-    p.add_argument("--out", required=True, help="tidy CSV (rows appended; .meta.json and .summary.csv beside)")
+    p.add_argument("--host-us-per-layer", type=float, default=0.0,
+                   help="an engine's host work per layer, us (EngineCosts; default 0: off)")
+    p.add_argument("--host-us-per-forward", type=float, default=0.0,
+                   help="an engine's host work per forward, us (default 0: off)")
+    p.add_argument("--overlap-ms", type=float, default=0.0,
+                   help="GPU work of an earlier batch queued before each forward, ms (default 0: off)")
+    p.add_argument("--out", required=True, help="tidy CSV (rows appended; .meta.json, .summary.csv and, when "
+                                                "profiled, .signature.csv / .syncs.csv beside)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -389,7 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for c in a.chunk:
             make_plan(a.requests, a.input_len, c)
-    except ChunkSizeError as e:
+        costs = EngineCosts(a.host_us_per_layer, a.host_us_per_forward, a.overlap_ms)
+    except (ChunkSizeError, EngineCostError) as e:
         parser.error(str(e))
     t0 = time.monotonic()
     deadline = None if a.max_minutes is None else t0 + 60 * a.max_minutes
@@ -400,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if writer:
         out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
+    sigs: dict = {}
     fresh = not out.exists() or out.stat().st_size == 0
 
     def write(row):
@@ -420,25 +622,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = load_adapters(lab, a.n_adapters, a.rank)
         for c in a.chunk:
             plan = make_plan(a.requests, a.input_len, c)
-            drivers = {m: PrefillDriver(lab, plan, request_adapters(a.requests, m, names), group=group, seed=a.seed)
-                       for m in a.adapters}
+            drivers = {m: PrefillDriver(lab, plan, request_adapters(a.requests, m, names), group=group, seed=a.seed,
+                                        costs=costs) for m in a.adapters}
             key = dict(preset=a.preset, layers=lab.shape.num_layers, tp=tp, requests=a.requests,
                        input_len=a.input_len, chunk=c, guard_sites=gs, tp_rank=rank)
             measure(drivers, a.guards, a.reps, key=key, profile=not a.no_profile, trace_dir=a.trace_dir,
-                    deadline=deadline, progress=writer and not a.no_progress, on_row=write)
+                    deadline=deadline, progress=writer and not a.no_progress, on_row=write, signatures=sigs)
             del drivers
         del lab
         if runtime.has_cuda():
             torch.cuda.empty_cache()
     if writer:
         params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in vars(a).items()}
-        params.update(tp=tp, ci="2.5/97.5 percentiles of the repetitions; changes paired per repetition")
+        params.update(tp=tp, ci=f"{stats.METHOD_MEDIAN}; changes: {stats.METHOD_BOOT} (with >= 10 kept "
+                                 "repetitions; else the 2.5/97.5 percentiles of the repetitions)")
         meta_path = out.with_suffix(".meta.json")
         meta_path.write_text(json.dumps(metadata(params=params), indent=1) + "\n")
         import pandas as pd
 
         s = summarize(pd.DataFrame(rows, columns=COLUMNS))
         s.to_csv(out.with_suffix(".summary.csv"), index=False)
+        for name, suffix in (("forwards", ".signature.csv"), ("syncs", ".syncs.csv")):
+            if sigs.get(name):
+                pd.concat(sigs[name], ignore_index=True).to_csv(out.with_suffix(suffix), index=False)
         cols = ["tp", "chunk", "guard_sites", "adapters", "guard", "reps", "input_tok_per_s", "ttft_mean_ms",
                 "syncs_per_forward", "gpu_idle_ms", "fix_throughput_gain_pct", "fix_throughput_gain_pct_lo",
                 "fix_throughput_gain_pct_hi", "fix_ttft_change_pct"]

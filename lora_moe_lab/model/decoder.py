@@ -58,13 +58,14 @@ def sites_per_layer(guard_sites: float, num_layers: int) -> list[int]:
 class GuardSites:
     """The guard decisions of one layer for one batch, asked at the call points in order."""
 
-    def __init__(self, guard: Guard, info: LoRAInfo, n: int):
-        self.guard, self.info = guard, info
+    def __init__(self, guard: Guard, info: LoRAInfo, n: int, host_us_per_point: float = 0.0):
+        self.guard, self.info, self.host_us = guard, info, host_us_per_point
         # site j sits at SITE_POINTS[j % 4]
         self.count = {p: len(range(j, n, len(SITE_POINTS))) for j, p in enumerate(SITE_POINTS)}
         self.answers: list[bool] = []
 
     def ask(self, point: str) -> bool | None:
+        runtime.host_spin(self.host_us)  # an engine's own host work at this call point (default 0)
         first = len(self.answers)
         for _ in range(self.count[point]):
             with record_function(f"lora_guard_{self.guard.name}"):
@@ -117,6 +118,9 @@ class DecoderModel(torch.nn.Module):
                          skew=skew, skew_seed=seed * 100003 + i)
             for i in range(shape.num_layers))
         self.routing_log: list | None = None
+        # An engine's host work per layer (Python, scheduling, metadata), spread over the layer's
+        # four call points; 0 = this lab's lean host. instruments/prefill.py: EngineCosts sets it.
+        self.host_us_per_layer = 0.0
 
     @property
     def device(self) -> torch.device:
@@ -144,7 +148,8 @@ class DecoderModel(torch.nn.Module):
             h = x
             for i, layer in enumerate(self.layers):
                 with record_function(f"decoder_layer_{i}"):
-                    sites = GuardSites(g, self.lora_info(i, batch, tensors), self.site_counts[i])
+                    sites = GuardSites(g, self.lora_info(i, batch, tensors), self.site_counts[i],
+                                       self.host_us_per_layer / len(SITE_POINTS))
                     h = layer(h, batch.token_counts, rope, sites, backend, self.tp, self.routing_log)
                     sites.check(i)
         return h

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from typing import ClassVar
@@ -30,6 +31,7 @@ from .lora import LoRAInfo, check_flag_against_device, device_any_enabled
 class SyncEvent:
     guard: str
     site: str  # file:line of the host-device sync
+    blocked_ns: int = -1  # host time blocked in the `.item()` (perf_counter, no profiler)
 
 
 _collectors: list[list[SyncEvent]] = []
@@ -67,9 +69,9 @@ def total_guard_syncs() -> int:
     return _total["syncs"]
 
 
-def _record(guard: str) -> None:
+def _record(guard: str, blocked_ns: int = -1) -> None:
     f = sys._getframe(1)
-    ev = SyncEvent(guard, f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}")
+    ev = SyncEvent(guard, f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}", blocked_ns)
     _total["syncs"] += 1
     for c in _collectors:
         c.append(ev)
@@ -93,8 +95,11 @@ class Guard:
     def active(self, info: LoRAInfo) -> bool:
         if self.device_check:
             flag = device_any_enabled(info.batch)  # a reduction on the device: cheap, asynchronous
-            _record(self.name)
+            t0 = time.perf_counter_ns()
             any_active = bool(flag.item())  # HOST-DEVICE SYNC: the host waits until the GPU queue drains
+            # the host time blocked: the GPU work queued ahead of the flag (the host's lead) plus a
+            # device-to-host round trip. Measured without a profiler (a profiler slows the host).
+            _record(self.name, time.perf_counter_ns() - t0)
         else:
             if info.debug_check:
                 check_flag_against_device(info)  # syncs; debug only

@@ -10,7 +10,7 @@ from .cost import (DEFAULT_LAUNCHES, TRITON_OPS, CostModel, forward_ops, forward
 from .engine import TIMELINE_COLUMNS, Op, SimResult, simulate, to_trace_tables  # noqa: F401
 from .fit import (FIT_BOUNDS, FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, Validation, fit, holdout, judge,  # noqa: F401
                   predict, summarize, trace_rows, validate)
-from .production import (PRODUCTION, compare_production, extrapolate, production_forward_ms,  # noqa: F401
+from .production import (PRODUCTION, PRODUCTION_SIGNATURE, compare_production, extrapolate, production_forward_ms,  # noqa: F401
                          scale_model_report, sync_us_to_match, what_if)
 from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, SIM_DIR, Calibration, calibrate,  # noqa: F401
                           load_calibration, production_figures, readme_block)

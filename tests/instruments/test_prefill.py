@@ -123,3 +123,52 @@ def test_paired_changes_have_the_right_sign_and_size():
     assert s.loc["sync", "fix_ttft_change_pct"] == pytest.approx(-20.0)
     assert s.loc["sync", "fix_throughput_gain_pct_lo"] == pytest.approx(25.0)
     assert s.loc["sync", "fix_ttft_change_pct_hi"] == pytest.approx(-20.0)
+
+
+# --- engine costs (issue: production's regime) ---------------------------------------------------
+def test_engine_costs_named_errors():
+    assert P.EngineCosts().off and not P.EngineCosts(overlap_ms=1).off
+    for kw in ({"host_us_per_layer": -1}, {"host_us_per_forward": float("nan")}, {"overlap_ms": 1e9},
+               {"overlap_ms": True}, {"host_us_per_layer": "5"}):
+        with pytest.raises(P.EngineCostError, match=next(iter(kw))):
+            P.EngineCosts(**kw)
+
+
+def test_engine_costs_cost_host_time_and_are_recorded(lab):
+    plan = P.make_plan(4, 8, 16)
+    base = P.PrefillDriver(lab, plan, [None] * 4)
+    slow = P.PrefillDriver(lab, plan, [None] * 4, costs=P.EngineCosts(2000.0, 3000.0, 2.0))
+    base.warmup("sync")
+    r0, r1 = base.run("sync"), slow.run("sync")
+    # 2 forwards x (2 layers x 2 ms + 3 ms + 2 ms of the earlier batch) = 18 ms more, at least
+    assert r1["prefill_ms"] - r0["prefill_ms"] >= 18.0 * 0.95
+    assert r1["other_batch_ms"] == 4.0 and r1["input_tok_per_s_net"] > r1["input_tok_per_s"]
+    assert r1["first_blocked_ms"] >= 0 and r1["later_blocked_median_us"] >= 0  # perf_counter per .item()
+    assert lab.model.host_us_per_layer == 2000.0
+    base.run("sync")  # a driver without costs sets the hook back to 0
+    assert lab.model.host_us_per_layer == 0.0
+    rows = P.measure({"none": slow}, ["sync", "cpu_flag"], 2, key=dict(preset="tiny", layers=2, tp=1, requests=4,
+                     input_len=8, chunk=16, guard_sites=1.0), progress=False)
+    assert {r["overlap_ms"] for r in rows} == {2.0} and {r["host_us_per_layer"] for r in rows} == {2000.0}
+
+
+def test_summary_drops_drift_and_uses_valid_intervals():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    key = dict(preset="tiny", layers=2, tp=1, requests=4, input_len=8, chunk=16, guard_sites=1.0, adapters="none")
+    rows = []
+    for r in range(14):
+        drift = 1.5 if r < 2 else 1.0  # two slow repetitions at the start
+        for g, t in (("sync", 110.0), ("cpu_flag", 100.0)):
+            ms = t * drift + rng.normal(0, 0.3)
+            rows.append({**key, "guard": g, "rep": r, "prefill_ms": ms, "input_tok_per_s": 32 / (ms * 1e-3),
+                         "ttft_mean_ms": ms / 2, "ttft_p99_ms": ms, "forward_median_ms": ms / 2, "syncs_per_forward": 2,
+                         "gpu_idle_ms": float("nan"), "gpu_idle_after_sync_ms": float("nan")})
+    s = P.summarize(pd.DataFrame(rows)).set_index("guard")
+    assert (s["warmup_dropped"] == 2).all() and (s["reps"] == 12).all() and s["stable"].all()
+    assert "bootstrap" in s.loc["sync", "ci_method"] and "order-statistic" in s.loc["sync", "ci_method"]
+    lo, est, hi = s.loc["sync", ["fix_throughput_gain_pct_lo", "fix_throughput_gain_pct", "fix_throughput_gain_pct_hi"]]
+    assert lo <= est <= hi and 9 < est < 11  # 110 / 100 - 1, the drifting pair left out
+    few = P.summarize(pd.DataFrame([r for r in rows if r["rep"] < 5]))
+    assert "a spread, not an interval" in few["ci_method"].iloc[0]

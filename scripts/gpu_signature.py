@@ -1,0 +1,147 @@
+"""Record production's trace signature and the fix's gain in two regimes, in one device call.
+
+    PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 scripts/gpu_signature.py --session s1 --out $OUT
+    PYTHONPATH=. python3 scripts/gpu_signature.py --smoke --out /tmp/sig      # CPU: tiny, seconds
+
+The Qwen3-30B-A3B-shaped decoder (48 layers, bf16, Triton, 260 guard syncs per forward, no
+adapter in use: production's case) prefills R requests x 2048 tokens in chunks, `sync` against
+`cpu_flag`, interleaved repetitions (instruments/prefill.py). Tasks, in priority order:
+
+  default_C16384   this lab's own regime: a lean host (no engine costs)
+  prodlike_C16384  production's regime: engine host work per layer, calibrated in this call so
+                   the later syncs block the host ~116 us on average (production: ~30 ms over 259
+                   syncs), and 70 ms of an earlier batch's GPU work queued before each forward
+                   (overlap scheduling; production's first sync: ~70 ms)
+  default_C8192    the lab's regime at half the chunk
+
+Per task: rows (CSV), summary (warm-up drift check, order-statistic / paired-bootstrap 95 %
+intervals), the per-sync signature of two profiled steady forwards per guard (.signature.csv,
+.syncs.csv) and their trimmed traces. Everything returns as $OUT/signature_<session>.tar.gz.
+A second session (another machine, another call) with another --session label is the rerun.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pandas as pd  # noqa: E402
+
+from lora_moe_lab.instruments import prefill as P, signature as S  # noqa: E402
+from lora_moe_lab.model.decoder import SITE_POINTS  # noqa: E402
+from lora_moe_lab.model.guards import guard_sync_events  # noqa: E402
+from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab.sim import PRODUCTION  # noqa: E402
+
+GS_PROD = 260 / 48
+TARGET_LATER_US = 1e3 * (PRODUCTION["stall_ms_per_forward"] - PRODUCTION["first_sync_ms"]) / (
+    PRODUCTION["syncs_per_forward"] - 1)
+GUARDS = ["sync", "cpu_flag"]
+
+
+def host_work_flags(site_counts) -> list[bool]:
+    """Per guard sync of one forward, in order: does host work at a call point come right before
+    it? The decoder asks each layer's sites point by point (model/decoder.py: GuardSites)."""
+    flags = []
+    for n in site_counts:
+        for j in range(len(SITE_POINTS)):
+            c = len(range(j, n, len(SITE_POINTS)))
+            flags += [True] + [False] * (c - 1) if c else []
+    return flags
+
+
+def calibrate(lab, plan, names) -> dict:
+    """One unprofiled `sync` prefill at the lab's own regime; the host work per layer that brings
+    the later syncs of its second forward to TARGET_LATER_US (signature.host_cost_for_lead)."""
+    d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names))
+    d.warmup("sync")
+    d.barrier()
+    with guard_sync_events() as ev:
+        d.run("sync")
+    per = sum(lab.model.site_counts)
+    fwd = [e.blocked_ns / 1e3 for e in ev[per:2 * per]]  # forward 1: the steady state
+    h = S.host_cost_for_lead(fwd, host_work_flags(lab.model.site_counts), TARGET_LATER_US)
+    return dict(host_us_per_point=h, host_us_per_layer=h * len(SITE_POINTS), target_later_us=TARGET_LATER_US,
+                measured_later_mean_us=float(pd.Series(fwd[1:]).mean()), first_us=fwd[0])
+
+
+def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session) -> pd.DataFrame:
+    d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names), costs=costs)
+    key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
+               input_len=plan.input_len, chunk=plan.chunk, guard_sites=GS_PROD)
+    sigs: dict = {}
+    (work / "traces").mkdir(parents=True, exist_ok=True)
+    t = time.monotonic()
+    rows = P.measure({"none": d}, GUARDS, reps, key=key, trace_dir=work / "traces", deadline=deadline,
+                     progress=False, signatures=sigs)
+    df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=session, task=name)
+    df.to_csv(work / f"{name}.csv", index=False)
+    s = P.summarize(df).assign(session=session, task=name)
+    s.to_csv(work / f"{name}.summary.csv", index=False)
+    for part, suffix in (("forwards", ".signature.csv"), ("syncs", ".syncs.csv")):
+        if sigs.get(part):
+            pd.concat(sigs[part], ignore_index=True).assign(session=session, task=name).to_csv(
+                work / f"{name}{suffix}", index=False)
+    print(f"== {name}: {len(df) // len(GUARDS)} reps in {time.monotonic() - t:.0f} s", flush=True)
+    return s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "build/signature"))
+    ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens (default 64)")
+    ap.add_argument("--reps", type=int, default=12, help="interleaved repetitions per task (default 12)")
+    ap.add_argument("--overlap-ms", type=float, default=PRODUCTION["first_sync_ms"])
+    ap.add_argument("--minutes", type=float, default=7.0, help="start no repetition after this (default 7)")
+    ap.add_argument("--tasks", nargs="+", default=["default_C16384", "prodlike_C16384", "default_C8192"])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 10 reps (CPU or GPU)")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    deadline = t0 + 60 * a.minutes
+    out = Path(a.out)
+    work = out / f"signature_{a.session}"
+    work.mkdir(parents=True, exist_ok=True)
+    preset, layers, L, scale = ("tiny", 2, 8, 1 / 1000) if a.smoke else ("qwen3-30b-a3b", 48, 2048, 1.0)
+    reps = max(a.reps, 10) if not a.smoke else 10
+    lab = P.build(preset, layers, max_loras=4, max_rank=16, dtype="auto", device="auto", backend="auto", seed=0,
+                  guard_sites=GS_PROD)
+    names = P.load_adapters(lab, 2, 16)
+    meta = metadata(params=dict(vars(a), preset=preset, layers=layers, input_len=L, guards=GUARDS,
+                                guard_sites=GS_PROD, target_later_us=TARGET_LATER_US, adapters="none"))
+    cal = None
+    for task in a.tasks:
+        regime, c = task.split("_C")
+        chunk = 16 * int(c) // 16384 if a.smoke else int(c)  # smoke: 2 or 1 requests per chunk
+        plan = P.make_plan(a.requests if not a.smoke else 8, L, max(chunk, L))
+        if regime == "prodlike":
+            cal = cal or calibrate(lab, plan, names)
+            print(f"calibration: {json.dumps(cal)}", flush=True)
+            costs = P.EngineCosts(host_us_per_layer=cal["host_us_per_layer"], overlap_ms=a.overlap_ms * scale)
+        else:
+            costs = P.EngineCosts()
+        if time.monotonic() > deadline:
+            print(f"SKIP {task}: past the deadline", flush=True)
+            continue
+        s = run_task(task, lab, plan, names, costs, reps, work, deadline, a.session)
+        cols = ["guard", "reps", "warmup_dropped", "input_tok_per_s", "fix_throughput_gain_pct",
+                "fix_throughput_gain_pct_lo", "fix_throughput_gain_pct_hi", "fix_throughput_gain_net_pct",
+                "fix_ttft_change_pct", "first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us",
+                "host_blocked_ms", "gpu_idle_ms"]
+        print(s[cols].to_string(index=False, float_format="{:.2f}".format), flush=True)
+    meta["calibration"] = cal
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with tarfile.open(out / f"signature_{a.session}.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname=f"signature_{a.session}")
+    print(f"total {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
