@@ -36,11 +36,10 @@ from lora_moe_lab.instruments import prefill as P, signature as S  # noqa: E402
 from lora_moe_lab.model.decoder import SITE_POINTS  # noqa: E402
 from lora_moe_lab.model.guards import guard_sync_events  # noqa: E402
 from lora_moe_lab.provenance import metadata  # noqa: E402
-from lora_moe_lab.sim import PRODUCTION  # noqa: E402
+from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS  # noqa: E402
 
 GS_PROD = 260 / 48
-TARGET_LATER_US = 1e3 * (PRODUCTION["stall_ms_per_forward"] - PRODUCTION["first_sync_ms"]) / (
-    PRODUCTION["syncs_per_forward"] - 1)
+TARGET_LATER_US = PS["later_blocked_mean_us"]  # ~30 ms over production's other 259 syncs
 GUARDS = ["sync", "cpu_flag"]
 
 
@@ -97,7 +96,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "build/signature"))
     ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens (default 64)")
     ap.add_argument("--reps", type=int, default=12, help="interleaved repetitions per task (default 12)")
-    ap.add_argument("--overlap-ms", type=float, default=PRODUCTION["first_sync_ms"])
+    ap.add_argument("--overlap-ms", type=float, default=PS["first_sync_ms"])
     ap.add_argument("--minutes", type=float, default=7.0, help="start no repetition after this (default 7)")
     ap.add_argument("--tasks", nargs="+", default=["default_C16384", "prodlike_C16384", "default_C8192"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 10 reps (CPU or GPU)")

@@ -40,7 +40,6 @@ PRODUCTION_SIGNATURE = {
 PRODUCTION_SIGNATURE["first_share"] = PRODUCTION_SIGNATURE["first_sync_ms"] / PRODUCTION["stall_ms_per_forward"]
 PRODUCTION_SIGNATURE["later_blocked_mean_us"] = 1000.0 * (
     PRODUCTION["stall_ms_per_forward"] - PRODUCTION_SIGNATURE["first_sync_ms"]) / (PRODUCTION["syncs_per_forward"] - 1)
-PRODUCTION["first_sync_ms"] = PRODUCTION_SIGNATURE["first_sync_ms"]
 
 
 def production_forward_ms() -> float:
