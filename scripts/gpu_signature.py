@@ -77,7 +77,7 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session)
     (work / "traces").mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
     rows = P.measure({"none": d}, GUARDS, reps, key=key, trace_dir=work / "traces", deadline=deadline,
-                     progress=False, signatures=sigs)
+                     progress=False, signatures=sigs, warmup_reps=1)
     df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=session, task=name)
     df.to_csv(work / f"{name}.csv", index=False)
     s = P.summarize(df).assign(session=session, task=name)
@@ -90,24 +90,24 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session)
     return s
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
     ap.add_argument("--out", default=os.environ.get("OUT", "build/signature"))
     ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens (default 64)")
-    ap.add_argument("--reps", type=int, default=12, help="interleaved repetitions per task (default 12)")
+    ap.add_argument("--reps", type=int, default=13, help="interleaved repetitions per task (default 13)")
     ap.add_argument("--overlap-ms", type=float, default=PS["first_sync_ms"])
     ap.add_argument("--minutes", type=float, default=7.0, help="start no repetition after this (default 7)")
     ap.add_argument("--tasks", nargs="+", default=["default_C16384", "prodlike_C16384", "default_C8192"])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 10 reps (CPU or GPU)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + 60 * a.minutes
     out = Path(a.out)
     work = out / f"signature_{a.session}"
     work.mkdir(parents=True, exist_ok=True)
     preset, layers, L, scale = ("tiny", 2, 8, 1 / 1000) if a.smoke else ("qwen3-30b-a3b", 48, 2048, 1.0)
-    reps = max(a.reps, 10) if not a.smoke else 10
+    reps = max(a.reps, 10) if not a.smoke else 12
     lab = P.build(preset, layers, max_loras=4, max_rank=16, dtype="auto", device="auto", backend="auto", seed=0,
                   guard_sites=GS_PROD)
     names = P.load_adapters(lab, 2, 16)

@@ -361,12 +361,14 @@ COLUMNS = KEY_COLUMNS + RESULT_COLUMNS
 
 def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profile: bool = True,
             trace_dir=None, deadline: float | None = None, progress: bool = True, on_row=None,
-            signatures: dict | None = None) -> list[dict]:
+            signatures: dict | None = None, warmup_reps: int = 0) -> list[dict]:
     """Rows for every adapter mode (drivers: mode -> PrefillDriver) x guard x repetition.
     Repetition r runs every mode and every guard once, the guards in an order rotated by r, so
     slow drifts (clocks, temperature, the allocator) land on all guards alike. With `signatures`
     (a dict), the profiled steady forwards' per-forward and per-sync tables are appended to its
-    lists "forwards" and "syncs", labelled with the key, mode and guard."""
+    lists "forwards" and "syncs", labelled with the key, mode and guard. `warmup_reps` whole
+    prefills per guard run untimed first (the allocator and clocks settle; summarize still checks
+    the timed ones for drift)."""
     for g in guards:
         if g not in guard_names():
             raise ValueError(f"unknown guard {g!r}; choose from {list(guard_names())}")
@@ -389,6 +391,12 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
                             signatures.setdefault(name, []).append(tab.assign(**lab_key))
             else:
                 idle[mode, g] = dict(NO_IDLE)
+    if not isinstance(warmup_reps, int) or warmup_reps < 0:
+        raise ValueError(f"warmup_reps must be an int >= 0, got {warmup_reps!r}")
+    for _ in range(warmup_reps):
+        for d in drivers.values():
+            for g in guards:
+                d.run(g)
     bar = cli_progress(reps * len(drivers) * len(guards), progress, unit="prefill")
     group = next(iter(drivers.values())).group if drivers else None
     for r in range(reps):
@@ -562,7 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-adapters", type=pos_int, default=2, help="adapters loaded (default 2)")
     p.add_argument("--rank", type=pos_int, default=16, help="LoRA rank of the loaded adapters (default 16)")
     p.add_argument("--max-loras", type=pos_int, default=4)
-    p.add_argument("--reps", type=pos_int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--reps", type=pos_int, default=12,
+                   help="interleaved repetitions (default 12; >= 10 kept after the warm-up check give intervals)")
+    p.add_argument("--warmup-reps", type=int, default=1, help="untimed whole prefills per guard first (default 1)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--device", default="auto")
@@ -627,7 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             key = dict(preset=a.preset, layers=lab.shape.num_layers, tp=tp, requests=a.requests,
                        input_len=a.input_len, chunk=c, guard_sites=gs, tp_rank=rank)
             measure(drivers, a.guards, a.reps, key=key, profile=not a.no_profile, trace_dir=a.trace_dir,
-                    deadline=deadline, progress=writer and not a.no_progress, on_row=write, signatures=sigs)
+                    deadline=deadline, progress=writer and not a.no_progress, on_row=write, signatures=sigs,
+                    warmup_reps=a.warmup_reps)
             del drivers
         del lab
         if runtime.has_cuda():

@@ -1,0 +1,120 @@
+"""The recorded production-setting sessions (scripts/gpu_signature.py -> data/production/signature_<s>/),
+read once for the README, notebook 06 and the tests: one loader, one combination rule.
+
+    load_sessions()          -> dict session -> Session(summary, rows, forwards, syncs, meta)
+    headline(sessions)       -> one row per task: the fix's gain per session and the reader's
+                                figure (stats.between_sessions: the wider interval when they disagree)
+    signature_table(sessions)-> one row per task: the host side of the per-sync signature (unprofiled,
+                                medians of the kept repetitions) and the GPU idle after the syncs
+                                (profiled steady forwards), beside production's (PRODUCTION_SIGNATURE)
+
+Quantities, never mixed: host_blocked_* are host time spent in `.item()` (production's ~100 ms per
+forward is this kind); gpu_idle_* is GPU time with nothing to run (what a sync actually costs).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..provenance import DATA, normalize_meta
+from . import stats
+
+FOLDER = DATA / "production"
+TASK_TITLES = {"default_C16384": "lab, own regime, C=16384", "default_C8192": "lab, own regime, C=8192",
+               "prodlike_C16384": "lab, production-like regime, C=16384"}
+
+
+@dataclass
+class Session:
+    name: str
+    summary: pd.DataFrame
+    rows: pd.DataFrame
+    forwards: pd.DataFrame  # profiled steady forwards, per task and guard (signature.per_forward)
+    syncs: pd.DataFrame  # per sync of those forwards (signature.per_sync)
+    meta: dict
+
+
+def _cat(files) -> pd.DataFrame:
+    files = list(files)
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
+def load_sessions(folder: Path | str = FOLDER) -> dict[str, Session]:
+    """Every data/production/signature_<session>/ folder, oldest label first."""
+    out = {}
+    for d in sorted(Path(folder).glob("signature_*")):
+        if not d.is_dir() or not (d / "meta.json").is_file():
+            continue
+        name = d.name.removeprefix("signature_")
+        out[name] = Session(name, _cat(d.glob("*.summary.csv")),
+                            _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1),
+                            _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
+                            normalize_meta(json.loads((d / "meta.json").read_text())))
+    return out
+
+
+def _sync_row(s: pd.DataFrame, task: str) -> pd.Series | None:
+    x = s[(s["task"] == task) & (s["guard"] == "sync")]
+    return x.iloc[0] if len(x) else None
+
+
+def headline(sessions: dict[str, Session]) -> pd.DataFrame:
+    """Per task and metric (throughput, net throughput, TTFT): each session's (estimate, lo, hi) and
+    the reader's figure. With one session the reader's figure is that session's, flagged."""
+    rows = []
+    tasks = sorted({t for s in sessions.values() for t in s.summary.get("task", pd.Series(dtype=str)).unique()})
+    for task in tasks:
+        for metric in ("fix_throughput_gain_pct", "fix_throughput_gain_net_pct", "fix_ttft_change_pct"):
+            per = {}
+            for name, s in sessions.items():
+                r = _sync_row(s.summary, task)
+                if r is not None and np.isfinite(r[metric]):
+                    per[name] = (float(r[metric]), float(r[metric + "_lo"]), float(r[metric + "_hi"]))
+            if not per:
+                continue
+            row = dict(task=task, metric=metric, sessions=len(per))
+            for name, v in per.items():
+                row[f"{name}"], row[f"{name}_lo"], row[f"{name}_hi"] = v
+            vals = list(per.values())
+            if len(vals) >= 2:
+                b = stats.between_sessions(vals[0], vals[1])
+                row.update(estimate=b["estimate"], lo=b["lo"], hi=b["hi"], spread=b["spread"], agree=b["agree"])
+            else:
+                row.update(estimate=vals[0][0], lo=vals[0][1], hi=vals[0][2], spread=np.nan, agree=np.nan)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=None if rows else ["task", "metric", "sessions", "estimate", "lo", "hi"])
+
+
+SIG_HOST = ("syncs_per_forward", "host_blocked_ms", "first_blocked_ms", "first_share", "later_blocked_mean_us",
+            "later_blocked_median_us")
+SIG_GPU = ("idle_after_ms", "idle_after_first_us", "idle_after_later_median_us", "first_lead_ms",
+           "later_lead_median_us", "nccl_ms")
+
+
+def signature_table(sessions: dict[str, Session]) -> pd.DataFrame:
+    """Per task and session: the `sync` guard's host-side signature (unprofiled, medians of the kept
+    repetitions' per-prefill medians over steady forwards) and its GPU side (medians over the
+    profiled steady forwards), plus the GPU idle per forward of both guards."""
+    rows = []
+    for name, s in sessions.items():
+        for task, g in s.summary.groupby("task", sort=False):
+            r = _sync_row(s.summary, task)
+            if r is None:
+                continue
+            row = dict(task=task, session=name, **{k: float(r[k]) for k in SIG_HOST})
+            f = s.forwards[(s.forwards["task"] == task) & (s.forwards["guard"] == "sync")] if len(s.forwards) else []
+            for k in SIG_GPU:
+                row[k] = float(f[k].median()) if len(f) else np.nan
+            cf = g[g["guard"] == "cpu_flag"]
+            row["gpu_idle_ms_sync"] = float(r["gpu_idle_ms"])
+            row["gpu_idle_ms_cpu_flag"] = float(cf["gpu_idle_ms"].iloc[0]) if len(cf) else np.nan
+            for k in ("forward_median_ms", "input_tok_per_s", "host_us_per_layer", "overlap_ms", "chunk", "requests",
+                      "reps", "warmup_dropped"):
+                row[k] = float(r[k]) if k in r else np.nan
+            row["forward_median_ms_cpu_flag"] = float(cf["forward_median_ms"].iloc[0]) if len(cf) else np.nan
+            rows.append(row)
+    return pd.DataFrame(rows)

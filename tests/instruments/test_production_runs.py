@@ -1,0 +1,62 @@
+"""The production-setting recorder end to end at tiny shapes (two sessions), and the one loader."""
+import importlib.util
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from lora_moe_lab.instruments import production_runs as PR
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sig")
+    spec = importlib.util.spec_from_file_location("gpu_signature", ROOT / "scripts" / "gpu_signature.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for s in ("s1", "s2"):
+        assert script.main(["--smoke", "--session", s, "--out", str(out / "dev"), "--tasks", "prodlike_C16384"]) == 0
+        with tarfile.open(out / "dev" / f"signature_{s}.tar.gz") as t:
+            t.extractall(out / "data", filter="data")
+    return PR.load_sessions(out / "data")
+
+
+def test_two_sessions_load_with_metadata(sessions):
+    assert list(sessions) == ["s1", "s2"]
+    for s in sessions.values():
+        assert set(s.summary["task"]) == {"prodlike_C16384"}
+        assert s.meta["params"]["session"] == s.name and "calibration" in s.meta and "dirty" in s.meta
+        assert (s.summary["reps"] >= 10).all() and "bootstrap" in s.summary["ci_method"].iloc[0]
+
+
+def test_headline_combines_sessions(sessions):
+    h = PR.headline(sessions)
+    assert set(h["task"]) <= {"prodlike_C16384"}
+    for r in h.itertuples():
+        if r.sessions < 2:  # a CPU session may be flagged unstable (no figure): the combination needs two
+            continue
+        assert r.lo == min(r.s1_lo, r.s2_lo) and r.hi == max(r.s1_hi, r.s2_hi)
+        assert r.estimate == pytest.approx((r.s1 + r.s2) / 2)
+
+
+def test_signature_table_host_side(sessions):
+    t = PR.signature_table(sessions)
+    assert len(t) == 2 and (t["syncs_per_forward"] > 0).all()
+    assert (t["host_blocked_ms"] >= 0).all() and t["first_share"].between(0, 1).all()
+    assert t["idle_after_ms"].isna().all()  # CPU: no profile, never a made-up GPU figure
+    assert PR.headline({}).empty and PR.signature_table({}).empty
+
+
+def test_headline_takes_the_wider_interval_when_sessions_disagree():
+    import pandas as pd
+
+    def sess(name, est, lo, hi):
+        row = dict(task="default_C16384", guard="sync")
+        for m in ("fix_throughput_gain_pct", "fix_throughput_gain_net_pct", "fix_ttft_change_pct"):
+            row.update({m: est, m + "_lo": lo, m + "_hi": hi})
+        return PR.Session(name, pd.DataFrame([row]), pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {})
+
+    h = PR.headline({"s1": sess("s1", 6.6, 6.1, 9.1), "s2": sess("s2", 10.1, 9.5, 14.3)}).iloc[0]
+    assert not h.agree and (h.lo, h.hi) == (6.1, 14.3) and h.spread == pytest.approx(3.5)
