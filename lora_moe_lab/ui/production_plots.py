@@ -139,3 +139,38 @@ def rank_timeline(traces: dict, *, align: str = "allreduce", title: str = "one f
                       yaxis_title="rank · lane", yaxis=dict(categoryorder="array", categoryarray=lanes[::-1]),
                       legend=dict(orientation="h", y=-0.2), margin=dict(l=150, r=20, t=50, b=40))
     return fig
+
+
+def signature_along_forward(syncs: pd.DataFrame, *, production: dict | None = None,
+                            title: str = "Each sync of one forward: host blocked and GPU idle after it") -> go.Figure:
+    """Two panels over the syncs of one steady forward, in order (instruments.signature.per_sync
+    rows; one trace per `label` column value): top, the host time blocked in the sync (log scale);
+    bottom, the GPU idle that follows it. Production published only totals for its forward: its
+    first sync (~70 ms) and the mean of the other 259 (~116 us) are drawn as markers on the top
+    panel, never on the bottom one (they are host time)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("host time blocked in the sync (µs, log)", "GPU idle after the sync (µs)"))
+    palette = ["#d62728", "#ff7f0e", "#2ca02c", "#9467bd"]
+    for i, (lab, g) in enumerate(syncs.groupby("label", sort=False)):
+        c = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=g["sync_index"], y=g["host_blocked_us"].clip(lower=0.1), mode="markers",
+                                 marker=dict(size=4, color=c), name=f"{lab}: host blocked"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=g["sync_index"], y=g["idle_after_us"], mode="markers",
+                                 marker=dict(size=4, color=c, symbol="diamond"), name=f"{lab}: GPU idle after"),
+                      row=2, col=1)
+    if production:
+        n = int(production["syncs_per_forward"])
+        fig.add_trace(go.Scatter(x=[0], y=[1e3 * production["first_sync_ms"]], mode="markers",
+                                 marker=dict(size=12, color="black", symbol="star"),
+                                 name="production: first sync (host blocked)"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=[1, n - 1], y=[production["later_blocked_mean_us"]] * 2, mode="lines",
+                                 line=dict(color="black", dash="dash"),
+                                 name="production: mean of the other syncs (host blocked)"), row=1, col=1)
+    fig.update_yaxes(type="log", title_text="µs", row=1, col=1)
+    fig.update_yaxes(title_text="µs", row=2, col=1)
+    fig.update_xaxes(title_text="sync, in order within the forward", row=2, col=1)
+    fig.update_xaxes(title_text="sync, in order within the forward", row=1, col=1)
+    fig.update_layout(title=title, height=560, legend=dict(orientation="h", y=-0.18))
+    return fig

@@ -44,3 +44,22 @@ def test_rank_timeline_aligns_and_windows():
         pp.rank_timeline({0: t}, align="nope")
     with pytest.raises(ValueError, match="no traces"):
         pp.rank_timeline({})
+
+
+def test_signature_along_forward_keeps_quantities_apart():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    from synth_traces import model_trace
+
+    from lora_moe_lab.instruments import signature as S
+    from lora_moe_lab.sim import PRODUCTION_SIGNATURE
+
+    s = S.per_sync(T.load_trace(model_trace("sync")[0])).assign(label="synthetic")
+    fig = pp.signature_along_forward(s, production=PRODUCTION_SIGNATURE)
+    names = [tr.name for tr in fig.data]
+    assert "synthetic: host blocked" in names and "synthetic: GPU idle after" in names
+    prod = [tr for tr in fig.data if tr.name.startswith("production")]
+    assert prod and all(tr.yaxis in (None, "y") for tr in prod)  # production's figures: host panel only
+    assert fig.layout.title.text and fig.layout.xaxis2.title.text and fig.layout.yaxis.title.text
