@@ -18,9 +18,10 @@ import plotly.graph_objects as go
 
 from ..instruments import trace as T
 
-__all__ = ["timeline", "idle_breakdown", "queue_depth_plot", "GAP_COLORS"]
+__all__ = ["timeline", "layers_window", "idle_breakdown", "queue_depth_plot", "GAP_COLORS"]
 
-GAP_COLORS = {"after_sync": "#d62728", "host_launch_wait": "#ff7f0e",
+# sync_reissue: a host-launch-wait gap later in a layer after its sync (nb/lessons.py: attribute_sync_gaps)
+GAP_COLORS = {"after_sync": "#d62728", "sync_reissue": "#ff9896", "host_launch_wait": "#ff7f0e",
               "kernel_to_kernel": "#7f7f7f", "other": "#bcbd22"}
 _KIND_COLORS = {"kernel": "#1f77b4", "memcpy": "#9467bd", "memset": "#8c564b"}
 _HOST_COLORS = {"launch": "#2ca02c", "sync": "#d62728", "other": "#98df8a"}
@@ -72,18 +73,39 @@ def _bars(fig, df, lane, t0, color, legend, showlegend=True, extra_hover=""):
     ))
 
 
+def layers_window(t: T.TraceTables, forward: int, layers: int, pattern: str = r"moe_layer_\d+$") -> tuple[int, int]:
+    """(lo, hi) ns: from the forward's start to the end of its `layers`-th layer (host range) and
+    the GPU ops launched inside those layers; the whole forward when it has no more layers."""
+    lo, hi = T._window_of_forwards(t, [forward])
+    a = t.annotations
+    a = a[a["name"].str.match(pattern) & (a["start_ns"] >= lo) & (a["end_ns"] <= hi)].sort_values("start_ns")
+    if len(a) <= layers:
+        return lo, hi
+    end = int(a["end_ns"].iloc[layers - 1])
+    k = t.kernels[(t.kernels["forward"] == forward) & (_launch_ns(t.kernels) <= end)]
+    return lo, max(end, int(k["end_ns"].max()) if len(k) else end)
+
+
+def _launch_ns(k: pd.DataFrame) -> np.ndarray:
+    ls = pd.to_numeric(k["launch_start_ns"], errors="coerce") if "launch_start_ns" in k else k["start_ns"]
+    return np.where(pd.isna(ls), k["start_ns"], ls).astype(np.int64)
+
+
 def timeline(tables, window: tuple[int, int] | None = None, forward: int | None = None,
              max_events: int = 6000, gaps: pd.DataFrame | None = None, title: str | None = None,
-             show_annotations: bool = True) -> go.Figure:
+             show_annotations: bool = True, layers: int | None = None) -> go.Figure:
     """Host and GPU lanes of a trace on one time axis (microseconds from the window start).
 
-    window: (lo, hi) in trace ns; or forward: one forward's window. With neither, the whole trace
-    is drawn if it has at most `max_events` spans, else only the first forward. Spans above
-    `max_events` (after windowing) are merged into time buckets per lane."""
+    window: (lo, hi) in trace ns; or forward: one forward's window (with `layers`: only its first
+    `layers` layers, `layers_window`: a 48-layer forward drawn whole is megabytes of bars). With
+    neither, the whole trace is drawn if it has at most `max_events` spans, else only the first
+    forward. Spans above `max_events` (after windowing) are merged into time buckets per lane."""
     t = T.load_trace(tables) if not isinstance(tables, T.TraceTables) else tables
     n_all = len(t.kernels) + len(t.runtime)
     if window is None and forward is None and n_all > max_events and len(t.forwards):
         forward = int(t.forwards["forward"].iloc[0])
+    if window is None and forward is not None and layers is not None:
+        window = layers_window(t, forward, layers)
     w = _window(t, window, forward)
     k = _clip(t.kernels, w)
     rt = _clip(t.runtime, w)
@@ -157,14 +179,16 @@ def _group_cols(df: pd.DataFrame, by) -> list[str]:
 
 
 def idle_breakdown(metrics: pd.DataFrame, by=None, include_busy: bool = True,
-                   title: str | None = None) -> go.Figure:
+                   title: str | None = None, causes=None) -> go.Figure:
     """Stacked bars of GPU time: busy plus idle by cause (means over the rows of each group).
 
     metrics: forward_metrics() output (grouped by forward), or a frame with a `guard` column
-    (and `mode`, `M` when present: one bar per combination), e.g. the GPU script's summary CSV."""
+    (and `mode`, `M` when present: one bar per combination), e.g. the GPU script's summary CSV.
+    causes: the idle columns `idle_<cause>_ns` to stack (default: trace.GAP_CATEGORIES)."""
     df = metrics.copy()
     cols = _group_cols(df, by)
-    parts = (["busy_ns"] if include_busy else []) + [f"idle_{c}_ns" for c in T.GAP_CATEGORIES]
+    causes = T.GAP_CATEGORIES if causes is None else tuple(causes)
+    parts = (["busy_ns"] if include_busy else []) + [f"idle_{c}_ns" for c in causes]
     parts = [p for p in parts if p in df.columns]
     g = df.groupby(cols, sort=False, dropna=False)[parts].mean().reset_index()
     labels = g[cols].astype(str).agg(" / ".join, axis=1)
