@@ -101,6 +101,8 @@ def metadata(params: dict | None = None) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     out["dirty"] = git_dirty_flag()
+    if os.environ.get("GIT_DIRTY_FILES"):  # which tracked files differed from the commit
+        out["dirty_files"] = os.environ["GIT_DIRTY_FILES"].split()
     state = gpu_state() if cuda else {}
     out["driver"] = state.pop("driver_version", "")
     out["gpu_state"] = state

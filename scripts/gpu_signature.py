@@ -90,6 +90,14 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session)
     return s
 
 
+def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
+    meta["calibration"] = cal
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with tarfile.open(out / f"signature_{session}.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname=f"signature_{session}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
@@ -133,11 +141,8 @@ def main(argv=None) -> int:
                 "fix_ttft_change_pct", "first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us",
                 "host_blocked_ms", "gpu_idle_ms"]
         print(s[cols].to_string(index=False, float_format="{:.2f}".format), flush=True)
-    meta["calibration"] = cal
-    meta["wall_s"] = round(time.monotonic() - t0, 1)
-    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    with tarfile.open(out / f"signature_{a.session}.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname=f"signature_{a.session}")
+        pack(work, out, a.session, meta, cal, t0)  # after every task: a killed call still returns data
+    pack(work, out, a.session, meta, cal, t0)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
