@@ -237,43 +237,79 @@ if LIVE:
     fig = go.Figure()
     fig.add_bar(x=costs.what, y=costs.device_us_per_call, name="device time per call (graph replay)")
     fig.add_bar(x=costs.what, y=costs.host_issue_us_per_call, name="host issue time per call (eager)")
-    fig.update_layout(barmode="group", yaxis_title="us", title=f"Launch cost, {preset}, M={num_tokens} ({source})",
-                      height=400)
+    fig.update_layout(barmode="group", xaxis_title="what is launched", yaxis_title="time per call (us)",
+                      title=f"Launch cost, {preset}, M={num_tokens} ({source})", height=400)
     fig.show()
-    c = costs.set_index("what")["device_us_per_call"]
-    off, empty = c["LoRA kernel, all adapters disabled"], c["empty Triton kernel"]
-    print(f"all-disabled launch {off:.2f} us vs empty kernel {empty:.2f} us per call")
+    c = costs.set_index("what")
+    off, empty = c.loc["LoRA kernel, all adapters disabled", "device_us_per_call"], c.loc["empty Triton kernel", "device_us_per_call"]
+    print(f"device: all-disabled launch {off:.2f} us vs empty kernel {empty:.2f} us per call ({off / empty:.2f}x)")
+    print("host, eager, per call: " + ", ".join(f"{w} {h:.1f} us" for w, h in c["host_issue_us_per_call"].items() if h)
+          + " - the Triton launcher's Python on the host; the GPU is done with an exiting launch in "
+          f"{off:.2f} us, so in eager mode the host's issue time is the cost `cpu_flag` saves")
     assert off <= 2.0 * empty + 2.0, f"claim failed ({CLAIM}): {off:.2f} us vs empty {empty:.2f} us"
     display(costs)
-else:
-    rec, meta = ee.recorded_disabled_launches()
-    if rec is None:
-        print("No GPU here, and no recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by "
-              "scripts/gpu_kernels.py). Run this notebook on a GPU to measure the launch costs live.")
-    else:
-        src = f"recorded: {label(meta)}"
-        print(src, "(no launch: 0 us by definition)")
-        fig = go.Figure()
-        for (kernel, preset_name), g in rec.groupby(["kernel", "preset"], sort=False):
-            fig.add_trace(go.Scatter(x=g.M, y=g.all_disabled_us, mode="lines+markers",
-                                     name=f"all disabled, {kernel} kernel: {preset_name}",
-                                     line=dict(dash="solid" if kernel == "current" else "dot")))
-        e = rec[rec.kernel == "current"].groupby("M", as_index=False)["empty_kernel_us"].mean()
-        fig.add_trace(go.Scatter(x=e.M, y=e.empty_kernel_us, mode="lines+markers", name="empty Triton kernel",
-                                 line=dict(color="black")))
-        fig.update_layout(xaxis=dict(type="log", title="tokens M"), yaxis_title="device time per call (us, graph replay)",
-                          height=420, title=f"All-disabled LoRA launch vs an empty kernel ({src})")
-        fig.show()
-        cur = rec[rec.kernel == "current"]
-        assert len(cur) and (cur["all_disabled_us"] <= 2.0 * cur["empty_kernel_us"] + 2.0).all(), f"claim failed ({CLAIM})"
-        display(rec[["kernel", "preset", "M", "programs", "all_disabled_us", "empty_kernel_us", "ratio", "enabled_us"]])
 
 # %% [markdown]
-# When recorded data from an earlier kernel is there (one program per token block instead of the
-# persistent grid), the dotted lines show why the grid changed: the number of programs grew with
-# M, and so did the all-disabled launch — up to ~5x an empty kernel at large M. The persistent grid
-# keeps it at one round of metadata loads, whatever M. For scale, `enabled_us` is the same launch
-# doing its work (all four adapters enabled).
+# The same launches recorded on the H200 (`data/kernels/`), over M and both presets, beside the
+# kernel as it was before the persistent grid (dotted).
+
+# %%
+rec, meta = ee.recorded_disabled_launches()
+if rec is None:
+    print("No recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by scripts/gpu_kernels.py).")
+else:
+    src = f"recorded: {label(meta)}"
+    print(src, "(no launch: 0 us by definition)")
+    fig = go.Figure()
+    for (kernel, preset_name), g in rec.groupby(["kernel", "preset"], sort=False):
+        fig.add_trace(go.Scatter(x=g.M, y=g.all_disabled_us, mode="lines+markers",
+                                 name=f"all disabled, {kernel} kernel: {preset_name}",
+                                 line=dict(dash="solid" if kernel == "current" else "dot")))
+    e = rec[rec.kernel == "current"].groupby("M", as_index=False)["empty_kernel_us"].mean()
+    fig.add_trace(go.Scatter(x=e.M, y=e.empty_kernel_us, mode="lines+markers", name="empty Triton kernel",
+                             line=dict(color="black")))
+    fig.update_layout(xaxis=dict(type="log", title="tokens M"), yaxis_title="device time per call (us, graph replay)",
+                      height=420, title=f"All-disabled LoRA launch vs an empty kernel ({src})")
+    fig.show()
+    cur = rec[rec.kernel == "current"]
+    assert len(cur) and (cur["all_disabled_us"] <= 2.0 * cur["empty_kernel_us"] + 2.0).all(), f"claim failed ({CLAIM})"
+    display(rec[["kernel", "preset", "M", "programs", "all_disabled_us", "empty_kernel_us", "ratio", "enabled_us"]])
+
+# %% [markdown]
+# When recorded data from an earlier kernel is there (one program per (token block, N share)
+# instead of the persistent grid), the dotted lines show why the grid changed. The cell below
+# reads both kernels' rows: how many programs each launched at each M and what its all-disabled
+# launch cost against an empty kernel. For scale, `enabled_us` is the same launch doing its work
+# (all four adapters enabled). At decode sizes the MoE layer itself does not launch this kernel:
+# it takes the decode path (its own grid, the last section), so the small-M rows time the aligned
+# kernel where the layer would not use it.
+
+# %%
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS
+
+for (kernel, pr), g in ([] if rec is None else rec.groupby(["kernel", "preset"], sort=False)):
+    g = g.sort_values("M")
+    split = g.config.str.extract(r"split(\d+)")[0].astype(int)
+    progs = ", ".join(f"M={m}: {int(p)} (split_n {s_})" for m, p, s_ in zip(g.M, g.programs, split))
+    most, worst = g.loc[g.programs.idxmax()], g.loc[g.ratio.idxmax()]
+    print(f"{kernel}, {pr}: programs {progs}; the most at M={int(most.M)}. All disabled "
+          f"{g.all_disabled_us.min():.2f}-{g.all_disabled_us.max():.2f} us, {g.ratio.min():.2f}-{g.ratio.max():.2f}x "
+          f"an empty kernel, the most at M={int(worst.M)} ({worst.all_disabled_us:.2f} us with {int(worst.programs)} "
+          f"programs: {'where' if most.M == worst.M else 'not where'} it launched the most programs)")
+    k_ = get_shape(pr).top_k
+    if kernel == "current":
+        print(f"  {pr}: the layer takes the decode path for M x top_k <= {DECODE_MAX_PAIRS} pairs, M <= "
+              f"{DECODE_MAX_PAIRS // k_} at top_k={k_}")
+
+# %% [markdown]
+# **Reading it.** The earlier grid's program count did not simply grow with M: its launch table
+# splits the N columns into more shares at small M (split_n above 1: more parallel work for a small
+# batch), so where split_n is large a small M launches many programs; where split_n is 1 the count
+# follows the token blocks. Whether its all-disabled cost followed the program count, the lines
+# above say per preset. The persistent grid launches a few programs per SM
+# whatever M, each gone after one round of metadata loads, and its all-disabled cost stays within
+# the narrow range printed above.
 
 # %% [markdown]
 # ## Why `has_active_lora` defaults to True
