@@ -1,112 +1,396 @@
 """The canonical GPU recordings and the ONE loader each is read through: the guards (below), the
 graph strategies (`load_graph_strategies`) and the kernel runs (`load_kernel_run`).
 
-    rec = load_guards()                 # data/guards/h200_guards.csv + its .meta.json
-    rec.label                           # "H200 · commit 1a2b3c4 · 2026-11-30" for every caption
-    rec.summary()                       # per point and variant: median, 95 % interval, n
-    rec.paired("sync", "cpu_flag")      # per point: the paired difference per repetition ->
-                                        # lost_us and us_per_sync with their 95 % intervals, ratio
+    rec = load_guards()                 # data/guards/: both sessions h200_guards_s*.csv (+ .meta.json)
+    rec.label                           # "s1: H200 · commit 1a2b3c4 · 2026-12-01; s2: ..." for captions
+    rec.sessions                        # ["s1", "s2"]
+    rec.warmup()                        # per session and point: repetitions kept, dropped as drift, status
+    rec.summary()                       # per point and variant: median, its 95 % interval, n kept
+    rec.paired("sync", "cpu_flag")      # per point: sync/cpu_flag and the time lost per sync, each
+                                        # with its paired bootstrap 95 % interval; two sessions pooled
+    rec.paired(..., by_session=True)    # the same per session (the between-session spread)
 
 The recording holds every repetition (one row per sample), not only a median: the repetitions were
 interleaved (each repetition runs every variant back to back in a rotating order, each from an
-idle GPU), so the difference of two variants within one repetition is a paired measurement and
-its spread says how much of an effect is noise.
+idle GPU), so the difference of two variants within one repetition is a paired measurement.
 
-Interval: a distribution-free 95 % confidence interval of the median from order statistics (the
-k-th smallest and k-th largest of n samples, k from the binomial(n, 1/2) tails); it needs n >= 6.
+Warm-up (scripts/gpu_side_by_side.py records it; `warmup_check` is the rule): every arm's
+repetitions are checked with `stats.drop_warmup`; the largest leading drift over the arms is
+dropped from all of them, so the pairs stay pairs (`warmup_drift` marks those rows; they stay in
+the file). A point where any arm never settles has `status` "unstable": its figures are NaN, not
+averaged. A file recorded before the check (the archived `h200_guards.csv`) reads as "unchecked":
+every repetition, as recorded; `load_guards(path, check_warmup=True)` applies the check to it.
+
+Intervals (the methods are named in every table, `METHOD_*`):
+- a median: the order-statistic interval (stats.median_ci, distribution-free; n >= 6);
+- sync/cpu_flag (ratio of the medians) and the lost time (median of the paired differences): the
+  percentile bootstrap of the kept pairs (stats.bootstrap_paired; n >= 10; below that the
+  order-statistic interval of the differences, and the `method` column says so);
+- two sessions: stats.between_sessions: the mean of the two estimates with the union of the two
+  intervals, `agree` False where they do not overlap: the reader gets the wider, honest range.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..provenance import DATA, label as _label, normalize_meta
+from . import stats
+from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
 
-GUARDS_CSV = DATA / "guards" / "h200_guards.csv"
+GUARDS_DIR = DATA / "guards"
+# The archived recording of 2026-11-30 (commit b5af87d, 15 repetitions, before the warm-up check).
+# load_guards() reads it only while data/guards/ holds no session file.
+GUARDS_CSV = ARCHIVED_GUARDS_CSV = GUARDS_DIR / "h200_guards.csv"
+SESSION_GLOB = "*_guards_s*.csv"  # h200_guards_s1.csv, h200_guards_s2.csv: one file per device session
 KEYS = ["preset", "layers", "tokens", "active"]
-SAMPLE_COLUMNS = KEYS + ["variant", "guard", "mode", "rep", "us", "syncs_per_forward"]
+SAMPLE_COLUMNS = KEYS + ["variant", "guard", "mode", "rep", "us", "syncs_per_forward"]  # every file has these
+CHECK_COLUMNS = ["session", "warmup_drift", "status", "position"]  # written since the warm-up check
+OK, UNSTABLE, UNCHECKED = "ok", "unstable", "unchecked"
+METHOD_SESSIONS = ("between sessions (stats.between_sessions): the mean of the sessions' estimates with the union "
+                   "of their 95 % intervals; flagged where the intervals do not overlap")
+METHOD_WARMUP = ("stats.drop_warmup on every arm's repetitions in time order; the largest leading drift over the "
+                 "arms is dropped from all arms (pairs stay pairs); an arm that never settles makes the point "
+                 "unstable (not averaged)")
+METHOD_DIFF_MEDIAN = "order-statistic 95 % interval of the median paired difference (n < 10: no bootstrap)"
+_BOOT = {k: p.default for k, p in inspect.signature(stats.bootstrap_paired).parameters.items()
+         if k in ("n_boot", "conf", "seed")}
 
 
 def median_ci(x, conf: float = 0.95) -> tuple[float, float, float]:
-    """(median, lo, hi): the median and its distribution-free confidence interval."""
-    s = np.sort(np.asarray(x, dtype=float))
-    n = len(s)
-    if n == 0:
+    """(median, lo, hi): stats.median_ci, lenient for old callers: no sample -> NaNs; too few for
+    this confidence -> an unbounded interval (-inf, inf) instead of an error, never a false one."""
+    a = np.asarray(x, dtype=float).ravel()
+    if not len(a):
         return (math.nan, math.nan, math.nan)
-    med = float(np.median(s))
-    # largest k with P(Binom(n, 1/2) <= k - 1) <= (1 - conf) / 2: then [s[k-1], s[n-k]] covers >= conf
-    alpha, cdf, k = (1.0 - conf) / 2.0, 0.0, 0
-    while k < n:
-        p = math.comb(n, k) / 2.0 ** n
-        if cdf + p > alpha:
-            break
-        cdf += p
-        k += 1
-    if k == 0:  # too few samples for this confidence: say so with an unbounded interval
-        return (med, -math.inf, math.inf)
-    return (med, float(s[k - 1]), float(s[n - k]))
+    try:
+        return stats.median_ci(a, conf)
+    except stats.TooFewRepetitions:
+        return (float(np.median(a)), -math.inf, math.inf)
+
+
+def bootstrap_paired_fast(a, b, stat: str = "median_diff") -> tuple[float, float, float]:
+    """stats.bootstrap_paired with its defaults (same resamples, same seed, same quantiles: the
+    test checks the numbers are equal), vectorised over the resamples: 10,000 Python calls per
+    figure made the reader take seconds. stat: "median_diff" (median of a - b) or
+    "ratio_of_medians" (median(a) / median(b))."""
+    a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
+    if len(a) != len(b):
+        raise ValueError(f"paired samples of different lengths: {len(a)} and {len(b)}")
+    if len(a) < MIN_PAIRED_REPS:
+        raise stats.TooFewRepetitions(f"{len(a)} paired repetitions; a bootstrap interval needs >= {MIN_PAIRED_REPS}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("bootstrap_paired_fast: non-finite values")
+    rng = np.random.default_rng(_BOOT["seed"])
+    idx = rng.integers(0, len(a), size=(_BOOT["n_boot"], len(a)))
+    A, B = a[idx], b[idx]
+    if stat == "median_diff":
+        est, boots = float(np.median(a - b)), np.median(A - B, axis=1)
+    elif stat == "ratio_of_medians":
+        est, boots = float(np.median(a) / np.median(b)), np.median(A, axis=1) / np.median(B, axis=1)
+    else:
+        raise ValueError(f"unknown statistic {stat!r}: 'median_diff' or 'ratio_of_medians'")
+    q = (1 - _BOOT["conf"]) / 2
+    return est, float(np.quantile(boots, q)), float(np.quantile(boots, 1 - q))
+
+
+# ----------------------------------------------------------------------------------------------
+# The warm-up rule: one function for the recorder (scripts/gpu_side_by_side.py) and the reader
+@dataclass(frozen=True)
+class WarmupCheck:
+    n: int  # repetitions recorded (per arm)
+    dropped: int  # leading repetitions dropped from every arm (0 when unstable: nothing is kept)
+    stable: bool
+    note: str
+    per_arm: dict  # arm -> repetitions its own drift would drop, None where it never settles
+
+    @property
+    def status(self) -> str:
+        return OK if self.stable else UNSTABLE
+
+
+def warmup_check(arms: Mapping[str, Sequence[float]], *, min_keep: int = MIN_PAIRED_REPS) -> WarmupCheck:
+    """The warm-up verdict for one point: `arms` maps each variant to its repetitions in time order
+    (the same repetitions for every arm: they were interleaved). Every arm goes through
+    stats.drop_warmup; the largest drop over the arms is taken from all of them, so the kept
+    repetitions stay paired. Any arm that never settles (stats.UnstableWarmup) makes the point
+    unstable: its figures must not be averaged. Fewer than `min_keep` repetitions is an error."""
+    n = {k: len(v) for k, v in arms.items()}
+    if len(set(n.values())) != 1:
+        raise ValueError(f"interleaved arms must have the same repetitions, got {n}")
+    n = next(iter(n.values()))
+    per, why = {}, []
+    for arm, x in arms.items():
+        try:
+            per[arm] = stats.drop_warmup(x, min_keep=min_keep).dropped
+        except stats.UnstableWarmup as e:
+            per[arm] = None
+            why.append(f"{arm}: {e}")
+    if why:
+        return WarmupCheck(n, 0, False, f"unstable over {n} repetitions ({'; '.join(why)})", per)
+    d = max(per.values())
+    if not d:
+        return WarmupCheck(n, 0, True, f"no warm-up drift in {n} repetitions", per)
+    drift = ", ".join(f"{k} {v}" for k, v in per.items() if v)
+    return WarmupCheck(n, d, True, f"dropped the first {d} of {n} repetitions from every arm as warm-up drift "
+                                   f"(drift per arm: {drift})", per)
+
+
+def mark_warmup(samples: pd.DataFrame, *, min_keep: int = MIN_PAIRED_REPS) -> pd.DataFrame:
+    """The samples with `warmup_drift` and `status` set by `warmup_check`, per session and point
+    (a file recorded before the check, or a synthetic one). Nothing is removed."""
+    df = samples.copy()
+    if "session" not in df:
+        df["session"] = ""
+    df["warmup_drift"], df["status"] = False, OK
+    for _, g in df.groupby(["session"] + KEYS, sort=False):
+        wide = g.pivot_table(index="rep", columns="variant", values="us", aggfunc="first").sort_index()
+        c = warmup_check({v: wide[v].to_numpy() for v in wide.columns}, min_keep=min_keep)
+        df.loc[g.index, "status"] = c.status
+        df.loc[g.index, "warmup_drift"] = g["rep"].isin(wide.index[:c.dropped]).to_numpy()
+    return df
+
+
+# ----------------------------------------------------------------------------------------------
+def combine_sessions(figs: Sequence[tuple[float, float, float]]) -> dict:
+    """Several sessions' (estimate, lo, hi) of one figure -> what the reader sees. One session: it,
+    as it is. Two: stats.between_sessions. More: its rule generalised (mean of the estimates, union
+    of the intervals, agree only where all intervals share a point)."""
+    figs = [tuple(map(float, f)) for f in figs]
+    if not figs:
+        return dict(estimate=math.nan, lo=math.nan, hi=math.nan, spread=math.nan, agree=True, sessions=0)
+    if len(figs) == 1:
+        e, lo, hi = figs[0]
+        return dict(estimate=e, lo=lo, hi=hi, spread=0.0, agree=True, sessions=1)
+    if len(figs) == 2:
+        return stats.between_sessions(*figs)
+    es, los, his = zip(*figs)
+    return dict(estimate=float(np.mean(es)), lo=min(los), hi=max(his), spread=max(es) - min(es),
+                agree=bool(max(los) <= min(his)), sessions=len(figs))
+
+
+def _pair_figures(a: np.ndarray, b: np.ndarray) -> dict:
+    """One session's paired figures of one point: medians with their order-statistic intervals,
+    the ratio of the medians and the median paired difference with their bootstrap intervals."""
+    n = len(a)
+    out = {}
+    for k, x in (("t_variant", a), ("t_baseline", b)):
+        out[f"{k}_us"], out[f"{k}_lo95_us"], out[f"{k}_hi95_us"] = median_ci(x)
+    if n >= MIN_PAIRED_REPS:
+        out["lost_us"], out["lost_lo95_us"], out["lost_hi95_us"] = bootstrap_paired_fast(a, b, "median_diff")
+        out["ratio"], out["ratio_lo95"], out["ratio_hi95"] = bootstrap_paired_fast(a, b, "ratio_of_medians")
+        out["method"] = METHOD_BOOT
+    else:  # an old or synthetic file with fewer repetitions: the difference's order-statistic interval
+        out["lost_us"], out["lost_lo95_us"], out["lost_hi95_us"] = median_ci(a - b)
+        r, rlo, rhi = median_ci(a / b)
+        out["ratio"], out["ratio_lo95"], out["ratio_hi95"] = float(np.median(a) / np.median(b)), rlo, rhi
+        out["method"] = METHOD_DIFF_MEDIAN
+    return out
+
+
+_PAIR_FIGS = ("t_variant_us", "t_baseline_us", "ratio", "lost_us")
+_NAN_PAIR = {**{f: math.nan for f in ("t_variant_us", "t_variant_lo95_us", "t_variant_hi95_us", "t_baseline_us",
+                                      "t_baseline_lo95_us", "t_baseline_hi95_us", "lost_us", "lost_lo95_us",
+                                      "lost_hi95_us", "ratio", "ratio_lo95", "ratio_hi95")}, "method": ""}
+
+
+def _lohi(fig: str) -> tuple[str, str]:
+    if fig.endswith("_us"):
+        return fig[:-3] + "_lo95_us", fig[:-3] + "_hi95_us"
+    return fig + "_lo95", fig + "_hi95"
 
 
 @dataclass
 class Recording:
-    samples: pd.DataFrame  # one row per repetition (SAMPLE_COLUMNS)
-    meta: dict = field(default_factory=dict)
-    path: Path | None = None
+    samples: pd.DataFrame  # one row per repetition (SAMPLE_COLUMNS, and CHECK_COLUMNS since the warm-up check)
+    meta: dict = field(default_factory=dict)  # one session's metadata; several: {"sessions": {label: meta}, ...}
+    path: Path | None = None  # the file; several sessions: their folder
+    paths: list = field(default_factory=list)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        s = self.samples
+        if not {"session", "warmup_drift", "status"} <= set(s.columns):
+            s = s.copy()
+            if "session" not in s:
+                s["session"] = self.meta.get("session") or (self.path.stem if self.path else "")
+            if "warmup_drift" not in s:
+                s["warmup_drift"] = False
+            if "status" not in s:
+                s["status"] = UNCHECKED
+            self.samples = s
+        self.samples["session"] = self.samples["session"].fillna("").astype(str)
+        self.samples["warmup_drift"] = self.samples["warmup_drift"].astype(bool)
+        if not self.paths and self.path is not None:
+            self.paths = [self.path]
+
+    @property
+    def sessions(self) -> list[str]:
+        return sorted(self.samples["session"].unique())
+
+    @property
+    def session_meta(self) -> dict:
+        """label -> that session's metadata."""
+        if "sessions" in self.meta:
+            return self.meta["sessions"]
+        return {s: self.meta for s in self.sessions}
 
     @property
     def label(self) -> str:
-        return _label(self.meta)
+        if len(self.sessions) <= 1:
+            return _label(self.meta)
+        return "; ".join(f"{s}: {_label(m)}" for s, m in self.session_meta.items())
 
-    def summary(self) -> pd.DataFrame:
-        """Per point and variant: median_us, lo95_us, hi95_us, n, syncs_per_forward."""
+    @property
+    def checked(self) -> bool:
+        """Was the warm-up check applied (False: an archived file, read as recorded)?"""
+        return not (self.samples["status"] == UNCHECKED).all()
+
+    def warmup(self) -> pd.DataFrame:
+        """Per session and point: repetitions recorded, dropped as warm-up drift, kept, the status
+        (ok / unstable / unchecked) and a note, in the words the README uses."""
         rows = []
-        for key, g in self.samples.groupby(KEYS + ["variant", "guard", "mode"], sort=True):
-            med, lo, hi = median_ci(g["us"])
-            rows.append(dict(zip(KEYS + ["variant", "guard", "mode"], key), median_us=med, lo95_us=lo,
-                             hi95_us=hi, n=len(g), syncs_per_forward=int(g["syncs_per_forward"].iloc[0])))
+        for key, g in self.samples.groupby(["session"] + KEYS, sort=True):
+            reps = g["rep"].nunique()
+            dropped = g.loc[g["warmup_drift"], "rep"].nunique()
+            status = g["status"].iloc[0]
+            note = {UNSTABLE: f"unstable over {reps} repetitions: not averaged",
+                    UNCHECKED: f"{reps} repetitions, recorded before the warm-up check"}.get(
+                status, f"dropped the first {dropped} of {reps} repetitions as warm-up drift" if dropped
+                else f"no warm-up drift in {reps} repetitions")
+            if status != UNCHECKED and reps >= MIN_PAIRED_REPS:  # the rule's own words (which arm drifted)
+                wide = g.pivot_table(index="rep", columns="variant", values="us", aggfunc="first").sort_index()
+                c = warmup_check({v: wide[v].to_numpy() for v in wide.columns})
+                if c.status == status and c.dropped == dropped:
+                    note = c.note
+            rows.append(dict(zip(["session"] + KEYS, key), reps=reps, dropped=dropped,
+                             kept=0 if status == UNSTABLE else reps - dropped, status=status, note=note))
         return pd.DataFrame(rows)
 
-    def paired(self, variant: str = "sync", baseline: str = "cpu_flag") -> pd.DataFrame:
-        """Per point: the per-repetition difference variant - baseline (paired: same repetition),
-        its median and 95 % interval (lost_us), the same per sync of `variant` (us_per_sync), and the
-        ratio of the medians."""
+    def kept(self) -> pd.DataFrame:
+        """The repetitions the figures use: warm-up drift dropped, unstable points left out."""
         s = self.samples
-        a = s[s["variant"] == variant][KEYS + ["rep", "us", "syncs_per_forward"]]
-        b = s[s["variant"] == baseline][KEYS + ["rep", "us"]].rename(columns={"us": "us_base"})
-        j = a.merge(b, on=KEYS + ["rep"], how="inner")
+        return s[~s["warmup_drift"] & (s["status"] != UNSTABLE)]
+
+    # -- per variant ------------------------------------------------------------------------------
+    def summary(self, by_session: bool = False) -> pd.DataFrame:
+        """Per point and variant: median_us, lo95_us, hi95_us (order-statistic interval of the
+        median of the kept repetitions), n kept, n_dropped, syncs_per_forward, status. Two sessions
+        (by_session False): the pooled median with the union of the intervals (`agree`, `sessions`);
+        an unstable point has NaN figures."""
+        key = ("summary", by_session)
+        if key in self._cache:
+            return self._cache[key].copy()
+        cols = KEYS + ["variant", "guard", "mode"]
         rows = []
-        for key, g in j.groupby(KEYS, sort=True):
-            d = g["us"] - g["us_base"]
-            lost, lo, hi = median_ci(d)
+        for k, g in self.samples.groupby(["session"] + cols, sort=True):
+            status = g["status"].iloc[0]
+            kept = g[~g["warmup_drift"]]
+            med, lo, hi = (math.nan,) * 3 if status == UNSTABLE else median_ci(kept["us"])
+            rows.append(dict(zip(["session"] + cols, k), median_us=med, lo95_us=lo, hi95_us=hi,
+                             n=0 if status == UNSTABLE else len(kept), n_dropped=int(g["warmup_drift"].sum()),
+                             syncs_per_forward=int(g["syncs_per_forward"].iloc[0]), status=status,
+                             method=METHOD_MEDIAN))
+        per = pd.DataFrame(rows)
+        out = per if by_session else self._pool(per, cols, [("median_us", "lo95_us", "hi95_us")])
+        self._cache[key] = out
+        return out.copy()
+
+    # -- paired -----------------------------------------------------------------------------------
+    def paired(self, variant: str = "sync", baseline: str = "cpu_flag", by_session: bool = False) -> pd.DataFrame:
+        """Per point: the medians of `variant` and `baseline` (t_variant_us, t_baseline_us, with
+        their order-statistic intervals), their ratio and the median paired difference variant -
+        baseline (lost_us), each with its paired bootstrap 95 % interval over the kept repetitions,
+        the same per sync of `variant` (us_per_sync), n kept, n_dropped, status, method. Two
+        sessions (by_session False): each figure pooled by `combine_sessions` (the wider interval),
+        `agree` / `agree_ratio` False where the sessions' intervals do not overlap, `spread_*` the
+        distance between the sessions' estimates. Unstable points: NaN figures, status 'unstable'."""
+        key = ("paired", variant, baseline, by_session)
+        if key in self._cache:
+            return self._cache[key].copy()
+        s = self.samples
+        for v in (variant, baseline):
+            if v not in set(s["variant"]):
+                raise ValueError(f"no variant {v!r} in this recording; it has {sorted(s['variant'].unique())}")
+        a = s[s["variant"] == variant][["session"] + KEYS + ["rep", "us", "syncs_per_forward", "warmup_drift", "status"]]
+        b = s[s["variant"] == baseline][["session"] + KEYS + ["rep", "us", "warmup_drift"]].rename(
+            columns={"us": "us_base", "warmup_drift": "drift_base"})
+        j = a.merge(b, on=["session"] + KEYS + ["rep"], how="inner")
+        rows = []
+        for k, g in j.groupby(["session"] + KEYS, sort=True):
+            status = g["status"].iloc[0]
+            keep = g[~(g["warmup_drift"] | g["drift_base"])]
             n_sync = int(g["syncs_per_forward"].iloc[0])
+            figs = dict(_NAN_PAIR) if status == UNSTABLE else _pair_figures(keep["us"].to_numpy(), keep["us_base"].to_numpy())
             per = (lambda v: v / n_sync) if n_sync else (lambda v: math.nan)
-            rows.append(dict(zip(KEYS, key), variant=variant, baseline=baseline, n=len(g),
-                             t_variant_us=float(g["us"].median()), t_baseline_us=float(g["us_base"].median()),
-                             ratio=float(g["us"].median() / g["us_base"].median()),
-                             lost_us=lost, lost_lo95_us=lo, lost_hi95_us=hi, syncs=n_sync,
-                             us_per_sync=per(lost), us_per_sync_lo95=per(lo), us_per_sync_hi95=per(hi)))
+            rows.append(dict(zip(["session"] + KEYS, k), variant=variant, baseline=baseline,
+                             n=0 if status == UNSTABLE else len(keep), n_dropped=len(g) - len(keep), **figs,
+                             syncs=n_sync, us_per_sync=per(figs["lost_us"]), us_per_sync_lo95=per(figs["lost_lo95_us"]),
+                             us_per_sync_hi95=per(figs["lost_hi95_us"]), status=status))
+        per = pd.DataFrame(rows)
+        if by_session:
+            out = per
+        else:
+            trip = [(f, *_lohi(f)) for f in _PAIR_FIGS] + [("us_per_sync", "us_per_sync_lo95", "us_per_sync_hi95")]
+            out = self._pool(per, KEYS + ["variant", "baseline"], trip, keep=("syncs",))
+            out = out.rename(columns={"agree_us_per_sync": "agree"})
+        self._cache[key] = out
+        return out.copy()
+
+    def _pool(self, per: pd.DataFrame, cols: list[str], trip: list[tuple[str, str, str]],
+              keep: tuple = ("syncs_per_forward",)) -> pd.DataFrame:
+        """One row per point from the sessions' rows: every figure (est, lo, hi) by combine_sessions
+        over the sessions whose point is usable (not unstable)."""
+        rows = []
+        for k, g in per.groupby(cols, sort=True):
+            ok = g[g["status"] != UNSTABLE]
+            row = dict(zip(cols, k))
+            for c in keep:
+                row[c] = g[c].iloc[0]
+            row.update(n=int(ok["n"].min()) if len(ok) else 0, n_dropped=int(g["n_dropped"].sum()),
+                       sessions=len(ok), session="+".join(ok["session"]) if len(ok) else "",
+                       status=(UNSTABLE if ok.empty else UNCHECKED if (ok["status"] == UNCHECKED).any() else OK))
+            row["stable"] = row["status"] != UNSTABLE
+            if "method" in g:
+                row["method"] = "; ".join(dict.fromkeys(m for m in ok["method"] if m))
+            agree = True
+            for e, lo, hi in trip:
+                c = combine_sessions(list(zip(ok[e], ok[lo], ok[hi])))
+                row[e], row[lo], row[hi] = c["estimate"], c["lo"], c["hi"]
+                short = e[:-3] if e.endswith("_us") else e
+                row[f"agree_{short}"], row[f"spread_{short}"] = c["agree"], c["spread"]
+                agree &= c["agree"]
+            row["agree_all"] = agree
+            unst = g.loc[g["status"] == UNSTABLE, "session"].tolist()
+            row["note"] = ("" if not unst else
+                           f"unstable in {', '.join(unst)}: " + ("not averaged" if ok.empty else
+                                                                 f"the figure rests on {row['session']} alone"))
+            rows.append(row)
         return pd.DataFrame(rows)
 
     def as_sweep(self) -> pd.DataFrame:
         """The summary in the benchmark-sweep row schema (instruments/bench.py), for the simulator fit
-        and the widgets: one row per point and variant, with the interval as p10/p90's successors."""
+        and the widgets: one row per point and variant, with the interval as p10/p90's successors.
+        Unstable points are left out (nothing to fit on)."""
         d = self.summary()
+        d = d[d["status"] != UNSTABLE].reset_index(drop=True)
+        m = next(iter(self.session_meta.values()), {}) if "sessions" in self.meta else self.meta
         return pd.DataFrame(dict(
-            gpu=self.meta.get("gpu", ""), commit=self.meta.get("commit", ""), date=self.meta.get("date", ""),
+            gpu=m.get("gpu", ""), commit=self.meta.get("commit", ""), date=self.meta.get("date", ""),
             preset=d["preset"], layers=d["layers"], tokens=d["tokens"], guard=d["guard"], active=d["active"],
-            rank=self.meta.get("params", {}).get("rank", 16), mode=d["mode"], dtype="bfloat16", backend="triton",
-            requests=self.meta.get("params", {}).get("requests", 8), reps=d["n"], median_us=d["median_us"],
+            rank=m.get("params", {}).get("rank", 16), mode=d["mode"], dtype="bfloat16", backend="triton",
+            requests=m.get("params", {}).get("requests", 8), reps=d["n"], median_us=d["median_us"],
             lo95_us=d["lo95_us"], hi95_us=d["hi95_us"], syncs_per_forward=d["syncs_per_forward"], error=""))
 
 
-def load_guards(path: str | Path | None = None) -> Recording:
-    """The canonical guards recording (or another file written by scripts/gpu_side_by_side.py)."""
-    path = Path(path) if path is not None else GUARDS_CSV
+def _read_one(path: Path, check_warmup: bool) -> tuple[pd.DataFrame, dict]:
     if not path.exists():
         raise FileNotFoundError(f"no recording at {path}: scripts/gpu_side_by_side.py writes it on a GPU")
     df = pd.read_csv(path)
@@ -115,8 +399,54 @@ def load_guards(path: str | Path | None = None) -> Recording:
         raise ValueError(f"{path} is not a guards recording (one row per repetition): missing {sorted(missing)}")
     mp = path.with_name(path.stem + ".meta.json")
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
-    return Recording(df, meta, path)
+    if "session" not in df:
+        df["session"] = meta.get("session") or meta.get("params", {}).get("session") or path.stem
+    df["session"] = df["session"].astype(str)
+    if check_warmup and "warmup_drift" not in df:
+        df = mark_warmup(df)
+    return df, meta
 
+
+def session_files(folder: str | Path = GUARDS_DIR) -> list[Path]:
+    """The session files of a folder (`*_guards_s*.csv`), in order."""
+    return sorted(Path(folder).glob(SESSION_GLOB))
+
+
+def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_warmup: bool = False) -> Recording:
+    """The canonical guards recording, or another written by scripts/gpu_side_by_side.py.
+
+    path None: data/guards/. A folder: its session files (`*_guards_s*.csv`) together, one
+    session each; with none, its one `*_guards.csv` (the archived recording). A file: that file.
+    A list of files: those, as sessions. check_warmup: apply the warm-up check to a file
+    recorded without it (the rows are marked, none removed)."""
+    if path is not None and not isinstance(path, (str, Path)):
+        files = [Path(p) for p in path]
+    else:
+        p = Path(path) if path is not None else GUARDS_DIR
+        if p.is_dir():
+            files = session_files(p) or sorted(p.glob("*_guards.csv"))
+            if len(files) != 1 and not session_files(p):
+                raise FileNotFoundError(f"no recording in {p}: scripts/gpu_side_by_side.py writes "
+                                        f"{p}/<gpu>_guards_<session>.csv on a GPU" if not files else
+                                        f"{p} holds {len(files)} recordings without a session: pass one file")
+        else:
+            files = [p]
+    if not files:
+        raise FileNotFoundError("no recording given: scripts/gpu_side_by_side.py writes one on a GPU")
+    read = [_read_one(f, check_warmup) for f in files]
+    if len(read) == 1:
+        df, meta = read[0]
+        return Recording(df, meta, files[0], files)
+    labels = [df["session"].iloc[0] for df, _ in read]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two files of the same session {labels}: each session needs its own label (--session)")
+    metas = {lab: m for lab, (_, m) in zip(labels, read)}
+    join = lambda k: " + ".join(dict.fromkeys(str(m.get(k, "")) for m in metas.values()))  # noqa: E731
+    meta = dict(gpu=join("gpu"), commit=join("commit"), date=join("date"), sessions=metas,
+                params=next(iter(metas.values())).get("params", {}))
+    parents = {f.parent for f in files}
+    return Recording(pd.concat([df for df, _ in read], ignore_index=True), meta,
+                     parents.pop() if len(parents) == 1 else files[0], files)
 
 # ----------------------------------------------------------------------------------------------
 # The graph-strategies recording (scripts/gpu_graphs.py -> data/graphs/strategies_*)
