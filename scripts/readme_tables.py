@@ -30,47 +30,165 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:.1f}"
 
 
-def guards_block() -> str:
-    rec = load_guards()
+def _guards_ci(e: float, lo: float, hi: float, nd: int = 0, unit: str = "") -> str:
+    """'125 [-34, 266]' (or '1.17x [0.98, 1.30]'); an unstable point says so instead of a number."""
+    if e != e:  # NaN: an unstable point, not averaged
+        return "unstable, not averaged"
+    f = f"{{:.{nd}f}}{unit}"
+    return f"{f.format(e)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def _guards_where(r) -> str:
+    return f"{r.preset} M = {int(r.tokens)}" + (", half active" if r.active else "")
+
+
+def _guards_card(meta: dict) -> str:
+    """The card as the session found and left it: driver, SM / memory clocks, power (provenance.gpu_state)."""
+    bits = [f"driver {meta['driver']}"] if meta.get("driver") else []
+    for when, st in (("at the start", meta.get("gpu_state") or {}), ("at the end", meta.get("gpu_state_end") or {})):
+        if "clocks_sm" in st:
+            bits.append(f"SM clock {st['clocks_sm']:.0f} MHz (max {st.get('clocks_max_sm', float('nan')):.0f}), memory "
+                        f"{st.get('clocks_mem', float('nan')):.0f} MHz, power {st.get('power_draw', float('nan')):.0f} of "
+                        f"{st.get('power_limit', float('nan')):.0f} W {when}")
+    if meta.get("dirty") is not None:
+        bits.append("dirty tree" if meta["dirty"] else "clean tree")
+    return ", ".join(bits) or "card state not recorded"
+
+
+def _guards_protocol(rec) -> str:
+    """How each session timed a point (its recorded parameters) and the card it found."""
+    cards = "; ".join(f"`{x}`: {_guards_card(m)}" for x, m in rec.session_meta.items())
+    how = {}
+    for x, m in rec.session_meta.items():
+        q = m.get("params", {})
+        if "max_reps" in q:
+            how.setdefault(f"{q['warmup']} untimed warm-up rounds of every arm and at least {q['warmup_s']:g} s of them, "
+                           f"then {q['reps']} timed repetitions, up to {q['max_reps']} while an arm had not settled",
+                           []).append(f"`{x}`")
+    if len(how) == 1:
+        proto = f"Per point, {next(iter(how))}"
+    else:
+        proto = "Per point, " + "; ".join(f"{', '.join(v)}: {k}" for k, v in how.items())
+    return f"{proto}. The card: {cards}." if how else f"The card: {cards}."
+
+
+def guards_block(folder: Path | None = None) -> str:
+    """The guard end to end, from data/guards/: the two sessions pooled (their spread beside the
+    within-session interval), one session (the second pending), or, while none is recorded, the
+    archived recording of 2026-11-30, which predates the warm-up check."""
+    from lora_moe_lab.instruments.recordings import GUARDS_DIR, session_files
+    from lora_moe_lab.instruments.stats import MIN_PAIRED_REPS
+
+    folder = Path(folder) if folder is not None else GUARDS_DIR
+    rec = load_guards(folder)
+    sessions = rec.sessions if session_files(folder) else []
+    rel = lambda p: p.relative_to(ROOT).as_posix() if ROOT in p.parents else p.name  # noqa: E731
     s = rec.summary().set_index(["preset", "tokens", "active", "variant"])["median_us"]
     p = rec.paired("sync", "cpu_flag")
-    n = int(p.n.min())
-    lines = [f"From the canonical guards recording `data/guards/h200_guards.csv` ({rec.label}): 48 distinct "
-             f"MoE layers, bf16, Triton backend, 8 requests, no adapter active. Every point was timed over {n} "
-             "interleaved repetitions (each runs the three guards and a CUDA-graph replay back to back, in a "
-             "rotating order, each from an idle GPU). Times are medians; the lost time per sync is the median "
-             "of the paired per-repetition difference `sync − cpu_flag` over the 48 syncs, with its 95 % "
-             "interval.", "",
-             "| preset | M (tokens) | sync (ms) | cpu_flag (ms) | sync / cpu_flag | lost per sync (µs) [95 %] "
-             "| launch_always (ms) | graph replay (ms) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    per = rec.paired("sync", "cpu_flag", by_session=True).set_index(["session", "preset", "tokens", "active"])
+    layers, requests = int(p.layers.iloc[0]), rec.meta.get("params", {}).get("requests", 8)
+    files = ", ".join(f"`{rel(f)}`" for f in rec.paths)
+    if not sessions:
+        head = (f"From the archived guards recording {files} ({rec.label}), recorded before the warm-up check: "
+                f"{int(p.n.min())} interleaved repetitions per point after 3 untimed calls per guard, every repetition "
+                "used as recorded. **The two sessions of the new protocol are pending** (`scripts/gpu_side_by_side.py "
+                "--session s1` and `--session s2`, on separate device sessions).")
+    else:
+        n_s = "one session; the second is pending" if len(sessions) == 1 else f"{len(sessions)} device sessions"
+        head = f"From the canonical guards recording, {n_s}: {files} ({rec.label}). " + _guards_protocol(rec)
+    lines = [head + f" {layers} distinct MoE layers, bf16, Triton backend, {requests} requests; the table: no "
+             "adapter active. Each repetition runs the three guards and a CUDA-graph replay back to back, in a "
+             "rotating order, each from an idle GPU. Times are medians of the kept repetitions; `sync / cpu_flag` is "
+             "the ratio of the medians and the lost time per sync the median of the paired per-repetition difference "
+             f"`sync − cpu_flag` over the {int(p.syncs.max())} syncs, both with a **paired bootstrap, 95 %** interval "
+             f"(10,000 resamples of the n kept repetitions)"
+             + (", and across the sessions the reader's figure: the mean of the two with the union of their "
+                "intervals, the wider, honest range (`stats.between_sessions`)." if len(sessions) > 1 else "."), ""]
+    two = len(sessions) > 1
+    if two:
+        cols = (["n kept (" + " / ".join(sessions) + ")", "sync (ms)", "cpu_flag (ms)",
+                 "sync / cpu_flag, take [between sessions]"]
+                + [f"lost per sync (µs), {x} [95 %]" for x in sessions]
+                + ["**lost per sync (µs), take** [between sessions]", "launch_always (ms)", "graph replay (ms)"])
+    else:
+        cols = ["n kept", "sync (ms)", "cpu_flag (ms)", "sync / cpu_flag [paired bootstrap, 95 %]",
+                "lost per sync (µs) [paired bootstrap, 95 %]", "launch_always (ms)", "graph replay (ms)"]
+    lines += ["| preset | M (tokens) | " + " | ".join(cols) + " |", "| --- | ---: |" + " ---: |" * len(cols)]
+    ms = lambda k, v: "" if (k + (v,)) not in s.index or s[k + (v,)] != s[k + (v,)] else _ms(s[k + (v,)])  # noqa: E731
     for r in p[p.active == 0].itertuples():
         k = (r.preset, r.tokens, r.active)
-        lines.append(f"| {r.preset} | {r.tokens} | {_ms(r.t_variant_us)} | {_ms(r.t_baseline_us)} | {r.ratio:.2f}x "
-                     f"| {r.us_per_sync:.0f} [{r.us_per_sync_lo95:.0f}, {r.us_per_sync_hi95:.0f}] "
-                     f"| {_ms(s[k + ('launch_always',)])} | {_ms(s[k + ('graph',)])} |")
-    half = p[p.active > 0]
-    big = p[(p.active == 0) & (p.tokens >= 1024)]
-    small = p[(p.active == 0) & (p.tokens == p.tokens.min())]
-    g16 = {r.preset: s[(r.preset, r.tokens, 0.0, "cpu_flag")] / s[(r.preset, r.tokens, 0.0, "graph")]
-           for r in small.itertuples()}
-    top = big.loc[big.us_per_sync.idxmax()]
-    above = "every interval lies above zero" if (big.us_per_sync_lo95 > 0).all() else \
-        f"{int((big.us_per_sync_lo95 > 0).sum())} of {len(big)} intervals lie above zero"
-    lines += ["",
-              f"- From M = 1024 up, {above}: {big.us_per_sync.min():.0f}–{big.us_per_sync.max():.0f} µs lost per "
-              f"sync, most at M = {int(top.tokens)} ({top.preset}, {top.ratio:.2f}x).",
-              f"- At M = {int(small.tokens.iloc[0])} the eager forward is host-bound: "
-              + ", ".join(f"{r.preset} {r.us_per_sync:.0f} µs [{r.us_per_sync_lo95:.0f}, {r.us_per_sync_hi95:.0f}]"
-                          for r in small.itertuples())
-              + ". A graph replay removes the host from the critical path: "
-              + ", ".join(f"{v:.1f}x faster than eager `cpu_flag` ({k})" for k, v in g16.items()) + ".",
-              f"- With half the requests active, `sync / cpu_flag` is {half.ratio.min():.2f}x–{half.ratio.max():.2f}x.",
-              f"- `launch_always` in eager mode at M = {int(small.tokens.iloc[0])}, no adapter active: "
-              + ", ".join(f"{_ms(s[(r.preset, r.tokens, 0.0, 'launch_always')])} ms against "
-                          f"{_ms(s[(r.preset, r.tokens, 0.0, 'cpu_flag')])} ms for `cpu_flag` ({r.preset})"
-                          for r in small.itertuples()) + "."]
-    return "\n".join(lines)
+        ratio = _guards_ci(r.ratio, r.ratio_lo95, r.ratio_hi95, 2).replace(" [", "x [", 1)
+        take = _guards_ci(r.us_per_sync, r.us_per_sync_lo95, r.us_per_sync_hi95)
+        if two:
+            n = " / ".join(str(int(per.loc[(x,) + k, "n"])) if (x,) + k in per.index else "–" for x in sessions)
+            sess = [_guards_ci(*per.loc[(x,) + k, ["us_per_sync", "us_per_sync_lo95", "us_per_sync_hi95"]])
+                    if (x,) + k in per.index else "–" for x in sessions]
+            if r.stable and r.sessions < len(sessions):
+                take += f" ({r.session} only)"
+            elif r.stable and not r.agree:
+                take += " †"
+            cells = [n, ms(k, "sync"), ms(k, "cpu_flag"), ratio] + sess + [f"**{take}**"]
+        else:
+            cells = [str(int(r.n)) if r.stable else "0", ms(k, "sync"), ms(k, "cpu_flag"), ratio, take]
+        lines.append(f"| {r.preset} | {r.tokens} | " + " | ".join(cells) + f" | {ms(k, 'launch_always')} | {ms(k, 'graph')} |")
+    ok = p[p.stable]
+    half, big = ok[ok.active > 0], ok[(ok.active == 0) & (ok.tokens >= 1024)]
+    small = ok[(ok.active == 0) & (ok.tokens == p.tokens.min())]
+    notes = [""]
+    if two:
+        dis = p[p.stable & (p.sessions > 1) & ~(p.agree & p.agree_ratio)]
+        notes.append(f"- † Between the sessions: {int((p.stable & (p.sessions > 1) & p.agree & p.agree_ratio).sum())} of "
+                     f"{int((p.stable & (p.sessions > 1)).sum())} points agree within their intervals on both "
+                     "`sync / cpu_flag` and the lost time per sync"
+                     + ("." if dis.empty else "; they disagree at " + "; ".join(
+                         f"{_guards_where(r)} (lost per sync "
+                         + ", ".join(f"{x} {per.loc[(x, r.preset, r.tokens, r.active), 'us_per_sync']:.0f}"
+                                     for x in sessions) + " µs)" for r in dis.itertuples())
+                        + ": there the take spans both sessions' intervals."))
+    if len(big):
+        top = big.loc[big.us_per_sync.idxmax()]
+        above = "every interval lies above zero" if (big.us_per_sync_lo95 > 0).all() else \
+            f"{int((big.us_per_sync_lo95 > 0).sum())} of {len(big)} intervals lie above zero"
+        notes.append(f"- From M = 1024 up, {above}: {big.us_per_sync.min():.0f}–{big.us_per_sync.max():.0f} µs lost "
+                     f"per sync, most at M = {int(top.tokens)} ({top.preset}, {top.ratio:.2f}x).")
+    if len(small):
+        m0 = int(small.tokens.iloc[0])
+        g16 = {r.preset: s[(r.preset, r.tokens, 0.0, "cpu_flag")] / s[(r.preset, r.tokens, 0.0, "graph")]
+               for r in small.itertuples() if (r.preset, r.tokens, 0.0, "graph") in s.index}
+        gone = p[(p.active == 0) & (p.tokens == m0) & ~p.stable]
+        notes.append(f"- At M = {m0} the eager forward is host-bound: "
+                     + ", ".join([f"{r.preset} {_guards_ci(r.us_per_sync, r.us_per_sync_lo95, r.us_per_sync_hi95)} µs"
+                                  for r in small.itertuples()] + [f"{r.preset} unstable" for r in gone.itertuples()])
+                     + (". A graph replay removes the host from the critical path: "
+                        + ", ".join(f"{v:.1f}x faster than eager `cpu_flag` ({k})" for k, v in g16.items())
+                        if g16 else "") + ".")
+        notes.append(f"- `launch_always` in eager mode at M = {m0}, no adapter active: "
+                     + ", ".join(f"{_ms(s[(r.preset, r.tokens, 0.0, 'launch_always')])} ms against "
+                                 f"{_ms(s[(r.preset, r.tokens, 0.0, 'cpu_flag')])} ms for `cpu_flag` ({r.preset})"
+                                 for r in small.itertuples()) + ".")
+    if len(half):
+        notes.append(f"- With half the requests active, `sync / cpu_flag` is {half.ratio.min():.2f}x–{half.ratio.max():.2f}x.")
+    notes += _guards_warmup_lines(rec, folder, bool(sessions), MIN_PAIRED_REPS)
+    return "\n".join(lines + notes)
+
+
+def _guards_warmup_lines(rec, folder: Path, checked: bool, min_reps: int) -> list[str]:
+    """The warm-up drops and the unstable points, per session; for the archived recording what the
+    check would have said (its figures above are as recorded)."""
+    from lora_moe_lab.instruments.recordings import load_guards as _load
+
+    w = rec.warmup() if checked else _load(rec.paths[0], check_warmup=True).warmup()
+    lab = (lambda r: f"{r.session}: " if checked and rec.sessions[1:] else "")  # noqa: E731
+    drops = "; ".join(f"{lab(r)}{_guards_where(r)}, first {r.dropped} of {r.reps}" for r in w[w.dropped > 0].itertuples())
+    unst = "; ".join(f"{lab(r)}{_guards_where(r)} ({r.reps} repetitions)" for r in w[w.status == "unstable"].itertuples())
+    if not checked:
+        return [f"- The warm-up check (`stats.drop_warmup`, at least {min_reps} stable repetitions), applied to this "
+                "recording afterwards, would drop leading drift at " + (drops or "no point")
+                + " and finds " + (f"these points unstable: {unst}" if unst else "no point unstable")
+                + ". The figures above use every repetition as recorded."]
+    return [f"- Warm-up drift dropped (the same leading repetitions from every arm; the rows stay in the file): "
+            + (drops or "none") + ".",
+            "- Unstable, not averaged (an arm never settled within the repetitions allowed): " + (unst or "none") + "."]
 
 
 def traces_block() -> str:
