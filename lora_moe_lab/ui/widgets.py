@@ -241,9 +241,9 @@ class BenchPanel:
     """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph, router skew), Run and Stop
     buttons, a progress bar, a view figure that follows the controls, and a results table + chart.
 
-    live=True (a GPU): Run measures the forward with `instruments.timing.time_device` (CUDA events; graph replay
-    in graph mode via `model.graphs.GraphForward`), one repetition at a time. live=False: Run reports the
-    simulator (`cost`) and the matching rows of the recorded sweep instead, and says so.
+    live=True (a GPU): Run measures the forward with `instruments.timing.time_once` (CUDA events; graph replay
+    in graph mode via `model.graphs.GraphForward`), the guards interleaved, one repetition at a time (`_measure`).
+    live=False: Run reports the simulator (`cost`) and the matching rows of the recorded sweep instead, and says so.
     """
 
     def __init__(self, *, live: bool, sweep: pd.DataFrame | None = None, cost: sim.CostModel = sim.CostModel(),
@@ -257,6 +257,7 @@ class BenchPanel:
         self.label, self.target_pct = label, target_pct  # the recording's label; the agreement rule's target
         self._labs = LabCache(build)
         self.results = pd.DataFrame()
+        self.last_samples: pd.DataFrame | None = None  # the last live run's repetitions (recording schema)
         self.last_figure: go.Figure | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -406,10 +407,16 @@ class BenchPanel:
                               **({"skew": p["skew"]} if p["skew"] else {}))  # a `build` without skew works at 0
 
     def _measure(self, p: dict, guards: list[str]) -> list[dict]:
+        """Interleaved repetitions (instruments/timing.py: rotated): repetition r runs every guard once,
+        in an order rotated by r, each from an idle device, so a slow drift of the host lands on all
+        guards alike and their ratios are honest. Stop ends after the current forward; only whole
+        repetitions are kept, so the guards stay paired. `last_samples`: one row per (guard,
+        repetition) in the guards recording's schema (instruments/recordings.py)."""
         import torch
 
         from .. import runtime
-        from ..instruments.timing import time_device
+        from ..instruments.recordings import median_ci
+        from ..instruments.timing import rotated, time_once
         from ..model.graphs import GraphForward
         from ..model.guards import count_guard_syncs
         from ..model.lab import split_tokens
@@ -422,39 +429,53 @@ class BenchPanel:
         batch, tensors = lab.make_batch(["bench" if i < n_active else None for i in range(R)],
                                         split_tokens(int(p["tokens"]), R))
         x = lab.random_input(int(p["tokens"]))
-        gpu = torch.cuda.get_device_name(0)
-        rows = []
-        for g in guards:
-            def fwd(g=g):
-                return lab.model(x, batch, tensors, guard=g)
+        gpu = torch.cuda.get_device_name(0) if runtime.has_cuda() else "cpu"
+        fns, graphs, syncs = {}, [], {}
+        samples = {g: [] for g in guards}
+        with torch.no_grad():
+            for g in guards:
+                def fwd(g=g):
+                    return lab.model(x, batch, tensors, guard=g)
 
-            self.status.value = f"{g}: warm-up{' and capture' if p['mode'] == 'graph' else ''}…"
-            with torch.no_grad():
+                self.status.value = f"{g}: warm-up{' and capture' if p['mode'] == 'graph' else ''}…"
                 graph = GraphForward(fwd, warmup=self.warmup) if p["mode"] == "graph" else None
-                fn = graph.replay if graph is not None else fwd
+                fns[g] = graph.replay if graph is not None else fwd
+                graphs.append(graph)
                 with count_guard_syncs() as c:
-                    fn()
-                runtime.synchronize()
+                    fns[g]()
+                syncs[g] = c.count
                 for _ in range(self.warmup):
-                    fn()
-                samples = []
-                for i in range(self.reps):
+                    fns[g]()
+                runtime.synchronize()
+            for r in range(self.reps):
+                for g in rotated(guards, r):
                     if self._stop.is_set():
                         break
-                    samples.append(time_device(fn, warmup=0, reps=1).median_us)
+                    samples[g].append(time_once(fns[g])[0])
                     self.progress.value += 1
-                    self.status.value = f"{g}: repetition {i + 1}/{self.reps}, last {samples[-1] / 1e3:.3f} ms"
-                del graph
-            if samples:
-                rows.append(dict({k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode", "skew")},
-                                 guard=g, source=f"live ({gpu})", median_ms=float(np.median(samples)) / 1e3,
-                                 lo_ms=float(np.percentile(samples, 10)) / 1e3,
-                                 hi_ms=float(np.percentile(samples, 90)) / 1e3, interval="p10-p90",
-                                 syncs_per_forward=c.count, reps=len(samples)))
-            if self._stop.is_set():
-                break
+                if self._stop.is_set():
+                    break
+                self.status.value = f"repetition {r + 1}/{self.reps}: " + ", ".join(
+                    f"{g} {samples[g][-1] / 1e3:.3f} ms" for g in guards)
+            del graphs
+        n = min(len(v) for v in samples.values())  # whole repetitions only: pairs stay pairs
+        key = {k: p[k] for k in ("preset", "layers", "tokens", "active", "rank", "mode", "skew")}
+        self.last_samples = pd.DataFrame([dict(preset=p["preset"], layers=p["layers"], tokens=int(p["tokens"]),
+                                               active=float(p["active"]), variant=g, guard=g, mode=p["mode"], rep=i,
+                                               us=samples[g][i], syncs_per_forward=syncs[g],
+                                               timer="cuda_events" if runtime.has_cuda() else "wall")
+                                          for g in guards for i in range(n)])
+        rows = []
+        for g in guards if n else []:
+            med, lo, hi = median_ci(samples[g][:n])
+            ci = np.isfinite(lo) and np.isfinite(hi)  # the order-statistic interval needs >= 6 repetitions
+            if not ci:
+                lo, hi = np.percentile(samples[g][:n], 10), np.percentile(samples[g][:n], 90)
+            rows.append(dict(key, guard=g, source=f"live ({gpu})", median_ms=med / 1e3, lo_ms=lo / 1e3, hi_ms=hi / 1e3,
+                             interval="95 % CI of the median" if ci else "p10-p90", syncs_per_forward=syncs[g], reps=n))
         self.status.value = ("stopped early: " if self._stop.is_set() else "done: ") + \
-            f"measured live on {gpu} (CUDA events, median of {self.reps} repetitions after {self.warmup} warm-up calls)"
+            (f"measured live on {gpu} ({'CUDA events' if runtime.has_cuda() else 'wall clock'}, median of {n} "
+             f"interleaved repetitions after {self.warmup} warm-up calls)")
         return rows
 
     def show_results(self) -> None:
