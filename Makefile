@@ -9,17 +9,24 @@ STAMP := $(VENV)/.installed
 HAS_CUDA_TORCH := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && echo 1)
 PORT ?= 8888
 
-.PHONY: test run lab venv clean report
+# pip is quiet (-q) for about a minute and a half: say what it installs and how long it takes, from
+# the measurement in data/setup/setup_time.json (scripts/measure_setup.py)
+SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
+
+.PHONY: test run lab venv clean report gpu-check
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 ifeq ($(HAS_CUDA_TORCH),1)
+	@echo "set-up: creating $(VENV) on this machine's CUDA torch; pip installs the test and notebook tools and the browser test's driver (quietly, under $(SETUP_S) s)"
 	$(PY) -m venv --system-site-packages $(VENV)
 	$(BIN)/pip install -q -e '.[test,notebooks,browser]'
 else
+	@echo "set-up: creating $(VENV); pip installs the CPU wheels of torch and triton, the test and notebook tools and the browser test's driver, quietly: about $(SETUP_S) s on a 2-core machine (data/setup/setup_time.json)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[torch,test,notebooks,browser]'
 endif
+	@echo "set-up: registering the notebook kernel"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -31,6 +38,14 @@ run: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/python -m lora_moe_lab.nb.runner --lab --port $(PORT)
+
+# The GPU check (data/gpu_tests/README.md): the whole suite, then every notebook live with
+# notebooks/params/gpu.yaml; a log with metadata in data/gpu_tests/. Uses the venv when it exists,
+# else $(PY); on a machine without the venv (the system python has torch): make gpu-check PY=python3.
+# GPU_CHECK_ARGS: e.g. "--what tests", "--what notebooks", "--wheels .whl", "--out DIR".
+GPU_PY := $(if $(filter command line environment,$(origin PY)),$(PY),$(if $(wildcard $(STAMP)),$(BIN)/python,$(PY)))
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

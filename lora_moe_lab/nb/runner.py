@@ -1,15 +1,26 @@
 """`make run` / `make lab`: execute every notebook headless with papermill on the detected device
 into build/ (plus an offline HTML report), or start JupyterLab on loopback with a token.
 
-    python -m lora_moe_lab.nb.runner --out build            # all notebooks, params by device
-    python -m lora_moe_lab.nb.runner --only 01 --params ci  # one notebook, CI parameters
+    python -m lora_moe_lab.nb.runner --out build                   # all notebooks, params by device
+    python -m lora_moe_lab.nb.runner --only 01 --params ci         # one notebook, CI parameters
+    python -m lora_moe_lab.nb.runner --out build --keep-going      # run all, report failures at the end
     python -m lora_moe_lab.nb.runner --lab --port 8888
+
+Each executed notebook records where and when it ran (its metadata `lora_moe_lab`: device, parameter
+set, commit; papermill's own start time and duration), and `run.json` beside them lists every
+notebook's status, seconds and size. The report (`html/index.html`) says what each notebook shows,
+on which device it ran and when; no page loads anything from the network.
+
+Kernels run over IPC (local sockets), not TCP: ipykernel warns "Kernel is running over TCP without
+encryption" for every TCP kernel, a warning about traffic that never leaves this machine here.
 """
 from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -20,6 +31,8 @@ import yaml
 from ..provenance import ROOT
 
 NB_DIR = ROOT / "notebooks"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+NB_LIMIT_BYTES = 1_000_000  # the rule for an executed notebook (tests/nb/test_notebooks.py checks it in CI)
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -31,69 +44,156 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     return nbs
 
 
-def params_for(kind: str) -> dict:
+def resolve_kind(kind: str) -> str:
     if kind == "auto":
         from .. import runtime
-        kind = "gpu" if runtime.has_cuda() else "ci"
-    path = NB_DIR / "params" / f"{kind}.yaml"
+        return "gpu" if runtime.has_cuda() else "ci"
+    return kind
+
+
+def params_for(kind: str) -> dict:
+    path = NB_DIR / "params" / f"{resolve_kind(kind)}.yaml"
     if not path.exists():
         raise SystemExit(f"no parameter file {path}")
     return yaml.safe_load(path.read_text()) or {}
 
 
-def execute(nb: Path, out_dir: Path, params: dict, timeout: int = 1800) -> Path:
+def kernel_config():
+    """papermill's kernel manager over IPC (see the module docstring)."""
+    from traitlets.config import Config
+
+    c = Config()
+    c.KernelManager.transport = "ipc"
+    return c
+
+
+def device_name() -> str:
+    from .. import runtime
+
+    if runtime.has_cuda():
+        import torch
+        return torch.cuda.get_device_name(0)
+    return "CPU (no GPU: GPU sections show recorded H200 data)"
+
+
+def execute(nb: Path, out_dir: Path, params: dict, timeout: int = 1800, kind: str = "") -> Path:
+    """Execute one notebook into out_dir with papermill; the executed copy (written also when a
+    cell fails) gets metadata `lora_moe_lab`: device, parameter set, commit."""
+    import nbformat
     import papermill as pm
+
+    from ..provenance import metadata
 
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / nb.name
-    pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(NB_DIR), kernel_name="python3",
-                        progress_bar=False, execution_timeout=timeout, log_output=False)
+    run = dict(device=device_name(), params=kind or "given", commit=metadata().get("commit", ""))
+    try:
+        pm.execute_notebook(str(nb), str(out), parameters=params, cwd=str(NB_DIR), kernel_name="python3",
+                            progress_bar=False, execution_timeout=timeout, log_output=False, config=kernel_config())
+    finally:
+        if out.exists():
+            done = nbformat.read(str(out), as_version=4)
+            done.metadata["lora_moe_lab"] = run
+            nbformat.write(done, str(out))
     return out
 
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("<p><i>An interactive panel: it runs in JupyterLab (<code>make lab</code>). This offline page "
+               "shows its static snapshot instead: the figures the notebook draws at its end.</i></p>")
 
 
-def _with_plotly_html(nb):
-    """A copy of the notebook whose plotly outputs also carry an HTML rendering that draws the
-    figure with a page-level plotly.js (nbconvert's HTML does not render the plotly mimetype)."""
+def _offline_copy(nb):
+    """A copy of the notebook for the offline page: plotly outputs also carry an HTML rendering that
+    draws the figure with the page's local plotly.js (nbconvert's HTML does not render the plotly
+    mimetype); a live widget view (which needs the widget renderer from a CDN) becomes a note."""
     import copy
 
     import plotly.io as pio
 
     nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         for out in cell.get("outputs", []):
-            fig = out.get("data", {}).get(PLOTLY_MIME)
+            data = out.get("data", {})
+            fig = data.get(PLOTLY_MIME)
             if fig is not None:
-                out["data"]["text/html"] = pio.to_html(dict(fig), include_plotlyjs=False, full_html=False,
-                                                       validate=False)
+                data["text/html"] = pio.to_html(dict(fig), include_plotlyjs=False, full_html=False, validate=False)
+            if WIDGET_MIME in data:
+                out["data"] = {"text/html": WIDGET_NOTE}
     return nb
+
+
+def describe(nb) -> tuple[str, str]:
+    """(title, what it shows): the first heading and the **Goal.** paragraph of the first markdown cell."""
+    md = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    title = next((l.lstrip("# ").strip() for l in md.splitlines() if l.startswith("#")), "")
+    goal = re.search(r"\*\*Goal\.\*\*\s*(.+?)(?:\n\s*\n|$)", md, re.S)
+    return title, " ".join(goal.group(1).split()) if goal else ""
+
+
+def _inline_md(text: str) -> str:
+    """Escaped text with markdown's inline `code` and **bold** as HTML."""
+    t = html.escape(text)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+
+
+def _when(nb) -> tuple[str, str]:
+    pm_ = nb.metadata.get("papermill", {})
+    start = str(pm_.get("start_time") or "")[:19].replace("T", " ")
+    dur = pm_.get("duration")
+    return (start + " UTC" if start else "?"), (f"{dur:.0f} s" if isinstance(dur, (int, float)) else "?")
+
+
+def _status(nb) -> str:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return f"FAILED: {out.get('ename', '')}: {str(out.get('evalue', ''))[:200]}"
+    return "ran to the end"
 
 
 def html_report(executed: list[Path], out_dir: Path) -> Path:
     """One HTML page per notebook + an index, all reading ONE local copy of plotly.js that sits
-    beside them (readable offline; no page embeds the library)."""
+    beside them; nothing is loaded from the network (templates/offline: no require.js, MathJax,
+    mermaid or widget renderer from a CDN)."""
     import nbformat
     import plotly
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter()
+    exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(TEMPLATES)])
     exporter.exclude_input_prompt = True
     html_dir = out_dir / "html"
     html_dir.mkdir(parents=True, exist_ok=True)
     js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     (html_dir / "plotly.min.js").write_bytes(js.read_bytes())
-    links = []
+    rows = []
     for p in executed:
-        body, _ = exporter.from_notebook_node(_with_plotly_html(nbformat.read(str(p), as_version=4)))
-        body = body.replace("<head>", '<head>\n<script src="plotly.min.js"></script>', 1)
+        nb = nbformat.read(str(p), as_version=4)
+        body, _ = exporter.from_notebook_node(_offline_copy(nb))
         (html_dir / (p.stem + ".html")).write_text(body)
-        links.append(f'<li><a href="{p.stem}.html">{html.escape(p.stem)}</a></li>')
+        title, goal = describe(nb)
+        run = nb.metadata.get("lora_moe_lab", {})
+        start, dur = _when(nb)
+        e = html.escape
+        rows.append(f"<tr><td><a href='{e(p.stem)}.html'>{e(title or p.stem)}</a></td><td>{_inline_md(goal)}</td>"
+                    f"<td>{e(run.get('device', 'unknown (not run by nb/runner.py)'))}</td>"
+                    f"<td>{e(run.get('params', '?'))}</td><td>{e(start)}</td>"
+                    f"<td>{e(dur)}</td><td>{e(_status(nb))}</td></tr>")
     index = html_dir / "index.html"
-    index.write_text("<!doctype html><meta charset='utf-8'><title>lora_moe_lab report</title>"
-                     "<h1>lora_moe_lab: executed notebooks</h1><ul>" + "".join(links) + "</ul>"
-                     f"<p>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>")
+    index.write_text(
+        "<!doctype html><meta charset='utf-8'><title>lora_moe_lab report</title>"
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}td,th{border-bottom:1px solid #ddd;"
+        "padding:6px;vertical-align:top;text-align:left}</style>"
+        "<h1>lora_moe_lab: executed notebooks</h1>"
+        "<p>Each notebook ran headless with papermill; the device is the machine it ran on (without a GPU, the "
+        "GPU sections show data recorded on an H200 and say so). Every page reads the local "
+        "<code>plotly.min.js</code> beside it and loads nothing from the network.</p>"
+        "<table><tr><th>notebook</th><th>what it shows</th><th>device</th><th>parameters</th><th>started</th>"
+        "<th>took</th><th>status</th></tr>" + "".join(rows) + "</table>"
+        f"<p>Report written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>")
     return index
 
 
@@ -105,29 +205,55 @@ def lab(port: int) -> None:
     os.execv(sys.executable, args)
 
 
+def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False) -> list[dict]:
+    """Execute the notebooks in turn; one record each (name, status, seconds, bytes, device, error),
+    also written to out/run.json. Without keep_going the first failure raises."""
+    params = params_for(kind)
+    kind = resolve_kind(kind)
+    records = []
+    for nb in nbs:
+        t0 = time.time()
+        print(f"running {nb.name} with the {kind} parameters ...", flush=True)
+        rec = dict(notebook=nb.stem, params=kind, device=device_name(), status="passed", error="")
+        try:
+            execute(nb, out, params.get(nb.stem, {}), kind=kind)
+        except Exception as e:  # noqa: BLE001 - recorded, then re-raised unless keep_going
+            rec.update(status="failed", error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}")
+            if not keep_going:
+                raise
+        finally:
+            f = out / nb.name
+            rec.update(seconds=round(time.time() - t0, 1), bytes=f.stat().st_size if f.exists() else 0)
+            records.append(rec)
+            (out / "run.json").write_text(json.dumps(records, indent=1))
+        big = " (over the 1 MB rule)" if rec["bytes"] > NB_LIMIT_BYTES else ""
+        print(f"  {rec['status']} in {rec['seconds']:.1f} s, {rec['bytes'] / 1e3:.0f} kB{big} -> {out / nb.name}"
+              + (f"\n  {rec['error']}" if rec["error"] else ""), flush=True)
+    return records
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="build", help="folder for executed notebooks and the HTML report")
-    ap.add_argument("--params", default="auto", help="parameter set: auto (gpu when CUDA, else ci), ci, gpu")
-    ap.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 01 03")
-    ap.add_argument("--no-html", action="store_true")
+    ap.add_argument("--out", default="build", help="folder for executed notebooks and the HTML report (default: build)")
+    ap.add_argument("--params", default="auto", help="parameter set: auto (gpu when CUDA, else ci), ci, gpu (default: auto)")
+    ap.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 01 03 (default: all)")
+    ap.add_argument("--keep-going", action="store_true", help="run every notebook even after a failure; exit 1 at the end")
+    ap.add_argument("--no-html", action="store_true", help="skip the HTML report")
     ap.add_argument("--lab", action="store_true", help="start JupyterLab instead")
-    ap.add_argument("--port", type=int, default=8888)
+    ap.add_argument("--port", type=int, default=8888, help="JupyterLab's port (default: 8888)")
     a = ap.parse_args(argv)
     if a.lab:
         lab(a.port)
         return 0
     out = Path(a.out).resolve()
-    params = params_for(a.params)
-    done = []
-    for nb in notebooks(a.only):
-        t0 = time.time()
-        print(f"running {nb.name} ...", flush=True)
-        done.append(execute(nb, out, params.get(nb.stem, {})))
-        print(f"  ok in {time.time() - t0:.1f} s -> {done[-1]}")
+    nbs = notebooks(a.only)
+    records = run_all(nbs, out, a.params, keep_going=a.keep_going)
     if not a.no_html:
-        print(f"HTML report: {html_report(done, out)}")
-    return 0
+        print(f"HTML report: {html_report([out / nb.name for nb in nbs if (out / nb.name).exists()], out)}")
+    failed = [r["notebook"] for r in records if r["status"] != "passed"]
+    if failed:
+        print(f"{len(failed)} of {len(records)} notebooks failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ fig.show()
 # or even reversed, and the cell says why with the numbers it measured. On a CPU nothing is
 # asserted: `.item()` on a CPU tensor reads host memory, there is no device queue to drain.
 
-# %%
+# %% tags=["lesson"]
 for row in tbl.itertuples(index=False):
     v = lessons.guard_verdict(pd.Series(row._asdict()), min_M, gpu=LIVE)
     print(v.text, "\n")

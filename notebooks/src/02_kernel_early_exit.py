@@ -229,7 +229,7 @@ correct
 # (device events, median), and the host's cost to issue one call eagerly (the Triton launcher is
 # Python: this is the part `cpu_flag` saves outside graphs).
 
-# %%
+# %% tags=["lesson"]
 CLAIM = "an all-disabled launch costs at most 2x an empty kernel + 2 us"
 if LIVE:
     costs = ee.launch_costs(cases["all"])

@@ -161,7 +161,7 @@ display(tim.pivot_table(index="tokens", columns="variant", values="median_us").d
 # `tokens_per_request` tokens, no adapter active), eager `cpu_flag` against a graph replay of the
 # same forward, interleaved repetitions; the lesson: the replay is faster.
 
-# %%
+# %% tags=["lesson"]
 if LIVE:
     from lora_moe_lab.nb import live
 
@@ -368,7 +368,7 @@ print(f"the step was recorded with {gp}: there at M=512 one compacted row costs 
 # with. Its cause has **not been found**: the launch table is left as it is, and
 # `per_active_count` is not the faster strategy at every size (`data/kernels/README.md` lists the runs).
 
-# %%
+# %% tags=["lesson"]
 if LIVE:
     from lora_moe_lab.instruments.recordings import Recording
     from lora_moe_lab.instruments.timing import time_interleaved

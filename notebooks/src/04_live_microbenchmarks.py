@@ -129,7 +129,7 @@ if "vs_recorded" in rows:  # the simulator beside the recorded point, by the val
 # from that M up, printed below), `sync` must be slower than `cpu_flag` here too; below that M the
 # cell explains a small or reversed gap with the numbers it measured.
 
-# %%
+# %% tags=["lesson"]
 from lora_moe_lab.nb import lessons, live
 
 measured = rows[rows["source"].str.startswith("live") | (rows["source"] == "simulator")]
