@@ -69,14 +69,15 @@ def calibrate(lab, plan, names) -> dict:
                 measured_later_mean_us=float(pd.Series(fwd[1:]).mean()), first_us=fwd[0])
 
 
-def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session) -> pd.DataFrame:
+def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session, traces=True) -> pd.DataFrame:
     d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names), costs=costs)
     key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
                input_len=plan.input_len, chunk=plan.chunk, guard_sites=GS_PROD)
     sigs: dict = {}
     (work / "traces").mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
-    rows = P.measure({"none": d}, GUARDS, reps, key=key, trace_dir=work / "traces", deadline=deadline,
+    rows = P.measure({"none": d}, GUARDS, reps, key=key, trace_dir=work / "traces" if traces else None,
+                     deadline=deadline,
                      progress=False, signatures=sigs, warmup_reps=1)
     df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=session, task=name)
     df.to_csv(work / f"{name}.csv", index=False)
@@ -91,8 +92,11 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session)
 
 
 def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
+    from lora_moe_lab.provenance import gpu_state
+
     meta["calibration"] = cal
     meta["wall_s"] = round(time.monotonic() - t0, 1)
+    meta["gpu_state_end"] = gpu_state()  # the card after the work: clocks and power under load
     (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     with tarfile.open(out / f"signature_{session}.tar.gz", "w:gz") as tar:
         tar.add(work, arcname=f"signature_{session}")
@@ -107,7 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--overlap-ms", type=float, default=PS["first_sync_ms"])
     ap.add_argument("--minutes", type=float, default=7.0, help="start no repetition after this (default 7)")
     ap.add_argument("--tasks", nargs="+", default=["default_C16384", "prodlike_C16384", "default_C8192"])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 10 reps (CPU or GPU)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
+    ap.add_argument("--no-traces", action="store_true", help="profile, but write no trace files (a rerun)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + 60 * a.minutes
@@ -119,7 +124,8 @@ def main(argv=None) -> int:
     lab = P.build(preset, layers, max_loras=4, max_rank=16, dtype="auto", device="auto", backend="auto", seed=0,
                   guard_sites=GS_PROD)
     names = P.load_adapters(lab, 2, 16)
-    meta = metadata(params=dict(vars(a), preset=preset, layers=layers, input_len=L, guards=GUARDS,
+    params = {k: v for k, v in vars(a).items() if k != "out"}  # no machine paths in data/
+    meta = metadata(params=dict(params, preset=preset, layers=layers, input_len=L, guards=GUARDS,
                                 guard_sites=GS_PROD, target_later_us=TARGET_LATER_US, adapters="none"))
     cal = None
     for task in a.tasks:
@@ -135,7 +141,7 @@ def main(argv=None) -> int:
         if time.monotonic() > deadline:
             print(f"SKIP {task}: past the deadline", flush=True)
             continue
-        s = run_task(task, lab, plan, names, costs, reps, work, deadline, a.session)
+        s = run_task(task, lab, plan, names, costs, reps, work, deadline, a.session, traces=not a.no_traces)
         cols = ["guard", "reps", "warmup_dropped", "input_tok_per_s", "fix_throughput_gain_pct",
                 "fix_throughput_gain_pct_lo", "fix_throughput_gain_pct_hi", "fix_throughput_gain_net_pct",
                 "fix_ttft_change_pct", "first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us",
