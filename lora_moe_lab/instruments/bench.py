@@ -36,7 +36,7 @@ from ..model.guards import count_guard_syncs, guard_names
 from ..model.lab import LabCache, split_tokens
 from ..model.moe import check_skew
 from ..provenance import META_KEYS, metadata, normalize_meta
-from .cli import fraction, nonneg_int, pos_int, progress as cli_progress
+from .cli import CPU_NOTE, HelpFormatter, fraction, measured_on_cpu, nonneg_int, pos_int, progress as cli_progress
 from .timing import _check_counts, time_device
 
 MODES = ("eager", "graph")
@@ -387,16 +387,27 @@ def _skew(s: str) -> float:
         raise argparse.ArgumentTypeError(str(e) if "skew" in str(e) else f"skew must be a number, got {s!r}")
 
 
+EXAMPLES = """examples:
+  python -m lora_moe_lab.instruments.bench sweep --preset tiny --tokens 16 64 --reps 5 --out build/tiny.csv
+  python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b --layers 48 --tokens 16 4096 \\
+      --active 0 --mode eager graph --out build/h200.csv          # on a GPU
+  python -m lora_moe_lab.instruments.bench lost data/guards/h200_guards.csv
+  python -m lora_moe_lab.instruments.bench meta
+On a CPU the sweep runs the torch ops inline under the wall clock: its us_per_sync is no GPU bubble (the
+summary says so)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.bench",
-                                description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.")
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.bench", formatter_class=HelpFormatter,
+                                description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.", epilog=EXAMPLES)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run a grid of forwards and append one CSV row per measurement",
+                       formatter_class=HelpFormatter, epilog=EXAMPLES,
                        description="Every combination of the list options (itertools.product). Device-event "
                                    "timing on a GPU, wall clock on CPU. Rows are appended as they finish.")
-    s.add_argument("--preset", nargs="+", type=_preset, default=["tiny"], help="model shape presets (default: tiny)")
+    s.add_argument("--preset", nargs="+", type=_preset, default=["tiny"], help="model shape presets")
     s.add_argument("--layers", nargs="+", type=pos_int, default=None,
-                   help="MoE layers per forward (default: the preset's own count)")
+                   help="MoE layers per forward (None: the preset's own count)")
     s.add_argument("--tokens", "-M", nargs="+", type=pos_int, default=[16, 128], help="tokens per forward (M)")
     s.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()),
                    help="guard strategies (the registry in model/guards.py)")
@@ -407,24 +418,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="router skew towards a few hot experts (0: uniform; 1.0: about a fifth of the "
                         "experts carry 90 %% of the assignments, model/moe.py: SERVING_SKEW)")
     s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
-    s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (default 8)")
+    s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (fewer when fewer tokens)")
     s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
-    s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="kernels (auto: triton on GPU, torch on CPU)")
     s.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    s.add_argument("--warmup", type=nonneg_int, default=3, help="untimed calls before timing (default 3)")
-    s.add_argument("--reps", type=pos_int, default=10, help="timed repetitions per row (default 10)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--warmup", type=nonneg_int, default=3, help="untimed calls before timing")
+    s.add_argument("--reps", type=pos_int, default=10, help="timed repetitions per row")
+    s.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     s.add_argument("--out", required=True, help="CSV file to append rows to (a .meta.json is written beside it)")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="skip rows whose parameters are already in --out")
     g.add_argument("--overwrite", action="store_true", help="start --out afresh")
     s.add_argument("--max-minutes", type=float, default=None, help="stop starting new rows after this long")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    lost = sub.add_parser("lost", help="time lost per sync from a sweep CSV (sync vs cpu_flag rows)")
-    lost.add_argument("csv")
-    sub.add_parser("meta", help="print the metadata a row records, as JSON")
+    lost = sub.add_parser("lost", help="time lost per sync from a sweep CSV (sync vs cpu_flag rows)",
+                          formatter_class=HelpFormatter, epilog=EXAMPLES,
+                          description="Time lost per sync (sync - cpu_flag, per sync) from a guards recording, a "
+                                      "sweep CSV or a side-by-side table.")
+    lost.add_argument("csv", help="a timing CSV: data/guards/*.csv, a sweep's --out, a side-by-side table")
+    sub.add_parser("meta", help="print the metadata a row records, as JSON", formatter_class=HelpFormatter,
+                   epilog=EXAMPLES, description="The metadata every row and .meta.json records (provenance.metadata).")
     p.sweep_parser = s  # errors found after parsing are reported with the sweep sub-command's usage
     return p
+
+
+def cpu_summary_note(df) -> str:
+    """CPU_NOTE when every row was measured on a CPU, else ''."""
+    return CPU_NOTE if measured_on_cpu(df) else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -443,6 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(lost_table(a.csv).to_string(index=False))
             except ValueError as e:
                 parser.error(str(e))
+            note = cpu_summary_note(pd.read_csv(a.csv))
+            if note:
+                print(note)
             return 0
         spec = SweepSpec(presets=a.preset, layers=a.layers or [None], tokens=a.tokens, guards=a.guards,
                          active=a.active, ranks=a.rank, modes=a.mode, dtype=a.dtype, backend=a.backend,
@@ -462,6 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:  # e.g. a CSV of another schema
             sp.error(str(e))
         print(summary_table(df).to_string(index=False))
+        note = cpu_summary_note(clean(df))
+        if note:
+            print(note)
     return 0
 
 

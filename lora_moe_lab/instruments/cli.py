@@ -41,3 +41,27 @@ def progress(total: int, enabled: bool = True, *, unit: str = "row", initial: in
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help` shows every option's default and keeps the line breaks of the description and of
+    the epilog (where each tool puts its examples)."""
+
+
+# What a figure measured on a CPU means. On a GPU the host fills a queue the device runs from, and
+# `.item()` makes the host wait until the queue has drained; the bubble is the GPU idling after it.
+# A CPU runs every op inline in the host thread: nothing is queued, `.item()` reads memory the host
+# already has, no device ever idles.
+CPU_NOTE = ("Measured on a CPU (wall clock, torch ops run inline): nothing is queued, so `.item()` drains no queue. "
+            "us_per_sync here is the host's own cost per guard call plus its noise, not a GPU bubble; GPU idle, where "
+            "a table has it, is NaN on a CPU (no device trace). Run on a GPU for the lesson's figures.")
+
+
+def measured_on_cpu(df) -> bool:
+    """Do these rows (a sweep or recording table with `gpu` and/or `timer` columns) come from a CPU?"""
+    cols = getattr(df, "columns", ())
+    if "timer" in cols and len(df):
+        return bool((df["timer"].astype(str) == "wall").all())
+    if "gpu" in cols and len(df):
+        return bool((df["gpu"].astype(str).str.lower() == "cpu").all())
+    return False

@@ -134,9 +134,15 @@ def test_cli_help(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--help"])
     assert e.value.code == 0
+    assert "examples:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         bench.main(["sweep", "--help"])
-    assert e.value.code == 0 and "--resume" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--resume" in out and "(default: 10)" in out and "examples:" in out
+    for sub in ("lost", "meta"):
+        with pytest.raises(SystemExit):
+            bench.main([sub, "--help"])
+        assert "examples:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -164,6 +170,7 @@ def test_cli_sweep_resume_and_lost(tmp_path, capsys):
     assert bench.main(args) == 0
     table = capsys.readouterr().out
     assert "median_ms" in table and "us_per_sync" in table
+    assert "Measured on a CPU" in table and "not a GPU bubble" in table  # what a CPU figure means
     with pytest.raises(SystemExit) as e:  # exists, no --resume
         bench.main(args)
     assert e.value.code == 2 and "--resume" in capsys.readouterr().err
