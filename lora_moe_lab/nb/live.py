@@ -75,14 +75,17 @@ def time_guards(lab, tokens: list[int], *, reps: int, warmup: int = 3, active: f
 
 def as_recording(samples: pd.DataFrame, **params):
     """The samples as a `recordings.Recording` with this machine's metadata (GPU, commit, date:
-    its `label`). GPU timings with >= 10 repetitions go through the recording's warm-up rule where
-    this checkout has it (`recordings.mark_warmup`): a point that never settles gets NaN figures.
+    its `label`). GPU timings with at least twice the rule's repetitions (the rule keeps >= 10 after
+    dropping a drift, stats.MIN_PAIRED_REPS) go through the recording's warm-up rule where this
+    checkout has it (`recordings.mark_warmup`): a point that never settles gets NaN figures, not
+    averaged. Fewer: every repetition is used (the warm-up calls before them are the only warm-up).
     CPU wall-clock timings are the host's noise by nature and are kept as they are."""
     from ..instruments import recordings as R
+    from ..instruments.stats import MIN_PAIRED_REPS
     from ..provenance import metadata
 
     mark = getattr(R, "mark_warmup", None)  # the warm-up rule (instruments/stats.py: drop_warmup)
     n = int(samples.groupby(["tokens", "variant"])["rep"].nunique().min()) if len(samples) else 0
     gpu = len(samples) and (samples["timer"] == "cuda_events").all()
-    s = mark(samples) if mark is not None and n >= 10 and gpu else samples
+    s = mark(samples) if mark is not None and n >= 2 * MIN_PAIRED_REPS and gpu else samples
     return R.Recording(s.reset_index(drop=True), metadata(params=params or None))

@@ -429,7 +429,8 @@ class BenchPanel:
         batch, tensors = lab.make_batch(["bench" if i < n_active else None for i in range(R)],
                                         split_tokens(int(p["tokens"]), R))
         x = lab.random_input(int(p["tokens"]))
-        gpu = torch.cuda.get_device_name(0) if runtime.has_cuda() else "cpu"
+        cuda = lab.device.type == "cuda"  # CUDA events on the GPU the lab lives on, else the wall clock
+        gpu = torch.cuda.get_device_name(lab.device) if cuda else "cpu"
         fns, graphs, syncs = {}, [], {}
         samples = {g: [] for g in guards}
         with torch.no_grad():
@@ -451,7 +452,7 @@ class BenchPanel:
                 for g in rotated(guards, r):
                     if self._stop.is_set():
                         break
-                    samples[g].append(time_once(fns[g])[0])
+                    samples[g].append(time_once(fns[g], cuda)[0])
                     self.progress.value += 1
                 if self._stop.is_set():
                     break
@@ -463,7 +464,7 @@ class BenchPanel:
         self.last_samples = pd.DataFrame([dict(preset=p["preset"], layers=p["layers"], tokens=int(p["tokens"]),
                                                active=float(p["active"]), variant=g, guard=g, mode=p["mode"], rep=i,
                                                us=samples[g][i], syncs_per_forward=syncs[g],
-                                               timer="cuda_events" if runtime.has_cuda() else "wall")
+                                               timer="cuda_events" if cuda else "wall")
                                           for g in guards for i in range(n)])
         rows = []
         for g in guards if n else []:
@@ -474,7 +475,7 @@ class BenchPanel:
             rows.append(dict(key, guard=g, source=f"live ({gpu})", median_ms=med / 1e3, lo_ms=lo / 1e3, hi_ms=hi / 1e3,
                              interval="95 % CI of the median" if ci else "p10-p90", syncs_per_forward=syncs[g], reps=n))
         self.status.value = ("stopped early: " if self._stop.is_set() else "done: ") + \
-            (f"measured live on {gpu} ({'CUDA events' if runtime.has_cuda() else 'wall clock'}, median of {n} "
+            (f"measured live on {gpu} ({'CUDA events' if cuda else 'wall clock'}, median of {n} "
              f"interleaved repetitions after {self.warmup} warm-up calls)")
         return rows
 

@@ -86,7 +86,7 @@ def test_recorded_bubble_is_explained_by_its_syncs():
 def test_live_timings_on_the_cpu_have_the_recording_schema():
     from lora_moe_lab.model.lab import build_lab
 
-    lab = build_lab("tiny", num_layers=2)
+    lab = build_lab("tiny", num_layers=2, device="cpu")  # the wall clock, on any machine
     lab.pool.load("a", rank=4)
     s = live.time_guards(lab, [4], reps=2, warmup=1, active=0.5, requests=2, adapter="a", preset="tiny")
     assert set(s.variant) == {"sync", "cpu_flag", "launch_always"} and (s.timer == "wall").all()

@@ -10,7 +10,8 @@ pytest.importorskip("ipywidgets")
 
 
 def _cpu_build(**kw):
-    return build_lab("tiny", num_layers=kw["num_layers"], max_loras=kw["max_loras"], max_rank=kw["max_rank"])
+    return build_lab("tiny", num_layers=kw["num_layers"], max_loras=kw["max_loras"], max_rank=kw["max_rank"],
+                     device="cpu")  # a CPU lab on any machine: the wall clock
 
 
 def _panel(reps):
