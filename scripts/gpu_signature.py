@@ -43,6 +43,45 @@ TARGET_LATER_US = PS["later_blocked_mean_us"]  # ~30 ms over production's other 
 GUARDS = ["sync", "cpu_flag"]
 
 
+class ClockLog:
+    """Samples the card every 100 ms while the tasks run (read only: nvidia-smi's query loop),
+    each line stamped on arrival with time.time(), the clock the rows' `t_unix` use. It answers
+    "did the same kernels run at other clocks under `sync` than under `cpu_flag`?" with a reading."""
+
+    FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu"  # + the reason clocks are held down
+
+    def __init__(self, path: Path):
+        import shutil
+        import subprocess
+        import threading
+
+        self.path, self.proc = path, None
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return
+        fields = self.FIELDS
+        for reason in ("clocks_event_reasons.active", "clocks_throttle_reasons.active", ""):
+            fields = self.FIELDS + ("," + reason if reason else ",temperature.gpu")  # keep 5 columns
+            if subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True).returncode == 0:
+                break
+        self.proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "100"],
+                                     stdout=subprocess.PIPE, text=True)
+        self.f = open(path, "w")
+        self.f.write("t_unix,sm_mhz,mem_mhz,power_w,temp_c,throttle\n")
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.f.write(f"{time.time():.3f},{','.join(v.strip() for v in line.split(','))}\n")
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.thread.join(timeout=2)
+            self.f.close()
+
+
 def host_work_flags(site_counts) -> list[bool]:
     """Per guard sync of one forward, in order: does host work at a call point come right before
     it? The decoder asks each layer's sites point by point (model/decoder.py: GuardSites)."""
@@ -128,6 +167,7 @@ def main(argv=None) -> int:
     meta = metadata(params=dict(params, preset=preset, layers=layers, input_len=L, guards=GUARDS,
                                 guard_sites=GS_PROD, target_later_us=TARGET_LATER_US, adapters="none"))
     cal = None
+    clocks = ClockLog(work / "clocks.csv")
     for task in a.tasks:
         regime, c = task.split("_C")
         chunk = 16 * int(c) // 16384 if a.smoke else int(c)  # smoke: 2 or 1 requests per chunk
@@ -148,6 +188,7 @@ def main(argv=None) -> int:
                 "host_blocked_ms", "gpu_idle_ms"]
         print(s[cols].to_string(index=False, float_format="{:.2f}".format), flush=True)
         pack(work, out, a.session, meta, cal, t0)  # after every task: a killed call still returns data
+    clocks.close()
     pack(work, out, a.session, meta, cal, t0)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0

@@ -353,7 +353,7 @@ class PrefillDriver:
 COST_COLUMNS = list(EngineCosts.LIMITS)
 KEY_COLUMNS = ["preset", "layers", "tp", "requests", "input_len", "chunk", "guard_sites", *COST_COLUMNS, "adapters",
                "guard"]
-RESULT_COLUMNS = ["rep", "order", "prefill_ms", "input_tok_per_s", "input_tok_per_s_net", "other_batch_ms",
+RESULT_COLUMNS = ["rep", "order", "t_unix", "prefill_ms", "input_tok_per_s", "input_tok_per_s_net", "other_batch_ms",
                   "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "forwards", "forward_median_ms", "syncs_per_forward",
                   *HOST_SIGNATURE, "gpu_idle_ms", "gpu_idle_after_sync_ms", "gpu_busy_ms", "gpu_span_ms", "timer"]
 COLUMNS = KEY_COLUMNS + RESULT_COLUMNS
@@ -404,8 +404,10 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
             break
         for mode, d in drivers.items():
             for i, g in enumerate(rotated(guards, r)):
+                t_unix = time.time()  # to join a clock/power log (nvidia-smi -lms) to this prefill
                 res = d.run(g)
-                row = {**key, **d.costs.as_key(), "adapters": mode, "guard": g, "rep": r, "order": i, **res,
+                row = {**key, **d.costs.as_key(), "adapters": mode, "guard": g, "rep": r, "order": i, "t_unix": t_unix,
+                       **res,
                        **idle[mode, g],
                        "timer": "cuda_events" if d.cuda else "wall"}
                 rows.append(row)

@@ -36,6 +36,7 @@ class Session:
     forwards: pd.DataFrame  # profiled steady forwards, per task and guard (signature.per_forward)
     syncs: pd.DataFrame  # per sync of those forwards (signature.per_sync)
     meta: dict
+    clocks: pd.DataFrame | None = None  # nvidia-smi samples every 100 ms (scripts/gpu_signature.py: ClockLog)
 
 
 def _cat(files) -> pd.DataFrame:
@@ -53,7 +54,8 @@ def load_sessions(folder: Path | str = FOLDER) -> dict[str, Session]:
         out[name] = Session(name, _cat(d.glob("*.summary.csv")),
                             _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1),
                             _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
-                            normalize_meta(json.loads((d / "meta.json").read_text())))
+                            normalize_meta(json.loads((d / "meta.json").read_text())),
+                            pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)
     return out
 
 
@@ -118,3 +120,28 @@ def signature_table(sessions: dict[str, Session]) -> pd.DataFrame:
             row["forward_median_ms_cpu_flag"] = float(cf["forward_median_ms"].iloc[0]) if len(cf) else np.nan
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def clocks_by_guard(session: Session) -> pd.DataFrame:
+    """The card's SM clock, power and temperature while each guard's timed prefills ran (samples
+    inside [t_unix, t_unix + prefill_ms] of every row), per task and guard: median and the 10-90 %
+    range. Empty when the session has no clock log or its rows have no t_unix."""
+    c, r = session.clocks, session.rows
+    if c is None or not len(c) or "t_unix" not in r or r["t_unix"].isna().all():
+        return pd.DataFrame()
+    c = c.apply(pd.to_numeric, errors="coerce")
+    t = c["t_unix"].to_numpy()
+    out = []
+    for (task, guard), g in r.groupby(["task", "guard"], sort=False):
+        sel = np.zeros(len(c), bool)
+        for a, ms in zip(g["t_unix"], g["prefill_ms"]):
+            sel |= (t >= a) & (t <= a + ms / 1e3)
+        x = c[sel]
+        row = dict(task=task, guard=guard, samples=int(sel.sum()))
+        for k in ("sm_mhz", "power_w", "temp_c"):
+            v = x[k].dropna()
+            row[k] = float(v.median()) if len(v) else np.nan
+            row[k + "_p10"], row[k + "_p90"] = ((float(v.quantile(0.1)), float(v.quantile(0.9))) if len(v)
+                                                else (np.nan, np.nan))
+        out.append(row)
+    return pd.DataFrame(out)

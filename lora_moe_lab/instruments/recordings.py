@@ -482,14 +482,14 @@ class GraphStrategiesRecording:
     def table(self, model: str = "moe") -> pd.DataFrame:
         """The trade-offs in one table: per strategy, graphs captured, capture seconds, graph pool
         memory (all sizes of the model), and the median step time relative to launch_always at
-        decode (1 and 64 tokens) and the largest prefill, with no adapter and with one."""
+        decode (1 and 64 tokens) and every recorded prefill size, with no adapter and with one."""
         cap = self.capture[self.capture["model"] == model].groupby("strategy", sort=False)[
             ["graphs", "capture_s", "pool_mib"]].sum()
         summ = self.summary()
         summ = summ[summ["model"] == model]
-        big = int(summ["tokens"].max())
+        prefill = sorted(int(t) for t in summ["tokens"].unique() if t > 64)  # every prefill size: none hidden
         out = cap.reset_index()
-        for tokens, active in ((1, 0), (1, 1), (64, 0), (64, 1), (big, 0), (big, 1)):
+        for tokens, active in [(t, a) for t in (1, 64, *prefill) for a in (0, 1)]:
             col = f"M={tokens}, {active} active"
             sel = summ[(summ["tokens"] == tokens) & (summ["active"] == active)].set_index("variant")
             out[col] = [sel["vs_launch_always"].get(v, math.nan) for v in out["strategy"]]
