@@ -438,7 +438,7 @@ occupancy_figure(sw[sw["preset"] == shown]).show()
 
 # %% [markdown]
 # With every adapter active and every token using one, how much does LoRA add to the MoE layer?
-# Each bar is the median of 31 paired rounds (base and LoRA replayed back to back), whiskers the
+# Each bar is the median of the paired rounds (base and LoRA replayed back to back; how many: printed), whiskers the
 # 10-90 % spread. The grey bar is what the LoRA bytes alone (each used adapter-expert's A and B,
 # x, and the output read and written) would take at the measured copy bandwidth: no tile goes
 # below it. At TP=4 the LoRA weights do not shrink with the intermediate size the way the base
@@ -446,7 +446,7 @@ occupancy_figure(sw[sw["preset"] == shown]).show()
 
 # %%
 sf = final_run.share_floor()
-print(f"recorded: {final_run.label}")
+print(f"recorded: {final_run.label}; each bar: {int(final_run.section('layer_paired').reps.max())} paired rounds")
 share_floor_figure(sf).show()
 (sf.assign(share_pct=100 * sf["lora_share"], floor_pct=100 * sf["floor_share"])
    [["preset", "M", "base", "share_pct", "floor_pct"]].round(1))

@@ -272,14 +272,14 @@ except NoGraphFits as e:
 # Qwen3-shaped decoder (bf16, 4 adapter slots of rank 32): capture time of every graph (kernels
 # compiled beforehand), the bytes the strategy's private graph pool holds, and one whole step
 # (pick the graph on the host, write the batch into its static buffers, replay) timed with CUDA
-# events, 11 repetitions interleaved with the other strategies. Ratios are paired per repetition.
+# events, its repetitions (printed) interleaved with the other strategies. Ratios are paired per repetition.
 
 # %%
 from lora_moe_lab.instruments.recordings import load_graph_strategies
 from lora_moe_lab.ui.graph_plots import strategies_figure
 
 srec = load_graph_strategies()
-print(f"recorded: {srec.label}")
+print(f"recorded: {srec.label}; {srec.meta['params']['reps']} interleaved repetitions per step")
 for m in ("moe", "decoder"):
     print(f"{m}: graphs, capture seconds and pool MiB summed over all batch sizes; step time relative to launch_always")
     display(srec.table(m).round(3))
