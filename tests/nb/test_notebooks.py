@@ -35,8 +35,20 @@ def test_sources_and_notebooks_in_sync():
 def _run(nb, params, tmp_path):
     import papermill as pm
 
+    from lora_moe_lab.nb.runner import kernel_config
+
     return pm.execute_notebook(str(nb), str(tmp_path / nb.name), parameters=params, cwd=str(nb.parent),
-                               kernel_name="python3", progress_bar=False, execution_timeout=900)
+                               kernel_name="python3", progress_bar=False, execution_timeout=900,
+                               config=kernel_config())  # IPC: no "running over TCP" warning
+
+
+@pytest.mark.parametrize("nb", [p for p in NBS if p.stem[:2] in ("01", "02", "03", "04")], ids=lambda p: p.stem)
+def test_live_lesson_cells_are_tagged(nb):
+    """make gpu-check reports what the cells tagged `lesson` printed: each notebook has its check there."""
+    cells = json.loads(nb.read_text())["cells"]
+    lesson = [c for c in cells if "lesson" in c.get("metadata", {}).get("tags", [])]
+    assert lesson and all(c["cell_type"] == "code" for c in lesson), f"{nb.name}: no cell tagged lesson"
+    assert any("assert" in "".join(c["source"]) or ".check()" in "".join(c["source"]) for c in lesson), nb.name
 
 
 @pytest.mark.notebook
