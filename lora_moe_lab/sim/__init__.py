@@ -8,7 +8,7 @@ calibrated on the canonical recording and kept in data/simulator (calibration).
 from .cost import (DEFAULT_LAUNCHES, TRITON_OPS, CostModel, forward_ops, forward_us, layer_ops,  # noqa: F401
                    layer_spec, simulate_forward)
 from .engine import TIMELINE_COLUMNS, Op, SimResult, simulate, to_trace_tables  # noqa: F401
-from .fit import (FIT_BOUNDS, FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, Validation, fit, holdout, judge,  # noqa: F401
+from .fit import (FIT_BOUNDS, FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, Validation, diagnose, fit, holdout, judge,  # noqa: F401,E501
                   predict, summarize, trace_rows, validate)
 from .production import (PRODUCTION, PRODUCTION_SIGNATURE, compare_production, extrapolate, production_forward_ms,  # noqa: F401
                          scale_model_report, sync_us_to_match, what_if)

@@ -328,3 +328,32 @@ def holdout(sweep: pd.DataFrame, *, by: str = "tokens", target_pct: float = 15.0
     what = "token count" if by == "tokens" else f"{by} value"
     return Validation(p[[c for c in POINT_COLUMNS if c in p.columns]], target_pct,
                       f"held out: leave one {what} out, {len(vals)} folds")
+
+
+def diagnose(points: pd.DataFrame, params: CostModel) -> pd.DataFrame:
+    """Why each held-out miss misses, from the model itself: simulate the point with `params` and
+    say which side of the queue sets its time. `bound`:
+      host    the host's issue time (launches, Python, syncs) exceeds the GPU's busy time: the
+              point is set by the per-launch host costs (launch_us, triton_extra_us, sync_us), one
+              number each for every op and size, so a miss says the real host cost per launch at
+              this size is not that number;
+      device  the GPU's busy time exceeds the host's: the point is set by the kernel-time model
+              (kernel_us, tflops, tbps), which has one math and one memory rate for every kernel
+              shape, so a miss says these kernels run at another rate at this size;
+    with host_share = host issue time / forward and device_share = GPU busy / forward."""
+    rows = []
+    for r in points.to_dict("records"):
+        o = simulate_forward(params=params, **_row_kwargs(r))
+        issue = o.host_end_us - o.host_blocked_us
+        bound = "host" if issue > o.device_busy_us else "device"
+        rows.append(dict(host_share=issue / o.forward_us, device_share=o.device_busy_us / o.forward_us, bound=bound))
+    d = pd.concat([points.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+    side = {"host": "the per-launch host costs (launch_us, triton_extra_us, sync_us)",
+            "device": "the kernel-time model (kernel_us, tflops, tbps)"}
+    d["why"] = [
+        w if ok else (f"{w}. The model makes this point {b}-bound (host issue {h:.0%} of the forward, GPU busy "
+                      f"{g:.0%}): {side[b]} set it, one value for every op and size, and the measurement says "
+                      f"they are {'lower' if e > 0 else 'higher'} here")
+        for ok, w, b, h, g, e in zip(d["passes"], d["why"], d["bound"], d["host_share"], d["device_share"],
+                                     d["error_pct"])]
+    return d

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -115,7 +116,7 @@ def predicted_vs_measured(pred: pd.DataFrame, *, target_pct: float = 15.0,
     return fig
 
 
-_METRIC_TITLES = {"syncs_per_forward": "syncs / forward", "stall_ms_per_forward": "stall ms / forward",
+_METRIC_TITLES = {"syncs_per_forward": "syncs / forward", "stall_ms_per_forward": "GPU time lost, ms / forward (model only)",
                   "input_throughput_gain_pct": "input throughput gain %", "ttft_change_pct": "TTFT change %"}
 
 
@@ -140,8 +141,11 @@ def extrapolation_figure(extrap: pd.DataFrame, compare: pd.DataFrame | None = No
                       row=1, col=1)
     for c, m in enumerate(metrics, start=2):
         g = compare[compare["metric"] == m]
-        xs = [f"model {t}" for t in g["tokens"]] + ["production"]
-        ys = list(g["predicted"]) + [float(g["production"].iloc[0])]
+        prod = float(g["production"].iloc[0])
+        # a production figure of another quantity (host time blocked, against the model's GPU time
+        # lost) is not drawn beside the model's: the panel shows the model alone
+        xs = [f"model {t}" for t in g["tokens"]] + (["production"] if np.isfinite(prod) else [])
+        ys = list(g["predicted"]) + ([prod] if np.isfinite(prod) else [])
         fig.add_trace(go.Bar(x=xs, y=ys, marker_color=["#9467bd"] * len(g) + ["#444444"], showlegend=False,
                              text=[f"{y:.3g}" for y in ys], textposition="outside",
                              hovertemplate="%{x}: %{y:.3g}<extra>" + _METRIC_TITLES[m] + "</extra>"), row=1, col=c)
