@@ -70,14 +70,29 @@ def guard_table(rec, baseline: str = "cpu_flag") -> pd.DataFrame:
     return out
 
 
-def lesson_min_tokens(paired: pd.DataFrame) -> int:
+def lesson_min_tokens(paired: pd.DataFrame, preset: str | None = None, active: float | None = None) -> int:
     """The smallest recorded M from which every recorded interval of the time lost per sync lies
-    above zero (every preset and adapter mix): where the recording says the lesson must hold."""
-    lo = paired.groupby("tokens")["us_per_sync_lo95"].min().sort_index()
+    above zero: where the recording says the lesson must hold. For one preset and adapter mix when
+    the recording has them (a live run is compared with its own setting), else over all of them."""
+    d = paired
+    if preset is not None and (d["preset"] == preset).any():
+        d = d[d["preset"] == preset]
+        if active is not None and np.isclose(d["active"], active).any():
+            d = d[np.isclose(d["active"], active)]
+    lo = d.groupby("tokens")["us_per_sync_lo95"].min().sort_index()
     ok = (lo > 0)[::-1].cummin()[::-1]  # True at M when every M' >= M is above zero
     if not ok.any():
         raise ValueError("no recorded token count from which every interval lies above zero")
     return int(ok[ok].index.min())
+
+
+def lesson_scope(paired: pd.DataFrame, preset: str | None = None, active: float | None = None) -> str:
+    """In words, which recorded points `lesson_min_tokens` read for these arguments."""
+    if preset is not None and (paired["preset"] == preset).any():
+        if active is not None and np.isclose(paired[paired["preset"] == preset]["active"], active).any():
+            return f"{preset}, active {active:g}"
+        return f"{preset}, every adapter mix"
+    return "every recorded preset and adapter mix"
 
 
 @dataclass(frozen=True)

@@ -138,9 +138,10 @@ assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0)
 from lora_moe_lab.instruments.recordings import load_guards
 
 rec = load_guards()
-min_M = lessons.lesson_min_tokens(rec.paired("sync", "cpu_flag"))
+rec_lost = rec.paired("sync", "cpu_flag")
+min_M = lessons.lesson_min_tokens(rec_lost, preset, timing_active)
 print(f"recording {rec.label}: from M={min_M} up every interval of the time lost per sync lies above zero "
-      "(both presets, both adapter mixes): there a live sync must cost time")
+      f"({lessons.lesson_scope(rec_lost, preset, timing_active)}): there a live sync must cost time")
 samples = live.time_guards(lab, timing_tokens, reps=timing_reps, warmup=timing_warmup, active=timing_active,
                            adapter="support-bot", preset=preset)  # every registered guard
 live_rec = live.as_recording(samples, preset=preset, layers=num_layers, tokens=timing_tokens, reps=timing_reps)
@@ -279,7 +280,7 @@ if {"cpu_flag", "launch_always"} <= set(idle.index):
 # `sync − cpu_flag` divided by the syncs per forward, with its 95 % interval (the method is printed).
 
 # %%
-lost = rec.paired("sync", "cpu_flag")
+lost = rec_lost
 print(f"recorded: {rec.label}; {int(lost.n.min())} repetitions per point at least; method: {lost['method'].iloc[0]}"
       if "method" in lost else f"recorded: {rec.label}")
 cols = ["preset", "tokens", "active", "t_variant_us", "t_baseline_us", "ratio", "syncs", "us_per_sync",
@@ -296,12 +297,15 @@ fig.add_hline(y=0, line_dash="dot", line_color="gray")
 fig.update_layout(title=f"Time lost per sync, median and 95 % interval ({rec.label})",
                   xaxis_title="tokens per forward (M)", yaxis_title="µs lost per sync", xaxis_type="log", height=420)
 fig.show()
-big = lost[lost.tokens >= min_M]
-print(f"M >= {min_M}: {big.us_per_sync.min():.0f}-{big.us_per_sync.max():.0f} us lost per sync; "
+all_M = lessons.lesson_min_tokens(lost)  # over every preset and adapter mix
+big = lost[lost.tokens >= all_M]
+print(f"M >= {all_M}: {big.us_per_sync.min():.0f}-{big.us_per_sync.max():.0f} us lost per sync; "
       f"every interval above zero: {bool((big.us_per_sync_lo95 > 0).all())}")
 assert (big.us_per_sync_lo95 > 0).all(), "the recording contradicts the lesson: look before trusting it"
 small = lost[lost.tokens == lost.tokens.min()]
-print(f"M = {int(small.tokens.iloc[0])} (host-bound): a sync costs {small.us_per_sync.min():.0f}-"
+reg = rt[rt.tokens == small.tokens.iloc[0]].regime.unique()
+print(f"M = {int(small.tokens.iloc[0])} ({', '.join(reg)}: eager over graph replay "
+      f"{rt[rt.tokens == small.tokens.iloc[0]].eager_over_graph.min():.1f}x or more): a sync costs {small.us_per_sync.min():.0f}-"
       f"{small.us_per_sync.max():.0f} us here (the round trip and the host's restart, not a bubble), 95 % intervals "
       + ", ".join(f"[{lo:.0f}, {hi:.0f}]" for lo, hi in zip(small.us_per_sync_lo95, small.us_per_sync_hi95)))
 

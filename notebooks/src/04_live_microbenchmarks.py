@@ -137,14 +137,16 @@ for r in measured.itertuples():
     want = num_layers if (r.guard == "sync" and mode == "eager") else 0
     assert r.syncs_per_forward == want, f"{r.source} {r.guard}: {r.syncs_per_forward} syncs per forward, expected {want}"
 if LIVE and mode == "eager" and all_guards and panel.last_samples is not None and len(panel.last_samples):
-    min_M = lessons.lesson_min_tokens(rec.paired("sync", "cpu_flag")) if rec is not None else None
+    rec_lost = rec.paired("sync", "cpu_flag") if rec is not None else None
+    min_M = lessons.lesson_min_tokens(rec_lost, preset, active_fraction) if rec is not None else None
     tbl = lessons.guard_table(live.as_recording(panel.last_samples))
     print("method:", tbl["method"].iloc[0])
     if min_M is None:
         print("no canonical recording here: nothing says where the lesson must hold; not checked")
     else:
         v = lessons.guard_verdict(tbl.iloc[0], min_M)
-        print(f"the recording ({label}): from M={min_M} up every interval lies above zero")
+        print(f"the recording ({label}): from M={min_M} up every interval lies above zero "
+              f"({lessons.lesson_scope(rec_lost, preset, active_fraction)})")
         print(v.text)
         v.check()
 rows

@@ -55,8 +55,12 @@ def test_lesson_min_tokens_reads_the_recording():
     m = L.lesson_min_tokens(p)
     assert m in set(p.tokens) and (p[p.tokens >= m].us_per_sync_lo95 > 0).all()
     assert (p[p.tokens < m].us_per_sync_lo95 <= 0).any() or m == p.tokens.min()
-    fake = pd.DataFrame(dict(tokens=[16, 128, 1024], us_per_sync_lo95=[5.0, -1.0, 3.0]))
+    fake = pd.DataFrame(dict(preset="p", active=0.0, tokens=[16, 128, 1024], us_per_sync_lo95=[5.0, -1.0, 3.0]))
     assert L.lesson_min_tokens(fake) == 1024
+    two = pd.concat([fake, fake.assign(preset="q", us_per_sync_lo95=[-1.0, 2.0, 3.0])])
+    assert L.lesson_min_tokens(two, "q", 0.0) == 128 and L.lesson_min_tokens(two, "p") == 1024
+    assert L.lesson_min_tokens(two, "tiny", 0.0) == 1024 and L.lesson_scope(two, "tiny") == "every recorded preset and adapter mix"
+    assert L.lesson_scope(two, "q", 0.0) == "q, active 0" and L.lesson_scope(two, "q", 0.5) == "q, every adapter mix"
     with pytest.raises(ValueError, match="no recorded token count"):
         L.lesson_min_tokens(fake.assign(us_per_sync_lo95=-1.0))
 
