@@ -122,3 +122,23 @@ def test_live_samples_keep_pairs(monkeypatch):
     s = _samples({16: (1000, 10, 400, 5)}, reps=3)
     assert s.groupby(["tokens", "rep"]).variant.nunique().eq(4).all()
     assert json.dumps(L.guard_table(Recording(s)).columns.tolist())
+
+
+def test_gpu_samples_go_through_the_warm_up_rule():
+    """20 GPU repetitions: a leading drift is dropped from every arm (the pairs stay pairs); a point
+    that never settles has no figure, and where the lesson must hold that is a failure, not a pass."""
+    s = _samples({4096: (63_000, 24_000, 62_500, 50)}, reps=20).assign(timer="cuda_events")
+    s.loc[s.rep < 3, "us"] *= 1.5  # the first three repetitions at other clocks
+    rec = live.as_recording(s)
+    t = L.guard_table(rec).iloc[0]
+    assert rec.samples.warmup_drift.sum() == 3 * 4 and t["n"] == 17 and t["status"] == "ok"
+    assert L.guard_verdict(t, 128).holds
+    bad = s.copy()
+    bad["us"] = bad["us"] * (1 + 0.05 * bad["rep"])  # a trend: never settles
+    t = L.guard_table(live.as_recording(bad)).iloc[0]
+    v = L.guard_verdict(t, 128)
+    assert v.must_hold and not v.holds and "never settled" in v.text
+    with pytest.raises(L.LessonError):
+        v.check()
+    few = live.as_recording(s[s.rep < 12])  # fewer than 20: every repetition used, no rule
+    assert not few.samples.warmup_drift.any()
