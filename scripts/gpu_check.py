@@ -5,6 +5,7 @@ notebooks/params/gpu.yaml, and a log with metadata in data/gpu_tests/ (data/gpu_
     PYTHONPATH=. python3 scripts/gpu_check.py --what tests        # only the pytest suite
     PYTHONPATH=. python3 scripts/gpu_check.py --what notebooks    # only the notebooks
     PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT    # notebook packages from wheels first
+    ... --what notebooks --merge data/gpu_tests/gpu_check_<commit>.json  # add to the tests' log of that commit
 
 Writes gpu_check_<commit>.log (readable) and gpu_check_<commit>.json (the same figures) in --out:
 commit, date, GPU, driver, torch/triton/CUDA versions; pytest's passed/failed/skipped counts, in
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 01 04 (default: all)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x' (default: none)")
     ap.add_argument("--test-timeout", type=int, default=480, help="seconds for the whole pytest run (default: 480)")
+    ap.add_argument("--merge", default=None, help="an earlier gpu_check_<commit>.json of the same commit whose other "
+                    "part (tests or notebooks) this run's log keeps (default: the one in --out, if any)")
     ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to try the script; the log says cpu)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -193,8 +196,11 @@ def main(argv=None) -> int:
     meta = metadata()
     say(f"commit {meta.get('commit') or '? (set GIT_COMMIT)'}, {meta['gpu']}, driver {meta.get('driver') or '?'}, "
         f"torch {meta['torch']}, triton {meta['triton']}")
-    prev = out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}.json"
+    prev = Path(a.merge) if a.merge else out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}.json"
     doc = json.loads(prev.read_text()) if prev.exists() and a.what != "all" else {}
+    if doc and doc.get("meta", {}).get("commit") != meta.get("commit"):
+        say(f"{prev} is of commit {doc.get('meta', {}).get('commit')}, not this one: not merged")
+        doc = {}
     doc.update(meta=meta, command=" ".join([Path(sys.executable).name] + sys.argv), missing=miss)
     if a.what in ("all", "tests"):
         doc["tests"] = run_tests(build, a.pytest_args.split(), a.test_timeout)
