@@ -388,8 +388,9 @@ def signature_block() -> str | None:
         if not len(g):
             continue
         med = g.median(numeric_only=True)
-        sp = (lambda c, f="{:.1f}": (f.format(g[c].iloc[0]) if len(g) == 1 else
-                                      "–".join(f.format(v) for v in (g[c].min(), g[c].max()))))
+        def sp(c, f="{:.1f}", g=g):  # one session's value, or the two sessions' range
+            a, b = f.format(g[c].min()), f.format(g[c].max())
+            return a if a == b else f"{a}–{b}"
         h = head[head.task == task].set_index("metric")
         thr, ttft = h.loc["fix_throughput_gain_pct"], h.loc["fix_ttft_change_pct"]
         lines.append(
@@ -435,7 +436,7 @@ def signature_block() -> str | None:
             f"{p.first_blocked_ms:.1f} ms of it in the first sync ({p.first_share:.0%}), later syncs "
             f"{p.later_blocked_mean_us:.0f} µs on average. The fix then gains {thr.estimate:+.1f} %, "
             f"{'more' if thr.lo > PRODUCTION['input_throughput_gain_pct'] else 'not more'} than production's "
-            f"{PRODUCTION['input_throughput_gain_pct']:+.1f} %.",
+            f"{PRODUCTION['input_throughput_gain_pct']:+.1f} %." + _prodlike_sessions(sig, head),
             f"- **Why the same signature does not give the same gain: host-blocked time is not GPU time lost.** The "
             f"first sync's {p.first_blocked_ms:.0f} ms are spent while the GPU is busy with the earlier batch: they cost "
             f"the GPU nothing. A later sync blocks the host only ~{p.later_blocked_mean_us:.0f} µs because the host is "
@@ -451,6 +452,20 @@ def signature_block() -> str | None:
             "all-reduces, which this TP=1 run has not."]
         lines += _profiled_vs_live(lost_d)
     return "\n".join(lines)
+
+
+def _prodlike_sessions(sig, head) -> str:
+    """When the production-like sessions disagree: what differed between them."""
+    h = head[(head.task == "prodlike_C16384") & (head.metric == "fix_throughput_gain_pct")]
+    g = sig[sig.task == "prodlike_C16384"].sort_values("session")
+    if not len(h) or h.iloc[0].sessions < 2 or h.iloc[0].agree is not False or len(g) < 2:
+        return ""
+    a, b = g.iloc[0], g.iloc[-1]
+    return (f" The two sessions disagree (†): each calibrated its own host work from its own lean-regime syncs "
+            f"({a.host_us_per_layer / 1e3:.2f} and {b.host_us_per_layer / 1e3:.2f} ms per layer). With more host work "
+            f"`cpu_flag` itself is more host-bound (GPU idle {a.gpu_idle_ms_cpu_flag:.0f} against "
+            f"{b.gpu_idle_ms_cpu_flag:.0f} ms per forward, profiled) and the fix gains less: where the host is barely "
+            "ahead, the gain moves fast with the host's speed. The reader's figure is the union of both.")
 
 
 def _profiled_vs_live(lost_live_ms: float) -> list[str]:
@@ -471,8 +486,30 @@ def _profiled_vs_live(lost_live_ms: float) -> list[str]:
             f"spans {sp_s - sp_c:.0f} ms more GPU time than the `cpu_flag` one ({sp_s:.0f} against {sp_c:.0f} ms), "
             f"the unprofiled forwards differ by {lost_live_ms:.1f} ms: the profiler's host overhead sits exactly where "
             f"the bubble is, in the host's re-issue after each sync. And the same kernels were busy {bu_c - bu_s:.0f} ms "
-            f"less with `sync` ({bu_s:.0f} against {bu_c:.0f} ms): a GPU that idles between kernels runs them faster, "
-            f"which hides part of the stall (a hypothesis about clocks and power until a clock trace backs it)."]
+            f"less with `sync` ({bu_s:.0f} against {bu_c:.0f} ms), which hides part of the stall. "
+            + _clock_sentence()]
+
+
+def _clock_sentence() -> str:
+    """Why the same kernels ran faster under `sync`: the card's clocks and power while each guard's
+    timed prefills ran (sessions with a clock log)."""
+    from lora_moe_lab.instruments import production_runs as PR
+
+    for n, s in PR.load_sessions().items():
+        c = PR.clocks_by_guard(s)
+        if not len(c):
+            continue
+        c = c[c.task == "default_C16384"].set_index("guard")
+        if not {"sync", "cpu_flag"} <= set(c.index):
+            continue
+        y, f = c.loc["sync"], c.loc["cpu_flag"]
+        return (f"The card's own reading says why (session {n}, nvidia-smi every 100 ms during the timed prefills): "
+                f"under `cpu_flag` it drew {f.power_w:.0f} W of its {s.meta.get('gpu_state', {}).get('power_limit', 700):.0f} W "
+                f"limit, its software power cap held the clocks down in {f.power_capped_share:.0%} of the samples and the "
+                f"SM clock ran at {f.sm_mhz:.0f} MHz (median); under `sync`, with bubbles, {y.power_w:.0f} W, capped in "
+                f"{y.power_capped_share:.0%} of the samples, at {y.sm_mhz:.0f} MHz: the bubbles let the power controller "
+                "hold a higher clock, so the same kernels run faster.")
+    return "(Why: a hypothesis about clocks and power until a session with a clock log backs it.)"
 
 
 def production_block() -> str | None:

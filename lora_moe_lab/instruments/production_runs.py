@@ -125,11 +125,12 @@ def signature_table(sessions: dict[str, Session]) -> pd.DataFrame:
 def clocks_by_guard(session: Session) -> pd.DataFrame:
     """The card's SM clock, power and temperature while each guard's timed prefills ran (samples
     inside [t_unix, t_unix + prefill_ms] of every row), per task and guard: median and the 10-90 %
-    range. Empty when the session has no clock log or its rows have no t_unix."""
+    range, and the share of samples in which the software power cap held the clocks down.
+    Empty when the session has no clock log or its rows have no t_unix."""
     c, r = session.clocks, session.rows
     if c is None or not len(c) or "t_unix" not in r or r["t_unix"].isna().all():
         return pd.DataFrame()
-    c = c.apply(pd.to_numeric, errors="coerce")
+    c = c.drop(columns=[k for k in ("throttle",) if k in c]).apply(pd.to_numeric, errors="coerce")
     t = c["t_unix"].to_numpy()
     out = []
     for (task, guard), g in r.groupby(["task", "guard"], sort=False):
@@ -138,6 +139,10 @@ def clocks_by_guard(session: Session) -> pd.DataFrame:
             sel |= (t >= a) & (t <= a + ms / 1e3)
         x = c[sel]
         row = dict(task=task, guard=guard, samples=int(sel.sum()))
+        # clocks event reasons, bit 0x4: the software power cap held the clocks down (the board's limit)
+        reason = session.clocks.loc[sel, "throttle"].astype(str) if "throttle" in session.clocks else pd.Series([], dtype=str)
+        bits = reason.map(lambda v: int(v, 16) if v.startswith("0x") else 0)
+        row["power_capped_share"] = float((bits & 0x4).astype(bool).mean()) if len(bits) else np.nan
         for k in ("sm_mhz", "power_w", "temp_c"):
             v = x[k].dropna()
             row[k] = float(v.median()) if len(v) else np.nan

@@ -67,8 +67,10 @@ def test_clocks_by_guard_joins_samples_to_prefills():
 
     rows = pd.DataFrame(dict(task="t", guard=["sync", "cpu_flag"], t_unix=[100.0, 200.0], prefill_ms=[1000.0, 1000.0]))
     clocks = pd.DataFrame(dict(t_unix=[100.5, 100.9, 150.0, 200.2], sm_mhz=[1980, 1970, 500, 1755],
-                               mem_mhz=3201, power_w=[400, 410, 90, 690], temp_c=50, throttle="0x0"))
+                               mem_mhz=3201, power_w=[400, 410, 90, 690], temp_c=50,
+                               throttle=["0x0", "0x0", "0x0", "0x0000000000000004"]))
     s = PR.Session("s1", pd.DataFrame(), rows, pd.DataFrame(), pd.DataFrame(), {}, clocks)
     c = PR.clocks_by_guard(s).set_index("guard")
     assert c.loc["sync", "samples"] == 2 and c.loc["sync", "sm_mhz"] == 1975 and c.loc["cpu_flag", "sm_mhz"] == 1755
+    assert c.loc["sync", "power_capped_share"] == 0 and c.loc["cpu_flag", "power_capped_share"] == 1
     assert PR.clocks_by_guard(PR.Session("s", pd.DataFrame(), rows, pd.DataFrame(), pd.DataFrame(), {})).empty
