@@ -44,7 +44,7 @@ from ..config import PRESETS
 from ..model.guards import count_guard_syncs, guard_names
 from ..provenance import metadata
 from . import signature, stats
-from .cli import pos_float, pos_int, progress as cli_progress
+from .cli import CPU_NOTE, HelpFormatter, pos_float, pos_int, progress as cli_progress
 from .timing import rotated
 
 ADAPTER_MODES = ("none", "mix")
@@ -557,24 +557,31 @@ def init_group(tp_auto: bool):
 
 # --- CLI -----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.prefill",
-                                description="Chunked prefill per guard: input throughput, TTFT, syncs and GPU "
-                                            "idle per forward, interleaved repetitions, tidy CSV.")
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.prefill", formatter_class=HelpFormatter,
+                                description="Chunked prefill per guard: input throughput, TTFT, syncs, host time "
+                                            "blocked per sync and GPU idle per forward, interleaved repetitions, "
+                                            "tidy CSV.",
+                                epilog="examples:\n"
+                                       "  python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 --requests 8 "
+                                       "--input-len 16 --chunk 32 --out build/prefill.csv\n"
+                                       "  python -m lora_moe_lab.instruments.prefill --preset qwen3-30b-a3b --guard-sites 5.4167 "
+                                       "--guards sync cpu_flag --adapters none --host-us-per-layer 7500 --overlap-ms 70 "
+                                       "--out build/prodlike.csv   # production's regime (GPU)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    p.add_argument("--layers", type=pos_int, default=None, help="layers (default: the preset's)")
-    p.add_argument("--requests", type=pos_int, default=128, help="requests R (default 128)")
-    p.add_argument("--input-len", type=pos_int, default=2048, help="input tokens per request L (default 2048)")
+    p.add_argument("--layers", type=pos_int, default=None, help="layers (None: the preset's)")
+    p.add_argument("--requests", type=pos_int, default=128, help="requests R")
+    p.add_argument("--input-len", type=pos_int, default=2048, help="input tokens per request L")
     p.add_argument("--chunk", type=int, nargs="+", default=[16384], help="tokens per chunk C, multiples of L")
     p.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()))
     p.add_argument("--adapters", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES))
     p.add_argument("--guard-sites", type=pos_float, nargs="+", default=[1.0],
                    help="guard decisions per layer (260 / 48 = 5.42 gives production's syncs per forward)")
-    p.add_argument("--n-adapters", type=pos_int, default=2, help="adapters loaded (default 2)")
-    p.add_argument("--rank", type=pos_int, default=16, help="LoRA rank of the loaded adapters (default 16)")
+    p.add_argument("--n-adapters", type=pos_int, default=2, help="adapters loaded")
+    p.add_argument("--rank", type=pos_int, default=16, help="LoRA rank of the loaded adapters")
     p.add_argument("--max-loras", type=pos_int, default=4)
     p.add_argument("--reps", type=pos_int, default=12,
-                   help="interleaved repetitions (default 12; >= 10 kept after the warm-up check give intervals)")
-    p.add_argument("--warmup-reps", type=int, default=1, help="untimed whole prefills per guard first (default 1)")
+                   help="interleaved repetitions")
+    p.add_argument("--warmup-reps", type=int, default=1, help="untimed whole prefills per guard first")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--device", default="auto")
@@ -586,9 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-us-per-layer", type=float, default=0.0,
                    help="an engine's host work per layer, us (EngineCosts; default 0: off)")
     p.add_argument("--host-us-per-forward", type=float, default=0.0,
-                   help="an engine's host work per forward, us (default 0: off)")
+                   help="an engine's host work per forward, us")
     p.add_argument("--overlap-ms", type=float, default=0.0,
-                   help="GPU work of an earlier batch queued before each forward, ms (default 0: off)")
+                   help="GPU work of an earlier batch queued before each forward, ms")
     p.add_argument("--out", required=True, help="tidy CSV (rows appended; .meta.json, .summary.csv and, when "
                                                 "profiled, .signature.csv / .syncs.csv beside)")
     p.add_argument("--no-progress", action="store_true")
@@ -664,6 +671,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.2f}".format):
             print(s[cols].to_string(index=False))
+        if not runtime.has_cuda():
+            print(CPU_NOTE)
     if group is not None:
         group.destroy()
     return 0

@@ -186,7 +186,7 @@ else:
 # the time lost per sync is what transfers. These are the figures of
 # `data/simulator/simulator_vs_production.csv` — the ones the README quotes (16384-token chunks).
 
-# %%
+# %% tags=["lesson"]
 s_ = sim.PRODUCTION_SETTINGS
 ex = sim.extrapolate(params, **s_)
 cmp_ = cal.production

@@ -39,7 +39,7 @@ chunk = 16                       # tokens per chunk: a multiple of input_len
 guard_sites = 260 / 48           # guard decisions per layer (production: 260 syncs per forward over 48 layers)
 guards = ["sync", "cpu_flag", "launch_always"]
 adapter_modes = ["none", "mix"]  # none: adapters loaded, no request uses one; mix: half the requests use one
-reps = 5                         # interleaved repetitions of the live run (>= 10 gives a paired-bootstrap interval)
+reps = 5                         # interleaved repetitions of the live run (10 or more give a paired-bootstrap interval)
 target_tp = 4                    # TP size of the extrapolation (production's)
 live = True                      # run the small live prefill on this machine
 
@@ -320,7 +320,7 @@ if RECORDED:
 # it returns, so a sync waits for nothing. What `sync` costs there is its own work (the device
 # reduction, now done by the CPU, and the `.item()` read); the table below prints that cost.
 
-# %%
+# %% tags=["lesson"]
 if live:
     from lora_moe_lab.instruments.prefill import (PrefillDriver, build, load_adapters, make_plan, measure,
                                                   request_adapters)
