@@ -171,7 +171,8 @@ def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
         with count_guard_syncs() as c:  # one untimed forward: how many syncs the guard made
             fn()
         runtime.synchronize()
-        t = time_device(fn, warmup=warmup, reps=reps)
+        # the lab's own device decides the clock: a CPU lab on a GPU machine is timed by the wall clock
+        t = time_device(fn, warmup=warmup, reps=reps, cuda=lab.device.type == "cuda")
         del g
     return dict(warmup=warmup, reps=t.reps, median_us=t.median_us, p10_us=t.p10_us, p90_us=t.p90_us,
                 mean_us=t.mean_us, wall_median_us=t.wall_median_us, timer=t.timer, syncs_per_forward=c.count,
