@@ -49,9 +49,10 @@ def ratio_figure() -> go.Figure:
         fig.add_bar(x=[str(m) for m in g.tokens], y=r, name=f"sync / cpu_flag, {preset}",
                     error_y=dict(type="data", symmetric=False, array=hi - r, arrayminus=r - lo))
     fig.add_hline(y=1.0, line_dash="dot")
-    fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag ({rec.label})",
+    fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag<br><sup>{rec.label}; "
+                            "whiskers: the paired-bootstrap 95 % intervals of both sessions together</sup>",
                       xaxis_title="tokens per forward (M)", yaxis_title="1 + (sync − cpu_flag) / cpu_flag",
-                      barmode="group", yaxis_range=[0.8, 1.7], legend=dict(orientation="h", y=-0.25), margin=dict(t=60))
+                      barmode="group", yaxis_range=[0.8, 1.7], legend=dict(orientation="h", y=-0.25), margin=dict(t=90))
     return fig
 
 
