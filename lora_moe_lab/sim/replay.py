@@ -317,8 +317,9 @@ def build_graph(trace, forward: int = 1, host_tid=None) -> Graph:
     anchor = np.searchsorted(hs, g_s, side="left")
     site_layer = T._ranges_index(g_s, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
     own = [np.nonzero(g_idx == i)[0] for i in range(len(ga))]
+    pre = g_s - np.where(anchor > 0, he[np.maximum(anchor - 1, 0)], w0)  # host work before the range, after the last call
     sites = pd.DataFrame({"name": ga["name"].to_numpy(), "layer": site_layer, "anchor": anchor,
-                          "n_calls": [len(o) for o in own], "dur_ns": g_e - g_s})
+                          "n_calls": [len(o) for o in own], "dur_ns": g_e - g_s, "pre_ns": np.maximum(pre, 0)})
     names = kk["name"].to_numpy(object)
     nccl = np.array([bool(NCCL_PATTERN.search(str(n))) for n in names], bool)
     host = dict(kind=kind, gap=gaps.astype(np.int64), dur=(he - hs).astype(np.int64), ret=ret.astype(np.int64),
