@@ -14,3 +14,5 @@ from .production import (PRODUCTION, PRODUCTION_SIGNATURE, compare_production, e
                          scale_model_report, sync_us_to_match, what_if)
 from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, SIM_DIR, Calibration, calibrate,  # noqa: F401
                           load_calibration, production_figures, readme_block)
+from . import replay_transforms  # noqa: F401  (what-if transformations of a replay Graph)
+from .replay import Graph, ReplayError, ReplayResult, build_graph, replay as replay_graph  # noqa: F401  (sim.replay: the module)
