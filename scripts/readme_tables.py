@@ -186,7 +186,7 @@ def _guards_warmup_lines(rec, folder: Path, checked: bool, min_reps: int) -> lis
                 "recording afterwards, would drop leading drift at " + (drops or "no point")
                 + " and finds " + (f"these points unstable: {unst}" if unst else "no point unstable")
                 + ". The figures above use every repetition as recorded."]
-    return [f"- Warm-up drift dropped (the same leading repetitions from every arm; the rows stay in the file): "
+    return ["- Warm-up drift dropped (the same leading repetitions from every arm; the rows stay in the file): "
             + (drops or "none") + ".",
             "- Unstable, not averaged (an arm never settled within the repetitions allowed): " + (unst or "none") + "."]
 

@@ -83,11 +83,8 @@ def moe_measured(rec) -> dict:
 
 
 def judge(pred: float, per: list) -> dict:
-    if len(per) >= 2:
-        b = stats.between_sessions(per[0], per[1])
-        est, lo, hi = b["estimate"], b["lo"], b["hi"]
-    else:
-        est, lo, hi = per[0]
+    b = stats.between_sessions(*per)  # one session: its own figure; several: the union of the intervals
+    est, lo, hi = b["estimate"], b["lo"], b["hi"]
     err = pred / est - 1
     within = lo <= pred <= hi
     return dict(measured_ms=est, measured_lo=lo, measured_hi=hi, sessions=len(per), err_pct=100 * err,

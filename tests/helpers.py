@@ -16,3 +16,13 @@ def rel_err(a, b):
 def fp32_tol(device):
     """The fp32 tolerance (ops/reference.py: fp32 exact paths < 1e-5; fp32 on GPU with tf32 dots < 5e-3)."""
     return tolerance(torch.float32, device)
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package): tests call its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

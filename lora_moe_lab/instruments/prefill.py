@@ -483,13 +483,8 @@ def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
         valid = len(reps) >= stats.MIN_PAIRED_REPS
         dropped, stable, note = 0, True, f"{len(reps)} repetitions: too few for a drift check"
         if valid:
-            try:
-                ws = [stats.drop_warmup(gg.sort_values("rep")["prefill_ms"]) for _, gg in g.groupby("guard")]
-                dropped = max(w.dropped for w in ws)
-                note = (f"dropped the first {dropped} of {len(reps)} repetitions as warm-up drift" if dropped
-                        else f"no warm-up drift in {len(reps)} repetitions")
-            except stats.UnstableWarmup as e:
-                stable, note = False, str(e)
+            w = stats.warmup_check({gd: gg.sort_values("rep")["prefill_ms"].to_numpy() for gd, gg in g.groupby("guard")})
+            dropped, stable, note = w.dropped, w.stable, w.note
         kept = g[g["rep"].isin(reps[dropped:])]
         n_kept = len(reps) - dropped
         use_stats = valid and n_kept >= stats.MIN_PAIRED_REPS

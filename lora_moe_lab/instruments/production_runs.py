@@ -81,12 +81,9 @@ def headline(sessions: dict[str, Session]) -> pd.DataFrame:
             row = dict(task=task, metric=metric, sessions=len(per))
             for name, v in per.items():
                 row[f"{name}"], row[f"{name}_lo"], row[f"{name}_hi"] = v
-            vals = list(per.values())
-            if len(vals) >= 2:
-                b = stats.between_sessions(vals[0], vals[1])
-                row.update(estimate=b["estimate"], lo=b["lo"], hi=b["hi"], spread=b["spread"], agree=b["agree"])
-            else:
-                row.update(estimate=vals[0][0], lo=vals[0][1], hi=vals[0][2], spread=np.nan, agree=np.nan)
+            b = stats.between_sessions(*per.values())  # one session: its figure; several: the union
+            row.update(estimate=b["estimate"], lo=b["lo"], hi=b["hi"],
+                       spread=b["spread"] if len(per) > 1 else np.nan, agree=b["agree"] if len(per) > 1 else np.nan)
             rows.append(row)
     return pd.DataFrame(rows, columns=None if rows else ["task", "metric", "sessions", "estimate", "lo", "hi"])
 

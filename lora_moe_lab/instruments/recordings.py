@@ -31,19 +31,18 @@ Intervals (the methods are named in every table, `METHOD_*`):
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..provenance import DATA, label as _label, normalize_meta
 from . import stats
-from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
+from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, WarmupCheck, warmup_check  # noqa: F401
 
 GUARDS_DIR = DATA / "guards"
 # The archived recording of 2026-11-30 (commit b5af87d, 15 repetitions, before the warm-up check).
@@ -53,15 +52,13 @@ SESSION_GLOB = "*_guards_s*.csv"  # h200_guards_s1.csv, h200_guards_s2.csv: one 
 KEYS = ["preset", "layers", "tokens", "active"]
 SAMPLE_COLUMNS = KEYS + ["variant", "guard", "mode", "rep", "us", "syncs_per_forward"]  # every file has these
 CHECK_COLUMNS = ["session", "warmup_drift", "status", "position"]  # written since the warm-up check
-OK, UNSTABLE, UNCHECKED = "ok", "unstable", "unchecked"
+UNCHECKED = "unchecked"
 METHOD_SESSIONS = ("between sessions (stats.between_sessions): the mean of the sessions' estimates with the union "
                    "of their 95 % intervals; flagged where the intervals do not overlap")
 METHOD_WARMUP = ("stats.drop_warmup on every arm's repetitions in time order; the largest leading drift over the "
                  "arms is dropped from all arms (pairs stay pairs); an arm that never settles makes the point "
                  "unstable (not averaged)")
 METHOD_DIFF_MEDIAN = "order-statistic 95 % interval of the median paired difference (n < 10: no bootstrap)"
-_BOOT = {k: p.default for k, p in inspect.signature(stats.bootstrap_paired).parameters.items()
-         if k in ("n_boot", "conf", "seed")}
 
 
 def median_ci(x, conf: float = 0.95) -> tuple[float, float, float]:
@@ -76,73 +73,8 @@ def median_ci(x, conf: float = 0.95) -> tuple[float, float, float]:
         return (float(np.median(a)), -math.inf, math.inf)
 
 
-def bootstrap_paired_fast(a, b, stat: str = "median_diff") -> tuple[float, float, float]:
-    """stats.bootstrap_paired with its defaults (same resamples, same seed, same quantiles: the
-    test checks the numbers are equal), vectorised over the resamples: 10,000 Python calls per
-    figure made the reader take seconds. stat: "median_diff" (median of a - b) or
-    "ratio_of_medians" (median(a) / median(b))."""
-    a, b = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
-    if len(a) != len(b):
-        raise ValueError(f"paired samples of different lengths: {len(a)} and {len(b)}")
-    if len(a) < MIN_PAIRED_REPS:
-        raise stats.TooFewRepetitions(f"{len(a)} paired repetitions; a bootstrap interval needs >= {MIN_PAIRED_REPS}")
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        raise ValueError("bootstrap_paired_fast: non-finite values")
-    rng = np.random.default_rng(_BOOT["seed"])
-    idx = rng.integers(0, len(a), size=(_BOOT["n_boot"], len(a)))
-    A, B = a[idx], b[idx]
-    if stat == "median_diff":
-        est, boots = float(np.median(a - b)), np.median(A - B, axis=1)
-    elif stat == "ratio_of_medians":
-        est, boots = float(np.median(a) / np.median(b)), np.median(A, axis=1) / np.median(B, axis=1)
-    else:
-        raise ValueError(f"unknown statistic {stat!r}: 'median_diff' or 'ratio_of_medians'")
-    q = (1 - _BOOT["conf"]) / 2
-    return est, float(np.quantile(boots, q)), float(np.quantile(boots, 1 - q))
-
-
 # ----------------------------------------------------------------------------------------------
-# The warm-up rule: one function for the recorder (scripts/gpu_side_by_side.py) and the reader
-@dataclass(frozen=True)
-class WarmupCheck:
-    n: int  # repetitions recorded (per arm)
-    dropped: int  # leading repetitions dropped from every arm (0 when unstable: nothing is kept)
-    stable: bool
-    note: str
-    per_arm: dict  # arm -> repetitions its own drift would drop, None where it never settles
-
-    @property
-    def status(self) -> str:
-        return OK if self.stable else UNSTABLE
-
-
-def warmup_check(arms: Mapping[str, Sequence[float]], *, min_keep: int = MIN_PAIRED_REPS) -> WarmupCheck:
-    """The warm-up verdict for one point: `arms` maps each variant to its repetitions in time order
-    (the same repetitions for every arm: they were interleaved). Every arm goes through
-    stats.drop_warmup; the largest drop over the arms is taken from all of them, so the kept
-    repetitions stay paired. Any arm that never settles (stats.UnstableWarmup) makes the point
-    unstable: its figures must not be averaged. Fewer than `min_keep` repetitions is an error."""
-    n = {k: len(v) for k, v in arms.items()}
-    if len(set(n.values())) != 1:
-        raise ValueError(f"interleaved arms must have the same repetitions, got {n}")
-    n = next(iter(n.values()))
-    per, why = {}, []
-    for arm, x in arms.items():
-        try:
-            per[arm] = stats.drop_warmup(x, min_keep=min_keep).dropped
-        except stats.UnstableWarmup as e:
-            per[arm] = None
-            why.append(f"{arm}: {e}")
-    if why:
-        return WarmupCheck(n, 0, False, f"unstable over {n} repetitions ({'; '.join(why)})", per)
-    d = max(per.values())
-    if not d:
-        return WarmupCheck(n, 0, True, f"no warm-up drift in {n} repetitions", per)
-    drift = ", ".join(f"{k} {v}" for k, v in per.items() if v)
-    return WarmupCheck(n, d, True, f"dropped the first {d} of {n} repetitions from every arm as warm-up drift "
-                                   f"(drift per arm: {drift})", per)
-
-
+# The warm-up rule lives in stats (warmup_check, WarmupCheck); re-exported here for the recorder.
 def mark_warmup(samples: pd.DataFrame, *, min_keep: int = MIN_PAIRED_REPS) -> pd.DataFrame:
     """The samples with `warmup_drift` and `status` set by `warmup_check`, per session and point
     (a file recorded before the check, or a synthetic one). Nothing is removed."""
@@ -160,20 +92,8 @@ def mark_warmup(samples: pd.DataFrame, *, min_keep: int = MIN_PAIRED_REPS) -> pd
 
 # ----------------------------------------------------------------------------------------------
 def combine_sessions(figs: Sequence[tuple[float, float, float]]) -> dict:
-    """Several sessions' (estimate, lo, hi) of one figure -> what the reader sees. One session: it,
-    as it is. Two: stats.between_sessions. More: its rule generalised (mean of the estimates, union
-    of the intervals, agree only where all intervals share a point)."""
-    figs = [tuple(map(float, f)) for f in figs]
-    if not figs:
-        return dict(estimate=math.nan, lo=math.nan, hi=math.nan, spread=math.nan, agree=True, sessions=0)
-    if len(figs) == 1:
-        e, lo, hi = figs[0]
-        return dict(estimate=e, lo=lo, hi=hi, spread=0.0, agree=True, sessions=1)
-    if len(figs) == 2:
-        return stats.between_sessions(*figs)
-    es, los, his = zip(*figs)
-    return dict(estimate=float(np.mean(es)), lo=min(los), hi=max(his), spread=max(es) - min(es),
-                agree=bool(max(los) <= min(his)), sessions=len(figs))
+    """Several sessions' (estimate, lo, hi) of one figure -> what the reader sees (stats.between_sessions)."""
+    return stats.between_sessions(*figs)
 
 
 def _pair_figures(a: np.ndarray, b: np.ndarray) -> dict:
@@ -184,8 +104,8 @@ def _pair_figures(a: np.ndarray, b: np.ndarray) -> dict:
     for k, x in (("t_variant", a), ("t_baseline", b)):
         out[f"{k}_us"], out[f"{k}_lo95_us"], out[f"{k}_hi95_us"] = median_ci(x)
     if n >= MIN_PAIRED_REPS:
-        out["lost_us"], out["lost_lo95_us"], out["lost_hi95_us"] = bootstrap_paired_fast(a, b, "median_diff")
-        out["ratio"], out["ratio_lo95"], out["ratio_hi95"] = bootstrap_paired_fast(a, b, "ratio_of_medians")
+        out["lost_us"], out["lost_lo95_us"], out["lost_hi95_us"] = stats.bootstrap_paired(a, b, "median_diff")
+        out["ratio"], out["ratio_lo95"], out["ratio_hi95"] = stats.bootstrap_paired(a, b, "ratio_of_medians")
         out["method"] = METHOD_BOOT
     else:  # an old or synthetic file with fewer repetitions: the difference's order-statistic interval
         out["lost_us"], out["lost_lo95_us"], out["lost_hi95_us"] = median_ci(a - b)

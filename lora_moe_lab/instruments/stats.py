@@ -4,7 +4,8 @@
     median_ci(x, conf=0.95)         -> (median, lo, hi): distribution-free order-statistic interval
     bootstrap_paired(a, b, stat)    -> (estimate, lo, hi): percentile bootstrap over the pairs
     paired_change_pct(fix, base)    -> (median %, lo, hi) of 100 * (fix / base - 1), paired per rep
-    between_sessions(a, b)          -> the reader's figure from two sessions: the wider, honest one
+    between_sessions(*figs)         -> the reader's figure from several sessions: the wider, honest one
+    warmup_check({arm: samples})    -> WarmupCheck: the largest leading drift dropped from every arm
 
 Why not "the 2.5-97.5 percentile of the repetitions": with 5 repetitions that is nearly their
 min-max range, a spread of the data, not an interval for the median. The order-statistic interval
@@ -67,28 +68,43 @@ def median_ci(x: Sequence[float], conf: float = 0.95) -> tuple[float, float, flo
     return float(np.median(a)), float(a[k_best - 1]), float(a[n - k_best])
 
 
-def bootstrap_paired(a: Sequence[float], b: Sequence[float], stat: Callable[[np.ndarray, np.ndarray], float]
-                     | None = None, *, n_boot: int = 10_000, conf: float = 0.95, seed: int = 0
-                     ) -> tuple[float, float, float]:
+# Statistics of paired samples, vectorised over the resamples (axis -1 holds the repetitions):
+# 10,000 Python calls per figure made the readers take seconds.
+PAIRED_STATS = {
+    "median_diff": lambda a, b: np.median(a - b, axis=-1),
+    "ratio_of_medians": lambda a, b: np.median(a, axis=-1) / np.median(b, axis=-1),
+    "median_change_pct": lambda a, b: np.median(100.0 * (a / b - 1.0), axis=-1),
+}
+
+
+def bootstrap_paired(a: Sequence[float], b: Sequence[float],
+                     stat: str | Callable[[np.ndarray, np.ndarray], float] = "median_diff", *,
+                     n_boot: int = 10_000, conf: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """Percentile bootstrap of a statistic of PAIRED samples (a[i], b[i] ran back to back in one
-    repetition): resample repetitions, keep the pairs together. Default statistic: the median of
-    a - b. Needs at least MIN_PAIRED_REPS pairs."""
+    repetition): resample repetitions, keep the pairs together. `stat`: a name of PAIRED_STATS
+    (vectorised; default the median of a - b) or a function of two 1-D arrays (one call per
+    resample). Needs at least MIN_PAIRED_REPS pairs."""
     a, b = _arr(a, "bootstrap_paired a"), _arr(b, "bootstrap_paired b")
     if len(a) != len(b):
         raise ValueError(f"paired samples of different lengths: {len(a)} and {len(b)}")
     if len(a) < MIN_PAIRED_REPS:
         raise TooFewRepetitions(f"{len(a)} paired repetitions; a bootstrap interval needs >= {MIN_PAIRED_REPS}")
-    stat = stat or (lambda x, y: float(np.median(x - y)))
+    if isinstance(stat, str) and stat not in PAIRED_STATS:
+        raise ValueError(f"unknown statistic {stat!r}; choose one of {list(PAIRED_STATS)} or pass a function")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(a), size=(n_boot, len(a)))
-    boots = np.array([stat(a[i], b[i]) for i in idx])
+    if isinstance(stat, str):
+        f = PAIRED_STATS[stat]
+        est, boots = float(f(a, b)), f(a[idx], b[idx])
+    else:
+        est, boots = float(stat(a, b)), np.array([stat(a[i], b[i]) for i in idx])
     q = (1 - conf) / 2
-    return float(stat(a, b)), float(np.quantile(boots, q)), float(np.quantile(boots, 1 - q))
+    return est, float(np.quantile(boots, q)), float(np.quantile(boots, 1 - q))
 
 
 def paired_change_pct(fix: Sequence[float], base: Sequence[float], **kw) -> tuple[float, float, float]:
     """Median over repetitions of 100 * (fix / base - 1), with its paired bootstrap interval."""
-    return bootstrap_paired(fix, base, lambda x, y: float(np.median(100.0 * (x / y - 1.0))), **kw)
+    return bootstrap_paired(fix, base, "median_change_pct", **kw)
 
 
 @dataclass(frozen=True)
@@ -130,18 +146,57 @@ def drop_warmup(samples: Sequence[float], *, min_keep: int = MIN_PAIRED_REPS, re
     return Warmup(np.arange(d, n), d, True, note)
 
 
-def between_sessions(a: tuple[float, float, float], b: tuple[float, float, float]) -> dict:
-    """Two sessions' (estimate, lo, hi) of one figure -> what a reader sees. Agree (intervals
-    overlap): the pooled estimate (mean of the two) with the union of the intervals. Disagree: the
-    union too, flagged, so the reader sees the wider, honest range, never the narrower one."""
-    (e1, l1, h1), (e2, l2, h2) = a, b
-    overlap = max(l1, l2) <= min(h1, h2)
-    return dict(estimate=(e1 + e2) / 2, lo=min(l1, l2), hi=max(h1, h2), spread=abs(e1 - e2),
-                agree=bool(overlap), sessions=2)
+def between_sessions(*figs: tuple[float, float, float]) -> dict:
+    """Sessions' (estimate, lo, hi) of one figure -> what a reader sees: the mean of the estimates
+    with the union of the intervals, the wider, honest range, and `agree` (all intervals share a
+    point) to flag a disagreement. One session: that session's figure as it is."""
+    if not figs:
+        return dict(estimate=math.nan, lo=math.nan, hi=math.nan, spread=math.nan, agree=True, sessions=0)
+    es, los, his = zip(*(tuple(map(float, f)) for f in figs))
+    return dict(estimate=float(np.mean(es)), lo=min(los), hi=max(his), spread=max(es) - min(es),
+                agree=bool(max(los) <= min(his)), sessions=len(figs))
 
 
-def fmt_ci(est: float, lo: float, hi: float, unit: str = "", signed: bool = False, nd: int = 1) -> str:
-    f = f"{{:{'+' if signed else ''}.{nd}f}}"
-    if any(map(lambda v: v is None or (isinstance(v, float) and math.isnan(v)), (lo, hi))):
-        return f.format(est) + unit
-    return f"{f.format(est)}{unit} [{f.format(lo)}, {f.format(hi)}]"
+# ----------------------------------------------------------------------------------------------
+# The warm-up rule for interleaved, paired arms: one function for every recorder and reader
+OK, UNSTABLE = "ok", "unstable"
+
+
+@dataclass(frozen=True)
+class WarmupCheck:
+    n: int  # repetitions recorded (per arm)
+    dropped: int  # leading repetitions dropped from every arm (0 when unstable: nothing is kept)
+    stable: bool
+    note: str
+    per_arm: dict  # arm -> repetitions its own drift would drop, None where it never settles
+
+    @property
+    def status(self) -> str:
+        return OK if self.stable else UNSTABLE
+
+
+def warmup_check(arms, *, min_keep: int = MIN_PAIRED_REPS) -> WarmupCheck:
+    """The warm-up verdict for one point: `arms` maps each variant to its repetitions in time order
+    (the same repetitions for every arm: they were interleaved). Every arm goes through
+    drop_warmup; the largest drop over the arms is taken from all of them, so the kept repetitions
+    stay paired. Any arm that never settles (UnstableWarmup) makes the point unstable: its figures
+    must not be averaged. Fewer than `min_keep` repetitions is an error (TooFewRepetitions)."""
+    n = {k: len(v) for k, v in arms.items()}
+    if len(set(n.values())) != 1:
+        raise ValueError(f"interleaved arms must have the same repetitions, got {n}")
+    n = next(iter(n.values()))
+    per, why = {}, []
+    for arm, x in arms.items():
+        try:
+            per[arm] = drop_warmup(x, min_keep=min_keep).dropped
+        except UnstableWarmup as e:
+            per[arm] = None
+            why.append(f"{arm}: {e}")
+    if why:
+        return WarmupCheck(n, 0, False, f"unstable over {n} repetitions ({'; '.join(why)})", per)
+    d = max(per.values())
+    if not d:
+        return WarmupCheck(n, 0, True, f"no warm-up drift in {n} repetitions", per)
+    drift = ", ".join(f"{k} {v}" for k, v in per.items() if v)
+    return WarmupCheck(n, d, True, f"dropped the first {d} of {n} repetitions from every arm as warm-up drift "
+                                   f"(drift per arm: {drift})", per)

@@ -1,7 +1,6 @@
 """scripts/gpu_side_by_side.py end to end with tiny settings (any machine; CPU: the torch backend,
 wall-clock timing): two sessions written, read back and pooled; every repetition kept in the
 file, the warm-up verdict per point, metadata without machine paths; bad arguments refused."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,16 +11,14 @@ import pytest
 from lora_moe_lab.instruments import stats
 from lora_moe_lab.instruments.recordings import CHECK_COLUMNS, SAMPLE_COLUMNS, load_guards
 from lora_moe_lab.model.guards import guard_names
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_side_by_side", ROOT / "scripts" / "gpu_side_by_side.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_side_by_side")
 
 
 @pytest.fixture(scope="module")

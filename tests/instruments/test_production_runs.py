@@ -1,9 +1,10 @@
 """The production-setting recorder end to end at tiny shapes (two sessions), and the one loader."""
-import importlib.util
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script
 
 from lora_moe_lab.instruments import production_runs as PR
 
@@ -13,9 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
     out = tmp_path_factory.mktemp("sig")
-    spec = importlib.util.spec_from_file_location("gpu_signature", ROOT / "scripts" / "gpu_signature.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("gpu_signature")
     for s in ("s1", "s2"):
         assert script.main(["--smoke", "--session", s, "--out", str(out / "dev"), "--tasks", "prodlike_C16384"]) == 0
         with tarfile.open(out / "dev" / f"signature_{s}.tar.gz") as t:

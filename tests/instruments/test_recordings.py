@@ -10,8 +10,8 @@ import pytest
 
 from guards_synth import session_rows, write_session
 from lora_moe_lab.instruments import stats
-from lora_moe_lab.instruments.recordings import (SAMPLE_COLUMNS, bootstrap_paired_fast, combine_sessions, load_guards,
-                                                 mark_warmup, median_ci, warmup_check)
+from lora_moe_lab.instruments.recordings import (SAMPLE_COLUMNS, combine_sessions, load_guards,
+                                                 median_ci, warmup_check)
 
 
 def test_median_ci_order_statistics():
@@ -20,16 +20,6 @@ def test_median_ci_order_statistics():
     assert (med, lo, hi) == (8.0, 4.0, 12.0)
     assert median_ci([1.0, 2.0, 3.0])[1] == -math.inf  # too few samples for 95 %: unbounded, not a lie
     assert math.isnan(median_ci([])[0])
-
-
-def test_fast_bootstrap_is_stats_bootstrap_paired():
-    rng = np.random.default_rng(3)
-    a, b = rng.normal(100, 5, 16), rng.normal(90, 5, 16)
-    assert np.allclose(bootstrap_paired_fast(a, b), stats.bootstrap_paired(a, b), rtol=1e-12)
-    ratio = stats.bootstrap_paired(a, b, lambda x, y: float(np.median(x) / np.median(y)))
-    assert np.allclose(bootstrap_paired_fast(a, b, "ratio_of_medians"), ratio, rtol=1e-12)
-    with pytest.raises(stats.TooFewRepetitions):
-        bootstrap_paired_fast(a[:9], b[:9])
 
 
 def _write(tmp_path, reps=11, base=1000.0, lost=48 * 40.0):
@@ -111,7 +101,7 @@ def test_leading_drift_is_dropped_from_every_arm_and_kept_in_the_file(tmp_path):
     assert p.loc[(16, 0.0), "n"] == 13 and p.loc[(16, 0.0), "n_dropped"] == 3
     k = raw[(raw.tokens == 16) & (raw.active == 0.0) & (raw.rep >= 3)]
     a, b = (k[k.variant == v].sort_values("rep").us.to_numpy() for v in ("sync", "cpu_flag"))
-    assert np.isclose(p.loc[(16, 0.0), "lost_us"], bootstrap_paired_fast(a, b)[0])  # on the kept pairs only
+    assert np.isclose(p.loc[(16, 0.0), "lost_us"], stats.bootstrap_paired(a, b)[0])  # on the kept pairs only
     assert np.isclose(p.loc[(16, 0.0), "us_per_sync"], 40.0, atol=1.0)
     assert p.loc[(4096, 0.0), "status"] == "unstable" and math.isnan(p.loc[(4096, 0.0), "us_per_sync"])
     assert not p.loc[(4096, 0.0), "stable"] and "not averaged" in p.loc[(4096, 0.0), "note"]

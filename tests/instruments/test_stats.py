@@ -67,3 +67,32 @@ def test_between_sessions_reports_the_wider_figure():
     assert s["agree"] and (s["lo"], s["hi"]) == (6.1, 14.3)
     d = stats.between_sessions((6.6, 6.1, 8.0), (10.1, 9.1, 14.3))
     assert not d["agree"] and d["lo"] == 6.1 and d["hi"] == 14.3 and d["spread"] == pytest.approx(3.5)
+
+
+def test_named_statistics_equal_their_per_resample_form():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(100, 5, 16), rng.normal(90, 5, 16)
+    slow = {"median_diff": lambda x, y: float(np.median(x - y)),
+            "ratio_of_medians": lambda x, y: float(np.median(x) / np.median(y)),
+            "median_change_pct": lambda x, y: float(np.median(100 * (x / y - 1)))}
+    for name, f in slow.items():  # the vectorised path computes the same resamples, the same figure
+        assert np.allclose(stats.bootstrap_paired(a, b, name), stats.bootstrap_paired(a, b, f), rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown statistic"):
+        stats.bootstrap_paired(a, b, "mean")
+
+
+def test_warmup_check_keeps_pairs_and_flags_unstable_arms():
+    flat = np.r_[np.full(16, 29.0)]
+    c = stats.warmup_check({"sync": np.r_[np.full(3, 42.0), np.full(13, 31.0)], "cpu_flag": flat})
+    assert c.stable and c.dropped == 3 and c.per_arm == {"sync": 3, "cpu_flag": 0} and c.status == stats.OK
+    u = stats.warmup_check({"sync": np.linspace(20, 40, 16), "cpu_flag": flat})
+    assert not u.stable and u.dropped == 0 and u.status == stats.UNSTABLE and u.per_arm["sync"] is None
+    with pytest.raises(ValueError, match="same repetitions"):
+        stats.warmup_check({"sync": flat, "cpu_flag": flat[:12]})
+
+
+def test_between_sessions_one_and_three():
+    assert stats.between_sessions((5.0, 4.0, 6.0)) == dict(estimate=5.0, lo=4.0, hi=6.0, spread=0.0, agree=True,
+                                                           sessions=1)
+    t = stats.between_sessions((5.0, 4.0, 6.0), (6.0, 5.5, 7.0), (9.0, 8.0, 10.0))
+    assert t["sessions"] == 3 and (t["lo"], t["hi"]) == (4.0, 10.0) and not t["agree"]
