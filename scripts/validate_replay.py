@@ -2,6 +2,8 @@
 and the reverse, and compare with the UNPROFILED measurement of the target configuration.
 
     python scripts/validate_replay.py          # writes data/replay/validation.csv + .meta.json
+    python scripts/validate_replay.py --simulator   # and data/replay/simulator_vs_replay.csv + .meta.json:
+                                               # the queue simulator beside the replay (sim/whatif.py)
 
 Per point: the source trace's steady forward (forward 1) as a graph; the 8-layer MoE traces tiled to 48
 layers. One host factor per source trace (the profiler slows the host), fitted so that the replayed
@@ -189,8 +191,30 @@ def cause(r) -> str:
     return "too slow: host work left in the fixed graph (the calibrated factor) or kernels run slower in the sync trace"
 
 
+def simulator_vs_replay() -> pd.DataFrame:
+    """The queue simulator beside the replay on the same points (sim/whatif.py: simulator_vs_replay)."""
+    from lora_moe_lab.sim import whatif
+
+    t0 = time.perf_counter()
+    d = whatif.simulator_vs_replay()
+    d.to_csv(OUT / "simulator_vs_replay.csv", index=False, float_format="%.4f")
+    meta = metadata(dict(tolerance=TOL, method=whatif.simulator_vs_replay.__doc__.strip(), points=len(d),
+                         agree=int(d["agrees"].sum()), compared=int(d["simulator_ms"].notna().sum()),
+                         simulator_fit="data/simulator/simulator_fit.json", replay_validation="data/replay/validation.csv",
+                         seconds=time.perf_counter() - t0))
+    (OUT / "simulator_vs_replay.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return d
+
+
 if __name__ == "__main__":
     pd.set_option("display.width", 250)
+    if "--simulator" in sys.argv[1:]:
+        s = simulator_vs_replay()
+        print(s[["model", "config", "guard", "mode", "layers", "quantity", "replay_ms", "simulator_ms",
+                 "sim_vs_replay_pct", "agrees", "measured_ms"]].round(3).to_string())
+        print(f"the simulator agrees with the replay (±5 %) at {int(s['agrees'].sum())} of "
+              f"{int(s['simulator_ms'].notna().sum())} points")
+        sys.exit(0)
     d = main()
     print(d[["model", "config", "source", "target", "predicted_ms", "measured_ms", "measured_lo", "measured_hi", "err_pct",
              "passed", "raw_err_pct", "alpha", "alpha_from"]].to_string())
