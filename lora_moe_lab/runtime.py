@@ -112,3 +112,38 @@ def host_spin(us: float) -> None:
     end = time.perf_counter_ns() + int(us * 1e3)
     while time.perf_counter_ns() < end:
         pass
+
+
+class GpuSpin:
+    """A GPU kernel that runs for a given time and does nothing else: a stand-in for device work
+    that is not ours (an earlier batch's kernels, an all-reduce replaced by its measured time).
+    torch.cuda._sleep spins for a number of SM clock cycles; cycles per microsecond are measured
+    once, with events, at the clock the GPU runs now (under a power cap the SM clock drops a few
+    per cent later, and the spin lengthens with it). One thread block: it occupies one SM, and the
+    stream's next kernel waits for it, as it waits for an NCCL kernel. On a CPU, where every op
+    runs before it returns, the same time is spent on the host (host_spin)."""
+
+    def __init__(self, cuda: bool | None = None):
+        self.cuda = has_cuda() if cuda is None else cuda
+        self.cycles_per_us = None
+        if self.cuda:
+            torch.cuda._sleep(1000)  # load the kernel
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            n = 20_000_000
+            synchronize()
+            a.record()
+            torch.cuda._sleep(n)
+            b.record()
+            b.synchronize()
+            self.cycles_per_us = n / (a.elapsed_time(b) * 1e3)
+
+    def us(self, us: float) -> None:
+        if us <= 0:
+            return
+        if self.cuda:
+            torch.cuda._sleep(int(us * self.cycles_per_us))
+        else:
+            host_spin(us)
+
+    def __call__(self, ms: float) -> None:
+        self.us(ms * 1e3)

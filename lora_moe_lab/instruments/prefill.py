@@ -102,33 +102,6 @@ class EngineCosts:
         return {k: float(getattr(self, k)) for k in self.LIMITS}
 
 
-class _GpuSpin:
-    """A GPU kernel that runs for a given time and does nothing else (torch.cuda._sleep spins for a
-    number of clock cycles; cycles per ms are measured once, with events, at the clock the GPU
-    runs now). On a CPU, where every op runs before it returns, the same time is spent on the host."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.cycles_per_ms = cuda, None
-        if cuda:
-            torch.cuda._sleep(1000)  # load the kernel
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            n = 20_000_000
-            runtime.synchronize()
-            a.record()
-            torch.cuda._sleep(n)
-            b.record()
-            b.synchronize()
-            self.cycles_per_ms = n / a.elapsed_time(b)
-
-    def __call__(self, ms: float) -> None:
-        if ms <= 0:
-            return
-        if self.cuda:
-            torch.cuda._sleep(int(ms * self.cycles_per_ms))
-        else:
-            runtime.host_spin(ms * 1e3)
-
-
 # --- the plan: which requests each chunk holds -------------------------------------------------
 @dataclass(frozen=True)
 class PrefillPlan:
@@ -239,7 +212,7 @@ class PrefillDriver:
         self.x = lab.random_input(plan.requests_per_chunk * plan.input_len, seed=seed)
         self.chunk_of = [c for c, reqs in enumerate(plan.chunks) for _ in reqs]
         self.costs = costs
-        self.spin = _GpuSpin(self.cuda) if costs.overlap_ms else None
+        self.spin = runtime.GpuSpin(self.cuda) if costs.overlap_ms else None
 
     def _forward(self, reqs: range, guard: str):
         L, c = self.plan.input_len, self.costs
@@ -521,6 +494,39 @@ def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
                     row[name] = row[name + "_lo"] = row[name + "_hi"] = math.nan
             out.append(row)
     return pd.DataFrame(out)
+
+
+# --- production's host: engine work per layer, calibrated ---------------------------------------
+def host_work_flags(site_counts) -> list[bool]:
+    """Per guard sync of one forward, in order: does host work at a call point come right before
+    it? The decoder asks each layer's sites point by point (model/decoder.py: GuardSites)."""
+    from ..model.decoder import SITE_POINTS
+
+    flags = []
+    for n in site_counts:
+        for j in range(len(SITE_POINTS)):
+            c = len(range(j, n, len(SITE_POINTS)))
+            flags += [True] + [False] * (c - 1) if c else []
+    return flags
+
+
+def calibrate_host_work(lab, plan: "PrefillPlan", names, target_later_us: float, group=None) -> dict:
+    """One unprofiled `sync` prefill in the lab's own regime, and the engine host work per layer
+    that brings the later syncs of its second forward (the steady state) to `target_later_us` of
+    host time blocked on average (signature.host_cost_for_lead). Production's regime: ~116 us."""
+    from ..model.decoder import SITE_POINTS
+    from ..model.guards import guard_sync_events
+
+    d = PrefillDriver(lab, plan, request_adapters(plan.requests, "none", names), group=group)
+    d.warmup("sync")
+    d.barrier()
+    with guard_sync_events() as ev:
+        d.run("sync")
+    per = sum(lab.model.site_counts)
+    fwd = [e.blocked_ns / 1e3 for e in ev[per:2 * per]]  # forward 1: the steady state
+    h = signature.host_cost_for_lead(fwd, host_work_flags(lab.model.site_counts), target_later_us)
+    return dict(host_us_per_point=h, host_us_per_layer=h * len(SITE_POINTS), target_later_us=target_later_us,
+                measured_later_mean_us=float(np.mean(fwd[1:])), first_us=fwd[0])
 
 
 # --- building the lab ----------------------------------------------------------------------------

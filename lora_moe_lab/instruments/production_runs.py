@@ -44,13 +44,13 @@ def _cat(files) -> pd.DataFrame:
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
 
 
-def load_sessions(folder: Path | str = FOLDER) -> dict[str, Session]:
-    """Every data/production/signature_<session>/ folder, oldest label first."""
+def load_sessions(folder: Path | str = FOLDER, prefix: str = "signature_") -> dict[str, Session]:
+    """Every <folder>/<prefix><session>/ folder (data/production/signature_s1/ ...), oldest first."""
     out = {}
-    for d in sorted(Path(folder).glob("signature_*")):
+    for d in sorted(Path(folder).glob(prefix + "*")):
         if not d.is_dir() or not (d / "meta.json").is_file():
             continue
-        name = d.name.removeprefix("signature_")
+        name = d.name.removeprefix(prefix)
         out[name] = Session(name, _cat(d.glob("*.summary.csv")),
                             _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1),
                             _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),

@@ -119,3 +119,64 @@ def tp_shape(shape: MoEShape, size: int) -> MoEShape:
             raise ValueError(f"shape {shape.name!r}: {field}={v} is not divisible by the tp size {size}")
     return shape.with_(name=f"{shape.name}-tp{size}", intermediate=shape.intermediate // size,
                        num_heads=shape.num_heads // size, num_kv_heads=shape.num_kv_heads // size)
+
+
+# --- one rank of a larger group, on one GPU ------------------------------------------------------
+@dataclass(frozen=True)
+class AllReduceCost:
+    """The time of one all-reduce of `nbytes` over `size` ranks, from a measured bus bandwidth.
+
+    nccl-tests' convention: a ring all-reduce sends and receives 2 (n - 1) / n of the buffer over
+    each GPU's links, so time = latency + nbytes * 2 (n - 1) / n / bus bandwidth. The bus bandwidth
+    measured at one size of group is carried to another: on an NVSwitch host every GPU has the same
+    links to the switch whatever the group's size (an assumption at a size never measured: NCCL may
+    pick another algorithm there)."""
+
+    bus_gbps: float  # GB/s (1e9 bytes per second) over each GPU's links
+    latency_us: float = 0.0
+    source: str = ""  # what it was measured from
+
+    def __post_init__(self):
+        if not (self.bus_gbps > 0 and self.latency_us >= 0):
+            raise ValueError(f"AllReduceCost needs bus_gbps > 0 and latency_us >= 0, got {self}")
+
+    def us(self, nbytes: int, size: int) -> float:
+        if size < 2:
+            return 0.0
+        return self.latency_us + nbytes * 2 * (size - 1) / size / (self.bus_gbps * 1e3)  # GB/s = 1e3 bytes/us
+
+
+@dataclass
+class EmulatedTPGroup(TPGroup):
+    """Rank 0 of a group of `size`, alone on one GPU: build_decoder_lab(tp=...) gives it one rank's
+    shapes (a 1/size share of heads and expert intermediate), and every all-reduce becomes a GPU
+    spin of the measured time for its bytes (runtime.GpuSpin), enqueued on the stream where NCCL's
+    kernel would run. The sums are not computed (the values stay one rank's partial sums: for
+    timing only). What it cannot show: another rank's host stall arriving late at a collective."""
+
+    cost: AllReduceCost | None = None
+    collectives: int = 0  # all-reduces issued
+    collective_us: float = 0.0  # their emulated time
+
+    def __post_init__(self):
+        if self.cost is None:
+            raise ValueError("EmulatedTPGroup needs cost=AllReduceCost(...)")
+        self.backend = "emulated"
+        self._spin = runtime.GpuSpin(self.device.type == "cuda")
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        us = self.cost.us(t.numel() * t.element_size(), self.size)
+        self._spin.us(us)
+        self.collectives += 1
+        self.collective_us += us
+        return t
+
+    def destroy(self) -> None:
+        pass
+
+
+def emulated(size: int, cost: AllReduceCost, device: torch.device | str = "auto") -> EmulatedTPGroup:
+    """One rank of a TP group of `size`, emulated on this process's device."""
+    if not isinstance(size, int) or size < 2:
+        raise ValueError(f"an emulated TP group needs size >= 2, got {size!r}")
+    return EmulatedTPGroup(rank=0, size=size, local_rank=0, device=runtime.resolve_device(device), cost=cost)
