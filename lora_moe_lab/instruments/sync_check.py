@@ -34,7 +34,7 @@ from . import syncs
 from .syncs import HostSyncError
 
 __all__ = ["sync_check", "SyncCheck", "SyncCheckError", "PageableCopyError", "AllowlistError",
-           "UnusedAllowError"]
+           "UnusedAllowError", "pageable_upload", "COPY_FUNCS"]
 
 # "file.py:LINE" or "file.py:name[.name...]"; the file is a base name, as sites are reported
 _ENTRY = re.compile(r"(?P<file>[^\s/\\:]+\.py):"
@@ -174,6 +174,10 @@ def _pageable_upload(func, args, kwargs) -> torch.Tensor | None:
         return None  # malformed call: let torch raise its own error
     pageable = isinstance(src, torch.Tensor) and src.device.type == "cpu" and not src.is_pinned()
     return src if (nb and to_cuda and pageable) else None
+
+
+pageable_upload = _pageable_upload  # public: instruments/audit.py classifies the same copies
+COPY_FUNCS = _COPIES
 
 
 class _PageableCopyCheck(TorchFunctionMode):

@@ -46,7 +46,7 @@ except Exception:  # pragma: no cover - guards.py missing or broken
     _guard_sync_events = None
 
 __all__ = ["SyncRecord", "SyncReport", "HostSyncError", "count_syncs", "checked_region", "no_syncs",
-           "allow_sync", "user_site", "tool_file", "PROFILER_SYNC_NAMES"]
+           "allow_sync", "user_site", "user_frame", "frame_function", "tool_file", "PROFILER_SYNC_NAMES"]
 
 # The message torch uses in sync debug mode (warning in "warn", RuntimeError in "error").
 _TORCH_SYNC_MSG = "synchronizing CUDA operation"
@@ -103,16 +103,29 @@ def _fmt_site(filename: str, lineno: int) -> str:
     return f"{os.path.basename(filename)}:{lineno}"
 
 
-def user_site(frame=None) -> str:
-    """file:line of the innermost frame outside torch, triton, the stdlib, site-packages and this
-    module, walking outwards from `frame` (default: the caller)."""
+def user_frame(frame=None):
+    """The innermost frame outside torch, triton, the stdlib, site-packages and the tooling's own
+    files, walking outwards from `frame` (default: the caller); the innermost frame when none is."""
     f = frame if frame is not None else sys._getframe(1)
     first = f
     while f is not None:
         if _is_user_file(f.f_code.co_filename):
-            return _fmt_site(f.f_code.co_filename, f.f_lineno)
+            return f
         f = f.f_back
-    return _fmt_site(first.f_code.co_filename, first.f_lineno) if first is not None else "?"
+    return first
+
+
+def user_site(frame=None) -> str:
+    """file:line of the innermost frame outside torch, triton, the stdlib, site-packages and this
+    module, walking outwards from `frame` (default: the caller)."""
+    f = user_frame(frame if frame is not None else sys._getframe(1))
+    return _fmt_site(f.f_code.co_filename, f.f_lineno) if f is not None else "?"
+
+
+def frame_function(frame) -> str:
+    """The qualified name of a frame's function (`Class.method`; `<module>` at top level)."""
+    code = frame.f_code
+    return getattr(code, "co_qualname", code.co_name)
 
 
 def _user_frames(tb) -> list[str]:

@@ -1,0 +1,551 @@
+"""A sync audit for any PyTorch forward: every host-device sync, its line, its kind, its cost.
+
+    rep = audit(model, x, warmup=1, reps=2)       # a callable and its arguments
+    rep.table()                                   # one row per (site, kind), sorted by cost
+    print(rep.summary())
+    with audit() as rep:                          # or a block (run once, no warm-up)
+        model(x)
+
+    python -m lora_moe_lab.instruments.audit mypkg.models:forward --inputs mypkg.models:make_inputs
+
+How it sees a sync. A `TorchFunctionMode` sees every torch call the forward makes (not the calls
+torch makes inside them) and classifies the ones that make the host wait for the GPU (KINDS):
+reading a device value (`.item()`, `bool()`/`if tensor:`, `int()`, `.tolist()`), copying to the
+host (`.cpu()`, `.numpy()`, print/format), an output shape that depends on device data
+(`nonzero`, `torch.where(cond)`, boolean-mask indexing, `unique`, `bincount`, `masked_select`,
+`repeat_interleave` without `output_size`), a `non_blocking` upload from pageable memory
+(sync_check.pageable_upload), an explicit stream/event/device `synchronize`, and the caching
+allocator (`empty_cache`, and on a GPU any call after which the reserved memory grew: cudaMalloc,
+cudaFree syncs the device). The call site is the innermost frame outside torch and outside the
+tooling (syncs.user_frame); the host time blocked is perf_counter around the call.
+
+On a GPU (CUDA): only calls on CUDA tensors count; torch's sync debug mode (syncs.count_syncs)
+counts what torch itself synchronised per site (`torch_count`: a site the mode did not classify
+is listed as kind "other"); then ONE profiled forward (trace.profile_forwards) gives, per site, the
+GPU idle after each sync (next GPU op start minus the later of the sync's start and the last GPU
+op that finished before it returned), and the replay engine (sim/sync_savings.py, registered by
+`import lora_moe_lab.sim`) the forward time saved if that site's syncs were removed.
+
+On a CPU-only machine there is no device: the audit counts and locates the calls that WOULD sync
+on a GPU (on the CPU tensors: host-side metadata kept in CPU tensors is counted too, a known
+false positive), times are marked CPU and nothing is estimated. A non_blocking `copy_` from an
+unpinned tensor counts there (the upload it would be); a `.to(device)` does not (a no-op there).
+
+Limits: torch calls only (a C extension that syncs inside is seen on a GPU by the debug mode,
+with the site of the torch call that led to it, or by the profiler, unattributed); one thread.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import math
+import os
+import sys
+import time
+import warnings
+from collections import Counter, defaultdict
+from typing import Callable
+
+import pandas as pd
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import sync_check, syncs
+
+__all__ = ["audit", "AuditReport", "SyncEventRecord", "KINDS", "AuditError", "SpecError", "NoCudaWork",
+           "set_saving_estimator", "classify", "main"]
+
+# kind -> what the reader sees
+KINDS = {
+    "item": ".item() / bool() / int() / float(): reads one device value",
+    "tolist": ".tolist(): reads a device tensor into Python",
+    "d2h": ".cpu() / .numpy() / print: a device-to-host copy",
+    "shape": "data-dependent shape (nonzero, where(cond), mask indexing, unique, bincount, "
+             "repeat_interleave without output_size)",
+    "pageable": "non_blocking copy from pageable host memory (runs synchronously)",
+    "synchronize": "stream / event / device synchronize",
+    "allocator": "caching-allocator growth / empty_cache (cudaMalloc, cudaFree)",
+    "other": "seen only by torch's sync debug mode",
+}
+NOT_ESTIMATED = "not estimated"
+
+_ITEM = {"item", "__bool__", "__int__", "__float__", "__index__", "__complex__"}
+_D2H = {"cpu", "numpy", "__repr__", "__format__"}
+_SHAPE = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
+_COPIES = {f: n for f, n in sync_check.COPY_FUNCS}
+
+
+class AuditError(ValueError):
+    """Bad input to audit(): not a callable, reps or warmup out of range."""
+
+
+class SpecError(AuditError):
+    """A `module:callable` spec that does not name an importable callable."""
+
+
+class NoCudaWork(UserWarning):
+    """The audited forward launched no CUDA work on a GPU machine."""
+
+
+# --- classification -----------------------------------------------------------------------------
+def _tensors(a):
+    if isinstance(a, torch.Tensor):
+        yield a
+    elif isinstance(a, (tuple, list)):
+        for b in a:
+            yield from _tensors(b)
+
+
+def _bool_index(idx) -> bool:
+    return any(t.dtype == torch.bool and t.dim() > 0 for t in _tensors(idx))
+
+
+def classify(func, args, kwargs, device_type: str) -> tuple[str, str] | None:
+    """(kind, op) when this torch call would block the host on a device of `device_type`, else None.
+    Decided from the call's arguments before it runs."""
+    name = getattr(func, "__name__", "")
+    first = next(_tensors(args[:1]), None) if args else None
+    on_dev = first is not None and first.device.type == device_type
+    if name in _ITEM:
+        return ("item", name) if on_dev else None
+    if name == "tolist":
+        return ("tolist", name) if on_dev else None
+    if name in _D2H:
+        return ("d2h", name) if on_dev else None
+    if name in _SHAPE:
+        return ("shape", name) if on_dev else None
+    if name == "where" and len(args) + len(kwargs) == 1:
+        return ("shape", "where(cond)") if on_dev else None
+    if name in ("__getitem__", "__setitem__", "index_put", "index_put_") and len(args) > 1:
+        return ("shape", f"{name}[bool mask]") if on_dev and _bool_index(args[1]) else None
+    if name == "repeat_interleave" and kwargs.get("output_size") is None:
+        reps = args[0] if len(args) == 1 else (args[1] if len(args) > 1 else kwargs.get("repeats"))
+        if isinstance(reps, torch.Tensor) and reps.device.type == device_type and reps.numel() > 1:
+            return "shape", "repeat_interleave (no output_size)"
+        return None
+    if func in _COPIES:
+        op = _COPIES[func]
+        if device_type == "cuda":
+            return ("pageable", op) if sync_check.pageable_upload(func, args, kwargs) is not None else None
+        if op == "Tensor.copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):  # CPU-only machine
+            nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            return ("pageable", op) if nb and not args[1].is_pinned() else None
+        return None
+    if device_type == "cuda" and name == "to" and first is not None and first.is_cuda:
+        dev = next((a for a in list(args[1:]) + list(kwargs.values())
+                    if isinstance(a, (str, torch.device))), None)
+        if dev is not None and torch.device(dev).type == "cpu":
+            return "d2h", "to(cpu)"
+    return None
+
+
+# --- results ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class SyncEventRecord:
+    kind: str
+    op: str
+    site: str  # file:line
+    function: str
+    rep: int  # which audited call (0-based)
+    t_ns: int  # perf_counter ns from the call's start
+    blocked_ns: int  # perf_counter around the torch call
+
+
+@dataclasses.dataclass
+class AuditReport:
+    """What audit() saw. `events`: every sync of the detection calls; `rows()` / `table()`: per site
+    and kind, counts per call, host time blocked, GPU idle after and saving (both per call)."""
+
+    device: str  # "cuda" | "cpu"
+    reps: int
+    events: list = dataclasses.field(default_factory=list)
+    call_ms: list = dataclasses.field(default_factory=list)  # wall time of each detection call
+    torch_counts: Counter = dataclasses.field(default_factory=Counter)  # site -> sync debug mode count
+    gpu_idle_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns, one profiled call
+    saving_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns or None
+    total_saving_ns: float = math.nan
+    estimate_note: str = ""
+    notes: list = dataclasses.field(default_factory=list)
+    trace: object = None  # TraceTables of the profiled call (CUDA)
+    overhead_s: float = math.nan  # audit time beyond the forward's own calls
+
+    @property
+    def timed_on(self) -> str:
+        return "GPU" if self.device == "cuda" else "CPU"
+
+    @property
+    def count(self) -> float:
+        """Syncs per call."""
+        return len(self.events) / self.reps
+
+    @property
+    def sites(self) -> Counter:
+        """site -> syncs per call (a site that syncs in only some calls gets a fraction)."""
+        c = Counter(e.site for e in self.events)
+        return Counter({k: v / self.reps for k, v in c.items()})
+
+    @property
+    def kinds(self) -> Counter:
+        c = Counter(e.kind for e in self.events)
+        return Counter({k: v / self.reps for k, v in c.items()})
+
+    def table(self) -> pd.DataFrame:
+        """One row per (site, function, kind): count per call, host time blocked (median per
+        occurrence and total per call, µs), GPU idle after (per call, µs; NaN on a CPU), the saving
+        if removed (per call, µs; NaN with `estimate` = "not estimated ..." where there is none).
+        Sorted by saving, then GPU idle, then count."""
+        g = defaultdict(list)
+        for e in self.events:
+            g[(e.site, e.function, e.kind)].append(e)
+        rows = []
+        for (site, fn, kind), evs in g.items():
+            b = pd.Series([e.blocked_ns for e in evs], dtype=float) / 1e3
+            sv = self.saving_ns.get((site, kind))
+            rows.append(dict(site=site, function=fn, kind=kind, ops=", ".join(sorted({e.op for e in evs})),
+                             count_per_call=len(evs) / self.reps, host_blocked_us=float(b.median()),
+                             host_blocked_us_per_call=float(b.sum()) / self.reps, timed_on=self.timed_on,
+                             gpu_idle_after_us=self.gpu_idle_ns.get((site, kind), math.nan) / 1e3,
+                             saving_us=math.nan if sv is None else sv / 1e3,
+                             estimate="replay" if sv is not None else self._why_not(kind),
+                             torch_count=(self.torch_counts.get(site, 0) / self.reps
+                                          if self.device == "cuda" else math.nan)))
+        cols = ["site", "function", "kind", "ops", "count_per_call", "host_blocked_us", "host_blocked_us_per_call",
+                "timed_on", "gpu_idle_after_us", "saving_us", "estimate", "torch_count"]
+        df = pd.DataFrame(rows, columns=cols)
+        if len(df):
+            df = df.sort_values(["saving_us", "gpu_idle_after_us", "count_per_call"], ascending=False,
+                                na_position="last", kind="stable").reset_index(drop=True)
+        return df
+
+    def _why_not(self, kind: str) -> str:
+        if self.device != "cuda":
+            return f"{NOT_ESTIMATED} (CPU: no device)"
+        return f"{NOT_ESTIMATED} ({self.estimate_note or 'no blocking runtime call of this site in the trace'})"
+
+    def summary(self, top: int = 10) -> str:
+        t = self.table()
+        head = (f"{self.count:g} host-device sync(s) per call on the {self.timed_on} "
+                f"({len(t)} site/kind row(s), {self.reps} call(s) audited)")
+        if self.device != "cuda":
+            head += "; CPU-only: the calls that would sync on a GPU, times are CPU times, nothing estimated"
+        lines = [head]
+        for r in t.head(top).itertuples():
+            cost = (f", GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
+                    if self.device == "cuda" else "")
+            lines.append(f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops})"
+                         f" blocked {r.host_blocked_us:.1f} us each [{r.timed_on}]{cost}")
+        if len(t) > top:
+            lines.append(f"  ... {len(t) - top} more row(s)")
+        if self.device == "cuda" and math.isfinite(self.total_saving_ns):
+            lines.append(f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
+                         "(replay of the profiled forward)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"AuditReport(device={self.device!r}, syncs_per_call={self.count:g}, sites={dict(self.sites)})"
+
+
+# --- the interception ---------------------------------------------------------------------------
+class _Interceptor(TorchFunctionMode):
+    """Classifies every torch call of the region; records (and on a profiled run, marks with a
+    `audit_sync_<n>` range) the ones that block the host."""
+
+    def __init__(self, device_type: str, on_event, mark: bool = False, watch_alloc: bool = False):
+        super().__init__()
+        self.dev, self.on_event, self.mark, self.watch_alloc = device_type, on_event, mark, watch_alloc
+        self.marks: list[tuple[str, str]] = []  # (site, kind) of each range, by its number
+
+    def record(self, kind: str, op: str, frame, t0: int, t1: int) -> str:
+        f = syncs.user_frame(frame)
+        site = syncs._fmt_site(f.f_code.co_filename, f.f_lineno)
+        self.on_event(kind, op, site, syncs.frame_function(f), t0, t1)
+        return site
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        hit = classify(func, args, kwargs, self.dev)
+        if hit is None and not self.watch_alloc:
+            return func(*args, **kwargs)
+        before = torch.cuda.memory_reserved() if self.watch_alloc else 0
+        rng = contextlib.nullcontext()
+        if hit is not None and self.mark:
+            rng = torch.profiler.record_function(f"audit_sync_{len(self.marks)}")
+        with rng:
+            t0 = time.perf_counter_ns()
+            out = func(*args, **kwargs)
+            t1 = time.perf_counter_ns()
+        if hit is not None:
+            site = self.record(*hit, sys._getframe(1), t0, t1)
+            if self.mark:
+                self.marks.append((site, hit[0]))
+        elif self.watch_alloc and torch.cuda.memory_reserved() > before:  # cudaMalloc inside this call
+            self.record("allocator", f"{getattr(func, '__name__', func)} (reserved memory grew)",
+                        sys._getframe(1), t0, t1)
+        return out
+
+
+@contextlib.contextmanager
+def _patched_syncs(on_call):
+    """Explicit synchronize / empty_cache calls are not torch functions: wrap them for the region."""
+    targets = [(torch.cuda, "synchronize", "synchronize", "torch.cuda.synchronize"),
+               (torch.cuda.Stream, "synchronize", "synchronize", "Stream.synchronize"),
+               (torch.cuda.Event, "synchronize", "synchronize", "Event.synchronize"),
+               (torch.cuda, "empty_cache", "allocator", "torch.cuda.empty_cache")]
+    saved = []
+    for obj, attr, kind, op in targets:
+        orig = getattr(obj, attr, None)
+        if orig is None:
+            continue
+
+        def wrapper(*a, _orig=orig, _kind=kind, _op=op, **k):
+            t0 = time.perf_counter_ns()
+            try:
+                return _orig(*a, **k)
+            finally:
+                on_call(_kind, _op, sys._getframe(1), t0, time.perf_counter_ns())
+
+        saved.append((obj, attr, orig))
+        setattr(obj, attr, wrapper)
+    try:
+        yield
+    finally:
+        for obj, attr, orig in reversed(saved):
+            setattr(obj, attr, orig)
+
+
+syncs.tool_file(__file__)  # the interception's frames are never a user's site
+
+
+# --- the saving estimate (the replay engine lives in sim/, a layer above: it registers itself) ----
+_ESTIMATOR: list[Callable] = []
+
+
+def set_saving_estimator(fn: Callable | None) -> None:
+    """fn(trace_tables, ranges: {(site, kind): [(start_ns, end_ns), ...]}) -> ({(site, kind): ns or
+    None}, total_ns, note). `lora_moe_lab.sim` registers its replay-based estimator on import."""
+    _ESTIMATOR[:] = [fn] if fn is not None else []
+
+
+def _check(fn, warmup, reps):
+    if not callable(fn):
+        raise AuditError(f"audit needs a callable (a forward), got {type(fn).__name__}: {fn!r:.80}")
+    for n, v, lo in (("warmup", warmup, 0), ("reps", reps, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise AuditError(f"{n} must be an int >= {lo}, got {v!r}")
+
+
+def _reraise_note(e: BaseException, what: str) -> None:
+    if hasattr(e, "add_note"):
+        e.add_note(f"(raised by the audited callable during {what}; the traceback above is its own)")
+
+
+class _Session:
+    """One audit: detection calls (interceptor + torch's debug mode), then the profiled call."""
+
+    def __init__(self, device: str | None, reps: int):
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev not in ("cuda", "cpu"):
+            raise AuditError(f"device must be 'cuda', 'cpu' or None (auto), got {device!r}")
+        self.rep = AuditReport(device=dev, reps=reps)
+        self.cur, self.t_call = 0, 0
+
+    def on_event(self, kind, op, site, function, t0, t1):
+        self.rep.events.append(SyncEventRecord(kind, op, site, function, self.cur, t0 - self.t_call, t1 - t0))
+
+    def on_call(self, kind, op, frame, t0, t1):
+        f = syncs.user_frame(frame)
+        self.on_event(kind, op, syncs._fmt_site(f.f_code.co_filename, f.f_lineno), syncs.frame_function(f), t0, t1)
+
+    @contextlib.contextmanager
+    def detecting(self, i: int):
+        self.cur, self.t_call = i, time.perf_counter_ns()
+        cuda = self.rep.device == "cuda"
+        mode = _Interceptor(self.rep.device, self.on_event, watch_alloc=cuda)
+        with syncs.count_syncs() as seen, _patched_syncs(self.on_call), mode:
+            yield
+        if cuda:
+            self.rep.torch_counts.update(seen.sites)
+        self.rep.call_ms.append((time.perf_counter_ns() - self.t_call) / 1e6)
+
+    def finish_torch_view(self):
+        """Sites torch's debug mode synchronised at that no classified call explains: kind `other`."""
+        mine = Counter(e.site for e in self.rep.events if e.kind in ("item", "tolist", "d2h", "shape"))
+        for site, n in self.rep.torch_counts.items():
+            for _ in range(max(0, n - mine.get(site, 0))):
+                self.rep.events.append(SyncEventRecord("other", "sync debug mode", site, "?", -1, 0, 0))
+
+    def profile(self, call: Callable[[], object]):
+        """ONE profiled call (CUDA): GPU idle after each site's syncs and the replay's saving."""
+        from . import trace as T
+
+        marks = []
+
+        def run():
+            mode = _Interceptor("cuda", lambda *a: None, mark=True)
+            with _patched_syncs(lambda *a: None), mode:
+                call()
+            marks.extend(mode.marks)
+
+        tables = T.profile_forwards(run, n_warmup=0, n_active=1)
+        self.rep.trace = tables
+        if not len(tables.kernels):
+            msg = ("the forward launched no CUDA work (no kernel, copy or memset in the profiled call): "
+                   "its tensors are on the CPU? Nothing on the GPU to sync with")
+            self.rep.notes.append(msg)
+            warnings.warn(msg, NoCudaWork, stacklevel=4)
+            return
+        ann = tables.annotations
+        ann = ann[ann["name"].str.startswith("audit_sync_")]
+        ranges = defaultdict(list)
+        for r in ann.itertuples():
+            i = int(r.name.rsplit("_", 1)[1])
+            if i < len(marks):
+                ranges[marks[i]].append((int(r.start_ns), int(r.end_ns)))
+        k = tables.kernels.sort_values("start_ns")
+        ks, ke = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
+        for key, rs in ranges.items():
+            idle = 0
+            for s, e in rs:
+                prev = ke[ke <= e].max() if (ke <= e).any() else s
+                nxt = ks[ks >= e]
+                if len(nxt):
+                    idle += max(0, int(nxt.min()) - max(int(prev), s))
+            self.rep.gpu_idle_ns[key] = idle
+        if not _ESTIMATOR:
+            self.rep.estimate_note = "the replay engine is not loaded: import lora_moe_lab.sim first"
+            return
+        try:
+            self.rep.saving_ns, self.rep.total_saving_ns, note = _ESTIMATOR[0](tables, dict(ranges))
+            self.rep.estimate_note = note
+        except Exception as e:  # noqa: BLE001 - an estimate that fails is reported, the audit stands
+            self.rep.estimate_note = f"the replay failed: {type(e).__name__}: {e}"
+
+
+def audit(fn: Callable | None = None, *args, warmup: int = 1, reps: int = 1, device: str | None = None,
+          profile: bool = True, **kw):
+    """Audit `fn(*args, **kw)`: `warmup` plain calls, `reps` detection calls, then (on CUDA, with
+    `profile`) one profiled call. Returns an AuditReport. Without `fn`: a context manager that
+    audits its block once (detection only; `.profiled` is False) and yields the report.
+    An exception of `fn` propagates unchanged (its own traceback, a note added)."""
+    if fn is None:
+        if args or kw:
+            raise AuditError("audit() as a context manager takes no arguments for a forward: "
+                             "use `with audit() as rep:` or audit(fn, *args)")
+        return _block(device, warmup)
+    _check(fn, warmup, reps)
+    s = _Session(device, reps)
+    t_start = time.perf_counter()
+    plain = []  # the forward's own wall time, from the plain warm-up calls
+    for i in range(warmup):
+        t0 = time.perf_counter()
+        try:
+            fn(*args, **kw)
+        except Exception as e:
+            _reraise_note(e, f"warm-up call {i + 1}")
+            raise
+        plain.append(time.perf_counter() - t0)
+    for i in range(reps):
+        try:
+            with s.detecting(i):
+                fn(*args, **kw)
+        except Exception as e:
+            _reraise_note(e, f"audited call {i + 1}")
+            raise
+    n_calls = warmup + reps
+    if s.rep.device == "cuda":
+        s.finish_torch_view()
+        if profile:
+            s.profile(lambda: fn(*args, **kw))
+            n_calls += 1
+    # overhead: the audit's wall time beyond what the same number of plain calls would take
+    one = min(plain) if plain else min(s.rep.call_ms) / 1e3
+    s.rep.overhead_s = time.perf_counter() - t_start - n_calls * one
+    return s.rep
+
+
+@contextlib.contextmanager
+def _block(device, warmup):
+    if warmup not in (0, 1):  # a block runs once: warmup has no meaning there
+        raise AuditError("a `with audit()` block runs once: pass no warmup/reps")
+    s = _Session(device, 1)
+    with s.detecting(0):
+        yield s.rep
+    if s.rep.device == "cuda":
+        s.finish_torch_view()
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+def resolve(spec: str, what: str = "callable"):
+    """'package.module:attr.path' (or 'path/to/file.py:attr') -> the object; SpecError otherwise."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise SpecError(f"{what} spec {spec!r} is not 'module:name' (e.g. mypkg.models:forward)")
+    mod_name, attr = spec.split(":")
+    try:
+        if mod_name.endswith(".py"):
+            if not os.path.isfile(mod_name):
+                raise SpecError(f"{what} spec {spec!r}: no file {mod_name}")
+            ms = importlib.util.spec_from_file_location(os.path.basename(mod_name)[:-3], mod_name)
+            mod = importlib.util.module_from_spec(ms)
+            ms.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(mod_name)
+    except SpecError:
+        raise
+    except Exception as e:
+        raise SpecError(f"{what} spec {spec!r}: cannot import {mod_name!r} ({type(e).__name__}: {e})") from e
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SpecError(f"{what} spec {spec!r}: {mod_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SpecError(f"{what} spec {spec!r} names a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _inputs(factory) -> tuple[tuple, dict]:
+    """A factory's result as call arguments: a tuple -> *args, a dict -> **kwargs, (tuple, dict) ->
+    both, anything else -> one argument."""
+    v = factory() if factory is not None else ()
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], tuple) and isinstance(v[1], dict):
+        return v
+    if isinstance(v, tuple):
+        return v, {}
+    if isinstance(v, dict):
+        return (), v
+    return (v,), {}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.audit", description=(
+        "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
+        "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."))
+    ap.add_argument("callable", help="module:callable to audit, e.g. mypkg.models:forward")
+    ap.add_argument("--inputs", help="module:factory returning its arguments (tuple, dict or one value)")
+    ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")
+    ap.add_argument("--reps", type=int, default=1, help="audited calls (default 1)")
+    ap.add_argument("--csv", help="write the table here")
+    a = ap.parse_args(argv)
+    try:
+        fn = resolve(a.callable)
+        factory = resolve(a.inputs, "inputs") if a.inputs else None
+        args, kw = _inputs(factory)
+    except SpecError as e:
+        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    # the CLI is the top of the stack: it loads the replay engine (sim/, above instruments) by name
+    # so that a GPU audit estimates savings; the library module itself never imports sim/
+    importlib.import_module("lora_moe_lab.sim")
+    rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, **kw)
+    print(rep.summary())
+    if a.csv:
+        rep.table().to_csv(a.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
