@@ -107,8 +107,29 @@ def metadata(params: dict | None = None) -> dict:
     out["driver"] = state.pop("driver_version", "")
     out["gpu_state"] = state
     if params:
-        out["params"] = params
+        out["params"] = repo_relative(params)
     return out
+
+
+def repo_relative(value, root: Path = ROOT, out: str | None = None):
+    """`value` with every absolute path string made repo-relative ("build/production/traces"). A path
+    in the device machine's output folder ($OUT, or `out`) becomes "$OUT/..."; any other path outside
+    the checkout keeps its last component only. Recorded metadata names no machine's folders."""
+    out = out if out is not None else os.environ.get("OUT")
+    if isinstance(value, dict):
+        return {k: repo_relative(v, root, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(repo_relative(v, root, out) for v in value)
+    if isinstance(value, Path):
+        value = str(value)
+    if not (isinstance(value, str) and os.path.isabs(value) and " " not in value):
+        return value
+    p = Path(value)
+    for base, prefix in ((Path(root), ""), (Path(out) if out else None, "$OUT/")):
+        if base is not None and (p == base or base in p.parents):
+            rel = p.relative_to(base).as_posix()
+            return (prefix + rel if rel != "." else prefix.rstrip("/")) or "."
+    return p.name
 
 
 def git_dirty_flag() -> bool | None:

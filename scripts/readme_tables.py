@@ -217,7 +217,7 @@ def traces_block() -> str:
 
 def kernels_block() -> str:
     d = pd.read_csv(DATA / "kernels" / "kernels.csv")
-    meta = normalize_meta(json.loads((DATA / "kernels" / "kernels_meta.json").read_text()))
+    meta = normalize_meta(json.loads((DATA / "kernels" / "kernels.meta.json").read_text()))
     k = d[d.section == "lora_gate_up"].drop_duplicates(["preset", "M"], keep="last").set_index(["preset", "M"])
     dis = d[d.section == "disabled"]
     Ms = sorted(k.loc["qwen3-30b-a3b"].index)
@@ -248,10 +248,10 @@ def _decode_lines() -> list[str]:
     epilogue and the decode differential come from round 2 (`fused_run*`)."""
     from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
     kd = DATA / "kernels"
-    from lora_moe_lab.instruments.recordings import load_kernel_run
-    run = load_kernel_run("expand_run7")
+    from lora_moe_lab.instruments.recordings import CANONICAL_KERNEL_RUN, DIFFERENTIAL_GLOB, FUSED_RUN, load_kernel_run
+    run = load_kernel_run(CANONICAL_KERNEL_RUN)
     m3 = run.meta
-    f1 = pd.read_csv(kd / "fused_run1_kernels_fused.csv")
+    f1 = pd.read_csv(kd / f"{FUSED_RUN}_kernels_fused.csv")
     f1 = f1[f1.M.notna()].astype({"M": int})  # the rows of random cases carry no M
     path = run.section("path").set_index(["preset", "M"])
     Ms = sorted(path.loc["qwen3-30b-a3b"].index)
@@ -276,21 +276,21 @@ def _decode_lines() -> list[str]:
             for m in big) + " |")
     fk = f1[f1.section == "fused"]
     fl = f1[(f1.section == "layer") & (f1.lora_variant == "fused")].set_index(["preset", "M"])
-    diffs = [pd.read_csv(f) for f in sorted(kd.glob("fused_run2_seed*_kernels_fused.csv"))]
+    diffs = [pd.read_csv(f) for f in sorted(kd.glob(DIFFERENTIAL_GLOB))]
     dd = pd.concat([d[d.section == "diff"] for d in diffs])
     tiles = sorted(set().union(*(json.loads(t) for t in dd.table_tiles)))
     chk = run.section("check")
     short = lambda pre: pre.replace("qwen3-30b-a3b", "qwen3")  # noqa: E731
     bw = lambda op: sw.xs(op, level="op").bw_frac  # noqa: E731
     d8 = sw.loc[("qwen3-30b-a3b", 8192, "down")]
-    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/expand_run7_*`, "
+    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/{CANONICAL_KERNEL_RUN}_*`, "
             f"{label(m3)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
             "kernels, against today's alignment + aligned gate_up + down deltas. Same inputs, graph replay, rank "
             f"32, 4 adapters, every token with one. The layer takes this path for M·top_k ≤ {DECODE_MAX_PAIRS} "
             "pairs:", ""] + rows + [
         "", f"- Decode differential (`fused_run2_seed*`): {int(dd.cases.sum())} random cases against float64, "
             f"{int(dd.failures.sum())} failures, over every tile the table uses ({', '.join(tiles)}). Aligned "
-            f"kernel with the table's tiles on both presets' shapes (`expand_run7`): {len(chk)} checks, "
+            f"kernel with the table's tiles on both presets' shapes (`{CANONICAL_KERNEL_RUN}`): {len(chk)} checks, "
             f"{int((~chk.ok.astype(bool)).sum())} failures.",
         f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
         f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
@@ -312,7 +312,7 @@ def _decode_lines() -> list[str]:
             "written; the deltas' rows of the same run at the same M) at the measured copy bandwidth, over the base layer's time:",
         ""] + share + [
         "", "- Delta fused into the base GEMM's epilogue (`kernels/fused_moe_lora_epilogue.py`, an experiment, not "
-            "used by the layer; `fused_run1_*`): fused GEMM / (base GEMM + separate delta) "
+            f"used by the layer; `{FUSED_RUN}_*`): fused GEMM / (base GEMM + separate delta) "
         f"{fk.ratio.min():.2f}–{fk.ratio.max():.2f}x over {len(fk)} (preset, op, M) points, M ≤ {fk.M.max()}; "
         "in the layer with both deltas fused, LoRA all active costs " + "; ".join(
             f"{short(pre)} M=" + ", ".join(f"{m} +{100 * fl.loc[(pre, m), 'lora_share']:.0f} %" for m in (1, 1024, 16384))
@@ -683,7 +683,7 @@ def _graphs_regression(rec) -> str:
         return "- No strategy is more than 2 % slower than `launch_always` anywhere."
     return ("- Slower than `launch_always` by more than 2 %: " + "; ".join(worst) + ". One adapter compacted onto "
             "one LoRA row changes the aligned kernel's tiles (the table was tuned for 4 rows); forcing BLOCK_M 16 "
-            "or split_n 1 on that row did not remove it at M=512 (`data/kernels/expand_run10`, notebook 02), and the cause is not "
+            "or split_n 1 on that row did not remove it at M=512 (`data/kernels/expand_run10`, notebook 03), and the cause is not "
             "found.")
 
 

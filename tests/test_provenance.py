@@ -45,3 +45,17 @@ def test_git_dirty_env_wins(monkeypatch):
     assert provenance.metadata()["dirty"] is True
     monkeypatch.setenv("GIT_DIRTY", "0")
     assert provenance.metadata()["dirty"] is False
+
+
+def test_metadata_records_repo_relative_paths(tmp_path, monkeypatch):
+    from lora_moe_lab.provenance import ROOT, metadata
+
+    monkeypatch.setenv("OUT", str(tmp_path))
+    p = metadata(params=dict(out=str(ROOT / "build" / "x"), dev=str(tmp_path / "run1"), n=3))["params"]
+    assert p == dict(out="build/x", dev="$OUT/run1", n=3)
+
+
+def test_recorded_metadata_names_no_machine_path():
+    from helpers import load_script
+
+    assert load_script("tidy_meta_paths").main(["--check"]) == 0

@@ -212,7 +212,7 @@ def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.D
             out = out.merge(work.rename(columns={"time_us": "enabled_us"}), on=["preset", "M"], how="left")
         frames.append(out.assign(kernel=grid, file=name))
     meta = {}
-    mp = d / "kernels_meta.json"
+    mp = d / "kernels.meta.json"
     if mp.exists():
         try:
             meta = json.loads(mp.read_text())

@@ -422,7 +422,7 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
     for f in files.values():
         if not f.exists():
             raise FileNotFoundError(f"no recording at {f}: scripts/gpu_graphs.py writes it on a GPU")
-    mp = d / "strategies_meta.json"
+    mp = d / "strategies.meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     return GraphStrategiesRecording(*(pd.read_csv(f) for f in files.values()), meta)
 
@@ -430,6 +430,12 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
 # ----------------------------------------------------------------------------------------------
 # The kernel runs of scripts/gpu_expand.py (data/kernels/expand_run*): tiles, bandwidth, LoRA's share
 KERNELS_DIR = DATA / "kernels"
+# The canonical kernel runs, each named once (data/kernels/README.md says which figure reads which):
+CANONICAL_KERNEL_RUN = "expand_run7"  # the code as it is: check, deltas, exit floors, the layer paired, the path
+TILE_SWEEP_RUN = "expand_run2"  # the register / prefetch sweep over M = 256 .. 16384 (notebook 02)
+COMPACT_RUN = "expand_run10"  # one compacted LoRA row against the slot rows (notebook 03)
+FUSED_RUN = "fused_run1"  # the fused-epilogue experiment
+DIFFERENTIAL_GLOB = "fused_run2_seed*_kernels_fused.csv"  # the decode differential over every tile
 
 
 @dataclass
@@ -465,12 +471,12 @@ class KernelRun:
                     "lora_bytes", "floor_us", "floor_share"]]
 
 
-def load_kernel_run(name: str = "expand_run7", path: str | Path | None = None) -> KernelRun:
-    """One run of scripts/gpu_expand.py: `name`_kernels_expand.csv and its _meta.json in data/kernels."""
+def load_kernel_run(name: str = CANONICAL_KERNEL_RUN, path: str | Path | None = None) -> KernelRun:
+    """One run of scripts/gpu_expand.py: `name`_kernels_expand.csv and its .meta.json in data/kernels."""
     d = Path(path) if path is not None else KERNELS_DIR
     f = d / f"{name}_kernels_expand.csv"
     if not f.exists():
         raise FileNotFoundError(f"no recording at {f}: scripts/gpu_expand.py writes it on a GPU")
-    mp = d / f"{name}_kernels_expand_meta.json"
+    mp = d / f"{name}_kernels_expand.meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     return KernelRun(pd.read_csv(f), meta, name)

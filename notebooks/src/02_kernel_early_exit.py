@@ -427,10 +427,10 @@ pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
 # notebook's live part is the exit, above.
 
 # %%
-from lora_moe_lab.instruments.recordings import load_kernel_run
+from lora_moe_lab.instruments.recordings import CANONICAL_KERNEL_RUN, TILE_SWEEP_RUN, load_kernel_run
 from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
 
-sweep_run, final_run = load_kernel_run("expand_run2"), load_kernel_run("expand_run7")
+sweep_run, final_run = load_kernel_run(TILE_SWEEP_RUN), load_kernel_run(CANONICAL_KERNEL_RUN)
 shown = preset if preset in set(sweep_run.rows["preset"]) else "qwen3-30b-a3b"  # the presets the H200 ran
 sw = sweep_run.section("sweep")
 print(f"recorded: {sweep_run.label} (tile sweep), preset {shown}")

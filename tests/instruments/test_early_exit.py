@@ -39,7 +39,7 @@ def test_recorded_disabled_launches(tmp_path):
     pd.DataFrame([dict(section="lora_gate_up", preset="p", M=16, time_us=50.0),
                   dict(section="disabled", preset="p", M=16, time_us=3.0, empty_kernel_us=2.5, ratio=1.2,
                        programs=100, config="bm16")]).to_csv(tmp_path / "kernels.csv", index=False)
-    (tmp_path / "kernels_meta.json").write_text('{"gpu": "NVIDIA H200"}')
+    (tmp_path / "kernels.meta.json").write_text('{"gpu": "NVIDIA H200"}')
     pd.DataFrame([dict(section="disabled", preset="p", M=16, time_us=9.0, empty_kernel_us=2.5, ratio=3.6)]).to_csv(
         tmp_path / "earlier_abc1234_kernels.csv", index=False)
     rec, meta = ee.recorded_disabled_launches(tmp_path)

@@ -19,7 +19,7 @@ def _write(tmp_path, name="run_x"):
             dict(section="sweep", preset="p", M=512, op="down", table=False, bytes=1e8, bw_frac=0.5, regs=150,
                  grid=264, prefetch=1, time_us=55.0, config="c")]
     pd.DataFrame(rows).to_csv(tmp_path / f"{name}_kernels_expand.csv", index=False)
-    (tmp_path / f"{name}_kernels_expand_meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
+    (tmp_path / f"{name}_kernels_expand.meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
                                                                                date="2026-11-30", copy_gbps=4000.0)))
     return load_kernel_run(name, tmp_path)
 
