@@ -14,6 +14,7 @@ data/replay/validation.csv (`alpha`), never refitted here; a chunked prefill of 
 from an idle GPU for the decoder, one forward from an idle GPU for the MoE model. The pass rule is
 the validation's: within +-5 % of the sessions' mean, or inside the union of their 95 % intervals.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,21 @@ from ..provenance import DATA
 from . import replay as R
 from . import replay_transforms as X
 
-__all__ = ["sources", "run", "WhatIf", "measured", "host_factor", "guard_predictions", "simulator_vs_replay",
-           "replay_tables", "validation", "BENCH_TRANSFORMS", "TOL", "TracedPointError", "UnknownSourceError"]
+__all__ = [
+    "sources",
+    "run",
+    "WhatIf",
+    "measured",
+    "host_factor",
+    "guard_predictions",
+    "simulator_vs_replay",
+    "replay_tables",
+    "validation",
+    "BENCH_TRANSFORMS",
+    "TOL",
+    "TracedPointError",
+    "UnknownSourceError",
+]
 
 TOL = 0.05
 SPIN_NS = 500_000  # as scripts/validate_replay.py: longer host gaps are the engine's busy-wait
@@ -41,12 +55,23 @@ MOE = DATA / "traces"
 _DEC = re.compile(r"qwen3-30b-a3b_L48_tp1_C(\d+)_gs5\.41667_(h[\d.]+_f0_o70_)?none_(\w+?)_rank0\.json\.gz$")
 _MOE = re.compile(r"(qwen3-30b-a3b)_(sync|cpu_flag|launch_always)_(eager|graph)_M(\d+)\.json\.gz$")
 # the other configuration a guard template comes from (validate_replay.py's DEC_OTHER / MOE_OTHER)
-OTHER = {"default_C16384": "default_C8192", "default_C8192": "default_C16384", "prodlike_C16384": "default_C16384",
-         "16": "4096", "4096": "16"}
+OTHER = {
+    "default_C16384": "default_C8192",
+    "default_C8192": "default_C16384",
+    "prodlike_C16384": "default_C16384",
+    "16": "4096",
+    "4096": "16",
+}
 # transformation -> its parameters (name: default) in the bench; what it predicts is in _target
-BENCH_TRANSFORMS = {"none": {}, "remove_syncs": {}, "add_syncs": {}, "graph_launch": {},
-                    "scale_host": {"factor": 0.5}, "add_early_exit": {"k": 2, "d_us": 3.0},
-                    "scale_collectives": {"factor": 0.5}}
+BENCH_TRANSFORMS = {
+    "none": {},
+    "remove_syncs": {},
+    "add_syncs": {},
+    "graph_launch": {},
+    "scale_host": {"factor": 0.5},
+    "add_early_exit": {"k": 2, "d_us": 3.0},
+    "scale_collectives": {"factor": 0.5},
+}
 
 
 class UnknownSourceError(R.ReplayError, KeyError):
@@ -69,13 +94,35 @@ def sources() -> pd.DataFrame:
         m = _DEC.search(p.name)
         if m:
             cfg = f"{'prodlike' if m[2] else 'default'}_C{m[1]}"
-            rows.append(dict(name=f"decoder {cfg} {m[3]}", model="dec", config=cfg, guard=m[3], mode="eager",
-                             tokens=int(m[1]), steps=64 * 2048 // int(m[1]), layers=48, path=p))
+            rows.append(
+                dict(
+                    name=f"decoder {cfg} {m[3]}",
+                    model="dec",
+                    config=cfg,
+                    guard=m[3],
+                    mode="eager",
+                    tokens=int(m[1]),
+                    steps=64 * 2048 // int(m[1]),
+                    layers=48,
+                    path=p,
+                )
+            )
     for p in sorted(MOE.glob("*.json.gz")):
         m = _MOE.search(p.name)
         if m:
-            rows.append(dict(name=f"moe M={m[4]} {m[2]} {m[3]}", model="moe", config=m[4], guard=m[2], mode=m[3],
-                             tokens=int(m[4]), steps=1, layers=48 if m[3] == "eager" else 8, path=p))
+            rows.append(
+                dict(
+                    name=f"moe M={m[4]} {m[2]} {m[3]}",
+                    model="moe",
+                    config=m[4],
+                    guard=m[2],
+                    mode=m[3],
+                    tokens=int(m[4]),
+                    steps=1,
+                    layers=48 if m[3] == "eager" else 8,
+                    path=p,
+                )
+            )
     if not rows:
         raise FileNotFoundError(f"no recorded traces in {SIG} or {MOE}")
     return pd.DataFrame(rows).set_index("name", drop=False)
@@ -126,7 +173,10 @@ def host_factor(model: str, config: str, guard: str, mode: str = "eager") -> tup
     if mode == "graph":
         return 1.0, "1 (a graph launch: no host work to scale)"
     v = validation()
-    for g, how in ((guard, "validation.csv"), ("cpu_flag", f"the {config} cpu_flag trace's (validation.csv)")):
+    for g, how in (
+        (guard, "validation.csv"),
+        ("cpu_flag", f"the {config} cpu_flag trace's (validation.csv)"),
+    ):
         r = v[(v.model == model) & (v.config == str(config)) & (v.source == g)]
         if len(r):
             return float(r.alpha.iloc[0]), f"{r.alpha.iloc[0]:.3f}: {how}, {r.alpha_from.iloc[0]}"
@@ -137,19 +187,27 @@ def host_factor(model: str, config: str, guard: str, mode: str = "eager") -> tup
 @lru_cache(maxsize=1)
 def _measurements() -> dict:
     """(model, config, guard, mode) -> [(median, lo, hi) per session], ms: the decoder's chunked prefills
-    (instruments/production_runs.py) and the MoE guards recording at active 0.5 (instruments/recordings.py)."""
+    (instruments/production_runs.py) and the MoE guards recording at active 0.5
+    (instruments/recordings.py)."""
     from ..instruments import production_runs, recordings
 
     out = {}
     for s in production_runs.load_sessions().values():
         for r in s.summary.itertuples():
             out.setdefault(("dec", r.task, r.guard, "eager"), []).append(
-                (r.forward_median_ms, r.forward_median_ms_lo, r.forward_median_ms_hi))
+                (r.forward_median_ms, r.forward_median_ms_lo, r.forward_median_ms_hi)
+            )
     d = recordings.load_guards().samples
-    d = d[(d["preset"] == "qwen3-30b-a3b") & (d["active"] == 0.5) & (d["status"] == "ok")
-          & (~d["warmup_drift"].astype(bool))]
+    d = d[
+        (d["preset"] == "qwen3-30b-a3b")
+        & (d["active"] == 0.5)
+        & (d["status"] == "ok")
+        & (~d["warmup_drift"].astype(bool))
+    ]
     for (m, guard, mode, _sess), x in d.groupby(["tokens", "guard", "mode", "session"]):
-        out.setdefault(("moe", str(int(m)), guard, mode), []).append(stats.median_ci(x["us"].to_numpy() / 1e3))
+        out.setdefault(("moe", str(int(m)), guard, mode), []).append(
+            stats.median_ci(x["us"].to_numpy() / 1e3)
+        )
     return out
 
 
@@ -166,7 +224,11 @@ def judge(pred: float, m: dict | None) -> tuple[float, bool | None, str]:
         return float("nan"), None, ""
     err = pred / m["estimate"] - 1
     within = m["lo"] <= pred <= m["hi"]
-    return 100 * err, bool(abs(err) <= TOL or within), "±5 %" if abs(err) <= TOL else "interval" if within else ""
+    return (
+        100 * err,
+        bool(abs(err) <= TOL or within),
+        "±5 %" if abs(err) <= TOL else "interval" if within else "",
+    )
 
 
 # --- one what-if --------------------------------------------------------------------------------
@@ -194,10 +256,22 @@ class WhatIf:
 
     def summary(self) -> dict:
         m = self.measured or {}
-        return dict(source=self.source, transform=self.transform, target=self.target, source_ms=self.source_ms,
-                    predicted_ms=self.predicted_ms, measured_ms=m.get("estimate", np.nan), measured_lo=m.get("lo", np.nan),
-                    measured_hi=m.get("hi", np.nan), err_pct=self.err_pct, passed=self.passed, held_out=self.held_out,
-                    syncs=self.graph.n_syncs, alpha=self.alpha, replay_s=self.replay_s)
+        return dict(
+            source=self.source,
+            transform=self.transform,
+            target=self.target,
+            source_ms=self.source_ms,
+            predicted_ms=self.predicted_ms,
+            measured_ms=m.get("estimate", np.nan),
+            measured_lo=m.get("lo", np.nan),
+            measured_hi=m.get("hi", np.nan),
+            err_pct=self.err_pct,
+            passed=self.passed,
+            held_out=self.held_out,
+            syncs=self.graph.n_syncs,
+            alpha=self.alpha,
+            replay_s=self.replay_s,
+        )
 
 
 def _target(src: pd.Series, transform: str) -> tuple[str, str] | None:
@@ -224,8 +298,9 @@ def run(source: str, transform: str = "none", **kw) -> WhatIf:
     """Replay a recorded trace after a transformation (BENCH_TRANSFORMS) and set the measurement of the
     predicted configuration beside it where one exists."""
     if transform not in BENCH_TRANSFORMS:
-        raise R.UnknownTransformationError(f"unknown bench transformation {transform!r}; known: "
-                                           f"{', '.join(BENCH_TRANSFORMS)}")
+        raise R.UnknownTransformationError(
+            f"unknown bench transformation {transform!r}; known: {', '.join(BENCH_TRANSFORMS)}"
+        )
     src = _source(source)
     a, a_from = host_factor(src.model, src.config, src.guard, src["mode"])
     g = _scaled(_graph(source), a)
@@ -243,10 +318,12 @@ def run(source: str, transform: str = "none", **kw) -> WhatIf:
     base = R.replay(g, steps=int(src.steps), init="idle").forward_ms if transform != "none" else r.forward_ms
     tgt = _target(src, transform)
     m = measured(src.model, src.config, *tgt) if tgt else None
-    what = (f"{src.model} {src.config} {tgt[0]} {tgt[1]}" if tgt else "a configuration the lab did not measure")
+    what = f"{src.model} {src.config} {tgt[0]} {tgt[1]}" if tgt else "a configuration the lab did not measure"
     err, ok, by = judge(r.forward_ms, m)
     held = transform in ("remove_syncs", "add_syncs") and tgt is not None and src["mode"] == "eager"
-    return WhatIf(source, transform, dict(kw), out, r, r.forward_ms, base, a, a_from, what, m, err, ok, by, held, dt)
+    return WhatIf(
+        source, transform, dict(kw), out, r, r.forward_ms, base, a, a_from, what, m, err, ok, by, held, dt
+    )
 
 
 # --- the replayed forward as trace tables ---------------------------------------------------------
@@ -254,41 +331,99 @@ def replay_tables(g: R.Graph, r: R.ReplayResult, step: int = 0, title: str = "")
     """One replayed step as TraceTables (runtime calls, kernels, syncs, layer ranges), so plots.timeline
     and the trace analyses read a replayed forward as they read a recorded one."""
     nh, nk = g.n_host, g.n_kernels
-    hs, he = r.h_start[step * nh:(step + 1) * nh], r.h_end[step * nh:(step + 1) * nh]
-    ks, ke = r.k_start[step * nk:(step + 1) * nk], r.k_end[step * nk:(step + 1) * nk]
+    hs, he = r.h_start[step * nh : (step + 1) * nh], r.h_end[step * nh : (step + 1) * nh]
+    ks, ke = r.k_start[step * nk : (step + 1) * nk], r.k_end[step * nk : (step + 1) * nk]
     h, k = g.host, g.kern
     sync = h["kind"] == R.SYNC
-    rt = pd.DataFrame(dict(name=h["name"].astype(str), cat="cuda_runtime", pid=1, tid=1, start_ns=hs, end_ns=he,
-                           dur_ns=he - hs, correlation=np.arange(nh), external_id=None, is_sync=sync, forward=0))
+    rt = pd.DataFrame(
+        dict(
+            name=h["name"].astype(str),
+            cat="cuda_runtime",
+            pid=1,
+            tid=1,
+            start_ns=hs,
+            end_ns=he,
+            dur_ns=he - hs,
+            correlation=np.arange(nh),
+            external_id=None,
+            is_sync=sync,
+            forward=0,
+        )
+    )
     kh = k["host"]
     names = k["name"].astype(str)
     kind = np.where(pd.Series(names).str.contains("Memcpy|memcpy"), "memcpy", "kernel")
-    kern = pd.DataFrame(dict(name=names, kind=kind, device=0, stream=k["stream"], start_ns=ks, end_ns=ke, dur_ns=ke - ks,
-                             correlation=kh, external_id=None, launch_name=rt["name"].to_numpy()[kh],
-                             launch_start_ns=hs[kh], launch_end_ns=he[kh], launch_tid=1, forward=0))
+    kern = pd.DataFrame(
+        dict(
+            name=names,
+            kind=kind,
+            device=0,
+            stream=k["stream"],
+            start_ns=ks,
+            end_ns=ke,
+            dur_ns=ke - ks,
+            correlation=kh,
+            external_id=None,
+            launch_name=rt["name"].to_numpy()[kh],
+            launch_start_ns=hs[kh],
+            launch_end_ns=he[kh],
+            launch_tid=1,
+            forward=0,
+        )
+    )
     t0 = int(min(hs.min(), ks.min()))
     end = int(max(he.max(), ke.max()))
-    ann = [dict(name="forward", pid=1, tid=1, start_ns=t0, end_ns=end, dur_ns=end - t0, external_id=None, forward=0)]
+    ann = [
+        dict(
+            name="forward",
+            pid=1,
+            tid=1,
+            start_ns=t0,
+            end_ns=end,
+            dur_ns=end - t0,
+            external_id=None,
+            forward=0,
+        )
+    ]
     lay = h["layer"]
     pattern = "moe_layer_{}" if any(str(n).startswith("moe") for n in g.layers) else "decoder_layer_{}"
     for li in np.unique(lay[lay >= 0]):
         i = np.nonzero(lay == li)[0]
         s, e = int(hs[i[0]]), int(he[i[-1]])
-        ann.append(dict(name=pattern.format(int(li)), pid=1, tid=1, start_ns=s, end_ns=e, dur_ns=e - s,
-                        external_id=None, forward=0))
+        ann.append(
+            dict(
+                name=pattern.format(int(li)),
+                pid=1,
+                tid=1,
+                start_ns=s,
+                end_ns=e,
+                dur_ns=e - s,
+                external_id=None,
+                forward=0,
+            )
+        )
     syncs = rt[rt["is_sync"]].assign(source="runtime", kind=None, stream=None)
     return T.TraceTables(
-        kernels=T.frame(kern.to_dict("records"), T.KERNEL_COLUMNS), runtime=T.frame(rt.to_dict("records"), T.RUNTIME_COLUMNS),
-        syncs=T.frame(syncs.to_dict("records"), T.SYNC_COLUMNS), memcpys=kern[kern["kind"] == "memcpy"].assign(direction=None),
-        annotations=T.frame(ann, T.ANNOTATION_COLUMNS), gpu_annotations=T.frame([], T.ANNOTATION_COLUMNS),
+        kernels=T.frame(kern.to_dict("records"), T.KERNEL_COLUMNS),
+        runtime=T.frame(rt.to_dict("records"), T.RUNTIME_COLUMNS),
+        syncs=T.frame(syncs.to_dict("records"), T.SYNC_COLUMNS),
+        memcpys=kern[kern["kind"] == "memcpy"].assign(direction=None),
+        annotations=T.frame(ann, T.ANNOTATION_COLUMNS),
+        gpu_annotations=T.frame([], T.ANNOTATION_COLUMNS),
         cpu_ops=T.frame([], T.ANNOTATION_COLUMNS),
         forwards=pd.DataFrame([dict(forward=0, name="forward", start_ns=t0, end_ns=end, dur_ns=end - t0)]),
-        doc={"labels": {"source": "replay", "title": title}}, path=None)
+        doc={"labels": {"source": "replay", "title": title}},
+        path=None,
+    )
 
 
 # --- the validated model per guard (notebook 04's sliders) ---------------------------------------
-def guard_predictions(tokens: int, layers: int = 48, mode: str = "eager", guards=("sync", "cpu_flag", "launch_always"),
-                      ) -> pd.DataFrame:
+def guard_predictions(
+    tokens: int,
+    layers: int = 48,
+    mode: str = "eager",
+    guards=("sync", "cpu_flag", "launch_always"),
+) -> pd.DataFrame:
     """The MoE model's forward per guard at a traced M, from the validated model. Eager: sync and cpu_flag
     predicted held out (from the other guard's trace, as validated); launch_always gets cpu_flag's
     prediction (with half the requests on an adapter it launches the same kernels; its own profiled
@@ -298,10 +433,14 @@ def guard_predictions(tokens: int, layers: int = 48, mode: str = "eager", guards
     have = sources()
     traced = sorted(have[have.model == "moe"].tokens.unique())
     if int(tokens) not in traced:
-        raise TracedPointError(f"no profiled forward at M={tokens}: the replay predicts from recorded traces "
-                               f"only (M = {', '.join(map(str, traced))})")
+        raise TracedPointError(
+            f"no profiled forward at M={tokens}: the replay predicts from recorded traces "
+            f"only (M = {', '.join(map(str, traced))})"
+        )
     if layers % 8:
-        raise TracedPointError(f"layers={layers}: the traces hold 8 layers; the replay tiles them to multiples of 8")
+        raise TracedPointError(
+            f"layers={layers}: the traces hold 8 layers; the replay tiles them to multiples of 8"
+        )
     rows = []
     for guard in guards:
         if mode == "eager" and guard in ("sync", "cpu_flag"):
@@ -311,14 +450,29 @@ def guard_predictions(tokens: int, layers: int = 48, mode: str = "eager", guards
         elif mode == "graph":  # every guard records the same kernels under capture, and nothing syncs
             how, tr, held = "graph_launch of the eager cpu_flag trace", "graph_launch", False
             name = _find("moe", str(tokens), "cpu_flag", "eager")
-        else:  # launch_always: with an adapter active it launches cpu_flag's kernels (the early exit is per slot)
-            how, tr, held = "as cpu_flag (the same kernels with an adapter active), held out", "remove_syncs", True
+        else:  # launch_always: with an adapter active it launches cpu_flag's kernels
+            how, tr, held = (
+                "as cpu_flag (the same kernels with an adapter active), held out",
+                "remove_syncs",
+                True,
+            )
             name = _find("moe", str(tokens), "sync", mode)
         w = _run_layers(name, tr, layers)
         m = measured("moe", str(tokens), guard, mode)
-        rows.append(dict(guard=guard, tokens=int(tokens), layers=layers, mode=mode, forward_ms=w.predicted_ms,
-                         syncs_per_forward=w.graph.n_syncs, method=f"{how}: {name} · {tr}", held_out=held,
-                         measured_ms=m["estimate"] if m and layers == 48 else np.nan, source="replay"))
+        rows.append(
+            dict(
+                guard=guard,
+                tokens=int(tokens),
+                layers=layers,
+                mode=mode,
+                forward_ms=w.predicted_ms,
+                syncs_per_forward=w.graph.n_syncs,
+                method=f"{how}: {name} · {tr}",
+                held_out=held,
+                measured_ms=m["estimate"] if m and layers == 48 else np.nan,
+                source="replay",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -338,8 +492,9 @@ def _run_layers(name: str, transform: str, layers: int) -> WhatIf:
     elif transform in ("remove_syncs", "graph_launch"):
         g = X.apply(g, transform)
     r = R.replay(g, steps=1, init="idle")
-    _LAYER_CACHE[key] = WhatIf(name, transform, {}, g, r, r.forward_ms, np.nan, a, a_from, "", None, np.nan,
-                               None, "", False, 0.0)
+    _LAYER_CACHE[key] = WhatIf(
+        name, transform, {}, g, r, r.forward_ms, np.nan, a, a_from, "", None, np.nan, None, "", False, 0.0
+    )
     return _LAYER_CACHE[key]
 
 
@@ -348,11 +503,13 @@ _LAYER_CACHE: dict = {}
 
 # --- the queue simulator beside the replay ------------------------------------------------------
 SIM_NOTES = {
-    "dec": "the queue model has the MoE blocks only (no attention, no collectives): its decoder forward is short by "
-           "the attention's time; it takes whole syncs per layer (5: 240 per forward where the trace has 260)",
+    "dec": "the queue model has the MoE blocks only (no attention, no collectives): its decoder forward "
+    "is short by "
+    "the attention's time; it takes whole syncs per layer (5: 240 per forward where the trace has 260)",
     "prodlike": "the queue model has no engine host work per layer and no earlier batch queued before each "
-                "forward (instruments/prefill.py: EngineCosts): not simulated",
-    "moe_host": "one fitted host cost per launch for every op and size: the host time at small M is not followed",
+    "forward (instruments/prefill.py: EngineCosts): not simulated",
+    "moe_host": "one fitted host cost per launch for every op and size: "
+    "the host time at small M is not followed",
 }
 
 
@@ -371,45 +528,131 @@ def simulator_vs_replay(params=None) -> pd.DataFrame:
         err_s, ok_s, _ = judge(simv, m) if np.isfinite(simv) else (np.nan, None, "")
         err_r, ok_r, _ = judge(rep, m)
         d = 100 * (simv / rep - 1) if np.isfinite(simv) else np.nan
-        rows.append(dict(model=model, config=config, guard=guard, mode=mode, layers=layers, quantity=quantity,
-                         replay_ms=rep, replay_method=method, simulator_ms=simv, sim_vs_replay_pct=d,
-                         agrees=bool(abs(d) <= 100 * TOL) if np.isfinite(d) else False,
-                         measured_ms=m["estimate"] if m else np.nan, measured_lo=m["lo"] if m else np.nan,
-                         measured_hi=m["hi"] if m else np.nan, replay_err_pct=err_r, replay_passed=ok_r,
-                         simulator_err_pct=err_s, simulator_passed=ok_s, note=note))
+        rows.append(
+            dict(
+                model=model,
+                config=config,
+                guard=guard,
+                mode=mode,
+                layers=layers,
+                quantity=quantity,
+                replay_ms=rep,
+                replay_method=method,
+                simulator_ms=simv,
+                sim_vs_replay_pct=d,
+                agrees=bool(abs(d) <= 100 * TOL) if np.isfinite(d) else False,
+                measured_ms=m["estimate"] if m else np.nan,
+                measured_lo=m["lo"] if m else np.nan,
+                measured_hi=m["hi"] if m else np.nan,
+                replay_err_pct=err_r,
+                replay_passed=ok_r,
+                simulator_err_pct=err_s,
+                simulator_passed=ok_s,
+                note=note,
+            )
+        )
 
     for M in sorted(sources().query("model == 'moe'").config.unique(), key=int):
         kw = dict(active=0.5, rank=16, params=params)
         per = {}
         for mode in ("eager", "graph"):
-            p = guard_predictions(int(M), 48, mode, guards=("sync", "cpu_flag", "launch_always") if mode == "eager"
-                                  else ("cpu_flag",))
+            p = guard_predictions(
+                int(M),
+                48,
+                mode,
+                guards=("sync", "cpu_flag", "launch_always") if mode == "eager" else ("cpu_flag",),
+            )
             for r in p.itertuples():
                 simv = forward_us("qwen3-30b-a3b", int(M), r.guard, layers=48, mode=mode, **kw) / 1e3
                 per[(r.guard, mode)] = (r.forward_ms, simv)
-                add("moe", M, r.guard, mode, 48, "forward", r.forward_ms, r.method.split(":")[0],
-                    measured("moe", M, r.guard, mode), simv, SIM_NOTES["moe_host"] if int(M) <= 128 else "")
-        for g_ in ("cpu_flag", "launch_always"):  # the graph-mode traces themselves (8 layers, no measurement)
+                add(
+                    "moe",
+                    M,
+                    r.guard,
+                    mode,
+                    48,
+                    "forward",
+                    r.forward_ms,
+                    r.method.split(":")[0],
+                    measured("moe", M, r.guard, mode),
+                    simv,
+                    SIM_NOTES["moe_host"] if int(M) <= 128 else "",
+                )
+        for g_ in (
+            "cpu_flag",
+            "launch_always",
+        ):  # the graph-mode traces themselves (8 layers, no measurement)
             name = _find("moe", M, g_, "graph")
-            add("moe", M, g_, "graph", 8, "forward", run(name).predicted_ms, "its own trace replayed", None,
-                forward_us("qwen3-30b-a3b", int(M), g_, layers=8, mode="graph", **kw) / 1e3)
+            add(
+                "moe",
+                M,
+                g_,
+                "graph",
+                8,
+                "forward",
+                run(name).predicted_ms,
+                "its own trace replayed",
+                None,
+                forward_us("qwen3-30b-a3b", int(M), g_, layers=8, mode="graph", **kw) / 1e3,
+            )
         (rs, ss), (rc, sc) = per[("sync", "eager")], per[("cpu_flag", "eager")]
         ms, mc = measured("moe", M, "sync"), measured("moe", M, "cpu_flag")
         lost = dict(estimate=ms["estimate"] - mc["estimate"], lo=np.nan, hi=np.nan) if ms and mc else None
-        add("moe", M, "sync - cpu_flag", "eager", 48, "GPU time lost per forward", rs - rc, "held out", lost, ss - sc)
+        add(
+            "moe",
+            M,
+            "sync - cpu_flag",
+            "eager",
+            48,
+            "GPU time lost per forward",
+            rs - rc,
+            "held out",
+            lost,
+            ss - sc,
+        )
     for cfg in sorted(sources().query("model == 'dec'").config.unique()):
         pr = {}
         for guard, srcg, tr in (("cpu_flag", "sync", "remove_syncs"), ("sync", "cpu_flag", "add_syncs")):
             w = run(_find("dec", cfg, srcg), tr)
             C = int(cfg.split("_C")[1])
-            simv = (np.nan if cfg.startswith("prodlike") else
-                    forward_us("qwen3-30b-a3b", C, guard, layers=48, params=params, active=0.0, syncs_per_layer=5) / 1e3)
+            simv = (
+                np.nan
+                if cfg.startswith("prodlike")
+                else forward_us(
+                    "qwen3-30b-a3b", C, guard, layers=48, params=params, active=0.0, syncs_per_layer=5
+                )
+                / 1e3
+            )
             pr[guard] = (w.predicted_ms, simv, w.graph.n_syncs if guard == "sync" else 0)
-            add("dec", cfg, guard, "eager", 48, "forward", w.predicted_ms, "held out", w.measured, simv,
-                SIM_NOTES["prodlike" if cfg.startswith("prodlike") else "dec"])
+            add(
+                "dec",
+                cfg,
+                guard,
+                "eager",
+                48,
+                "forward",
+                w.predicted_ms,
+                "held out",
+                w.measured,
+                simv,
+                SIM_NOTES["prodlike" if cfg.startswith("prodlike") else "dec"],
+            )
         (rs, ss, n), (rc, sc, _) = pr["sync"], pr["cpu_flag"]
         ms, mc = measured("dec", cfg, "sync"), measured("dec", cfg, "cpu_flag")
-        lost = dict(estimate=(ms["estimate"] - mc["estimate"]) / n, lo=np.nan, hi=np.nan) if ms and mc else None
-        add("dec", cfg, "sync - cpu_flag", "eager", 48, "GPU time lost per sync", (rs - rc) / n, "held out", lost,
-            (ss - sc) / 240, SIM_NOTES["prodlike" if cfg.startswith("prodlike") else "dec"])
+        lost = (
+            dict(estimate=(ms["estimate"] - mc["estimate"]) / n, lo=np.nan, hi=np.nan) if ms and mc else None
+        )
+        add(
+            "dec",
+            cfg,
+            "sync - cpu_flag",
+            "eager",
+            48,
+            "GPU time lost per sync",
+            (rs - rc) / n,
+            "held out",
+            lost,
+            (ss - sc) / 240,
+            SIM_NOTES["prodlike" if cfg.startswith("prodlike") else "dec"],
+        )
     return pd.DataFrame(rows)

@@ -8,40 +8,47 @@
 # What is measured (on a GPU): one forward of the mini MoE model, timed with CUDA events from an
 # idle device (see `lora_moe_lab.instruments.timing`): it covers the host issuing every kernel while the GPU
 # runs them, and every host-device sync the guard makes. **Run** interleaves the guards: each
-# repetition runs every guard once, in a rotating order, so their ratios are paired. With the `sync` guard, each layer's
+# repetition runs every guard once, in a rotating order, so their ratios are paired. With the `sync`
+# guard, each layer's
 # `.item()` makes the host wait until the GPU has drained its queue; the GPU then idles until the
 # host has issued the next kernels. The difference to `cpu_flag` is the price of those bubbles.
 # In graph mode the whole forward is one `cudaGraphLaunch`: no per-kernel launch cost, and no
 # guard syncs (every guard records the LoRA kernels; they exit early on the GPU).
 #
-# **Without a GPU** the controls drive the queue-model simulator (`lora_moe_lab.sim`, as fitted
-# to the recording) and the canonical H200 recording (`data/guards/h200_guards.csv`) instead — the
-# panel says which numbers come from where. Moving a control redraws the view (simulator curves, recorded points,
-# your live points); **Run** adds rows to the results table. A long run shows its progress and
+# **Predictions** come from the lab's validated model, the trace-driven replay (`lora_moe_lab.sim.whatif`,
+# held out within ±5 % or the measurement's interval: `data/replay/validation.csv`, notebook 05): at each
+# token count with a profiled forward (M=16 and 4096 of `qwen3-30b-a3b`, half the requests on an
+# adapter, rank 16), per guard. Elsewhere the panel says there is no prediction: the replay predicts
+# only from a recorded trace, and the earlier queue simulator, which drew curves at every M, agrees
+# with the replay at 2 of 20 points (`data/replay/simulator_vs_replay.csv`), so it is not drawn.
+# **Without a GPU** the panel shows those predictions and the canonical H200 recording
+# (`data/guards/h200_guards.csv`) — it says which numbers come from where. Moving a control redraws
+# the view (▲ replay, ◆ recorded, ● your live points); **Run** adds rows to the results table. A
+# long run shows its progress and
 # stops at the next repetition when you press **Stop**.
 
 # %% tags=["parameters"]
-preset = "qwen3-30b-a3b" # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
-num_layers = 48          # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
-tokens = 128             # tokens per forward, a power of two up to 16384
-guard = "sync"           # sync, cpu_flag or launch_always
-active_fraction = 0.5    # share of requests that use an adapter
-rank = 16                # LoRA rank: 4, 8, 16, 32 or 64
-mode = "eager"           # eager or graph
-reps = 5                 # timed repetitions per guard, live GPU only
-warmup = 2               # untimed calls first, live GPU only
-all_guards = True        # Run measures all three guards, not only the selected one
-device = "auto"          # auto, cpu or cuda
+preset = "qwen3-30b-a3b"  # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
+num_layers = 48  # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
+tokens = 4096  # tokens per forward, a power of two up to 16384 (replay predictions at 16 and 4096)
+guard = "sync"  # sync, cpu_flag or launch_always
+active_fraction = 0.5  # share of requests that use an adapter
+rank = 16  # LoRA rank: 4, 8, 16, 32 or 64
+mode = "eager"  # eager or graph
+reps = 5  # timed repetitions per guard, live GPU only
+warmup = 2  # untimed calls first, live GPU only
+all_guards = True  # Run measures all three guards, not only the selected one
+device = "auto"  # auto, cpu or cuda
 
 # %%
 
 import pandas as pd
 
-from lora_moe_lab import sim
 from lora_moe_lab.instruments.recordings import load_guards
 from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.nb.params import NotebookParameterError
-from lora_moe_lab.ui import widgets
+from lora_moe_lab.sim import whatif
+from lora_moe_lab.ui import whatif_bench, widgets
 
 nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
@@ -50,7 +57,9 @@ for _n in ("num_layers", "tokens", "rank", "reps"):
 if num_layers > 48:
     raise NotebookParameterError(f"bad notebook parameter num_layers={num_layers!r}: at most 48")
 if tokens not in widgets.TOKENS:
-    raise NotebookParameterError(f"bad notebook parameter tokens={tokens!r}: a power of two in {widgets.TOKENS}")
+    raise NotebookParameterError(
+        f"bad notebook parameter tokens={tokens!r}: a power of two in {widgets.TOKENS}"
+    )
 if rank not in widgets.RANKS:
     raise NotebookParameterError(f"bad notebook parameter rank={rank!r}: one of {widgets.RANKS}")
 if mode not in ("eager", "graph"):
@@ -67,18 +76,20 @@ LIVE = dev.type == "cuda"
 if LIVE:
     print(f"live GPU: Run measures on {dev}")
 else:
-    print("no GPU here: the panel shows the simulator and the recorded H200 timings, not live ones")
+    print(
+        "no GPU here: the panel shows the replay's predictions and the recorded H200 timings, not live ones"
+    )
 
 # %% [markdown]
-# ## Recorded data and the simulator's parameters
+# ## Recorded data and the validated model
 # The canonical recording gives GPU points to compare against: per point the median of its
-# interleaved repetitions (how many: printed below) and the 95 % interval of that median. The simulator's cost model (host
-# launch cost, sync overhead, kernel floor, math and memory rates) is the one fitted to that
-# recording by `scripts/validate_simulator.py` (`data/simulator/simulator_fit.json`; notebook 05
-# shows the fit and its held-out validation). At every point the panel says whether the simulator
-# agrees with the recording by the validation's rule: within ±15 %, or inside the measurement's
-# 95 % interval where that is wider. Without a recording the simulator uses its default
-# order-of-magnitude H200 guesses — fine to see the shape of the effect, not to quote numbers.
+# interleaved repetitions (how many: printed below) and the 95 % interval of that median. The
+# predictions are the replay's, each with its method: `sync` and `cpu_flag` in eager mode are
+# predicted held out from the other guard's profiled forward (the validation's points at 48 layers);
+# `launch_always` gets `cpu_flag`'s prediction (with an adapter active both launch the same kernels);
+# graph mode is the eager `cpu_flag` forward with each layer's launches replaced by one graph launch.
+# At every point the panel says whether the prediction agrees with the recording by the validation's
+# rule: within ±5 %, or inside the measurement's 95 % interval.
 
 # %%
 try:
@@ -89,36 +100,53 @@ except FileNotFoundError as e:
 else:
     sweep, label = rec.as_sweep(), rec.label
     print(f"recorded points: {label}, {int(sweep.reps.min())}-{int(sweep.reps.max())} repetitions per point")
-try:
-    cal = sim.load_calibration()
-    cost = cal.params
-    note = (f"simulator fitted to {cal.label} ({cal.fit.rows} points; held out, "
-            f"{int(cal.validation.points['passes'].sum())} of {len(cal.validation.points)} pass)")
-except (OSError, ValueError) as e:
-    cost = sim.CostModel()
-    note = f"no recorded fit ({e}): simulator with its default cost model (order-of-magnitude guesses)"
+val = whatif.validation()
+note = (
+    f"predictions: the replay (held out, {int(val['passed'].sum())} of {len(val)} validation points pass, "
+    f"data/replay/validation.csv)"
+)
 print(note)
-pd.Series(cost.as_dict(), name="cost model").to_frame().T
+pd.concat(
+    [whatif.guard_predictions(m, 48, md) for m in (16, 4096) for md in ("eager", "graph")], ignore_index=True
+)[["guard", "tokens", "mode", "forward_ms", "measured_ms", "syncs_per_forward", "method"]].round(3)
 
 # %% [markdown]
 # ## The panel
-# Move a control: the view redraws at once (simulator lines per guard; ◆ recorded points, ● your
-# live points; ★ the selected guard and token count). Press **Run** to add rows to the results.
+# Move a control: the view redraws at once (▲ the replay's predictions per guard, ◆ recorded
+# points with their 95 % intervals, ● your live points; the title: the selected guard and M). Press
+# **Run** to add rows to the results.
 
 # %%
-panel = widgets.BenchPanel(live=LIVE, sweep=sweep, cost=cost, reps=reps, warmup=warmup, all_guards=all_guards,
-                           note=note, label=label, defaults=dict(preset=preset, layers=num_layers, tokens=tokens, guard=guard,
-                                                    active=active_fraction, rank=rank, mode=mode))
+panel = whatif_bench.ReplayBenchPanel(
+    live=LIVE,
+    sweep=sweep,
+    reps=reps,
+    warmup=warmup,
+    all_guards=all_guards,
+    note=note,
+    label=label,
+    defaults=dict(
+        preset=preset,
+        layers=num_layers,
+        tokens=tokens,
+        guard=guard,
+        active=active_fraction,
+        rank=rank,
+        mode=mode,
+    ),
+)
 display(panel.widget)
 # Without a frontend (papermill) nobody moves the controls or presses Run: do it once here, with
 # the notebook's parameters, so the outputs exist.
-view = panel.update(preset=preset, layers=num_layers, tokens=tokens, guard=guard, active=active_fraction,
-                    rank=rank, mode=mode)
+view = panel.update(
+    preset=preset, layers=num_layers, tokens=tokens, guard=guard, active=active_fraction, rank=rank, mode=mode
+)
 rows = panel.run(blocking=True)
-if "vs_recorded" in rows:  # the simulator beside the recorded point, by the validation's rule
-    for r in rows[rows["source"] == "simulator"].itertuples():
-        print(f"{r.guard}: simulator {r.median_ms:.3f} ms; {r.vs_recorded or 'no recorded point here'}"
-              + (f"  [{label}]" if r.vs_recorded else ""))
+if "vs_recorded" in rows:  # the replay beside the recorded point, by the validation's rule
+    for r in rows[rows["source"] == "replay"].itertuples():
+        print(f"{r.guard}: replay {r.median_ms:.3f} ms ({r.method}); {r.vs_recorded}  [{label}]")
+if not LIVE and not (len(rows) and (rows["source"] == "replay").any()):  # the panel says why
+    print(panel.status.value.replace("<b>", "").replace("</b>", ""))
 
 # %% [markdown]
 # ## Checks
@@ -132,10 +160,12 @@ if "vs_recorded" in rows:  # the simulator beside the recorded point, by the val
 # %% tags=["lesson"]
 from lora_moe_lab.nb import lessons, live
 
-measured = rows[rows["source"].str.startswith("live") | (rows["source"] == "simulator")]
+measured = rows[rows["source"].str.startswith("live") | (rows["source"] == "replay")] if len(rows) else rows
 for r in measured.itertuples():
     want = num_layers if (r.guard == "sync" and mode == "eager") else 0
-    assert r.syncs_per_forward == want, f"{r.source} {r.guard}: {r.syncs_per_forward} syncs per forward, expected {want}"
+    assert r.syncs_per_forward == want, (
+        f"{r.source} {r.guard}: {r.syncs_per_forward} syncs per forward, expected {want}"
+    )
 if LIVE and mode == "eager" and all_guards and panel.last_samples is not None and len(panel.last_samples):
     rec_lost = rec.paired("sync", "cpu_flag") if rec is not None else None
     min_M = lessons.lesson_min_tokens(rec_lost, preset, active_fraction) if rec is not None else None
@@ -145,8 +175,10 @@ if LIVE and mode == "eager" and all_guards and panel.last_samples is not None an
         print("no canonical recording here: nothing says where the lesson must hold; not checked")
     else:
         v = lessons.guard_verdict(tbl.iloc[0], min_M)
-        print(f"the recording ({label}): from M={min_M} up every interval lies above zero "
-              f"({lessons.lesson_scope(rec_lost, preset, active_fraction)})")
+        print(
+            f"the recording ({label}): from M={min_M} up every interval lies above zero "
+            f"({lessons.lesson_scope(rec_lost, preset, active_fraction)})"
+        )
         print(v.text)
         v.check()
 rows

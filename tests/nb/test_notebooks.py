@@ -85,7 +85,7 @@ BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter pr
               ("03_cuda_graph_capture", {"tokens_per_request": -1}, "bad notebook parameter tokens_per_request"),
               ("04_live_microbenchmarks", {"tokens": 100}, "bad notebook parameter tokens"),
               ("04_live_microbenchmarks", {"guard": "sometimes"}, "bad notebook parameter guards"),
-              ("05_scale_model", {"refit": "yes"}, "bad notebook parameter refit"),
+              ("05_scale_model", {"transform": "fix_it"}, "bad notebook parameter transform"),
               ("05_scale_model", {"fit_iters": 100}, "bad notebook parameter fit_iters: unknown"),
               ("06_production_effect", {"chunk": 12}, "bad notebook parameter chunk"),
               ("06_production_effect", {"adapter_modes": ["some"]}, "bad notebook parameter adapter_modes"),
