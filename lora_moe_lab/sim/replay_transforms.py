@@ -115,12 +115,13 @@ def _sync_sites(g: Graph) -> np.ndarray:
     return s
 
 
-def remove_syncs(g: Graph, decision_ns: int = 0, which: str = "guard") -> Graph:
+def remove_syncs(g: Graph, decision_ns: int = 0, which: str = "guard", calls=None) -> Graph:
     """The fix. With guard ranges (`lora_guard_*` annotations): every call in a range that holds a sync
     goes (the reduction launch, the D2H copy, the sync) with its kernels, and the host time inside every
     guard range is replaced by `decision_ns` (a host bool read); host work before a range stays.
     Without guard ranges (or which='all'): every sync goes, with the call right before it when that
-    call launched a D2H copy, and their gaps (the guard's own host cost)."""
+    call launched a D2H copy, and their gaps (the guard's own host cost). `calls` (with which='all'):
+    only these host-call indices, each a sync (the audit removes one call site's syncs at a time)."""
     h, k = g.host, g.kern
     if which not in ("guard", "all"):
         raise GraphError(f"which is 'guard' or 'all', not {which!r}")
@@ -137,6 +138,15 @@ def remove_syncs(g: Graph, decision_ns: int = 0, which: str = "guard") -> Graph:
         out.tail_guard = 0
         return _tag(out, f"remove_syncs(guard ranges {len(ss)}, decision {decision_ns} ns)")
     sync = h["kind"] == SYNC
+    if calls is not None:
+        if which != "all":
+            raise GraphError("calls= selects syncs by host-call index: use it with which='all'")
+        sel = np.zeros(g.n_host, bool)
+        idx = np.asarray(calls, np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= g.n_host or not sync[idx].all()):
+            raise GraphError(f"calls= must be indices of sync calls of the graph (0..{g.n_host - 1})")
+        sel[idx] = True
+        sync = sel
     if not sync.any():
         raise GraphError("the graph has no syncs to remove")
     d2h = np.zeros(g.n_host, bool)
