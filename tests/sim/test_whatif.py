@@ -1,0 +1,65 @@
+"""sim/whatif.py: the what-if bench on the recorded traces (CPU, recorded data only)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from lora_moe_lab.sim import replay as R
+from lora_moe_lab.sim import whatif as W
+
+
+def test_sources_cover_both_models():
+    s = W.sources()
+    assert s.index.is_unique and {"dec", "moe"} <= set(s.model)
+    assert (s[s.model == "dec"].steps * s[s.model == "dec"].tokens == 64 * 2048).all()
+
+
+@pytest.mark.parametrize("m", ["16", "4096"])
+def test_held_out_moe_points_match_the_validation(m):
+    v = W.validation()
+    for src, tr, tgt in (("sync", "remove_syncs", "cpu_flag"), ("cpu_flag", "add_syncs", "sync")):
+        w = W.run(f"moe M={m} {src} eager", tr)
+        row = v[(v.model == "moe") & (v.config == m) & (v.source == src)].iloc[0]
+        assert w.held_out and w.target == f"moe {m} {tgt} eager"
+        assert w.predicted_ms == pytest.approx(row.predicted_ms, rel=1e-4)
+        assert w.measured["estimate"] == pytest.approx(row.measured_ms, rel=1e-4)
+        assert w.passed == bool(row.passed) and w.replay_s < 1.0
+
+
+def test_no_measurement_and_named_errors():
+    w = W.run("moe M=16 cpu_flag eager", "scale_host", factor=0.5)
+    assert w.measured is None and w.passed is None and np.isnan(w.err_pct)
+    assert w.predicted_ms < w.source_ms  # a faster host: a host-bound forward gets shorter
+    with pytest.raises(R.GraphError, match="no syncs"):
+        W.run("moe M=16 cpu_flag eager", "remove_syncs")
+    with pytest.raises(R.UnknownTransformationError, match="unknown bench transformation"):
+        W.run("moe M=16 cpu_flag eager", "fix_everything")
+    with pytest.raises(W.UnknownSourceError, match="no recorded trace named"):
+        W.run("moe M=17 cpu_flag eager")
+
+
+def test_replay_tables_hold_the_replayed_forward():
+    from lora_moe_lab.ui import plots
+
+    w = W.run("moe M=4096 cpu_flag eager", "add_syncs")
+    t = w.tables()
+    assert len(t.kernels) == w.graph.n_kernels and len(t.syncs) == w.graph.n_syncs == 48
+    assert int(t.kernels["end_ns"].max()) == int(w.result.k_end.max())
+    assert plots.timeline(t, forward=0).data
+
+
+def test_guard_predictions():
+    p = W.guard_predictions(4096).set_index("guard")
+    assert p.loc["sync", "syncs_per_forward"] == 48 and p.loc["cpu_flag", "syncs_per_forward"] == 0
+    assert p.loc["sync", "held_out"] and p.loc["sync", "forward_ms"] > p.loc["cpu_flag", "forward_ms"]
+    assert len(W.guard_predictions(16, layers=16)) == 3
+    with pytest.raises(W.TracedPointError, match="no profiled forward at M=128"):
+        W.guard_predictions(128)
+    with pytest.raises(W.TracedPointError, match="multiples of 8"):
+        W.guard_predictions(16, layers=12)
+
+
+def test_recorded_simulator_vs_replay():
+    d = pd.read_csv(W.DATA / "replay" / "simulator_vs_replay.csv", dtype={"config": str})
+    cmp_ = d[d["simulator_ms"].notna()]
+    assert len(cmp_) and (cmp_["agrees"] == (cmp_["sim_vs_replay_pct"].abs() <= 100 * W.TOL)).all()
+    assert not d.loc[d["simulator_ms"].isna(), "agrees"].any()
