@@ -32,9 +32,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pandas as pd  # noqa: E402
 
-from lora_moe_lab.instruments import prefill as P, signature as S  # noqa: E402
-from lora_moe_lab.model.decoder import SITE_POINTS  # noqa: E402
-from lora_moe_lab.model.guards import guard_sync_events  # noqa: E402
+from lora_moe_lab.instruments import prefill as P  # noqa: E402
+from lora_moe_lab.instruments.clocks import ClockLog  # noqa: E402
 from lora_moe_lab.provenance import metadata  # noqa: E402
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS  # noqa: E402
 
@@ -43,69 +42,8 @@ TARGET_LATER_US = PS["later_blocked_mean_us"]  # ~30 ms over production's other 
 GUARDS = ["sync", "cpu_flag"]
 
 
-class ClockLog:
-    """Samples the card every 100 ms while the tasks run (read only: nvidia-smi's query loop),
-    each line stamped on arrival with time.time(), the clock the rows' `t_unix` use. It answers
-    "did the same kernels run at other clocks under `sync` than under `cpu_flag`?" with a reading."""
-
-    FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu"  # + the reason clocks are held down
-
-    def __init__(self, path: Path):
-        import shutil
-        import subprocess
-        import threading
-
-        self.path, self.proc = path, None
-        exe = shutil.which("nvidia-smi")
-        if exe is None:
-            return
-        fields = self.FIELDS
-        for reason in ("clocks_event_reasons.active", "clocks_throttle_reasons.active", ""):
-            fields = self.FIELDS + ("," + reason if reason else ",temperature.gpu")  # keep 5 columns
-            if subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True).returncode == 0:
-                break
-        self.proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "100"],
-                                     stdout=subprocess.PIPE, text=True)
-        self.f = open(path, "w")
-        self.f.write("t_unix,sm_mhz,mem_mhz,power_w,temp_c,throttle\n")
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.f.write(f"{time.time():.3f},{','.join(v.strip() for v in line.split(','))}\n")
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.thread.join(timeout=2)
-            self.f.close()
-
-
-def host_work_flags(site_counts) -> list[bool]:
-    """Per guard sync of one forward, in order: does host work at a call point come right before
-    it? The decoder asks each layer's sites point by point (model/decoder.py: GuardSites)."""
-    flags = []
-    for n in site_counts:
-        for j in range(len(SITE_POINTS)):
-            c = len(range(j, n, len(SITE_POINTS)))
-            flags += [True] + [False] * (c - 1) if c else []
-    return flags
-
-
 def calibrate(lab, plan, names) -> dict:
-    """One unprofiled `sync` prefill at the lab's own regime; the host work per layer that brings
-    the later syncs of its second forward to TARGET_LATER_US (signature.host_cost_for_lead)."""
-    d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names))
-    d.warmup("sync")
-    d.barrier()
-    with guard_sync_events() as ev:
-        d.run("sync")
-    per = sum(lab.model.site_counts)
-    fwd = [e.blocked_ns / 1e3 for e in ev[per:2 * per]]  # forward 1: the steady state
-    h = S.host_cost_for_lead(fwd, host_work_flags(lab.model.site_counts), TARGET_LATER_US)
-    return dict(host_us_per_point=h, host_us_per_layer=h * len(SITE_POINTS), target_later_us=TARGET_LATER_US,
-                measured_later_mean_us=float(pd.Series(fwd[1:]).mean()), first_us=fwd[0])
+    return P.calibrate_host_work(lab, plan, names, TARGET_LATER_US)
 
 
 def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session, traces=True) -> pd.DataFrame:

@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from lora_moe_lab.instruments import prefill as P
+from lora_moe_lab.instruments.clocks import ClockLog
 from lora_moe_lab.model import tp as TP
 from lora_moe_lab.provenance import DATA, gpu_state, metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
@@ -55,6 +56,22 @@ def fit_collectives(out: Path = E.COST_FILE) -> dict:
     print(f"{out}: {cost.bus_gbps:.1f} GB/s bus bandwidth ({info['median_us']:.1f} us for "
           f"{info['nbytes'] / 2**20:.0f} MiB at TP=2); {cost.source}")
     return doc
+
+
+def summarize(folder: Path = E.FOLDER) -> None:
+    """validation.csv (TP=2 emulated vs measured) and prediction.csv (TP=4) from every session."""
+    sessions = E.load_sessions(folder)
+    v, p = E.tp2_validation(sessions), E.tp4_prediction(sessions)
+    meta = metadata(params=dict(sessions=sorted(sessions), pass_pct=E.PASS_PCT,
+                                measured={k: str(x.relative_to(DATA.parent)) for k, x in E.TP2_MEASURED.items()},
+                                method="sim/tp_emulation.py; intervals: stats.between_sessions of each session's "
+                                       "order-statistic (forward) or paired-bootstrap (gain) 95 % interval"))
+    for name, df in (("validation", v), ("prediction", p)):
+        df.to_csv(folder / f"{name}.csv", index=False)
+        (folder / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(v.to_string(index=False, float_format="{:.2f}".format))
+    print(f"TP=2 check: {int(v['passed'].sum())} of {len(v)} points pass")
+    print(p.to_string(index=False, float_format="{:.2f}".format))
 
 
 def parse_task(task: str) -> tuple[int, str, int]:
@@ -94,7 +111,9 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
                chunk=plan.chunk, guard_sites=gs)
     t = time.monotonic()
     n0, us0 = group.collectives, group.collective_us
-    rows = P.measure({"none": d}, GUARDS, a.reps, key=key, profile=False, deadline=deadline, progress=False,
+    # the check's tasks profile two steady forwards per guard first (GPU idle, like with like with
+    # the TP=2 traces); their timed rows are unprofiled, as everywhere
+    rows = P.measure({"none": d}, GUARDS, a.reps, key=key, profile=size == 2, deadline=deadline, progress=False,
                      warmup_reps=1)
     df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=a.session, task=task, emulated=True,
                                                       bus_gbps=cost.bus_gbps)
@@ -106,7 +125,7 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
           f"{(group.collective_us - us0) / max(n, 1):.1f} us each", flush=True)
     cols = ["guard", "reps", "warmup_dropped", "forward_median_ms", "forward_median_ms_lo", "forward_median_ms_hi",
             "fix_throughput_gain_pct", "fix_throughput_gain_pct_lo", "fix_throughput_gain_pct_hi",
-            "fix_ttft_change_pct", "later_blocked_mean_us"]
+            "fix_ttft_change_pct", "later_blocked_mean_us", "gpu_idle_ms", "gpu_idle_after_sync_ms", "gpu_busy_ms"]
     print(s[[c for c in cols if c in s]].to_string(index=False, float_format="{:.2f}".format), flush=True)
     return s
 
@@ -131,9 +150,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", nargs="+", default=TASKS, help=f"default: {' '.join(TASKS)}")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
     ap.add_argument("--fit-collectives", action="store_true", help="write data/tp_emulation/allreduce.json and stop")
+    ap.add_argument("--summarize", action="store_true",
+                    help="CPU: data/tp_emulation/{validation,prediction}.csv from the sessions there, and stop")
     a = ap.parse_args(argv)
     if a.fit_collectives:
         fit_collectives()
+        return 0
+    if a.summarize:
+        summarize()
         return 0
     for t in a.tasks:
         if t not in TASKS:
@@ -152,12 +176,14 @@ def main(argv=None) -> int:
     meta = metadata(params=dict(params, guards=GUARDS, adapters="none", bus_gbps=cost.bus_gbps,
                                 allreduce_source=cost.source))
     labs, cal = {}, {}
+    clocks = ClockLog(work / "clocks.csv")
     for task in a.tasks:
         if time.monotonic() > deadline:
             print(f"SKIP {task}: past the deadline", flush=True)
             continue
         run_task(task, labs, cost, names, a, work, deadline, cal)
         pack(work, out, a.session, meta, cal, t0)  # after every task: a killed call still returns data
+    clocks.close()
     pack(work, out, a.session, meta, cal, t0)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
