@@ -127,18 +127,28 @@ def classify(func, args, kwargs, device_type: str) -> tuple[str, str] | None:
             return "shape", "repeat_interleave (no output_size)"
         return None
     if func in _COPIES:
-        op = _COPIES[func]
-        if device_type == "cuda":
-            return ("pageable", op) if sync_check.pageable_upload(func, args, kwargs) is not None else None
-        if op == "Tensor.copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):  # CPU-only machine
-            nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            return ("pageable", op) if nb and not args[1].is_pinned() else None
-        return None
-    if device_type == "cuda" and name == "to" and first is not None and first.is_cuda:
-        dev = next((a for a in list(args[1:]) + list(kwargs.values())
-                    if isinstance(a, (str, torch.device))), None)
-        if dev is not None and torch.device(dev).type == "cpu":
-            return "d2h", "to(cpu)"
+        return _classify_copy(func, _COPIES[func], args, kwargs, device_type)
+    return None
+
+
+def _classify_copy(func, op, args, kwargs, device_type):
+    if device_type == "cuda":
+        if sync_check.pageable_upload(func, args, kwargs) is not None:
+            return "pageable", op
+        src = args[1] if op == "Tensor.copy_" and len(args) > 1 else (args[0] if args else None)
+        if op == "Tensor.copy_":
+            to_host = isinstance(src, torch.Tensor) and src.is_cuda and args[0].device.type == "cpu"
+        else:  # .to(...): a CPU target among the arguments
+            dev = next((a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, (str, torch.device))),
+                       None)
+            to_host = (isinstance(src, torch.Tensor) and src.is_cuda and dev is not None
+                       and torch.device(dev).type == "cpu")
+        nb = kwargs.get("non_blocking", False) or any(a is True for a in args[2:])
+        return ("d2h", f"{op} to the host") if to_host and not nb else None
+    # CPU-only machine: a non_blocking copy_ from an unpinned tensor is the upload it would be
+    if op == "Tensor.copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return ("pageable", op) if nb and not args[1].is_pinned() else None
     return None
 
 
@@ -170,6 +180,7 @@ class AuditReport:
     estimate_note: str = ""
     notes: list = dataclasses.field(default_factory=list)
     trace: object = None  # TraceTables of the profiled call (CUDA)
+    ranges: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> [(start_ns, end_ns)] in it
     overhead_s: float = math.nan  # audit time beyond the forward's own calls
 
     @property
@@ -378,6 +389,15 @@ class _Session:
             for _ in range(max(0, n - mine.get(site, 0))):
                 self.rep.events.append(SyncEventRecord("other", "sync debug mode", site, "?", -1, 0, 0))
 
+    def _no_work(self, tables) -> bool:
+        if len(tables.kernels):
+            return False
+        msg = ("the forward launched no CUDA work (no kernel, copy or memset in the profiled call): "
+               "are its tensors on the CPU? There is nothing on the GPU to sync with")
+        self.rep.notes.append(msg)
+        warnings.warn(msg, NoCudaWork, stacklevel=5)
+        return True
+
     def profile(self, call: Callable[[], object]):
         """ONE profiled call (CUDA): GPU idle after each site's syncs and the replay's saving."""
         from . import trace as T
@@ -392,11 +412,7 @@ class _Session:
 
         tables = T.profile_forwards(run, n_warmup=0, n_active=1)
         self.rep.trace = tables
-        if not len(tables.kernels):
-            msg = ("the forward launched no CUDA work (no kernel, copy or memset in the profiled call): "
-                   "its tensors are on the CPU? Nothing on the GPU to sync with")
-            self.rep.notes.append(msg)
-            warnings.warn(msg, NoCudaWork, stacklevel=4)
+        if self._no_work(tables):
             return
         ann = tables.annotations
         ann = ann[ann["name"].str.startswith("audit_sync_")]
@@ -405,6 +421,7 @@ class _Session:
             i = int(r.name.rsplit("_", 1)[1])
             if i < len(marks):
                 ranges[marks[i]].append((int(r.start_ns), int(r.end_ns)))
+        self.rep.ranges = dict(ranges)
         k = tables.kernels.sort_values("start_ns")
         ks, ke = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
         for key, rs in ranges.items():

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Size", "Pattern", "Case", "PATTERNS", "build", "names"]
+__all__ = ["Size", "Pattern", "Case", "PATTERNS", "KINDS_SEEN", "build", "names", "equal", "recorded"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,11 +373,66 @@ def names() -> list[str]:
     return [p.name for p in PATTERNS]
 
 
+_BASE: dict = {}  # (size, device, seed) -> the shared base model (one at a time: H200 weights are 128 MB)
+
+
 def build(name: str, size: Size | None = None, device="cpu", seed: int = 0) -> Case:
-    """The pattern's original and rewrite forwards on `device`, same weights and inputs."""
+    """The pattern's original and rewrite forwards on `device`, same weights and inputs. The base
+    model is shared between patterns; each pattern's own tensors come from its own seed."""
     if name not in _BY_NAME:
         raise KeyError(f"unknown pattern {name!r}; choose one of {names()}")
     s = size or Size()
-    m = _Model(s, device, seed)
+    key = (s, str(torch.device(device)), seed)
+    if key not in _BASE:
+        _BASE.clear()
+        _BASE[key] = _Model(s, device, seed)
+    m = _BASE[key]
+    m.gen = torch.Generator().manual_seed(seed + 1 + names().index(name))
     orig, fix = _BY_NAME[name].make(m)
     return Case(_BY_NAME[name], s, lambda: m.forward(orig), lambda: m.forward(fix))
+
+
+def equal(case: Case) -> tuple[bool, float]:
+    """(rewrite matches the original, relative Frobenius error): bit for bit where the pattern is
+    exact, else within 1e-5 (fp32: the rewrite reorders a reduction, e.g. another GEMM shape)."""
+    a, b = case.original(), case.rewrite()
+    err = float(((a.double() - b.double()).norm() / a.double().norm().clamp_min(1e-300)).item())
+    return (bool(torch.equal(a, b)) if case.pattern.exact else err < 1e-5), err
+
+
+# --- the H200 recordings (scripts/record_hidden_syncs.py -> data/hidden_syncs/) ----------------------
+def recorded(folder=None):
+    """One row per pattern over the recorded sessions (hidden_syncs_s*.csv): the cost per occurrence
+    (µs) and the forward's saving (µs) as stats.between_sessions gives them (mean of the sessions,
+    the union of their 95 % intervals, `agree`), with the method and the sessions read. None when
+    nothing is recorded yet."""
+    import glob
+    import os
+    import re
+
+    import pandas as pd
+
+    from ..provenance import DATA
+    from .stats import between_sessions
+
+    folder = str(folder or DATA / "hidden_syncs")
+    files = sorted(f for f in glob.glob(os.path.join(folder, "hidden_syncs_s*.csv"))
+                   if re.fullmatch(r"hidden_syncs_s\d+\.csv", os.path.basename(f)))  # not a smoke run
+    if not files:
+        return None
+    # the session is the file's (hidden_syncs_<session>.csv): one file per device session
+    d = pd.concat([pd.read_csv(f).assign(session=os.path.basename(f)[13:-4]) for f in files], ignore_index=True)
+    rows = []
+    for name, g in d.groupby("pattern", sort=False):
+        ok = g[g["status"] == "ok"]
+        occ = between_sessions(*ok[["per_occ_us", "per_occ_lo_us", "per_occ_hi_us"]].itertuples(index=False))
+        fwd = between_sessions(*ok[["diff_us", "diff_lo_us", "diff_hi_us"]].itertuples(index=False))
+        rows.append(dict(pattern=name, kind=g["kind"].iloc[0], occurrences=g["occurrences"].median(),
+                         per_occ_us=occ["estimate"], per_occ_lo_us=occ["lo"], per_occ_hi_us=occ["hi"],
+                         diff_us=fwd["estimate"], diff_lo_us=fwd["lo"], diff_hi_us=fwd["hi"],
+                         original_ms=ok["original_ms"].mean() if len(ok) else float("nan"),
+                         agree=occ["agree"], sessions=", ".join(ok["session"].astype(str)),
+                         unstable=", ".join(g.loc[g["status"] != "ok", "session"].astype(str)),
+                         n=int(ok["n"].min()) if len(ok) else 0, method=g["method"].iloc[0],
+                         gpu=g["gpu"].iloc[0] if "gpu" in g else ""))
+    return pd.DataFrame(rows)
