@@ -292,7 +292,7 @@ class ReplayBenchPanel(widgets.BenchPanel):
                 why
                 or f"no profiled forward at M={int(p['tokens'])} (traced: M = {traced}): no prediction here"
             )
-            return f"{head}<br>{why}"
+            return f"{head} — {p['guard']} at M={int(p['tokens'])}: no replay prediction<br>{why}"
         return (
             f"{head} — {p['guard']} at M={int(p['tokens'])}: replay {sel['forward_ms'].iloc[0]:.3f} ms"
             + f" ({sel['method'].iloc[0].split(':')[0]})<br>{vs_recorded(sel.iloc[0], rec)}"
@@ -321,6 +321,11 @@ class ReplayBenchPanel(widgets.BenchPanel):
                         method=r.method,
                     )
                 )
+            if not len(sel):  # the row says why there is no prediction (Run always answers)
+                rows.append(dict(base, guard=g, source="replay: none", median_ms=np.nan,
+                                 lo_ms=np.nan, hi_ms=np.nan,
+                                 interval="", syncs_per_forward=np.nan, reps=0, method="",
+                                 vs_recorded=why or f"no profiled forward at M={int(p['tokens'])}"))
             for h in rec[(rec["guard"] == g) & (rec["tokens"] == int(p["tokens"]))].itertuples():
                 rows.append(
                     dict(
