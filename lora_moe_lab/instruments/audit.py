@@ -34,6 +34,7 @@ unpinned tensor counts there (the upload it would be); a `.to(device)` does not 
 Limits: torch calls only (a C extension that syncs inside is seen on a GPU by the debug mode,
 with the site of the torch call that led to it, or by the profiler, unattributed); one thread.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,18 @@ from torch.overrides import TorchFunctionMode
 
 from . import sync_check, syncs
 
-__all__ = ["audit", "AuditReport", "SyncEventRecord", "KINDS", "AuditError", "SpecError", "NoCudaWork",
-           "set_saving_estimator", "classify", "main"]
+__all__ = [
+    "audit",
+    "AuditReport",
+    "SyncEventRecord",
+    "KINDS",
+    "AuditError",
+    "SpecError",
+    "NoCudaWork",
+    "set_saving_estimator",
+    "classify",
+    "main",
+]
 
 # kind -> what the reader sees
 KINDS = {
@@ -64,7 +75,7 @@ KINDS = {
     "tolist": ".tolist(): reads a device tensor into Python",
     "d2h": ".cpu() / .numpy() / print: a device-to-host copy",
     "shape": "data-dependent shape (nonzero, where(cond), mask indexing, unique, bincount, "
-             "repeat_interleave without output_size)",
+    "repeat_interleave without output_size)",
     "pageable": "non_blocking copy from pageable host memory (runs synchronously)",
     "synchronize": "stream / event / device synchronize",
     "allocator": "caching-allocator growth / empty_cache (cudaMalloc, cudaFree)",
@@ -139,10 +150,16 @@ def _classify_copy(func, op, args, kwargs, device_type):
         if op == "Tensor.copy_":
             to_host = isinstance(src, torch.Tensor) and src.is_cuda and args[0].device.type == "cpu"
         else:  # .to(...): a CPU target among the arguments
-            dev = next((a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, (str, torch.device))),
-                       None)
-            to_host = (isinstance(src, torch.Tensor) and src.is_cuda and dev is not None
-                       and torch.device(dev).type == "cpu")
+            dev = next(
+                (a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, (str, torch.device))),
+                None,
+            )
+            to_host = (
+                isinstance(src, torch.Tensor)
+                and src.is_cuda
+                and dev is not None
+                and torch.device(dev).type == "cpu"
+            )
         nb = kwargs.get("non_blocking", False) or any(a is True for a in args[2:])
         return ("d2h", f"{op} to the host") if to_host and not nb else None
     # CPU-only machine: a non_blocking copy_ from an unpinned tensor is the upload it would be
@@ -215,44 +232,81 @@ class AuditReport:
         for (site, fn, kind), evs in g.items():
             b = pd.Series([e.blocked_ns for e in evs], dtype=float) / 1e3
             sv = self.saving_ns.get((site, kind))
-            rows.append(dict(site=site, function=fn, kind=kind, ops=", ".join(sorted({e.op for e in evs})),
-                             count_per_call=len(evs) / self.reps, host_blocked_us=float(b.median()),
-                             host_blocked_us_per_call=float(b.sum()) / self.reps, timed_on=self.timed_on,
-                             gpu_idle_after_us=self.gpu_idle_ns.get((site, kind), math.nan) / 1e3,
-                             saving_us=math.nan if sv is None else sv / 1e3,
-                             estimate="replay" if sv is not None else self._why_not(kind),
-                             torch_count=(self.torch_counts.get(site, 0) / self.reps
-                                          if self.device == "cuda" else math.nan)))
-        cols = ["site", "function", "kind", "ops", "count_per_call", "host_blocked_us", "host_blocked_us_per_call",
-                "timed_on", "gpu_idle_after_us", "saving_us", "estimate", "torch_count"]
+            rows.append(
+                dict(
+                    site=site,
+                    function=fn,
+                    kind=kind,
+                    ops=", ".join(sorted({e.op for e in evs})),
+                    count_per_call=len(evs) / self.reps,
+                    host_blocked_us=float(b.median()),
+                    host_blocked_us_per_call=float(b.sum()) / self.reps,
+                    timed_on=self.timed_on,
+                    gpu_idle_after_us=self.gpu_idle_ns.get((site, kind), math.nan) / 1e3,
+                    saving_us=math.nan if sv is None else sv / 1e3,
+                    estimate="replay" if sv is not None else self._why_not(kind),
+                    torch_count=(
+                        self.torch_counts.get(site, 0) / self.reps if self.device == "cuda" else math.nan
+                    ),
+                )
+            )
+        cols = [
+            "site",
+            "function",
+            "kind",
+            "ops",
+            "count_per_call",
+            "host_blocked_us",
+            "host_blocked_us_per_call",
+            "timed_on",
+            "gpu_idle_after_us",
+            "saving_us",
+            "estimate",
+            "torch_count",
+        ]
         df = pd.DataFrame(rows, columns=cols)
         if len(df):
-            df = df.sort_values(["saving_us", "gpu_idle_after_us", "count_per_call"], ascending=False,
-                                na_position="last", kind="stable").reset_index(drop=True)
+            df = df.sort_values(
+                ["saving_us", "gpu_idle_after_us", "count_per_call"],
+                ascending=False,
+                na_position="last",
+                kind="stable",
+            ).reset_index(drop=True)
         return df
 
     def _why_not(self, kind: str) -> str:
         if self.device != "cuda":
             return f"{NOT_ESTIMATED} (CPU: no device)"
-        return f"{NOT_ESTIMATED} ({self.estimate_note or 'no blocking runtime call of this site in the trace'})"
+        return (
+            f"{NOT_ESTIMATED} ({self.estimate_note or 'no blocking runtime call of this site in the trace'})"
+        )
 
     def summary(self, top: int = 10) -> str:
         t = self.table()
-        head = (f"{self.count:g} host-device sync(s) per call on the {self.timed_on} "
-                f"({len(t)} site/kind row(s), {self.reps} call(s) audited)")
+        head = (
+            f"{self.count:g} host-device sync(s) per call on the {self.timed_on} "
+            f"({len(t)} site/kind row(s), {self.reps} call(s) audited)"
+        )
         if self.device != "cuda":
             head += "; CPU-only: the calls that would sync on a GPU, times are CPU times, nothing estimated"
         lines = [head]
         for r in t.head(top).itertuples():
-            cost = (f", GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
-                    if self.device == "cuda" else "")
-            lines.append(f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops})"
-                         f" blocked {r.host_blocked_us:.1f} us each [{r.timed_on}]{cost}")
+            cost = (
+                f", GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
+                if self.device == "cuda"
+                else ""
+            )
+            lines.append(
+                f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops})"
+                f" blocked {r.host_blocked_us:.1f} us each [{r.timed_on}]{cost}"
+            )
         if len(t) > top:
             lines.append(f"  ... {len(t) - top} more row(s)")
         if self.device == "cuda" and math.isfinite(self.total_saving_ns):
-            lines.append(f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
-                         "(replay of the profiled forward)")
+            lines.append(
+                f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
+                "(replay of the profiled forward)"
+            )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -294,18 +348,25 @@ class _Interceptor(TorchFunctionMode):
             if self.mark:
                 self.marks.append((site, hit[0]))
         elif self.watch_alloc and torch.cuda.memory_reserved() > before:  # cudaMalloc inside this call
-            self.record("allocator", f"{getattr(func, '__name__', func)} (reserved memory grew)",
-                        sys._getframe(1), t0, t1)
+            self.record(
+                "allocator",
+                f"{getattr(func, '__name__', func)} (reserved memory grew)",
+                sys._getframe(1),
+                t0,
+                t1,
+            )
         return out
 
 
 @contextlib.contextmanager
 def _patched_syncs(on_call):
     """Explicit synchronize / empty_cache calls are not torch functions: wrap them for the region."""
-    targets = [(torch.cuda, "synchronize", "synchronize", "torch.cuda.synchronize"),
-               (torch.cuda.Stream, "synchronize", "synchronize", "Stream.synchronize"),
-               (torch.cuda.Event, "synchronize", "synchronize", "Event.synchronize"),
-               (torch.cuda, "empty_cache", "allocator", "torch.cuda.empty_cache")]
+    targets = [
+        (torch.cuda, "synchronize", "synchronize", "torch.cuda.synchronize"),
+        (torch.cuda.Stream, "synchronize", "synchronize", "Stream.synchronize"),
+        (torch.cuda.Event, "synchronize", "synchronize", "Event.synchronize"),
+        (torch.cuda, "empty_cache", "allocator", "torch.cuda.empty_cache"),
+    ]
     saved = []
     for obj, attr, kind, op in targets:
         orig = getattr(obj, attr, None)
@@ -369,7 +430,9 @@ class _Session:
 
     def on_call(self, kind, op, frame, t0, t1):
         f = syncs.user_frame(frame)
-        self.on_event(kind, op, syncs._fmt_site(f.f_code.co_filename, f.f_lineno), syncs.frame_function(f), t0, t1)
+        self.on_event(
+            kind, op, syncs._fmt_site(f.f_code.co_filename, f.f_lineno), syncs.frame_function(f), t0, t1
+        )
 
     @contextlib.contextmanager
     def detecting(self, i: int):
@@ -392,8 +455,10 @@ class _Session:
     def _no_work(self, tables) -> bool:
         if len(tables.kernels):
             return False
-        msg = ("the forward launched no CUDA work (no kernel, copy or memset in the profiled call): "
-               "are its tensors on the CPU? There is nothing on the GPU to sync with")
+        msg = (
+            "the forward launched no CUDA work (no kernel, copy or memset in the profiled call): "
+            "are its tensors on the CPU? There is nothing on the GPU to sync with"
+        )
         self.rep.notes.append(msg)
         warnings.warn(msg, NoCudaWork, stacklevel=5)
         return True
@@ -442,16 +507,25 @@ class _Session:
             self.rep.estimate_note = f"the replay failed: {type(e).__name__}: {e}"
 
 
-def audit(fn: Callable | None = None, *args, warmup: int = 1, reps: int = 1, device: str | None = None,
-          profile: bool = True, **kw):
+def audit(
+    fn: Callable | None = None,
+    *args,
+    warmup: int = 1,
+    reps: int = 1,
+    device: str | None = None,
+    profile: bool = True,
+    **kw,
+):
     """Audit `fn(*args, **kw)`: `warmup` plain calls, `reps` detection calls, then (on CUDA, with
     `profile`) one profiled call. Returns an AuditReport. Without `fn`: a context manager that
     audits its block once (detection only; `.profiled` is False) and yields the report.
     An exception of `fn` propagates unchanged (its own traceback, a note added)."""
     if fn is None:
         if args or kw:
-            raise AuditError("audit() as a context manager takes no arguments for a forward: "
-                             "use `with audit() as rep:` or audit(fn, *args)")
+            raise AuditError(
+                "audit() as a context manager takes no arguments for a forward: "
+                "use `with audit() as rep:` or audit(fn, *args)"
+            )
         return _block(device, warmup)
     _check(fn, warmup, reps)
     s = _Session(device, reps)
@@ -538,9 +612,13 @@ def _inputs(factory) -> tuple[tuple, dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.audit", description=(
-        "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
-        "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."))
+    ap = argparse.ArgumentParser(
+        prog="python -m lora_moe_lab.instruments.audit",
+        description=(
+            "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
+            "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."
+        ),
+    )
     ap.add_argument("callable", help="module:callable to audit, e.g. mypkg.models:forward")
     ap.add_argument("--inputs", help="module:factory returning its arguments (tuple, dict or one value)")
     ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")

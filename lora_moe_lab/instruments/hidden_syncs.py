@@ -13,6 +13,7 @@ idles while the host issues the next layer (the bubble). Metadata a serving engi
 host (request lengths, which request has an adapter) is built once per batch, outside the forward,
 from Python lists, and uploaded with one pinned non_blocking copy (as model/lora.py does).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,18 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Size", "Pattern", "Case", "PATTERNS", "KINDS_SEEN", "build", "names", "equal", "recorded"]
+__all__ = [
+    "Size",
+    "Pattern",
+    "Case",
+    "PATTERNS",
+    "KINDS_SEEN",
+    "build",
+    "names",
+    "equal",
+    "measure",
+    "recorded",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +107,10 @@ class _Model:
         H = s.hidden
         self.s, self.dev = s, torch.device(device)
         self.x = torch.randn(s.tokens, H, generator=g).to(device)
-        self.W = [[(torch.randn(H, H, generator=g) / H ** 0.5).to(device) for _ in range(s.work)]
-                  for _ in range(s.layers)]
+        self.W = [
+            [(torch.randn(H, H, generator=g) / H**0.5).to(device) for _ in range(s.work)]
+            for _ in range(s.layers)
+        ]
         self.gen = g
 
     def rand(self, *shape, scale=1.0):
@@ -125,6 +139,7 @@ def _lora_guard(m: _Model):
 
     def fix(layer, h):
         return h + (h @ A) @ B if has_active else h
+
     return orig, fix
 
 
@@ -136,12 +151,13 @@ def _if_tensor(m: _Model):
 
     def fix(layer, h):
         return torch.nan_to_num(h) * 0.5  # always: identity on finite values, no host decision
+
     return orig, fix
 
 
 def _tolist_routing(m: _Model):
     E, H, D = m.s.experts, m.s.hidden, max(1, m.s.hidden // 16)
-    Wg, We, Wo = m.rand(H, E), m.rand(E, H, D, scale=H ** -0.5), m.rand(D, H, scale=D ** -0.5)
+    Wg, We, Wo = m.rand(H, E), m.rand(E, H, D, scale=H**-0.5), m.rand(D, H, scale=D**-0.5)
     M = m.s.tokens
 
     def orig(layer, h):
@@ -158,6 +174,7 @@ def _tolist_routing(m: _Model):
         ids = torch.argmax(h @ Wg, dim=1)
         y = torch.bmm(h.expand(E, M, H), We)  # every expert on every token: static shapes (E x the FLOPs)
         return y[ids, torch.arange(M, device=h.device)] @ Wo
+
     return orig, fix
 
 
@@ -168,6 +185,7 @@ def _nonzero_where(m: _Model):
 
     def fix(layer, h):
         return torch.where((h[:, 0] > 0)[:, None], h * 2, h)  # three-argument where: static shape
+
     return orig, fix
 
 
@@ -180,6 +198,7 @@ def _mask_index(m: _Model):
 
     def fix(layer, h):
         return torch.where((h[:, 1] > 0)[:, None], torch.relu(h) * 3, h)
+
     return orig, fix
 
 
@@ -197,6 +216,7 @@ def _unique(m: _Model):
         ids = torch.argmax(h @ Wg, dim=1)
         used = torch.zeros(E, device=h.device).scatter_(0, ids, 1.0)  # a fixed-size mask instead
         return h * (1.0 + used.mean())
+
     return orig, fix
 
 
@@ -212,6 +232,7 @@ def _repeat_interleave(m: _Model):
 
     def fix(layer, h):
         return h + bias[torch.repeat_interleave(req, counts, output_size=M)]  # M known on the host
+
     return orig, fix
 
 
@@ -226,6 +247,7 @@ def _max_item(m: _Model):
 
     def fix(layer, h):
         return torch.cat([h[:, :n_host] * 1.5, h[:, n_host:]], dim=1)  # the batch's max, from its list
+
     return orig, fix
 
 
@@ -240,6 +262,7 @@ def _cpu_log(m: _Model):
     def fix(layer, h):
         stats[layer] = h.norm()  # kept on the device; read once, after the step, if at all
         return h
+
     return orig, fix
 
 
@@ -260,6 +283,7 @@ def _pageable_copy(m: _Model):
         if layer == 0:  # one upload per forward from the pinned buffer (never rewritten while in flight)
             dev_all.copy_(pinned, non_blocking=pinned.is_pinned())
         return h * dev_all[layer]
+
     return orig, fix
 
 
@@ -274,6 +298,7 @@ def _allocator(m: _Model):
 
     def fix(layer, h):
         return torch.mul(h, 2.0, out=ws)  # a workspace allocated once, outside the forward
+
     return orig, fix
 
 
@@ -282,7 +307,7 @@ def _mamba_mask(m: _Model):
     track = [i % 2 == 0 for i in range(R)]  # which requests' states to keep: known at batch time
     mask = _upload(track, m.dev, torch.bool)
     idx_dev = _upload([i for i, t in enumerate(track) if t], m.dev)
-    last = _upload([sum(_lens(m.s)[:i + 1]) - 1 for i in range(R)], m.dev)
+    last = _upload([sum(_lens(m.s)[: i + 1]) - 1 for i in range(R)], m.dev)
     has_track = any(track)
     states = torch.zeros(m.s.layers, R, m.s.hidden, device=m.dev)
 
@@ -300,7 +325,9 @@ def _mamba_mask(m: _Model):
     def wrap(step):
         def f(layer, h):
             return step(layer, h) + 0 * states[layer].sum()  # the states are an output too
+
         return f
+
     return wrap(orig), wrap(fix)
 
 
@@ -320,49 +347,143 @@ def _offsets_item(m: _Model):
     def fix(layer, h):
         total = offsets_host[-1]  # the same number, from the host's list
         return torch.cat([h[:total] * 0.9, h[total:] * 0])
+
     return orig, fix
 
 
 PATTERNS = [
-    Pattern("lora_guard", "the LoRA guard: adapter_enabled.any().item() per layer", "item", 1,
-            "sgl-project/sglang#25531: 260 syncs per forward; +14.4 % input throughput, -12.6 % TTFT when removed",
-            "host-side metadata: has_active_lora from the batch's Python lists", True, _lora_guard),
-    Pattern("if_tensor", "`if tensor:` (an overflow check)", "item", 1,
-            "the implicit bool() behind `if tensor:` is an .item()",
-            "static shapes: do the cheap op unconditionally on the device", True, _if_tensor),
-    Pattern("tolist_routing", ".tolist() of routing counts to split tokens per expert", "tolist", 1,
-            "MoE routing read back to size per-expert GEMMs; grouped kernels read counts on the device",
-            "static shapes: every expert on a fixed layout (this lab's fused_moe reads counts on the GPU)",
-            False, _tolist_routing),
-    Pattern("nonzero_where", "torch.where(cond) / nonzero to pick rows", "shape", 1,
-            "one-argument where is nonzero: its length is device data",
-            "three-argument torch.where: a static shape", True, _nonzero_where),
-    Pattern("mask_index", "boolean-mask indexing: h[mask] = f(h[mask])", "shape", 2,
-            "a boolean index is a nonzero on the read and on the write",
-            "torch.where over all rows (or masked_fill): a static shape", True, _mask_index),
-    Pattern("unique", "torch.unique of expert ids", "shape", 1,
-            "unique's output length is device data",
-            "a fixed-size mask by scatter_ (bincount syncs on CUDA too: it sizes its output)", True, _unique),
-    Pattern("repeat_interleave", "repeat_interleave without output_size", "shape", 1,
-            "this lab's own batch upload passes output_size=M (model/lora.py)",
-            "output_size from the host's token count", True, _repeat_interleave),
-    Pattern("max_item", "max().item() to size a buffer", "item", 1,
-            "a padded buffer sized by the longest request, read from the device",
-            "host-side metadata: the batch's max length from its list (or a static bound)", True, _max_item),
-    Pattern("cpu_log", ".cpu() / print of a tensor in the forward", "d2h", 1,
-            "debug logging left in a forward", "keep values on the device; read after the step", True, _cpu_log),
-    Pattern("pageable_copy", "non_blocking=True copy from pageable memory", "pageable", 1,
-            "vLLM's sync check flags non_blocking copies from unpinned memory",
-            "pinned buffers: one non_blocking upload per forward", True, _pageable_copy),
-    Pattern("allocator", "cache-allocator growth inside the forward (empty_cache + fresh buffers)", "allocator", None,
-            "cudaFree synchronizes the device; cudaMalloc is slow",
-            "a workspace allocated once; no empty_cache in the forward (capture-safe too)", True, _allocator),
-    Pattern("mamba_mask", "per-layer mask .any() + nonzero()", "item", 2,
-            "sgl-project/sglang#32589: 56 syncs per prefill forward (27 mamba layers); hoisted into "
-            "per-forward metadata", "host-side metadata, once per forward", True, _mamba_mask),
-    Pattern("offsets_item", "[-1].item() of an offsets tensor in chunked prefill", "item", 1,
-            "sgl-project/sglang#33662: swa_offsets[-1].item(); removed: +12.6 % prefill throughput, "
-            "-31.6 % TTFT p50", "host-side metadata: the total from the host's offsets list", True, _offsets_item),
+    Pattern(
+        "lora_guard",
+        "the LoRA guard: adapter_enabled.any().item() per layer",
+        "item",
+        1,
+        "sgl-project/sglang#25531: 260 syncs per forward; removed: +14.4 % input throughput, -12.6 % TTFT",
+        "host-side metadata: has_active_lora from the batch's Python lists",
+        True,
+        _lora_guard,
+    ),
+    Pattern(
+        "if_tensor",
+        "`if tensor:` (an overflow check)",
+        "item",
+        1,
+        "the implicit bool() behind `if tensor:` is an .item()",
+        "static shapes: do the cheap op unconditionally on the device",
+        True,
+        _if_tensor,
+    ),
+    Pattern(
+        "tolist_routing",
+        ".tolist() of routing counts to split tokens per expert",
+        "tolist",
+        1,
+        "MoE routing read back to size per-expert GEMMs; grouped kernels read counts on the device",
+        "static shapes: every expert on a fixed layout (this lab's fused_moe reads counts on the GPU)",
+        False,
+        _tolist_routing,
+    ),
+    Pattern(
+        "nonzero_where",
+        "torch.where(cond) / nonzero to pick rows",
+        "shape",
+        1,
+        "one-argument where is nonzero: its length is device data",
+        "three-argument torch.where: a static shape",
+        True,
+        _nonzero_where,
+    ),
+    Pattern(
+        "mask_index",
+        "boolean-mask indexing: h[mask] = f(h[mask])",
+        "shape",
+        2,
+        "a boolean index is a nonzero on the read and on the write",
+        "torch.where over all rows (or masked_fill): a static shape",
+        True,
+        _mask_index,
+    ),
+    Pattern(
+        "unique",
+        "torch.unique of expert ids",
+        "shape",
+        1,
+        "unique's output length is device data",
+        "a fixed-size mask by scatter_ (bincount syncs on CUDA too: it sizes its output)",
+        True,
+        _unique,
+    ),
+    Pattern(
+        "repeat_interleave",
+        "repeat_interleave without output_size",
+        "shape",
+        1,
+        "this lab's own batch upload passes output_size=M (model/lora.py)",
+        "output_size from the host's token count",
+        True,
+        _repeat_interleave,
+    ),
+    Pattern(
+        "max_item",
+        "max().item() to size a buffer",
+        "item",
+        1,
+        "a padded buffer sized by the longest request, read from the device",
+        "host-side metadata: the batch's max length from its list (or a static bound)",
+        True,
+        _max_item,
+    ),
+    Pattern(
+        "cpu_log",
+        ".cpu() / print of a tensor in the forward",
+        "d2h",
+        1,
+        "debug logging left in a forward",
+        "keep values on the device; read after the step",
+        True,
+        _cpu_log,
+    ),
+    Pattern(
+        "pageable_copy",
+        "non_blocking=True copy from pageable memory",
+        "pageable",
+        1,
+        "vLLM's sync check flags non_blocking copies from unpinned memory",
+        "pinned buffers: one non_blocking upload per forward",
+        True,
+        _pageable_copy,
+    ),
+    Pattern(
+        "allocator",
+        "cache-allocator growth inside the forward (empty_cache + fresh buffers)",
+        "allocator",
+        None,
+        "cudaFree synchronizes the device; cudaMalloc is slow",
+        "a workspace allocated once; no empty_cache in the forward (capture-safe too)",
+        True,
+        _allocator,
+    ),
+    Pattern(
+        "mamba_mask",
+        "per-layer mask .any() + nonzero()",
+        "item",
+        2,
+        "sgl-project/sglang#32589: 56 syncs per prefill forward (27 mamba layers); hoisted into "
+        "per-forward metadata",
+        "host-side metadata, once per forward",
+        True,
+        _mamba_mask,
+    ),
+    Pattern(
+        "offsets_item",
+        "[-1].item() of an offsets tensor in chunked prefill",
+        "item",
+        1,
+        "sgl-project/sglang#33662: swa_offsets[-1].item(); removed: +12.6 % prefill throughput, "
+        "-31.6 % TTFT p50",
+        "host-side metadata: the total from the host's offsets list",
+        True,
+        _offsets_item,
+    ),
 ]
 _BY_NAME = {p.name: p for p in PATTERNS}
 # the mamba mask shows two kinds: bool() of .any() (item) and nonzero (shape)
@@ -400,6 +521,112 @@ def equal(case: Case) -> tuple[bool, float]:
     return (bool(torch.equal(a, b)) if case.pattern.exact else err < 1e-5), err
 
 
+# --- measuring a pattern (the recording script and notebook 07's live run) --------------------------
+def _time_ms(fn, device) -> float:
+    import time
+
+    from .. import runtime
+
+    t0 = time.perf_counter()
+    fn()
+    runtime.synchronize(device)  # the forward ends when the GPU is done: a sync's host blocking counts
+    return (time.perf_counter() - t0) * 1e3
+
+
+def measure(
+    name: str, size: Size | None = None, device="cpu", reps: int = 24, warmup: int = 4, session: str = "live"
+) -> dict:
+    """One row: the rewrite checked equal and audited sync-free (on a GPU also inside checked_region),
+    the original audited (its syncs per forward: the occurrences), then both forwards timed
+    interleaved and paired (order alternating per repetition, `warmup` pairs discarded first, the
+    warm-up drift checked by stats.warmup_check), the paired median difference (µs) with its
+    bootstrap 95 % interval, and per occurrence. An unsettled point keeps NaN figures."""
+    import math
+
+    import numpy as np
+
+    from . import stats
+    from .audit import audit
+    from .syncs import checked_region
+
+    cuda = torch.device(device).type == "cuda"
+    s = size or Size()
+    case = build(name, s, device)
+    same, err = equal(case)
+    checked = True
+    if cuda:
+        try:
+            with checked_region():
+                case.rewrite()
+        except Exception:  # noqa: BLE001 - a rewrite that syncs is a finding, recorded
+            checked = False
+    fix_syncs = audit(case.rewrite, warmup=0, reps=1, profile=False).count
+    rep = audit(case.original, warmup=1, reps=1, profile=cuda)
+    t = rep.table()
+    row = dict(
+        session=session,
+        pattern=name,
+        kind=case.pattern.kind,
+        equal=same,
+        rel_err=err,
+        rewrite_syncs=fix_syncs,
+        rewrite_checked=checked,
+        occurrences=rep.count,
+        kinds=" ".join(sorted(rep.kinds)),
+        sites=" ".join(sorted(rep.sites)),
+        audit_host_blocked_us=float(t["host_blocked_us_per_call"].sum()) if len(t) else 0.0,
+        audit_gpu_idle_us=float(np.nansum(t["gpu_idle_after_us"])) if cuda and len(t) else math.nan,
+        audit_saving_us=rep.total_saving_ns / 1e3 if cuda else math.nan,
+        tokens=s.tokens,
+        hidden=s.hidden,
+        layers=s.layers,
+        work=s.work,
+    )
+    arms = {"original": [], "rewrite": []}
+    fns = {"original": case.original, "rewrite": case.rewrite}
+    for i in range(warmup + reps):
+        for arm in ("original", "rewrite") if i % 2 == 0 else ("rewrite", "original"):
+            arms[arm].append(_time_ms(fns[arm], device))
+    a, b = np.array(arms["original"][warmup:]), np.array(arms["rewrite"][warmup:])
+    wc = stats.warmup_check({"original": a, "rewrite": b}, min_keep=min(stats.MIN_PAIRED_REPS, len(a)))
+    row.update(
+        n=len(a) - wc.dropped,
+        dropped=wc.dropped,
+        warmup_discarded=warmup,
+        status=wc.status,
+        warmup_note=wc.note,
+        method=stats.METHOD_BOOT,
+    )
+    row.update(
+        dict.fromkeys(
+            [
+                "original_ms",
+                "rewrite_ms",
+                "diff_us",
+                "diff_lo_us",
+                "diff_hi_us",
+                "per_occ_us",
+                "per_occ_lo_us",
+                "per_occ_hi_us",
+            ],
+            math.nan,
+        )
+    )
+    if wc.stable and len(a) - wc.dropped >= stats.MIN_PAIRED_REPS:
+        ak, bk = a[wc.dropped :], b[wc.dropped :]
+        d, lo, hi = stats.bootstrap_paired(ak * 1e3, bk * 1e3, "median_diff")  # µs
+        row.update(
+            original_ms=float(np.median(ak)),
+            rewrite_ms=float(np.median(bk)),
+            diff_us=d,
+            diff_lo_us=lo,
+            diff_hi_us=hi,
+        )
+        if rep.count:
+            row.update(per_occ_us=d / rep.count, per_occ_lo_us=lo / rep.count, per_occ_hi_us=hi / rep.count)
+    return row
+
+
 # --- the H200 recordings (scripts/record_hidden_syncs.py -> data/hidden_syncs/) ----------------------
 def recorded(folder=None):
     """One row per pattern over the recorded sessions (hidden_syncs_s*.csv): the cost per occurrence
@@ -416,23 +643,40 @@ def recorded(folder=None):
     from .stats import between_sessions
 
     folder = str(folder or DATA / "hidden_syncs")
-    files = sorted(f for f in glob.glob(os.path.join(folder, "hidden_syncs_s*.csv"))
-                   if re.fullmatch(r"hidden_syncs_s\d+\.csv", os.path.basename(f)))  # not a smoke run
+    files = sorted(
+        f
+        for f in glob.glob(os.path.join(folder, "hidden_syncs_s*.csv"))
+        if re.fullmatch(r"hidden_syncs_s\d+\.csv", os.path.basename(f))
+    )  # not a smoke run
     if not files:
         return None
     # the session is the file's (hidden_syncs_<session>.csv): one file per device session
-    d = pd.concat([pd.read_csv(f).assign(session=os.path.basename(f)[13:-4]) for f in files], ignore_index=True)
+    d = pd.concat(
+        [pd.read_csv(f).assign(session=os.path.basename(f)[13:-4]) for f in files], ignore_index=True
+    )
     rows = []
     for name, g in d.groupby("pattern", sort=False):
         ok = g[g["status"] == "ok"]
         occ = between_sessions(*ok[["per_occ_us", "per_occ_lo_us", "per_occ_hi_us"]].itertuples(index=False))
         fwd = between_sessions(*ok[["diff_us", "diff_lo_us", "diff_hi_us"]].itertuples(index=False))
-        rows.append(dict(pattern=name, kind=g["kind"].iloc[0], occurrences=g["occurrences"].median(),
-                         per_occ_us=occ["estimate"], per_occ_lo_us=occ["lo"], per_occ_hi_us=occ["hi"],
-                         diff_us=fwd["estimate"], diff_lo_us=fwd["lo"], diff_hi_us=fwd["hi"],
-                         original_ms=ok["original_ms"].mean() if len(ok) else float("nan"),
-                         agree=occ["agree"], sessions=", ".join(ok["session"].astype(str)),
-                         unstable=", ".join(g.loc[g["status"] != "ok", "session"].astype(str)),
-                         n=int(ok["n"].min()) if len(ok) else 0, method=g["method"].iloc[0],
-                         gpu=g["gpu"].iloc[0] if "gpu" in g else ""))
+        rows.append(
+            dict(
+                pattern=name,
+                kind=g["kind"].iloc[0],
+                occurrences=g["occurrences"].median(),
+                per_occ_us=occ["estimate"],
+                per_occ_lo_us=occ["lo"],
+                per_occ_hi_us=occ["hi"],
+                diff_us=fwd["estimate"],
+                diff_lo_us=fwd["lo"],
+                diff_hi_us=fwd["hi"],
+                original_ms=ok["original_ms"].mean() if len(ok) else float("nan"),
+                agree=occ["agree"],
+                sessions=", ".join(ok["session"].astype(str)),
+                unstable=", ".join(g.loc[g["status"] != "ok", "session"].astype(str)),
+                n=int(ok["n"].min()) if len(ok) else 0,
+                method=g["method"].iloc[0],
+                gpu=g["gpu"].iloc[0] if "gpu" in g else "",
+            )
+        )
     return pd.DataFrame(rows)

@@ -8,6 +8,7 @@ that lie in the site's `audit_sync_<n>` ranges are removed with the D2H copy rig
 is the traced forward's replayed time minus the changed one. A site without a blocking runtime
 call in its ranges (a pageable copy, an allocation) is not estimated (None).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,9 +50,13 @@ def estimate(tables, ranges: dict, forward: int = 0):
         out[key] = base - float(replay(RT.remove_syncs(g, which="all", calls=calls)).step_ns[0])
     total = float("nan")
     if every:
-        total = base - float(replay(RT.remove_syncs(g, which="all", calls=np.unique(np.concatenate(every)))).step_ns[0])
-    note = (f"replay of the profiled forward ({g.n_syncs} blocking runtime calls, {g.n_kernels} GPU ops); "
-            "Daydream-style: host/device dependency graph")
+        total = base - float(
+            replay(RT.remove_syncs(g, which="all", calls=np.unique(np.concatenate(every)))).step_ns[0]
+        )
+    note = (
+        f"replay of the profiled forward ({g.n_syncs} blocking runtime calls, {g.n_kernels} GPU ops); "
+        "Daydream-style: host/device dependency graph"
+    )
     return out, total, note
 
 

@@ -6,6 +6,7 @@
 
 Pure functions: a report in, a plotly Figure out; every axis has a title.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,10 +15,18 @@ import plotly.graph_objects as go
 
 from ..instruments.audit import KINDS, AuditReport
 
-__all__ = ["timeline_figure", "cost_table_figure", "KIND_COLORS"]
+__all__ = ["timeline_figure", "cost_table_figure", "pattern_costs_figure", "KIND_COLORS"]
 
-KIND_COLORS = {"item": "#d62728", "tolist": "#ff7f0e", "d2h": "#8c564b", "shape": "#9467bd",
-               "pageable": "#e377c2", "synchronize": "#7f7f7f", "allocator": "#bcbd22", "other": "#17becf"}
+KIND_COLORS = {
+    "item": "#d62728",
+    "tolist": "#ff7f0e",
+    "d2h": "#8c564b",
+    "shape": "#9467bd",
+    "pageable": "#e377c2",
+    "synchronize": "#7f7f7f",
+    "allocator": "#bcbd22",
+    "other": "#17becf",
+}
 
 
 def timeline_figure(rep: AuditReport, title: str | None = None) -> go.Figure:
@@ -28,26 +37,51 @@ def timeline_figure(rep: AuditReport, title: str | None = None) -> go.Figure:
         xs = []
         for s, e in zip(k["start_ns"], k["end_ns"]):
             xs += [(s - t0) / 1e6, (e - t0) / 1e6, None]
-        fig.add_trace(go.Scatter(x=xs, y=["GPU ops"] * len(xs), mode="lines", line=dict(width=14, color="#1f77b4"),
-                                 name="GPU op", hoverinfo="skip"))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=["GPU ops"] * len(xs),
+                mode="lines",
+                line=dict(width=14, color="#1f77b4"),
+                name="GPU op",
+                hoverinfo="skip",
+            )
+        )
         for (site, kind), rs in rep.ranges.items():
-            fig.add_trace(go.Scatter(
-                x=[(s - t0) / 1e6 for s, _ in rs], y=["host: syncs"] * len(rs), mode="markers",
-                marker=dict(symbol="line-ns-open", size=18, color=KIND_COLORS.get(kind, "#000")),
-                name=f"{kind} @ {site}", hovertemplate=f"{site} ({kind})<br>%{{x:.3f}} ms<extra></extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[(s - t0) / 1e6 for s, _ in rs],
+                    y=["host: syncs"] * len(rs),
+                    mode="markers",
+                    marker=dict(symbol="line-ns-open", size=18, color=KIND_COLORS.get(kind, "#000")),
+                    name=f"{kind} @ {site}",
+                    hovertemplate=f"{site} ({kind})<br>%{{x:.3f}} ms<extra></extra>",
+                )
+            )
         xt = "time in the profiled call (ms, GPU clock of the trace)"
     else:
         evs = [e for e in rep.events if e.rep == 0]
         for kind in sorted({e.kind for e in evs}):
             sel = [e for e in evs if e.kind == kind]
-            fig.add_trace(go.Scatter(
-                x=[e.t_ns / 1e6 for e in sel], y=[kind] * len(sel), mode="markers",
-                marker=dict(symbol="line-ns-open", size=16, color=KIND_COLORS.get(kind, "#000")),
-                name=kind, text=[e.site for e in sel],
-                hovertemplate="%{text}<br>%{x:.3f} ms<extra>" + kind + "</extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[e.t_ns / 1e6 for e in sel],
+                    y=[kind] * len(sel),
+                    mode="markers",
+                    marker=dict(symbol="line-ns-open", size=16, color=KIND_COLORS.get(kind, "#000")),
+                    name=kind,
+                    text=[e.site for e in sel],
+                    hovertemplate="%{text}<br>%{x:.3f} ms<extra>" + kind + "</extra>",
+                )
+            )
         xt = f"time in the first audited call (ms, {rep.timed_on} host clock)"
-    fig.update_layout(title=title or f"Syncs of the audited forward ({rep.count:g} per call, {rep.timed_on})",
-                      xaxis_title=xt, yaxis_title="row", height=320, legend=dict(orientation="h", y=-0.3))
+    fig.update_layout(
+        title=title or f"Syncs of the audited forward ({rep.count:g} per call, {rep.timed_on})",
+        xaxis_title=xt,
+        yaxis_title="row",
+        height=320,
+        legend=dict(orientation="h", y=-0.3),
+    )
     return fig
 
 
@@ -57,12 +91,60 @@ def _fmt(v, digits=1):
 
 def cost_table_figure(rep: AuditReport, top: int = 30, title: str | None = None) -> go.Figure:
     t = rep.table().head(top)
-    cols = ["site", "function", "kind", "count / call", f"host blocked, µs each ({rep.timed_on})",
-            "GPU idle after, µs / call", "saving if removed, µs / call", "estimate"]
-    cells = [t["site"], t["function"], t["kind"], [f"{v:g}" for v in t["count_per_call"]],
-             [_fmt(v) for v in t["host_blocked_us"]], [_fmt(v) for v in t["gpu_idle_after_us"]],
-             [_fmt(v) for v in t["saving_us"]], t["estimate"]]
+    cols = [
+        "site",
+        "function",
+        "kind",
+        "count / call",
+        f"host blocked, µs each ({rep.timed_on})",
+        "GPU idle after, µs / call",
+        "saving if removed, µs / call",
+        "estimate",
+    ]
+    cells = [
+        t["site"],
+        t["function"],
+        t["kind"],
+        [f"{v:g}" for v in t["count_per_call"]],
+        [_fmt(v) for v in t["host_blocked_us"]],
+        [_fmt(v) for v in t["gpu_idle_after_us"]],
+        [_fmt(v) for v in t["saving_us"]],
+        t["estimate"],
+    ]
     fig = go.Figure(go.Table(header=dict(values=cols, align="left"), cells=dict(values=cells, align="left")))
-    fig.update_layout(title=title or "Syncs by cost (saving, then GPU idle, then count); kinds: "
-                      + ", ".join(sorted(set(t["kind"]) & set(KINDS))), height=120 + 28 * max(1, len(t)))
+    fig.update_layout(
+        title=title
+        or "Syncs by cost (saving, then GPU idle, then count); kinds: "
+        + ", ".join(sorted(set(t["kind"]) & set(KINDS))),
+        height=120 + 28 * max(1, len(t)),
+    )
+    return fig
+
+
+def pattern_costs_figure(rec, title: str | None = None) -> go.Figure:
+    """The recorded cost per occurrence of each hidden-sync pattern (hidden_syncs.recorded()), with
+    its 95 % interval (over sessions: the union of the sessions' intervals)."""
+    d = rec.dropna(subset=["per_occ_us"])
+    fig = go.Figure(
+        go.Bar(
+            x=d["pattern"],
+            y=d["per_occ_us"],
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=d["per_occ_hi_us"] - d["per_occ_us"],
+                arrayminus=d["per_occ_us"] - d["per_occ_lo_us"],
+            ),
+            marker_color=[KIND_COLORS.get(k, "#000") for k in d["kind"]],
+            text=d["kind"],
+            hovertemplate="%{x} (%{text})<br>%{y:.1f} us per occurrence<extra></extra>",
+        )
+    )
+    gpu = str(d["gpu"].iloc[0]) if len(d) and "gpu" in d else "GPU"
+    fig.update_layout(
+        title=title or f"Cost per occurrence of each hidden sync ({gpu}, recorded; 95 % intervals)",
+        xaxis_title="pattern",
+        yaxis_title="forward time per sync (us)",
+        height=380,
+    )
     return fig

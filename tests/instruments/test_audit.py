@@ -1,9 +1,8 @@
 """The sync audit: exactly the guard's syncs in the lab's 48-layer forwards (none for the fixes), every
 hidden-sync pattern found with its kind and its rewrite clean and equal, bad inputs named. CPU and fast;
 the GPU tests (profiled run, GPU idle, replay saving) run in the GPU check."""
+
 import inspect
-import os
-import sys
 import warnings
 
 import pytest
@@ -15,10 +14,26 @@ from lora_moe_lab.instruments import syncs
 from lora_moe_lab.instruments.audit import AuditError, NoCudaWork, SpecError, audit, classify, main, resolve
 from lora_moe_lab.model import guards
 
-gpu = lambda f: pytest.mark.gpu(pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")(f))  # noqa: E731
+
+def gpu(f):
+    return pytest.mark.gpu(pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")(f))
+
+
 DEV = "cuda" if runtime.has_cuda() else "cpu"
 WARM = 1 if DEV == "cuda" else 0  # on a GPU the caching allocator grows in a first call (kind "allocator")
-GUARD_SITE = f"guards.py:{next(i for i, l in enumerate(inspect.getsourcelines(guards)[0], 1) if 'flag.item()' in l)}"
+GUARD_SITE = (
+    f"guards.py:{next(i for i, l in enumerate(inspect.getsourcelines(guards)[0], 1) if 'flag.item()' in l)}"
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread():
+    """Tiny CPU ops on several OpenMP threads spin against each other on a loaded 2-core machine (a
+    48-layer forward then takes 10 s instead of 0.1 s): one thread for this module's CPU runs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _lab(kind):
@@ -55,9 +70,11 @@ def test_lab_forward_finds_exactly_the_guards_syncs(lab48, guard):
 def test_every_pattern_found_with_its_kind_and_rewrite_is_clean(name):
     case = HS.build(name, HS.Size.smoke(), DEV)
     rep = audit(case.original, warmup=WARM, profile=False)
-    assert set(rep.kinds) == HS.KINDS_SEEN[name], rep.summary()
+    # on a GPU torch's debug mode may see one more sync inside a call at the same site (kind "other")
+    kinds = {k: n for k, n in rep.kinds.items() if not (DEV == "cuda" and k == "other")}
+    assert set(kinds) == HS.KINDS_SEEN[name], rep.summary()
     if case.per_forward is not None:
-        assert rep.count == case.per_forward
+        assert sum(kinds.values()) == case.per_forward
     else:  # the allocator: at least the empty_cache call of every layer
         assert rep.count >= case.size.layers
     assert all(s.startswith("hidden_syncs.py:") for s in rep.sites)
@@ -77,7 +94,9 @@ def test_print_format_and_synchronize_are_seen(monkeypatch):
 
     rep = audit(fwd, warmup=0, profile=False)
     assert rep.kinds == {"d2h": 2, "synchronize": 1}
-    assert {r.function for r in rep.table().itertuples()} == {"test_print_format_and_synchronize_are_seen.<locals>.fwd"}
+    assert {r.function for r in rep.table().itertuples()} == {
+        "test_print_format_and_synchronize_are_seen.<locals>.fwd"
+    }
 
 
 def test_classify_rules():
@@ -101,7 +120,9 @@ def test_report_on_cpu_is_marked_and_not_estimated():
     rep = audit(case.original, warmup=1, reps=2)
     t = rep.table()
     assert rep.count == 3 and rep.reps == 2 and t["count_per_call"].iloc[0] == 3
-    assert (t["timed_on"] == "CPU").all() and t["saving_us"].isna().all() and t["gpu_idle_after_us"].isna().all()
+    assert (
+        (t["timed_on"] == "CPU").all() and t["saving_us"].isna().all() and t["gpu_idle_after_us"].isna().all()
+    )
     assert t["estimate"].iloc[0].startswith("not estimated")
     assert "CPU-only" in rep.summary() and rep.trace is None and rep.overhead_s < 10
 
@@ -135,18 +156,30 @@ def test_a_raising_callable_keeps_its_own_traceback():
     assert torch.overrides._get_current_function_mode() is None  # the interception is gone
 
 
-@pytest.mark.parametrize("bad,kw,msg", [(5, {}, "needs a callable"), (print, {"reps": 0}, "reps must be"),
-                                        (print, {"warmup": -1}, "warmup must be"),
-                                        (print, {"device": "tpu"}, "device must be")])
+@pytest.mark.parametrize(
+    "bad,kw,msg",
+    [
+        (5, {}, "needs a callable"),
+        (print, {"reps": 0}, "reps must be"),
+        (print, {"warmup": -1}, "warmup must be"),
+        (print, {"device": "tpu"}, "device must be"),
+    ],
+)
 def test_bad_arguments_are_named(bad, kw, msg):
     with pytest.raises(AuditError, match=msg):
         audit(bad, **kw)
 
 
-@pytest.mark.parametrize("spec,msg", [("nocolon", "is not 'module:name'"),
-                                      ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
-                                      ("os:no_such_attr", "has no attribute"), ("os:sep", "not a callable"),
-                                      ("missing_file.py:f", "no file")])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("nocolon", "is not 'module:name'"),
+        ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+        ("os:no_such_attr", "has no attribute"),
+        ("os:sep", "not a callable"),
+        ("missing_file.py:f", "no file"),
+    ],
+)
 def test_bad_spec_is_a_named_error(spec, msg):
     with pytest.raises(SpecError, match=msg):
         resolve(spec)
@@ -154,10 +187,17 @@ def test_bad_spec_is_a_named_error(spec, msg):
 
 def test_cli(tmp_path, capsys):
     mod = tmp_path / "target_mod.py"
-    mod.write_text("import torch\n"
-                   "def forward(x):\n    return x[x > 0].sum()\n"
-                   "def inputs():\n    return (torch.randn(8),)\n")
-    assert main([f"{mod}:forward", "--inputs", f"{mod}:inputs", "--warmup", "0", "--csv", str(tmp_path / "a.csv")]) == 0
+    mod.write_text(
+        "import torch\n"
+        "def forward(x):\n    return x[x > 0].sum()\n"
+        "def inputs():\n    return (torch.randn(8),)\n"
+    )
+    assert (
+        main(
+            [f"{mod}:forward", "--inputs", f"{mod}:inputs", "--warmup", "0", "--csv", str(tmp_path / "a.csv")]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "target_mod.py:3" in out and "shape" in out and (tmp_path / "a.csv").exists()
     assert main(["nonexistent_pkg_q:f"]) == 2
@@ -176,7 +216,7 @@ def test_no_cuda_work_on_a_gpu_is_told(monkeypatch):
     assert rep.count == 0 and any("no CUDA work" in n for n in rep.notes)
 
 
-# --- GPU -----------------------------------------------------------------------------------------------------
+# --- GPU ------------------------------------------------------------------------------------------
 @gpu
 def test_gpu_lab_audit_profiles_and_estimates():
     import lora_moe_lab.sim  # noqa: F401  (registers the replay estimate)

@@ -1,4 +1,5 @@
 """scripts/record_hidden_syncs.py --smoke on the CPU: a CSV and its metadata, the reader reads them."""
+
 import json
 import shutil
 
@@ -10,7 +11,10 @@ from lora_moe_lab.instruments import hidden_syncs as HS
 
 def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
     mod = load_script("record_hidden_syncs")
-    assert mod.main(["--smoke", "--out", str(tmp_path), "--reps", "10", "--only", "offsets_item", "mask_index"]) == 0
+    assert (
+        mod.main(["--smoke", "--out", str(tmp_path), "--reps", "10", "--only", "offsets_item", "mask_index"])
+        == 0
+    )
     csv = tmp_path / "hidden_syncs_s1_smoke.csv"
     meta = json.loads((tmp_path / "hidden_syncs_s1_smoke.meta.json").read_text())
     assert meta["params"]["smoke"] is True and meta["gpu"] == "cpu" and "commit" in meta

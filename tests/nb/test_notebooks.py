@@ -89,7 +89,8 @@ BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter pr
               ("05_scale_model", {"fit_iters": 100}, "bad notebook parameter fit_iters: unknown"),
               ("06_production_effect", {"chunk": 12}, "bad notebook parameter chunk"),
               ("06_production_effect", {"adapter_modes": ["some"]}, "bad notebook parameter adapter_modes"),
-              ("06_production_effect", {"chunks": 16}, "bad notebook parameter chunks: unknown")]
+              ("06_production_effect", {"chunks": 16}, "bad notebook parameter chunks: unknown"),
+              ("07_hidden_syncs", {"live_reps": 5}, "bad notebook parameter live_reps")]
 
 
 @pytest.mark.notebook

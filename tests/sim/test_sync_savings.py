@@ -1,5 +1,6 @@
 """The audit's replay estimate on a recorded-shape trace (tests/fixtures: 4 layers, one sync each):
 one site's syncs removed saves a quarter of removing all, a site with no sync is not estimated."""
+
 import numpy as np
 import pytest
 
