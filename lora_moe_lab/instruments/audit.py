@@ -475,7 +475,11 @@ class _Session:
                 call()
             marks.extend(mode.marks)
 
-        tables = T.profile_forwards(run, n_warmup=0, n_active=1)
+        self.analyse(T.profile_forwards(run, n_warmup=0, n_active=1), marks)
+
+    def analyse(self, tables, marks: list) -> None:
+        """Per (site, kind) of the profiled call's `audit_sync_<n>` ranges (marks[n]): the GPU idle
+        after its syncs, and the registered estimator's saving."""
         self.rep.trace = tables
         if self._no_work(tables):
             return

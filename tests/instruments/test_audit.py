@@ -3,6 +3,7 @@ hidden-sync pattern found with its kind and its rewrite clean and equal, bad inp
 the GPU tests (profiled run, GPU idle, replay saving) run in the GPU check."""
 
 import inspect
+import os
 import warnings
 
 import pytest
@@ -34,6 +35,11 @@ def _one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def _kinds(rep):
+    """The classified kinds (on a GPU torch's debug mode may see more syncs inside one call: "other")."""
+    return {k: n for k, n in rep.kinds.items() if not (DEV == "cuda" and k == "other")}
 
 
 def _lab(kind):
@@ -93,8 +99,8 @@ def test_print_format_and_synchronize_are_seen(monkeypatch):
         return s
 
     rep = audit(fwd, warmup=0, profile=False)
-    assert rep.kinds == {"d2h": 2, "synchronize": 1}
-    assert {r.function for r in rep.table().itertuples()} == {
+    assert _kinds(rep) == {"d2h": 2, "synchronize": 1}
+    assert {r.function for r in rep.table().itertuples() if r.kind != "other"} == {
         "test_print_format_and_synchronize_are_seen.<locals>.fwd"
     }
 
@@ -132,7 +138,7 @@ def test_context_manager_form():
     with audit() as rep:
         x.tolist()
         int(x.max())
-    assert rep.kinds == {"tolist": 1, "item": 1}
+    assert _kinds(rep) == {"tolist": 1, "item": 1}
     with pytest.raises(AuditError, match="context manager"):
         with audit(None, 3):
             pass
@@ -211,9 +217,34 @@ def test_no_cuda_work_on_a_gpu_is_told(monkeypatch):
     class Tables:
         kernels, annotations = [], None
 
-    monkeypatch.setattr(A._Session, "profile", lambda self, call: A._Session._no_work(self, Tables()))
-    rep = audit(lambda: torch.ones(2) + 1, warmup=0, device="cuda")
+    monkeypatch.setattr(A._Session, "profile", lambda self, call: A._Session.analyse(self, Tables(), []))
+    with pytest.warns(NoCudaWork, match="no CUDA work"):
+        rep = audit(lambda: torch.ones(2) + 1, warmup=0, device="cuda")
     assert rep.count == 0 and any("no CUDA work" in n for n in rep.notes)
+
+
+def test_profiled_call_analysis_on_a_recorded_shape_trace():
+    """The GPU half of the audit (GPU idle after each site's syncs, the replay's saving) on a trace
+    with known syncs (tests/fixtures: 4 layers, a D2H copy + cudaStreamSynchronize each): each layer
+    range is marked as one audited sync of one site."""
+    import pandas as pd
+
+    import lora_moe_lab.sim  # noqa: F401  (registers the replay estimate)
+    from lora_moe_lab.instruments import audit as A
+    from lora_moe_lab.instruments import trace as T
+
+    t = T.load_trace(os.path.join(os.path.dirname(__file__), "..", "fixtures", "model_sync_L4.json.gz"))
+    a = t.annotations
+    f0 = t.forwards.sort_values("start_ns").iloc[0]
+    layers = a[a["name"].str.startswith("moe_layer") & (a["start_ns"] < f0["end_ns"])].reset_index(drop=True)
+    marks = layers.assign(name=[f"audit_sync_{i}" for i in range(len(layers))])
+    t.annotations = pd.concat([a, marks], ignore_index=True)
+    s = A._Session("cuda", 1)
+    s.analyse(t, [("model.py:7", "item")] * 3 + [("model.py:9", "item")])
+    assert s.rep.gpu_idle_ns[("model.py:7", "item")] > 0 and s.rep.ranges[("model.py:9", "item")]
+    sv = s.rep.saving_ns
+    assert sv[("model.py:7", "item")] > sv[("model.py:9", "item")] > 0
+    assert s.rep.total_saving_ns >= sv[("model.py:7", "item")] and "replay" in s.rep.estimate_note
 
 
 # --- GPU ------------------------------------------------------------------------------------------
