@@ -29,6 +29,7 @@ import time
 import pandas as pd
 
 from lora_moe_lab import runtime
+from lora_moe_lab import sim  # noqa: F401  (registers the replay estimate the audit columns read)
 from lora_moe_lab.instruments import hidden_syncs as HS
 from lora_moe_lab.instruments import stats
 from lora_moe_lab.provenance import metadata
