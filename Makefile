@@ -10,10 +10,10 @@ HAS_CUDA_TORCH := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.i
 PORT ?= 8888
 
 # pip is quiet (-q) for about a minute and a half: say what it installs and how long it takes, from
-# the measurement in data/setup/setup_time.json (scripts/measure_setup.py)
+# the measurement in data/setup/setup_time.json (scripts/record_setup.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
-.PHONY: test run lab venv clean report gpu-check
+.PHONY: test run lab venv clean report gpu-check record
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -46,6 +46,10 @@ lab: $(STAMP)
 GPU_PY := $(if $(filter command line environment,$(origin PY)),$(PY),$(if $(wildcard $(STAMP)),$(BIN)/python,$(PY)))
 gpu-check:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# Every recording and the device it needs (scripts/record.py); `make record SECTION=kernels` runs one.
+record: $(STAMP)
+	$(BIN)/python scripts/record.py $(SECTION) $(RECORD_ARGS)
 
 clean:
 	rm -rf build .pytest_cache

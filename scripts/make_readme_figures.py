@@ -8,18 +8,16 @@ HTML and screenshots them with headless Chromium (Debian's `chromium`).
 import argparse
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import plotly.graph_objects as go
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from lora_moe_lab.instruments import trace  # noqa: E402
-from lora_moe_lab.instruments.recordings import load_guards  # noqa: E402
-from lora_moe_lab.provenance import DATA  # noqa: E402
-from lora_moe_lab.ui import plots  # noqa: E402
+from lora_moe_lab.instruments import trace
+from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.provenance import DATA
+from lora_moe_lab.ui import plots
 
 
 def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:

@@ -1,6 +1,6 @@
 """Triton path vs the torch backend, whole MoE+LoRA layers, same inputs.
 
-    PYTHONPATH=. python3 scripts/gpu_backends.py --out DIR     -> DIR/backends.csv (+ .meta.json)
+    PYTHONPATH=. python3 scripts/record_backends.py --out DIR     -> DIR/backends.csv (+ .meta.json)
 
 For each preset and M: a 2-layer model (every layer has the same shapes, so 2 layers show the
 per-layer cost), bf16, 4 adapter slots of rank 32 all in use, requests cycling over the 4
@@ -13,13 +13,11 @@ import argparse
 import csv
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.instruments.timing import time_device, time_graph  # noqa: E402
-from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
-from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
+from lora_moe_lab import runtime
+from lora_moe_lab.instruments.timing import time_device, time_graph
+from lora_moe_lab.model.lab import LabCache, split_tokens
+from lora_moe_lab.provenance import META_KEYS, metadata
 
 
 _ROUTES: list = []

@@ -1,6 +1,6 @@
 """One GPU call: the three LoRA-under-graphs strategies on the 48-layer models, side by side.
 
-    PYTHONPATH=. python3 scripts/gpu_graphs.py --out DIR [--layers 48] [--reps 11] [--models moe,decoder]
+    PYTHONPATH=. python3 scripts/record_graphs.py --out DIR [--layers 48] [--reps 11] [--models moe,decoder]
 
 For each model (the MoE-only model and the Qwen3-shaped decoder; qwen3-30b-a3b, bf16, 4 adapter
 slots of rank 32, all four loaded) and each strategy (model/graph_strategies.py):
@@ -26,28 +26,23 @@ import gc
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab.instruments.timing import time_interleaved  # noqa: E402
-from lora_moe_lab.model.decoder import build_decoder_lab  # noqa: E402
-from lora_moe_lab.model.graph_strategies import STRATEGIES, GraphSet, NoGraphFits  # noqa: E402
-from lora_moe_lab.model.lab import build_lab  # noqa: E402
-from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab.instruments.timing import time_interleaved
+from lora_moe_lab.model.decoder import build_decoder_lab
+from lora_moe_lab.model.graph_strategies import STRATEGIES, GraphSet, NoGraphFits
+from lora_moe_lab.model.lab import build_lab
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
+from lora_moe_lab.provenance import metadata
+from lora_moe_lab.ops.reference import rel
 
 DECODE = [1, 2, 4, 8, 16, 32, 64]
 SLOTS, RANK, PRESET = 4, 32, "qwen3-30b-a3b"
 ACTIVE = [0, 1, 2, 4]
 SWITCHES = [[None] * 6, [None, "a0", None, None, "a0", None], ["a0", None, "a1", "a1", None, "a0"],
             ["a0", "a1", "a2", "a3", None, "a2"], [None] * 6]
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def adapters_for(R, n, names):
@@ -127,7 +122,7 @@ def run_model(kind, args, cap_rows, rep_rows, sw_rows, notes):
         del sets
         gc.collect()
         torch.cuda.empty_cache()
-    del lab
+    lab = None  # frees the model before the next
     gc.collect()
     torch.cuda.empty_cache()
 

@@ -1,6 +1,6 @@
 """One GPU call: host-sync checks of the whole forward and CUDA-graph capture/replay checks.
 
-    PYTHONPATH=. python3 scripts/gpu_checks.py --out DIR
+    PYTHONPATH=. python3 scripts/record_graphs_checks.py --out DIR
 
 (1) 0 host syncs per forward for cpu_flag and launch_always at M = 1, 16, 1024, 16384 inside a
     region where torch's sync debug mode is "error" (alignment and batch upload included);
@@ -17,21 +17,16 @@ import argparse
 import csv
 import json
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.instruments.timing import time_device  # noqa: E402
-from lora_moe_lab.model import graphs  # noqa: E402
-from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
-from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors  # noqa: E402
-from lora_moe_lab.provenance import META_KEYS, metadata  # noqa: E402
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from lora_moe_lab import runtime
+from lora_moe_lab.instruments.timing import time_device
+from lora_moe_lab.model import graphs
+from lora_moe_lab.model.lab import LabCache, split_tokens
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
+from lora_moe_lab.provenance import META_KEYS, metadata
+from lora_moe_lab.ops.reference import rel
 
 
 def sync_checks(lab, Ms, rows):

@@ -1,8 +1,8 @@
 """Guards measured side by side: the canonical guards recording, one device session per file.
 
-    PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 scripts/gpu_side_by_side.py --session s1 --out DIR
+    PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 scripts/record_guards.py --session s1 --out DIR
         -> DIR/h200_guards_s1.csv (+ .meta.json); a second session (another day or machine): --session s2
-    python scripts/gpu_side_by_side.py --dry --out /tmp/g      # tiny settings, any machine (CPU: seconds)
+    python scripts/record_guards.py --dry --out /tmp/g      # tiny settings, any machine (CPU: seconds)
 
 One CSV row per repetition, so every figure carries its spread and paired differences; read through
 lora_moe_lab/instruments/recordings.py (load_guards), which pools two sessions.
@@ -33,18 +33,16 @@ import csv
 import json
 import os
 import re
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.instruments.recordings import (CHECK_COLUMNS, METHOD_SESSIONS, METHOD_WARMUP,  # noqa: E402
+from lora_moe_lab import runtime
+from lora_moe_lab.instruments.recordings import (CHECK_COLUMNS, METHOD_SESSIONS, METHOD_WARMUP,
                                                  SAMPLE_COLUMNS, load_guards, warmup_check)
-from lora_moe_lab.instruments.stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS  # noqa: E402
-from lora_moe_lab.instruments.timing import rotated, time_once  # noqa: E402
-from lora_moe_lab.model.guards import count_guard_syncs, guard_names  # noqa: E402
-from lora_moe_lab.model.lab import LabCache, split_tokens  # noqa: E402
-from lora_moe_lab.provenance import DATA, META_KEYS, gpu_state, metadata  # noqa: E402
+from lora_moe_lab.instruments.stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
+from lora_moe_lab.instruments.timing import rotated, time_once
+from lora_moe_lab.model.guards import count_guard_syncs, guard_names
+from lora_moe_lab.model.lab import LabCache, split_tokens
+from lora_moe_lab.provenance import DATA, META_KEYS, gpu_state, metadata
 
 DRY = dict(presets=["tiny"], layers=2, tokens=[8, 16], active=[0.0, 0.5], reps=MIN_PAIRED_REPS, warmup=1,
            warmup_s=0.0, max_reps=MIN_PAIRED_REPS + 8, extend=8)

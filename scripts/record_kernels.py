@@ -1,6 +1,6 @@
 """GPU checks and benchmarks of the Triton kernels (base fused-MoE GEMM, fused MoE-LoRA delta).
 
-    PYTHONPATH=. python3 scripts/gpu_kernels.py --out DIR [--sweep] [--skip-check]
+    python scripts/record_kernels.py --out DIR [--sweep] [--skip-check]
 
 On a CUDA GPU:
   (a) correctness at the qwen3 presets in bf16/fp16/fp32 for M in {1,16,128,1024,8192,16384}, each op
@@ -8,112 +8,36 @@ On a CUDA GPU:
       checked bit for bit);
   (b) CUDA-graph replay timings of the gate_up LoRA delta (rank 32, 4 slots all enabled, one random
       adapter per token, top-8 of 128 experts from softmax-topk of random router logits, bf16),
-      against a production engine's Triton kernel on the same inputs, and its achieved bandwidth
-      against a measured device-to-device copy;
+      and its achieved bandwidth against a measured device-to-device copy;
   (c) an all-disabled LoRA launch against an empty Triton kernel (graph replay);
   (d) base moe_gemm timings (gate_up and down).
-Writes kernels.csv and kernels_meta.json to --out and prints a compact table last.
+Writes kernels.csv and kernels.meta.json to --out and prints a compact table last.
 Without a GPU it only runs a tiny interpreter smoke check (nothing heavy).
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-from lora_moe_lab import runtime  # noqa: E402  (first: sets TRITON_INTERPRET on a CPU-only machine)
-from lora_moe_lab.config import get_shape  # noqa: E402
-from lora_moe_lab.instruments.timing import time_device, time_graph  # noqa: E402
-from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton  # noqa: E402
-from lora_moe_lab.kernels.common import cdiv  # noqa: E402
-from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m  # noqa: E402
-from lora_moe_lab.kernels.empty import empty_kernel  # noqa: E402
-from lora_moe_lab.kernels.fused_moe import moe_gemm  # noqa: E402
-from lora_moe_lab.kernels.fused_moe_lora import LAST_LORA_LAUNCH, lora_delta  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab import runtime
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, route, row
+from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton
+from lora_moe_lab.kernels.common import cdiv
+from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m
+from lora_moe_lab.kernels.empty import empty_kernel
+from lora_moe_lab.kernels.fused_moe import moe_gemm
+from lora_moe_lab.kernels.fused_moe_lora import LAST_LORA_LAUNCH, lora_delta
+from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
+from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
+from lora_moe_lab.ops.reference import rel, tolerance
 
-# Production engine's Triton fused MoE-LoRA (gate_up, rank 32, 4 adapters, bf16) on this H200, in us.
-TARGETS_US = {
-    "qwen3-30b-a3b": {1: 50, 16: 109, 128: 275, 1024: 361, 8192: 1192},
-    "qwen3-30b-a3b-tp4": {1: 35, 16: 66, 128: 139, 1024: 163, 8192: 459},
-}
 CHECK_M = (1, 16, 128, 1024, 8192, 16384)
 TIME_M = (1, 16, 128, 1024, 8192)
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 S, RANK = 4, 32
-TOL = {torch.float32: 5e-3, torch.float16: 2e-2, torch.bfloat16: 2e-2}
-ROWS: list[dict] = []
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-def row(**kw):
-    ROWS.append(kw)
-    return kw
-
-
-# ------------------------------------------------------------------------------------------------
-# inputs and float64 references (per expert / per (slot, expert) loops: fine at 131072 pairs)
-# ------------------------------------------------------------------------------------------------
-def route(M, E, k, gen, dev):
-    logits = torch.randn(M, E, generator=gen, device=dev)
-    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
-    return (w / w.sum(-1, keepdim=True)).float().contiguous(), ids.int().contiguous()
-
-
-def ref_gemm(x, w, ids, k, rw=None, gather=True):
-    E, N, _ = w.shape
-    e = ids.flatten().long()
-    order = torch.argsort(e, stable=True)
-    counts = torch.bincount(e, minlength=E).tolist()  # host sync: fine, this is the reference
-    out = torch.empty(e.numel(), N, dtype=torch.float64, device=x.device)
-    start = 0
-    for ex, c in enumerate(counts):
-        if c:
-            p = order[start:start + c]
-            rows = p // k if gather else p
-            out[p] = x[rows].double() @ w[ex].double().T
-            start += c
-    if rw is not None:
-        out *= rw.reshape(-1, 1).double()
-    return out
-
-
-def ref_lora(x, a, b, ids, token_slot, lora_ids, enabled, k, rw=None, gather=True):
-    P, Sn, E, R, K = a.shape
-    N = b.shape[3]
-    e = ids.flatten().long()
-    slot = token_slot.long().repeat_interleave(k)
-    sc = slot.clamp(min=0)
-    live = (slot >= 0) & (lora_ids.long()[sc] >= 0) & (enabled.long()[sc] != 0)
-    key = torch.where(live, sc * E + e, torch.full_like(e, Sn * E))
-    order = torch.argsort(key, stable=True)
-    counts = torch.bincount(key, minlength=Sn * E + 1).tolist()
-    out = torch.zeros(e.numel(), P * N, dtype=torch.float64, device=x.device)
-    start = 0
-    for kk, c in enumerate(counts[:-1]):
-        if c:
-            p = order[start:start + c]
-            s, ex = divmod(kk, E)
-            xr = x[p // k if gather else p].double()
-            for q in range(P):
-                out[p, q * N:(q + 1) * N] = (xr @ a[q, s, ex].double().T) @ b[q, s, ex].double().T
-            start += c
-    if rw is not None:
-        out *= rw.reshape(-1, 1).double()
-    return out, live
-
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,10 +72,10 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
         for op, got, ref in (("moe_gemm_gate_up", inter, ref_gemm(x, w13, ids, k)),
                              ("moe_gemm_down", down, ref_gemm(h, w2, ids, k, rw, gather=False))):
             err = rel(got.double(), ref)
-            ok = bool(torch.isfinite(got).all()) and err < TOL[dtype]
+            ok = bool(torch.isfinite(got).all()) and err < tolerance(dtype, dev)
             row(section="check", preset=preset, op=op, dtype=str(dtype)[6:], M=M, block_m=bm, rel_err=err,
-                tol=TOL[dtype], ok=ok)
-        del inter, down
+                tol=tolerance(dtype, dev), ok=ok)
+        inter = down = None  # frees the buffers before the next M
         for bml in sorted({bm, lora_block_m(M, k, E, S)}):
             al_l = moe_align(ids, E, bml, token_slot, S)
             for op, xin, a, b, N, r, gather in (("lora_gate_up", x, a13, b13, I, None, True),
@@ -164,13 +88,12 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
                 ref, live = ref_lora(xin, a, b, ids, token_slot, lora_ids, enabled, k, r, gather)
                 untouched = torch.equal(out[~live], out0[~live])
                 err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
-                ok = untouched and err < TOL[dtype]
+                ok = untouched and err < tolerance(dtype, dev)
                 row(section="check", preset=preset, op=op, dtype=str(dtype)[6:], M=M, block_m=bml, rel_err=err,
-                    tol=TOL[dtype], untouched_rows_identical=untouched, ok=ok)
-                del out, out0, ref
+                    tol=tolerance(dtype, dev), untouched_rows_identical=untouched, ok=ok)
+                out = out0 = ref = None  # frees the buffers before the next M
         log(f"check {preset} {dtype} M={M}: " + " ".join(
             f"{r['op']}={r['rel_err']:.1e}{'' if r['ok'] else '(FAIL)'}" for r in ROWS[-6:] if r["M"] == M))
-    del w13, w2, a13, b13, a2, b2
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -178,23 +101,8 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
 # ------------------------------------------------------------------------------------------------
 # timing: CUDA-graph replays (instruments.timing), device events, median
 # ------------------------------------------------------------------------------------------------
-def graph_time_us(fns, inner=1, reps=25):
-    """Median device time of one call, from replays of one graph holding [fns...] * inner (fns rotate
-    input sets, so small-M weights are not all hot in L2; inner > 1 spreads the replay's launch)."""
-    return time_graph(lambda: [f() for f in fns], warmup=3, reps=reps, repeat=inner).median_us / len(fns)
 
 
-def copy_bandwidth(dev):
-    """Device-to-device copy ceiling (bytes read + written per second): the best of a plain copy_
-    timed eagerly with events and inside a graph, on 2 GiB buffers (far beyond the 50 MB L2)."""
-    n = 1 << 30  # bf16 elements: 2 GiB per buffer
-    a = torch.randn(n // 2, device=dev, dtype=torch.float32).view(torch.bfloat16)
-    b = torch.empty_like(a)
-    t_graph = graph_time_us([lambda: b.copy_(a)], inner=4, reps=10)
-    t_eager = time_device(lambda: b.copy_(a), warmup=2, reps=10).median_us
-    nbytes = 2 * a.numel() * a.element_size()
-    del a, b
-    return max(nbytes / (t * 1e-6) / 1e9 for t in (t_graph, t_eager)), dict(graph_us=t_graph, eager_us=t_eager)
 
 
 def lora_bytes(ids, token_slot, E, K, N, k, elt=2, P=2):
@@ -229,10 +137,6 @@ def lora_weights(preset, dev, gen, dtype=torch.bfloat16):
     return a, b
 
 
-def cfg_str(bm, c):
-    return (f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
-            f"/pps{c.programs_per_sm}" + (f"/pf{c.prefetch}" if getattr(c, "prefetch", 0) else "")
-            + (f"/r{c.max_regs}" if getattr(c, "max_regs", 0) else ""))
 
 
 def sweep_candidates(preset, M):
@@ -295,7 +199,6 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
             t_rot = graph_time_us(fns, inner=max(1, 32 // n_sets) if M <= 1024 else 1, reps=15 if i else 25)
             r = row(section="lora_gate_up" if i == 0 else "lora_sweep", preset=preset, op="lora_delta_gate_up",
                     dtype="bfloat16", M=M, config=cfg_str(bm, cfg), time_us=t_rot,
-                    target_us=TARGETS_US[preset][M], speedup=TARGETS_US[preset][M] / t_rot,
                     bytes=nbytes, used_adapter_experts=used, gbps=nbytes / (t_rot * 1e-6) / 1e9,
                     copy_gbps=copy_gbps, bw_frac=nbytes / (t_rot * 1e-6) / 1e9 / copy_gbps)
             r.update(grid=LAST_LORA_LAUNCH.get("grid"),
@@ -317,10 +220,9 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
         nprog = LAST_LORA_LAUNCH.get("grid")
         row(section="disabled", preset=preset, op="lora_delta_gate_up_all_disabled", dtype="bfloat16", M=M,
             config=cfg_str(bm0, cfg0), programs=nprog, time_us=t_off, empty_kernel_us=t_empty, ratio=t_off / t_empty)
-        log(f"lora {preset} M={M}: {ROWS_by(preset, M)['time_us']:.1f} us (target {TARGETS_US[preset][M]}), "
+        log(f"lora {preset} M={M}: {ROWS_by(preset, M)['time_us']:.1f} us, "
             f"disabled {t_off:.2f} us vs empty {t_empty:.2f} us")
-        del sets, aligns
-    del a, b
+        sets = aligns = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
 
@@ -358,7 +260,6 @@ def time_base(preset, dev, gen):
             row(section="base", preset=preset, op=op, dtype="bfloat16", M=M, config=f"bm{bm}", time_us=t,
                 tflops=flops / (t * 1e-6) / 1e12, gbps=nbytes / (t * 1e-6) / 1e9, align_us=t_al)
         log(f"base {preset} M={M}: gate_up {t13:.1f} us, down {t2:.1f} us, align {t_al:.1f} us")
-    del w13, w2
     torch.cuda.empty_cache()
 
 
@@ -397,71 +298,39 @@ def time_align(preset, dev, gen):
 # ------------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="directory for kernels.csv and kernels_meta.json")
+    ap.add_argument("--out", required=True, help="directory for kernels.csv and kernels.meta.json")
     ap.add_argument("--sweep", action="store_true", help="also time alternative LoRA tile configs")
     ap.add_argument("--skip-check", action="store_true", help="skip the (a) correctness section")
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget; the sweep stops early")
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-    meta = metadata(params=dict(vars(args), interpreter=runtime.interpreter(), rank=RANK, slots=S,
-                                targets_us=TARGETS_US))
+    rec = Recorder("kernels", args.out, params=dict(vars(args), rank=RANK, slots=S))
+    t0, meta = rec.t0, rec.meta
     if not runtime.has_cuda():
         # No GPU: a tiny interpreter smoke check only (the full suite is tests/kernels/test_kernels.py).
-        dev = torch.device("cpu")
-        TOL[torch.float32] = 1e-5  # exact fp32 dots under the interpreter
-        check_preset("tiny", torch.float32, dev, torch.Generator().manual_seed(0), Ms=(1, 3))
+        check_preset("tiny", torch.float32, torch.device("cpu"), torch.Generator().manual_seed(0), Ms=(1, 3))
         meta["note"] = "no GPU: interpreter smoke check only"
-        write(args.out, meta)
+        rec.write()
         summary()
         return
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    meta["errors"] = []
-
-    def guarded(name, fn, *a):
-        # One failing section must not lose the others: record the error, keep going.
-        try:
-            fn(*a)
-        except Exception as exc:  # noqa: BLE001
-            import traceback
-            traceback.print_exc()
-            meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
-            torch.cuda.synchronize()
-        write(args.out, meta)
-
     if not args.skip_check:
         for preset in PRESETS:
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                guarded(f"check {preset} {dtype}", check_preset, preset, dtype, dev, gen)
+                rec.section(f"check {preset} {dtype}", check_preset, preset, dtype, dev, gen)
         log(f"[checks done at {time.time() - t0:.0f}s]")
     copy_gbps, t_copy = copy_bandwidth(dev)
     meta["copy_gbps"], meta["copy_times_us"] = copy_gbps, t_copy
     log(f"device-to-device copy: {copy_gbps:.0f} GB/s (read+write)")
     for preset in PRESETS:
-        guarded(f"lora {preset}", time_lora, preset, dev, gen, copy_gbps, args.sweep, t0 + args.budget_s)
+        rec.section(f"lora {preset}", time_lora, preset, dev, gen, copy_gbps, args.sweep, t0 + args.budget_s)
     for preset in PRESETS:
-        guarded(f"base {preset}", time_base, preset, dev, gen)
-    guarded("align", time_align, PRESETS[0], dev, gen)
-    meta["wall_s"] = time.time() - t0
-    write(args.out, meta)
+        rec.section(f"base {preset}", time_base, preset, dev, gen)
+    rec.section("align", time_align, PRESETS[0], dev, gen)
+    rec.write()
     summary()
     for e in meta["errors"]:
         log(f"ERROR {e}")
-
-
-def write(out_dir, meta):
-    keys = []
-    for r in ROWS:
-        for kk in r:
-            if kk not in keys:
-                keys.append(kk)
-    with open(os.path.join(out_dir, "kernels.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(ROWS)
-    with open(os.path.join(out_dir, "kernels_meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
 
 
 def summary():
@@ -476,15 +345,15 @@ def summary():
             ", ".join(f"{o}/{d} {e:.1e}" for (o, d), e in sorted(worst.items())))
         for r in bad:
             log(f"  FAIL {r}")
-    log("\nLoRA gate_up delta, bf16, r=32, 4 adapters, graph replay (rotating inputs); target = production kernel")
-    log(f"{'preset':<18}{'M':>6}{'us':>9}{'hot us':>8}{'target':>8}{'speedup':>8}{'GB/s':>7}{'%copy':>6}"
+    log("\nLoRA gate_up delta, bf16, r=32, 4 adapters, graph replay (rotating inputs)")
+    log(f"{'preset':<18}{'M':>6}{'us':>9}{'hot us':>8}{'GB/s':>7}{'%copy':>6}"
         f"{'off us':>8}{'empty':>7}  config")
     for r in ROWS:
         if r["section"] == "lora_gate_up":
             d = next((x for x in ROWS if x["section"] == "disabled" and x["preset"] == r["preset"] and x["M"] == r["M"]),
                      dict(time_us=float("nan"), empty_kernel_us=float("nan")))
-            log(f"{r['preset']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['time_us_hot']:>8.1f}{r['target_us']:>8}"
-                f"{r['speedup']:>7.2f}x{r['gbps']:>7.0f}{100 * r['bw_frac']:>5.0f}%{d['time_us']:>8.2f}"
+            log(f"{r['preset']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['time_us_hot']:>8.1f}"
+                f"{r['gbps']:>7.0f}{100 * r['bw_frac']:>5.0f}%{d['time_us']:>8.2f}"
                 f"{d['empty_kernel_us']:>7.2f}  {r['config']}")
     al = [r for r in ROWS if r["section"] == "align"]
     if al:

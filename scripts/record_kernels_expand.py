@@ -1,10 +1,10 @@
-"""Issue 13, round 3 on the GPU: the aligned LoRA delta with its expand loop pipelined by hand
+"""data/kernels/expand_*: the aligned LoRA delta with its expand loop pipelined by hand
 (`LoRAKernelConfig.prefetch`), the floor of an all-disabled exit, and (with the table as committed)
 LoRA's share of the MoE layer.
 
-    PYTHONPATH=. python3 scripts/gpu_expand.py --out DIR [--sections check,sweep,floor] [--budget-s 400]
+    python scripts/record_kernels_expand.py --out DIR [--sections check,sweep,floor] [--budget-s 400] [--dry]
 
-Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand_meta.json):
+Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.json):
   check   every swept tile on the presets' real shapes (bf16, rank 32, 4 slots, one slot empty, one
           disabled, tokens without adapter) against float64; rows that must not change compared bit
           for bit.
@@ -13,48 +13,44 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand_meta.js
           second over the measured copy bandwidth (`bw_frac`).
   floor   all adapters disabled, decode and aligned paths, against the same-grid empty kernel and a
           same-grid kernel whose programs load one device flag and exit (kernels/empty.py).
-  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (gpu_lora_decode.py,
+  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (instruments/kernel_cases.py,
           each case timed on its own).
   layer_paired  the same three cases captured once each and replayed interleaved (rotated order) for
           REPS rounds: the share per round (all / base - 1, none / base - 1), its median and 10-90 %
           interval, so drifts between runs land on all three alike.
   compact one adapter active on every token: the LoRA path over the pool's 4 rows against one compacted
           row (the per_active_count graph strategy's batch), paired the same way.
-  path    the whole LoRA path of one layer at M = 1..64 (gpu_lora_decode.py).
+  path    the whole LoRA path of one layer at M = 1..64 (instruments/kernel_cases.py).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from dataclasses import replace
 
 import torch
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lora_moe_lab import runtime  # noqa: E402  (first: sets TRITON_INTERPRET on a CPU-only machine)
-import gpu_lora_decode as gld  # noqa: E402
-from gpu_kernels import ROWS, TOL, cfg_str, copy_bandwidth, graph_time_us, log, ref_lora, rel, row  # noqa: E402
-from lora_moe_lab.config import get_shape  # noqa: E402
-from lora_moe_lab.kernels import fused_moe_lora  # noqa: E402
-from lora_moe_lab.kernels.align import moe_align  # noqa: E402
-from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_config  # noqa: E402
-from lora_moe_lab.kernels.empty import flag_exit_kernel  # noqa: E402
-from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
-from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode  # noqa: E402
-from lora_moe_lab.config import LoRAConfig  # noqa: E402
-from lora_moe_lab.instruments.timing import _quantile, time_interleaved  # noqa: E402
-from lora_moe_lab.kernels import configs  # noqa: E402
-from lora_moe_lab.model.graphs import GraphForward  # noqa: E402
-from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo  # noqa: E402
-from lora_moe_lab.model.moe import LoRAHook, MoELayer  # noqa: E402
-from lora_moe_lab.ops import get_backend  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab import runtime
+from lora_moe_lab.config import LoRAConfig, get_shape
+from lora_moe_lab.instruments import harness
+from lora_moe_lab.instruments import kernel_cases as kc
+from lora_moe_lab.instruments.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
+from lora_moe_lab.instruments.timing import _quantile, time_interleaved
+from lora_moe_lab.kernels import configs, fused_moe_lora
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_config
+from lora_moe_lab.kernels.empty import flag_exit_kernel
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
+from lora_moe_lab.model.graphs import GraphForward
+from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from lora_moe_lab.model.moe import LoRAHook, MoELayer
+from lora_moe_lab.ops import get_backend
+from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
+from lora_moe_lab.ops.reference import rel, tolerance
 
-PRESETS = gld.PRESETS
-S, RANK, BF = gld.S, gld.RANK, torch.bfloat16
+PRESETS = kc.PRESETS
+S, RANK, BF = kc.S, kc.RANK, torch.bfloat16
 SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the check's M); regs/table: REGS_M
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
 BLOCKS_M = (1024, 2048, 4096)
@@ -123,14 +119,14 @@ def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
 def check(preset, dev, gen, deadline, which="regs"):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
-    w = gld.weights(sh, dev, gen)
+    w = kc.weights(sh, dev, gen)
     lora_ids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # slot 3 empty
     enabled = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # slot 1 disabled
     for M in (16,) + SWEEP_M:
         if time.time() > deadline:
             log(f"  check cut at {preset} M={M} (budget)")
             break
-        s = gld.make_set(sh, M, dev, gen)
+        s = kc.make_set(sh, M, dev, gen)
         s["slot"] = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)  # some without adapter
         bm0 = lora_block_m(M, k, E, S)
         for op in ("gate_up", "down"):
@@ -150,32 +146,31 @@ def check(preset, dev, gen, deadline, which="regs"):
                 bits = torch.int16 if out.element_size() == 2 else torch.int32
                 untouched = torch.equal(out[~live].view(bits), out0[~live].view(bits))
                 err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
-                ok = untouched and err < TOL[BF]
+                ok = untouched and err < tolerance(BF, dev)
                 fails += not ok
-                row(section="check", preset=preset, op=op, M=M, config=cfg_str(bm, cfg), rel_err=err, tol=TOL[BF],
+                row(section="check", preset=preset, op=op, M=M, config=cfg_str(bm, cfg), rel_err=err, tol=tolerance(BF, dev),
                     untouched_rows_identical=untouched, ok=ok)
             log(f"check {preset} M={M} {op}: {fails} failures, worst "
                 f"{max(r['rel_err'] for r in ROWS if r['section'] == 'check' and r['M'] == M and r['op'] == op and r['preset'] == preset):.1e}")
-            del ref, live
-        del s
-    del w
+            ref = live = None  # frees the buffers before the next M
+        s = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
 
 def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
-    w = gld.weights(sh, dev, gen)
+    w = kc.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones(S, dtype=torch.int32, device=dev)
     for M in {"tiles": SWEEP_M, "blocks": BLOCKS_M}.get(which, REGS_M):  # "table": the table's tile at every REGS_M
         n_sets = 6 if M <= 1024 else 2
-        sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm0 = lora_block_m(M, k, E, S)
         aligns = {}
         for op in ("gate_up", "down"):
             P, N, Kin, gather = op_args(op, sh)
-            nbytes = sum(gld.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
+            nbytes = sum(kc.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
             table_for = lambda bm, op=op, M=M: table_config(op, M, sh, bm)  # noqa: E731
             for i, (bm, cfg) in enumerate(candidates(op, M, bm0, table_for, which)):
                 if i > 1 and time.time() > deadline:
@@ -193,20 +188,19 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
             best = min(rs, key=lambda r: r["time_us"])
             log(f"{op:8}{preset:<19}M={M:<5} table {rs[0]['time_us']:7.1f} us {100 * rs[0]['bw_frac']:3.0f}%  best "
                 f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
-        del sets, aligns
-    del w
+        sets = aligns = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
 
 def floor(preset, dev, gen, deadline):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
-    w = gld.weights(sh, dev, gen)
+    w = kc.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on, off = torch.ones(S, dtype=torch.int32, device=dev), torch.zeros(S, dtype=torch.int32, device=dev)
     flag, sink = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1 << 16, dtype=torch.int32, device=dev)
     for M in FLOOR_M:
-        s = gld.make_set(sh, M, dev, gen)
+        s = kc.make_set(sh, M, dev, gen)
         al = moe_align(s["ids"], E, lora_block_m(M, k, E, S), s["slot"], S)
         for op in ("gate_up", "down"):
             P, N, Kin, gather = op_args(op, sh)
@@ -224,7 +218,7 @@ def floor(preset, dev, gen, deadline):
             t["aligned_off_us"] = graph_time_us([lambda: lora_delta(xin, a, b, al, ids_s, off, k, out, routed_weights=rw,
                                                                     gather=gather)], inner=32)
             ga = fused_moe_lora.LAST_LORA_LAUNCH["grid"]
-            t["aligned_empty_us"] = graph_time_us([lambda: gld.aligned_empty(xin, a, b, al, ids_s, on, k, out,
+            t["aligned_empty_us"] = graph_time_us([lambda: kc.aligned_empty(xin, a, b, al, ids_s, on, k, out,
                                                                              routed_weights=rw, gather=gather)], inner=32)
             t["aligned_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(ga,)](flag, sink)], inner=32)
             row(section="floor", preset=preset, M=M, op=op, decode_programs=g, aligned_programs=ga, **t,
@@ -235,7 +229,6 @@ def floor(preset, dev, gen, deadline):
             log(f"floor {preset} M={M} {op}: decode off {t['decode_off_us']:.2f} / empty {t['decode_empty_us']:.2f} / "
                 f"flag {t['decode_flag_us']:.2f} us ({g} programs); aligned off {t['aligned_off_us']:.2f} / empty "
                 f"{t['aligned_empty_us']:.2f} / flag {t['aligned_flag_us']:.2f} us ({ga})")
-    del w
     torch.cuda.empty_cache()
 
 
@@ -287,8 +280,7 @@ def _paired_layer(preset, dev, deadline, Ms, cases, section, reps=31):
                 g.replay()
         t = time_interleaved({c: g.replay for c, g in graphs.items()}, reps=reps)
         yield M, inner, {c: [v / inner for v in t[c].samples_us] for c in t}
-        del graphs
-    del layer, pool
+        graphs = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
 
@@ -302,7 +294,7 @@ def layer_paired(preset, dev, deadline, reps=31):
     names = [f"a{i}" for i in range(S)]
     cases = lambda M: {"base": (None, None), "lora_all_active": ([names[i % S] for i in range(M)], None),  # noqa: E731
                        "lora_none_active": ([None] * M, None)}
-    for M, inner, per in _paired_layer(preset, dev, deadline, gld.LAYER_M, cases, "layer_paired", reps):
+    for M, inner, per in _paired_layer(preset, dev, deadline, kc.LAYER_M, cases, "layer_paired", reps):
         share, p10, p90 = _q([a / b - 1 for a, b in zip(per["lora_all_active"], per["base"])])
         none, n10, n90 = _q([a / b - 1 for a, b in zip(per["lora_none_active"], per["base"])])
         med = {c: _quantile(v, 0.5) for c, v in per.items()}
@@ -353,14 +345,13 @@ def main(argv=None):
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
     if args.dry:
         _dry()
     elif not runtime.has_cuda():
-        raise SystemExit("gpu_expand.py needs a CUDA GPU (or --dry)")
-    t0 = time.time()
-    meta = metadata(params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16", sweep_m=SWEEP_M))
-    meta["errors"] = []
+        raise SystemExit("record_kernels_expand.py needs a CUDA GPU (or --dry)")
+    rec = Recorder("kernels_expand", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
+                                                            sweep_m=SWEEP_M))
+    t0, meta = rec.t0, rec.meta
     dev = runtime.default_device()
     gen = torch.Generator(device=dev).manual_seed(0)
     meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
@@ -374,20 +365,20 @@ def main(argv=None):
             dl = t0 + args.budget_s * shares[sec]
             fn, extra = {"check": (check, (gen, dl, args.candidates)),
                          "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
-                         "floor": (floor, (gen, dl)), "layer": (gld.time_layer, (dl,)),
+                         "floor": (floor, (gen, dl)), "layer": (kc.time_layer, (dl,)),
                          "layer_paired": (layer_paired, (dl,)), "compact": (compact, (dl,)),
-                         "path": (gld.time_paths, (gen, dl))}[sec]
-            gld.run_section(f"{sec} {preset}", fn, (preset, dev) + extra, meta, args.out, "kernels_expand")
+                         "path": (kc.time_paths, (gen, dl))}[sec]
+            rec.section(f"{sec} {preset}", fn, preset, dev, *extra)
         log(f"[{sec} done at {time.time() - t0:.0f}s]")
-    meta["wall_s"] = time.time() - t0
-    gld.write(args.out, meta, "kernels_expand")
+    rec.write()
     summary(meta)
 
 
 def _dry():
     """Exercise every section on the CPU (interpreter, tiny preset, each fn called once as 'timing')."""
     global PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M
-    gld._dry()
+    harness.set_dry()
+    kc.set_tiny()
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M = ("tiny",), (16,), (1,), torch.float32, (16,)
     g["REGS_M"] = g["BLOCKS_M"] = (16,)
@@ -401,9 +392,6 @@ def _dry():
         def replay(self):
             return self.fn()
     g["GraphForward"] = _G
-    g["graph_time_us"] = gld.graph_time_us
-    g["copy_bandwidth"] = gld.copy_bandwidth
-    g["TOL"] = {torch.float32: 1e-5}
 
 
 def summary(meta):

@@ -1,10 +1,10 @@
-"""Issue 13 on the GPU, round 2: the LoRA delta fused into the base GEMM's epilogue, measured against the base
+"""data/kernels/fused_*: the LoRA delta fused into the base GEMM's epilogue, measured against the base
 GEMM + the separate delta (today's path); the whole LoRA path re-timed; the decode differential over every tile.
 
-    PYTHONPATH=. GIT_COMMIT=abc1234 python3 scripts/gpu_fused_epilogue.py --out DIR [--budget-s 360] [--cases 1200]
+    python scripts/record_kernels_fused.py --out DIR [--budget-s 360] [--cases 1200] [--dry]
 
-Sections (rows of DIR/kernels_fused.csv, metadata DIR/kernels_fused_meta.json; the others come from
-scripts/gpu_lora_decode.py and land in the same file):
+Sections (rows of DIR/kernels_fused.csv, metadata DIR/kernels_fused.meta.json; the others come from
+instruments/kernel_cases.py and land in the same file):
   fused_check  kernels/fused_moe_lora_epilogue.py at the presets' shapes (bf16, M 1..8192) and a random
                differential (dtypes, gate_up / down, odd K/N, every BLOCK_M of the tile table, rows and tokens
                without adapter, disabled rows, routed weights) against float64; NaN-poisoned `out`; pairs
@@ -12,33 +12,33 @@ scripts/gpu_lora_decode.py and land in the same file):
   fused        per preset, op and M = 1..16384 (bf16, rank 32, 4 adapters, every token with one, graph replay):
                base GEMM alone, base + today's separate delta (decode kernel at <= DECODE_MAX_PAIRS pairs, else
                the aligned kernel), the LoRA alignment, the fused GEMM, the fused GEMM with every adapter disabled.
-  diff, path   gpu_lora_decode's: the decode differential, the whole LoRA path at M = 1..64.
+  diff, path   kernel_cases': the decode differential, the whole LoRA path at M = 1..64.
   layer        one MoE layer: base, LoRA all active and none active, with the separate deltas and with both fused.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_lora_decode as gld  # noqa: E402  (puts the checkout on sys.path)
-from gpu_kernels import ROWS, TOL, graph_time_us, log, ref_gemm, ref_lora, rel, route, row  # noqa: E402
-from lora_moe_lab.config import get_shape  # noqa: E402
-from lora_moe_lab.kernels import configs  # noqa: E402
-from lora_moe_lab.kernels.align import moe_align  # noqa: E402
-from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path  # noqa: E402
-from lora_moe_lab.kernels.fused_moe import moe_gemm  # noqa: E402
-from lora_moe_lab.kernels.fused_moe_lora import lora_delta  # noqa: E402
-from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora  # noqa: E402
-from lora_moe_lab.kernels.lora_decode import lora_delta_decode  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments import harness
+from lora_moe_lab.instruments import kernel_cases as kc
+from lora_moe_lab.instruments.harness import ROWS, Recorder, graph_time_us, log, route, row
+from lora_moe_lab.kernels import configs
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path
+from lora_moe_lab.kernels.fused_moe import moe_gemm
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora
+from lora_moe_lab.kernels.lora_decode import lora_delta_decode
+from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
+from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
+from lora_moe_lab.ops.reference import rel, tolerance
 
-S, RANK, BF = gld.S, gld.RANK, gld.BF
+S, RANK, BF = kc.S, kc.RANK, kc.BF
 FUSED_M = tuple(2 ** i for i in range(15))
 CHECK_M = (1, 16, 256, 2048, 8192)
 
@@ -63,12 +63,12 @@ def fused_check(dev, gen, n_random):
     lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # row 3 empty
     en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # row 1 disabled
     fails = 0
-    for preset in gld.PRESETS:  # the presets' shapes, bf16
+    for preset in kc.PRESETS:  # the presets' shapes, bf16
         sh = get_shape(preset)
         K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
         w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
         w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
-        a13, b13, a2, b2 = gld.weights(sh, dev, gen)
+        a13, b13, a2, b2 = kc.weights(sh, dev, gen)
         for M in CHECK_M:
             x = torch.randn(M, K, generator=gen, device=dev).to(BF)
             h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
@@ -79,13 +79,13 @@ def fused_check(dev, gen, n_random):
                 d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
                 err, same = _fused_case(xin, w, al, k, a, b, mapping, lids, en, r, gather,
                                         (ref_gemm(xin, w, ids, k, r, gather) + d, live))
-                ok = err < TOL[BF] and same
+                ok = err < tolerance(BF, dev) and same
                 fails += not ok
                 row(section="fused_check", preset=preset, op=op, M=M, dtype="bfloat16", block_m=al.block_m,
                     rel_err=err, adapterless_rows_bitwise=same, ok=ok)
             log(f"fused check {preset} M={M}: " + " ".join(f"{r['op']} {r['rel_err']:.1e}{'' if r['ok'] else ' FAIL'}"
                                                           for r in ROWS[-2:]))
-        del w13, w2, a13, b13, a2, b2
+        w13 = w2 = a13 = b13 = a2 = b2 = None  # frees the buffers before the next M
     rng, g = random.Random(1), torch.Generator(device=dev).manual_seed(1)
     worst = {}
     for i in range(n_random):  # small random shapes through every BLOCK_M (and so every tile) of the table
@@ -102,14 +102,14 @@ def fused_check(dev, gen, n_random):
         mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
         lids = torch.tensor([rng.choice(list(range(Sn)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
         en_ = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
-        d, live = gld.ref_lora_delta_rows(x, a, b, ids, mapping, lids, en_, routed_weights=rw, gather=gather)
+        d, live = kc.ref_lora_delta_rows(x, a, b, ids, mapping, lids, en_, routed_weights=rw, gather=gather)
         d, live = d.to(dev), (live == 0).to(dev)
         al = moe_align(ids, E, bm)
         err, same = _fused_case(x, w, al, k, a, b, mapping, lids, en_, rw, gather,
                                 (ref_gemm(x, w, ids, k, rw, gather) + d, live))
         key = str(dtype)[6:]
         worst[key] = max(worst.get(key, 0.0), err)
-        fails += not (err < TOL[dtype] and same)
+        fails += not (err < tolerance(dtype, dev) and same)
     row(section="fused_check", op="random", cases=n_random, worst=str(worst), failures=fails)
     log(f"fused differential: {n_random} random cases + {4 * len(CHECK_M)} preset cases, {fails} failures, worst {worst}")
 
@@ -119,7 +119,7 @@ def time_fused(preset, dev, gen, deadline):
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
     w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
-    a13, b13, a2, b2 = gld.weights(sh, dev, gen)
+    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
     lids = torch.arange(S, dtype=torch.int32, device=dev)  # row s holds slot s, every row enabled (on) or none
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
     for M in FUSED_M:
@@ -127,7 +127,7 @@ def time_fused(preset, dev, gen, deadline):
             log(f"  fused section cut at {preset} M={M} (budget)")
             break
         n_sets = 8 if M <= 64 else 4 if M <= 1024 else 2 if M <= 4096 else 1
-        sets = [gld.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm, bml, dec = moe_block_m(M, k, E), lora_block_m(M, k, E, S), use_decode_path(M, k)
         for s in sets:
             s["al"] = moe_align(s["ids"], E, bm)
@@ -173,20 +173,19 @@ def time_fused(preset, dev, gen, deadline):
             log(f"fused {preset} {op:<7} M={M:>5}: base {t['base_us']:8.1f}  +sep {r['delta_separate_us']:7.1f}  "
                 f"+fused {r['delta_fused_us']:7.1f}  off {t['fused_off_us'] - t['base_us']:6.1f}  (lora align "
                 f"{t_align:.1f}) fused/sep {r['ratio']:.2f}")
-        del sets
-    del w13, w2, a13, b13, a2, b2
+        sets = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
 
 def time_layer_both(preset, dev, deadline):
-    """gpu_lora_decode's layer section twice: separate deltas (FUSED_LORA_TOKENS empty), then both fused."""
+    """record_kernels_decode's layer section twice: separate deltas (FUSED_LORA_TOKENS empty), then both fused."""
     keep = configs.FUSED_LORA_TOKENS
     for variant, table in (("separate", {"gate_up": frozenset(), "down": frozenset()}),
                            ("fused", {"gate_up": frozenset(FUSED_M), "down": frozenset(FUSED_M)})):
         configs.FUSED_LORA_TOKENS = table
         n0 = len(ROWS)
         try:
-            gld.time_layer(preset, dev, deadline)
+            kc.time_layer(preset, dev, deadline)
         finally:
             configs.FUSED_LORA_TOKENS = keep
         for r in ROWS[n0:]:
@@ -203,43 +202,41 @@ def main(argv=None):
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--seed", type=int, default=0, help="seed of the decode differential (several processes, one each)")
     args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-    meta = metadata(params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=configs.DECODE_MAX_PAIRS,
-                                fused_table={k: sorted(v) for k, v in configs.FUSED_LORA_TOKENS.items()}))
-    meta["errors"] = []
     dev = torch.device("cuda")
     if args.dry:  # CPU: every section once on the tiny preset under the interpreter, fake timer
         dev = _dry()
+    rec = Recorder("kernels_fused", args.out, params=dict(
+        vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=configs.DECODE_MAX_PAIRS,
+        fused_table={k: sorted(v) for k, v in configs.FUSED_LORA_TOKENS.items()}))
+    t0 = rec.t0
     gen = torch.Generator(device=dev).manual_seed(0)
     secs = args.sections.split(",")
     share = {"fused": 0.45, "path": 0.55, "layer": 0.75}  # cumulative deadlines (diff runs last, unbounded)
 
     def guarded(name, fn, *a):
-        meta["wall_s"] = time.time() - t0
-        gld.run_section(name, fn, a, meta, args.out, "kernels_fused")
+        rec.section(name, fn, *a)
         log(f"[{name} done at {time.time() - t0:.0f}s]")
 
     if "fused_check" in secs:
         guarded("fused_check", fused_check, dev, gen, args.fused_cases)
-    for sec, fn in (("fused", time_fused), ("path", gld.time_paths), ("layer", time_layer_both)):
+    for sec, fn in (("fused", time_fused), ("path", kc.time_paths), ("layer", time_layer_both)):
         if sec in secs:
             t_sec = time.time()
-            for i, preset in enumerate(gld.PRESETS):  # each preset its share of the section's time
-                dl = t_sec + (t0 + args.budget_s * share[sec] - t_sec) * (i + 1) / len(gld.PRESETS)
+            for i, preset in enumerate(kc.PRESETS):  # each preset its share of the section's time
+                dl = t_sec + (t0 + args.budget_s * share[sec] - t_sec) * (i + 1) / len(kc.PRESETS)
                 guarded(f"{sec} {preset}", fn, preset, dev, *((dl,) if sec == "layer" else (gen, dl)))
     if "diff" in secs:
-        guarded("diff", gld.differential, dev, args.cases, args.seed)
+        guarded("diff", kc.differential, dev, args.cases, args.seed)
     summary()
 
 
 def _dry():
     global FUSED_M, CHECK_M, BF, RANK
-    gld._dry()
-    FUSED_M, CHECK_M, BF, RANK = (1, 16), (1, 16), torch.float32, gld.RANK
-    globals()["graph_time_us"] = gld.graph_time_us
-    real = gld.differential
-    gld.differential = lambda dev, n: real(dev, 3)
+    harness.set_dry()
+    kc.set_tiny()
+    FUSED_M, CHECK_M, BF, RANK = (1, 16), (1, 16), torch.float32, kc.RANK
+    real = kc.differential
+    kc.differential = lambda dev, n: real(dev, 3)
     torch.cuda.synchronize = lambda *a: None
     return torch.device("cpu")
 

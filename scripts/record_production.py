@@ -1,7 +1,7 @@
 """Record production's trace signature and the fix's gain in two regimes, in one device call.
 
-    PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 scripts/gpu_signature.py --session s1 --out $OUT
-    PYTHONPATH=. python3 scripts/gpu_signature.py --smoke --out /tmp/sig      # CPU: tiny, seconds
+    PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 scripts/record_production.py --session s1 --out $OUT
+    PYTHONPATH=. python3 scripts/record_production.py --smoke --out /tmp/sig      # CPU: tiny, seconds
 
 The Qwen3-30B-A3B-shaped decoder (48 layers, bf16, Triton, 260 guard syncs per forward, no
 adapter in use: production's case) prefills R requests x 2048 tokens in chunks, `sync` against
@@ -29,13 +29,12 @@ import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from lora_moe_lab.instruments import prefill as P  # noqa: E402
-from lora_moe_lab.instruments.clocks import ClockLog  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
-from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS  # noqa: E402
+from lora_moe_lab.instruments import prefill as P
+from lora_moe_lab.instruments.clocks import ClockLog
+from lora_moe_lab.provenance import metadata
+from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 
 GS_PROD = 260 / 48
 TARGET_LATER_US = PS["later_blocked_mean_us"]  # ~30 ms over production's other 259 syncs

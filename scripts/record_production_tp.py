@@ -2,9 +2,9 @@
 x 2048 input tokens through the 48-layer Qwen3-30B-A3B-shaped decoder, per guard, at TP=1 (one
 GPU, full shapes) and TP=2 (torchrun, heads and expert intermediate split over both GPUs).
 
-    python3 scripts/gpu_production.py --stage smoke --out $OUT    # 4 layers, 2 reps, GPU tests (~1 min)
-    python3 scripts/gpu_production.py --stage full --out $OUT     # 48 layers, C=16384, 5 reps (~8.5 min)
-    python3 scripts/gpu_production.py --stage extra --out $OUT    # C=8192 (not recorded yet)
+    python3 scripts/record_production_tp.py --stage smoke --out $OUT    # 4 layers, 2 reps, GPU tests (~1 min)
+    python3 scripts/record_production_tp.py --stage full --out $OUT     # 48 layers, C=16384, 5 reps (~8.5 min)
+    python3 scripts/record_production_tp.py --stage extra --out $OUT    # C=8192 (not recorded yet)
 
 Each task is one run of `python -m lora_moe_lab.instruments.prefill` (under torchrun for TP=2):
 tidy CSV + .meta.json + .summary.csv in build/production/, one trimmed trace per guard, adapter

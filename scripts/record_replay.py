@@ -1,8 +1,8 @@
 """Validate the replay engine (sim/replay.py) held out: predict `cpu_flag` from a profiled `sync` forward
 and the reverse, and compare with the UNPROFILED measurement of the target configuration.
 
-    python scripts/validate_replay.py          # writes data/replay/validation.csv + .meta.json
-    python scripts/validate_replay.py --simulator   # and data/replay/simulator_vs_replay.csv + .meta.json:
+    python scripts/record_replay.py          # writes data/replay/validation.csv + .meta.json
+    python scripts/record_replay.py --simulator   # and data/replay/simulator_vs_replay.csv + .meta.json:
                                                # the queue simulator beside the replay (sim/whatif.py)
 
 Per point: the source trace's steady forward (forward 1) as a graph; the 8-layer MoE traces tiled to 48
@@ -28,12 +28,11 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from lora_moe_lab.instruments import production_runs, recordings, stats  # noqa: E402
-from lora_moe_lab.provenance import DATA, metadata  # noqa: E402
-from lora_moe_lab.sim import replay as R  # noqa: E402
-from lora_moe_lab.sim import replay_transforms as X  # noqa: E402
+from lora_moe_lab.instruments import production_runs, recordings, stats
+from lora_moe_lab.provenance import DATA, metadata
+from lora_moe_lab.sim import replay as R
+from lora_moe_lab.sim import replay_transforms as X
 
 OUT = DATA / "replay"
 SIG = DATA / "production" / "signature_s1" / "traces"

@@ -1,7 +1,7 @@
 """Time a new user's set-up: a fresh clone of this checkout, then `make venv` (what the first
 `make run` or `make test` does) with pip's cache off, as on a machine that never installed it.
 
-    python3 scripts/measure_setup.py --runs 3      -> data/setup/setup_time.json
+    python3 scripts/record_setup.py --runs 3      -> data/setup/setup_time.json
 
 Each run's wall-clock seconds, their median, min and max, and the machine's metadata.
 """

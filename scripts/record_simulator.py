@@ -1,6 +1,6 @@
 """Calibrate the host/device queue model on the canonical H200 recording and write its tables.
 
-    python scripts/validate_simulator.py   -> data/simulator/simulator_fit.json       parameters + recording label
+    python scripts/record_simulator.py   -> data/simulator/simulator_fit.json       parameters + recording label
                                               data/simulator/simulator_validation.csv held-out points, pass / miss
                                               data/simulator/simulator_vs_production.csv  production extrapolation
 
@@ -9,12 +9,10 @@ the fit reads its per-point medians and 95 % intervals (`as_sweep()`). Validatio
 count out at a time. Deterministic (least squares from fixed starting values), CPU only, ~10 s.
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_moe_lab import sim  # noqa: E402
-from lora_moe_lab.instruments.recordings import GUARDS_CSV, load_guards  # noqa: E402
+from lora_moe_lab import sim
+from lora_moe_lab.instruments.recordings import GUARDS_CSV, load_guards
 
 
 def main(argv=None):

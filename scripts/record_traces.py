@@ -1,6 +1,6 @@
 """Record small torch-profiler traces of the mini MoE model on a GPU, for the notebooks and tests.
 
-    PYTHONPATH=. python3 scripts/gpu_traces.py --out DIR          # then copy DIR/* to data/traces/
+    PYTHONPATH=. python3 scripts/record_traces.py --out DIR          # then copy DIR/* to data/traces/
 
 For each size M (decode-like 16 tokens, prefill-like 4096) and guard (sync, cpu_flag,
 launch_always): an eager forward, and (cpu_flag, launch_always) a CUDA-graph replay of the whole
@@ -26,12 +26,11 @@ import time
 import pandas as pd
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lora_moe_lab import runtime  # noqa: E402
-from lora_moe_lab.instruments import syncs, trace  # noqa: E402
-from lora_moe_lab.model.graphs import CapturedForward  # noqa: E402
-from lora_moe_lab.model.lab import build_lab, split_tokens  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
+from lora_moe_lab import runtime
+from lora_moe_lab.instruments import syncs, trace
+from lora_moe_lab.model.graphs import CapturedForward
+from lora_moe_lab.model.lab import build_lab, split_tokens
+from lora_moe_lab.provenance import metadata
 
 MAX_BYTES = 1_000_000
 

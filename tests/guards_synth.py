@@ -1,4 +1,4 @@
-"""Synthetic guards sessions in the schema scripts/gpu_side_by_side.py writes (warm-up check
+"""Synthetic guards sessions in the schema scripts/record_guards.py writes (warm-up check
 applied by recordings.mark_warmup), for the reader's and the README block's tests."""
 import numpy as np
 import pandas as pd
@@ -7,7 +7,7 @@ from lora_moe_lab.instruments.recordings import mark_warmup
 
 
 def session_rows(session, *, reps=16, lost_per_sync=40.0, drift=None, seed=0, tokens=(16, 4096)):
-    """Synthetic rows of one session as gpu_side_by_side writes them (before the check):
+    """Synthetic rows of one session as record_guards writes them (before the check):
     drift = {(tokens, variant): leading repetitions that run 30 % slow}."""
     rng = np.random.default_rng(seed)
     rows = []

@@ -93,3 +93,36 @@ def test_simulator_costs_every_step_of_the_model():
     assert set(_step_costs(16, 8, 64, 32, 8, 2, 16, 2)) == set(names)
     ops = [o[0] for o in layer_spec(get_shape("tiny"), 16, "launch_always", active=0.5) if o[1] == "kernel"]
     assert ops == names  # the simulator issues the model's steps in the model's order
+
+
+# --- scripts/: the top of the house --------------------------------------------------------------
+SCRIPTS = PKG.parent / "scripts"
+
+
+def _script_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_scripts_reach_the_package_through_public_modules_only():
+    """No script imports another script (no chain, no cycle: the harness is in the package), none
+    edits sys.path (scripts/gpu_check.py, the GPU check run before any install, is the exception),
+    and every package module a script imports is public (no _private module)."""
+    names = {p.stem for p in SCRIPTS.glob("*.py")}
+    for p in sorted(SCRIPTS.glob("*.py")):
+        imps = _script_imports(p)
+        assert not (imps & names), (p.name, imps & names)
+        for m in (m for m in imps if m.startswith("lora_moe_lab")):
+            assert not any(part.startswith("_") for part in m.split(".")), (p.name, m)
+        if p.name != "gpu_check.py":
+            assert "sys.path.insert" not in p.read_text() and "sys.path.append" not in p.read_text(), p.name
+
+
+def test_the_package_never_imports_a_script():
+    for p in PKG.rglob("*.py"):
+        assert not any(m.startswith("scripts") for m in _script_imports(p)), p

@@ -1,6 +1,7 @@
 """Float64 references for every op, written the plainest way: per (token, k) pair gathers.
 
-Only for small shapes (they materialise per-pair weight copies). Every kernel and backend is
+Only for small shapes (they materialise per-pair weight copies); the `_grouped` ones loop over
+experts on the inputs' device, for production shapes. Every kernel and backend is
 tested against these on fresh random inputs.
 """
 from __future__ import annotations
@@ -166,6 +167,59 @@ def exit_codes(align, lora_ids, adapter_enabled) -> torch.Tensor:
                    (1, (lora_ids < 0)[:, None].expand(S, nb))):
         code = torch.where(hit, torch.full_like(code, c), code)
     return code
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative Frobenius error ||a - b|| / ||b|| in float64 (the one measure of every check)."""
+    a, b = a.double(), b.double().to(a.device)
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def ref_moe_gemm_grouped(x, w, topk_ids, top_k, routed_weights=None, gather=True):
+    """ref_moe_gemm for production shapes: one float64 GEMM per expert on the inputs' device (no
+    per-pair weight copies). (M*top_k, N)."""
+    E, N, _ = w.shape
+    e = topk_ids.flatten().long()
+    order = torch.argsort(e, stable=True)
+    counts = torch.bincount(e, minlength=E).tolist()  # a host sync: fine, this is the reference
+    out = torch.empty(e.numel(), N, dtype=f64, device=x.device)
+    start = 0
+    for ex, c in enumerate(counts):
+        if c:
+            p = order[start:start + c]
+            out[p] = x[p // top_k if gather else p].double() @ w[ex].double().T
+            start += c
+    if routed_weights is not None:
+        out *= routed_weights.reshape(-1, 1).double()
+    return out
+
+
+def ref_lora_delta_grouped(x, lora_a, lora_b, topk_ids, token_slot, lora_ids, adapter_enabled, top_k,
+                           routed_weights=None, gather=True):
+    """ref_lora_delta for production shapes: one float64 shrink and expand per (slot, expert) group on
+    the inputs' device. Returns ((M*top_k, P*N) delta, (M*top_k,) bool live pairs)."""
+    P, S, E, _, _ = lora_a.shape
+    N = lora_b.shape[3]
+    e = topk_ids.flatten().long()
+    slot = token_slot.long().repeat_interleave(top_k)
+    sc = slot.clamp(min=0)
+    live = (slot >= 0) & (lora_ids.long()[sc] >= 0) & (adapter_enabled.long()[sc] != 0)
+    key = torch.where(live, sc * E + e, torch.full_like(e, S * E))
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=S * E + 1).tolist()
+    out = torch.zeros(e.numel(), P * N, dtype=f64, device=x.device)
+    start = 0
+    for kk, c in enumerate(counts[:-1]):
+        if c:
+            p = order[start:start + c]
+            s, ex = divmod(kk, E)
+            xr = x[p // top_k if gather else p].double()
+            for q in range(P):
+                out[p, q * N:(q + 1) * N] = (xr @ lora_a[q, s, ex].double().T) @ lora_b[q, s, ex].double().T
+            start += c
+    if routed_weights is not None:
+        out *= routed_weights.reshape(-1, 1).double()
+    return out, live
 
 
 def tolerance(dtype: torch.dtype, device) -> float:

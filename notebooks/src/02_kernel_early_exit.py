@@ -256,7 +256,7 @@ if LIVE:
 # %%
 rec, meta = ee.recorded_disabled_launches()
 if rec is None:
-    print("No recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by scripts/gpu_kernels.py).")
+    print("No recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by scripts/record_kernels.py).")
 else:
     src = f"recorded: {label(meta)}"
     print(src, "(no launch: 0 us by definition)")
@@ -420,7 +420,7 @@ pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
 # output, add `t @ B.T`, write them back. What a stream reaches is set by the bytes it keeps in flight,
 # and those by how many programs fit on an SM: 65536 registers per SM make room for 4 programs of
 # 4 warps at 128 registers a thread, 3 at 168, 2 above. Below, every tile variant of the H200 sweep
-# (`scripts/gpu_expand.py --candidates regs`): its registers, the programs per SM they allowed
+# (`scripts/record_kernels_expand.py --candidates regs`): its registers, the programs per SM they allowed
 # (colour) and whether the expand loop was pipelined by hand (`prefetch`, marker). A register cap
 # (`maxnreg`) that buys a fourth program pays (M=512, down); one that makes the compiler spill
 # costs far more than it buys (M=8192, down). These are recordings, not live timings: this

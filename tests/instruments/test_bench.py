@@ -196,23 +196,6 @@ def test_gpu_event_timing_and_graph_sweep(tmp_path):
     assert (df.loc[df["mode"] == "graph", "syncs_per_forward"] == 0).all()
 
 
-def test_gpu_sweep_script_quick_mode_on_this_machine(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_sweep.py"
-    spec = importlib.util.spec_from_file_location("gpu_sweep", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(["--quick", "--out", str(tmp_path), "--reps", "1", "--no-fit"]) == 0
-    out = capsys.readouterr().out
-    df = bench.load_sweep(tmp_path / "h200_sweep.csv")
-    assert list(df.columns) == COLUMNS and df["error"].isna().all() and len(df) >= 12
-    assert df.attrs["meta"]["sessions"] and "sync/cpu_flag" in out and "us_per_sync" in out.splitlines()[-5]
-    with pytest.raises(SystemExit):  # exists: --resume needed
-        mod.main(["--quick", "--out", str(tmp_path)])
-
-
 def test_lost_works_on_every_csv_in_data_or_says_why_not(capsys):
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The kernel-run loader (scripts/gpu_expand.py recordings): sections, LoRA's share against its byte
+"""The kernel-run loader (scripts/record_kernels_expand.py recordings): sections, LoRA's share against its byte
 floor computed from the run's own rows, named errors; and the two figures notebook 02 draws from it."""
 import json
 
@@ -36,7 +36,7 @@ def test_share_floor_from_the_table_rows(tmp_path):
 
 
 def test_named_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="gpu_expand.py"):
+    with pytest.raises(FileNotFoundError, match="record_kernels_expand.py"):
         load_kernel_run("nope", tmp_path)
     with pytest.raises(ValueError, match="no section 'floor'"):
         _write(tmp_path).section("floor")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
     out = tmp_path_factory.mktemp("sig")
-    script = load_script("gpu_signature")
+    script = load_script("record_production")
     for s in ("s1", "s2"):
         assert script.main(["--smoke", "--session", s, "--out", str(out / "dev"), "--tasks", "prodlike_C16384"]) == 0
         with tarfile.open(out / "dev" / f"signature_{s}.tar.gz") as t:

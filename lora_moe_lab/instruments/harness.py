@@ -1,0 +1,131 @@
+"""The harness every GPU recording script (scripts/record_*.py) uses: one tidy row list, device
+timing of CUDA-graph replays, the copy-bandwidth ceiling, guarded sections, dry runs, and writing
+`<name>.csv` beside `<name>.meta.json` (provenance.metadata: GPU, versions, commit, date, params).
+
+    rec = Recorder("kernels", out_dir, params=vars(args))
+    rec.section("check bf16", check, rec, ...)   # an exception is kept in meta["errors"], rows so far written
+    rec.row(section="check", preset=..., M=..., ok=True)
+    rec.write()                                  # out_dir/kernels.csv + out_dir/kernels.meta.json
+
+A dry run (`--dry`, or a machine without a GPU) times every function once on the CPU with tiny
+shapes: `graph_time_us` and `copy_bandwidth` then return 1.0, so every code path is exercised
+without a device.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+import traceback
+
+import torch
+
+from .. import runtime
+from ..provenance import metadata
+from .timing import time_device, time_graph
+
+_DRY = False
+ROWS: list[dict] = []  # the process's one row list: a recording script is one process, its sections share it
+
+
+def set_dry(on: bool = True) -> None:
+    """Dry run: timing calls each function once and report 1.0 (CPU, interpreter, tiny shapes)."""
+    global _DRY
+    _DRY = on
+
+
+def is_dry() -> bool:
+    return _DRY
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+def graph_time_us(fns, inner: int = 1, reps: int = 25) -> float:
+    """Median device time of one call, from replays of one CUDA graph holding [fns...] * inner (fns
+    rotate input sets, so small-M weights are not all hot in L2; inner > 1 spreads the replay's launch)."""
+    if _DRY:
+        for f in fns:
+            f()
+        return 1.0
+    return time_graph(lambda: [f() for f in fns], warmup=3, reps=reps, repeat=inner).median_us / len(fns)
+
+
+def copy_bandwidth(dev) -> tuple[float, dict]:
+    """Device-to-device copy ceiling in GB/s (bytes read + written per second): the best of a plain
+    copy_ timed eagerly with events and inside a graph, on 2 GiB buffers (far beyond the 50 MB L2)."""
+    if _DRY:
+        return 1.0, {}
+    n = 1 << 30  # bf16 elements: 2 GiB per buffer
+    a = torch.randn(n // 2, device=dev, dtype=torch.float32).view(torch.bfloat16)
+    b = torch.empty_like(a)
+    t_graph = graph_time_us([lambda: b.copy_(a)], inner=4, reps=10)
+    t_eager = time_device(lambda: b.copy_(a), warmup=2, reps=10).median_us
+    nbytes = 2 * a.numel() * a.element_size()
+    return max(nbytes / (t * 1e-6) / 1e9 for t in (t_graph, t_eager)), dict(graph_us=t_graph, eager_us=t_eager)
+
+
+def row(**kw) -> dict:
+    """Append one tidy row to ROWS (and return it)."""
+    ROWS.append(kw)
+    return kw
+
+
+def route(M: int, E: int, k: int, gen, dev):
+    """Top-k routing of random router logits: (weights (M, k) float32 renormalised, ids (M, k) int32)."""
+    logits = torch.randn(M, E, generator=gen, device=dev)
+    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    return (w / w.sum(-1, keepdim=True)).float().contiguous(), ids.int().contiguous()
+
+
+def cfg_str(bm: int, c) -> str:
+    """A LoRA kernel tile as one token: bm64/bn64/bk128/split1/w4/s3/pps4[/pf2][/r128]."""
+    return (f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
+            f"/pps{c.programs_per_sm}" + (f"/pf{c.prefetch}" if getattr(c, "prefetch", 0) else "")
+            + (f"/r{c.max_regs}" if getattr(c, "max_regs", 0) else ""))
+
+
+class Recorder:
+    """The rows and metadata of one recording, written as out_dir/<name>.csv + <name>.meta.json."""
+
+    def __init__(self, name: str, out_dir, params: dict | None = None, rows: list[dict] | None = None):
+        self.name, self.out_dir = name, str(out_dir)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.rows = ROWS if rows is None else rows
+        self.meta = metadata(params=dict(params or {}, interpreter=runtime.interpreter(), dry=_DRY))
+        self.meta["errors"] = []
+        self.t0 = time.time()
+
+    def row(self, **kw) -> dict:
+        self.rows.append(kw)
+        return kw
+
+    def select(self, section: str, **match) -> list[dict]:
+        return [r for r in self.rows if r.get("section") == section and all(r.get(k) == v for k, v in match.items())]
+
+    def section(self, name: str, fn, *a, **kw):
+        """fn(*a, **kw); an exception is recorded in meta["errors"] (one failing section must not lose
+        the others), and the rows so far are written either way."""
+        try:
+            return fn(*a, **kw)
+        except Exception as exc:  # noqa: BLE001 - kept in the recording, the next section runs
+            traceback.print_exc()
+            self.meta["errors"].append(f"{name}: {type(exc).__name__}: {exc}"[:500])
+            runtime.synchronize()
+        finally:
+            self.write()
+
+    def write(self, path: str | None = None) -> str:
+        """The CSV (columns in first-seen order) and its metadata; returns the CSV's path."""
+        self.meta["wall_s"] = time.time() - self.t0
+        f = path or os.path.join(self.out_dir, f"{self.name}.csv")
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        with open(f, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(self.rows)
+        with open(f[:-len(".csv")] + ".meta.json", "w") as fh:
+            json.dump(self.meta, fh, indent=1)
+        return f

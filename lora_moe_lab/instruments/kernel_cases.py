@@ -1,0 +1,261 @@
+"""The inputs and timed cases the kernel recordings share (scripts/record_kernels_decode.py,
+record_kernels_expand.py, record_kernels_fused.py): LoRA weights and input sets at a preset, the
+decode kernel's random differential against float64, the whole LoRA path of a layer at decode sizes
+(today's aligned path against the decode path, with the all-disabled exit against same-grid empty
+kernels), and one MoE layer with and without LoRA. Rows go to harness.ROWS.
+
+Module constants (PRESETS, S, RANK, BF, PATH_M, LAYER_M) are read at call time, so a dry run
+(`set_tiny`) shrinks every case at once.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import torch
+
+from ..config import LoRAConfig, get_shape
+from ..kernels import configs, fused_moe_lora
+from ..kernels.align import moe_align
+from ..kernels.configs import DecodeConfig, lora_block_m
+from ..kernels.empty import empty_args_kernel
+from ..kernels.fused_moe_lora import lora_delta
+from ..kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
+from ..model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from ..model.moe import LoRAHook, MoELayer
+from ..ops import get_backend
+from ..ops.reference import tolerance
+from ..ops.reference_rows import ref_lora_delta_rows
+from .harness import ROWS, graph_time_us, log, route, row
+
+PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
+S, RANK, BF = 4, 32, torch.bfloat16
+PATH_M = (1, 2, 4, 8, 16, 32, 64)
+LAYER_M = tuple(2 ** i for i in range(15))  # 1 .. 16384
+
+
+def set_tiny() -> None:
+    """The dry run's shapes: the tiny preset, fp32 (the interpreter's bf16 is wrong), rank 8."""
+    global PRESETS, PATH_M, LAYER_M, BF, RANK
+    PRESETS, PATH_M, LAYER_M, BF, RANK = ("tiny",), (1, 8), (1, 16), torch.float32, 8
+
+
+def differential(dev, n_cases, seed=0):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    fails, worst, variants = [], {}, set()
+    for i in range(n_cases):
+        dtype = (torch.float32, torch.float16, torch.bfloat16 if dev.type == "cuda" else torch.float16)[i % 3]
+        P, gather = (2, True) if i % 2 == 0 else (1, False)
+        M, E = rng.randint(1, 16), rng.choice((8, 16, 33))
+        k, Sn = rng.randint(1, 8), rng.randint(1, 4)
+        L, R = rng.randint(1, Sn), rng.choice((16, 32, 32, 48))
+        K, N = rng.choice((37, 96, 128, 208)), rng.choice((45, 64, 160, 71))
+        if i % 8 == 4:  # gate_up of one or two tokens with a long K: the table's BLOCK_K 512 / 8-warp tile
+            M, k, K = rng.randint(1, 2), rng.randint(1, 4), rng.choice((1040, 2048))
+        c_ = configs.decode_config(M * k, P, N, K, R)  # split_n is a run-time argument: not a compile variant
+        variants.add(f"bn{c_.block_n}/bk{c_.block_k}/w{c_.num_warps}/br{configs.block_r(R)}")
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).int()
+        ids.view(-1)[torch.randperm(M * k, generator=g)[:rng.choice((0, 0, 1, 3))]] = -1
+        a = torch.randn(P, Sn, E, R, K, generator=g) * K ** -0.5
+        b = torch.randn(P, Sn, E, N, R, generator=g) * R ** -0.5
+        for s in range(Sn):  # per-slot ranks zero-padded to the pool's R, as the adapter pool does
+            r = rng.randint(1, R)
+            a[:, s, :, r:] = 0
+            b[:, s, :, :, r:] = 0
+        x = torch.randn(M if gather else M * k, K, generator=g)
+        mapping = torch.randint(-1, L, (M,), generator=g).int()
+        lora_ids = torch.tensor([rng.choice(list(range(Sn)) + [-1]) for _ in range(L)], dtype=torch.int32)
+        enabled = torch.tensor([rng.choice((0, 1, 1, 1)) for _ in range(L)], dtype=torch.int32)
+        rw = torch.rand(M, k, generator=g) + 0.1 if not gather else None
+        flags = i % 3 == 1  # a third with the live count and the exit map
+        live = rng.randint(0, M * k) if flags else None
+        x, a, b = (t.to(dtype) for t in (x, a, b))
+        ref, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lora_ids, enabled, routed_weights=rw,
+                                         gather=gather, num_live_pairs=live)
+        on = codes == 0
+        # `out` starts on the scale of the delta it receives: a delta far below out's rounding step (a
+        # rank-1 slot, an x nearly orthogonal to A) is lost in the add, and out - out0 cannot resolve it
+        # (fused_run1 case 877: fp16, delta 1e-4 on out ~1, same error under the interpreter).
+        scale = max(ref[on].abs().max().item(), 1e-4) if on.any() else 1.0
+        out0 = (torch.randn(M * k, P * N, generator=g) * scale).to(dtype)
+        out0[~on] = float("nan")
+        out = out0.to(dev, copy=True)
+        ex = torch.full((M * k,), -7, dtype=torch.int32, device=dev) if flags else None
+        cnt = torch.tensor([live], dtype=torch.int32, device=dev) if flags else None
+        lora_delta_decode(x.to(dev), a.to(dev), b.to(dev), ids.to(dev), mapping.to(dev), lora_ids.to(dev),
+                          enabled.to(dev), out, routed_weights=None if rw is None else rw.to(dev), gather=gather,
+                          num_live_pairs=cnt, exit_codes=ex)
+        out = out.cpu()
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        untouched = torch.equal(out[~on].view(bits), out0[~on].view(bits))
+        err = 0.0
+        if on.any():
+            d = out[on].double() - out0[on].double()
+            err = ((d - ref[on]).norm() / ref[on].norm().clamp_min(1e-300)).item() if torch.isfinite(d).all() else float("inf")
+        codes_ok = ex is None or torch.equal(ex.cpu(), codes)
+        ok = untouched and err < tolerance(dtype, dev) and codes_ok
+        key = str(dtype)[6:]
+        worst[key] = max(worst.get(key, 0.0), err)
+        if not ok:
+            fails.append(dict(i=i, dtype=key, M=M, K=K, N=N, R=R, P=P, err=err, untouched=untouched, codes=codes_ok))
+    row(section="diff", op="lora_delta_decode", cases=n_cases, failures=len(fails),
+        worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]), table_tiles=json.dumps(sorted(variants)))
+    log(f"differential: {n_cases} cases, {len(fails)} failures, worst rel err {worst}; decode tiles {sorted(variants)}")
+    for f in fails[:5]:
+        log(f"  FAIL {f}")
+
+
+def weights(sh, dev, gen):
+    K, I, E = sh.hidden, sh.intermediate, sh.num_experts
+
+    def rnd(*size, std):
+        return (torch.randn(*size, generator=gen, device=dev) * std).to(BF)
+
+    return (rnd(2, S, E, RANK, K, std=K ** -0.5), rnd(2, S, E, I, RANK, std=RANK ** -0.5),
+            rnd(1, S, E, RANK, I, std=I ** -0.5), rnd(1, S, E, K, RANK, std=RANK ** -0.5))
+
+
+def make_set(sh, M, dev, gen):
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    rw, ids = route(M, E, k, gen, dev)
+    return dict(x=torch.randn(M, K, generator=gen, device=dev).to(BF), rw=rw, ids=ids,
+                slot=torch.randint(0, S, (M,), generator=gen, device=dev, dtype=torch.int32),
+                act=torch.randn(M * k, I, generator=gen, device=dev).to(BF),
+                inter=torch.randn(M * k, 2 * I, generator=gen, device=dev).to(BF),
+                down=torch.randn(M * k, K, generator=gen, device=dev).to(BF))
+
+
+class _EmptyLike:
+    """Stands in for fused_moe_lora_kernel: `[grid](*args, **constexprs)` launches the empty kernel
+    with the very grid and positional arguments the LoRA launcher computed."""
+
+    def __getitem__(self, grid):
+        return lambda *args, num_warps=4, **_: empty_args_kernel[grid](*args, num_warps=num_warps)
+
+
+def aligned_empty(*a, **kw):
+    real = fused_moe_lora.fused_moe_lora_kernel
+    fused_moe_lora.fused_moe_lora_kernel = _EmptyLike()
+    try:
+        return lora_delta(*a, **kw)
+    finally:
+        fused_moe_lora.fused_moe_lora_kernel = real
+
+
+def time_paths(preset, dev, gen, deadline):
+    sh = get_shape(preset)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    a13, b13, a2, b2 = weights(sh, dev, gen)
+    ids_s = torch.arange(S, dtype=torch.int32, device=dev)
+    on, off = torch.ones(S, dtype=torch.int32, device=dev), torch.zeros(S, dtype=torch.int32, device=dev)
+    for M in PATH_M:
+        if time.time() > deadline:
+            log(f"  path section cut at {preset} M={M} (budget)")
+            break
+        sets = [make_set(sh, M, dev, gen) for _ in range(16)]
+        bm = lora_block_m(M, k, E, S)
+        al = [moe_align(s["ids"], E, bm, s["slot"], S) for s in sets]
+
+        def today(s, a_=None, en=on, parts=("align", "gu", "down")):
+            a_ = a_ if a_ is not None else moe_align(s["ids"], E, bm, s["slot"], S)
+            if "gu" in parts:
+                lora_delta(s["x"], a13, b13, a_, ids_s, en, k, s["inter"])
+            if "down" in parts:
+                lora_delta(s["act"], a2, b2, a_, ids_s, en, k, s["down"], routed_weights=s["rw"], gather=False)
+
+        def dec(s, parts=("gu", "down"), en=on, cfg13=None, cfg2=None, empty=False):
+            if "gu" in parts:
+                lora_delta_decode(s["x"], a13, b13, s["ids"], s["slot"], ids_s, en, s["inter"], config=cfg13, empty=empty)
+            if "down" in parts:
+                lora_delta_decode(s["act"], a2, b2, s["ids"], s["slot"], ids_s, en, s["down"], routed_weights=s["rw"],
+                                  gather=False, config=cfg2, empty=empty)
+
+        t = {}
+        t["today"] = graph_time_us([lambda s=s: today(s) for s in sets], inner=2)
+        t["today_align"] = graph_time_us([lambda s=s: moe_align(s["ids"], E, bm, s["slot"], S) for s in sets], inner=2)
+        t["today_gate_up"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("gu",)) for s, a_ in zip(sets, al)], inner=2)
+        t["today_down"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("down",)) for s, a_ in zip(sets, al)], inner=2)
+        t["decode"] = graph_time_us([lambda s=s: dec(s) for s in sets], inner=2)
+        t["decode_gate_up"] = graph_time_us([lambda s=s: dec(s, ("gu",)) for s in sets], inner=2)
+        plan13 = dict(LAST_DECODE_LAUNCH)
+        t["decode_down"] = graph_time_us([lambda s=s: dec(s, ("down",)) for s in sets], inner=2)
+        plan2 = dict(LAST_DECODE_LAUNCH)
+        row(section="path", preset=preset, M=M, pairs=M * k, block_m=bm, **t, ratio=t["decode"] / t["today"],
+            decode_cfg_gate_up=f"{plan13['config']} programs={plan13['programs']}",
+            decode_cfg_down=f"{plan2['config']} programs={plan2['programs']}")
+        log(f"path {preset} M={M}: today {t['today']:.1f} us (align {t['today_align']:.1f} + gu {t['today_gate_up']:.1f}"
+            f" + down {t['today_down']:.1f}), decode {t['decode']:.1f} us (gu {t['decode_gate_up']:.1f} + down "
+            f"{t['decode_down']:.1f}) -> {t['decode'] / t['today']:.2f}x")
+        # all disabled: each path against an empty kernel of the same grid and arguments
+        s0 = sets[0]
+        t_doff = graph_time_us([lambda: dec(s0, ("down",), en=off)], inner=32)
+        t_demp = graph_time_us([lambda: dec(s0, ("down",), empty=True)], inner=32)
+        t_aoff = graph_time_us([lambda: today(s0, al[0], en=off, parts=("down",))], inner=32)
+        t_aemp = graph_time_us([lambda: aligned_empty(s0["act"], a2, b2, al[0], ids_s, on, k, s0["down"],
+                                                      routed_weights=s0["rw"], gather=False)], inner=32)
+        row(section="disabled", preset=preset, M=M, op="lora_down", decode_off_us=t_doff, decode_empty_us=t_demp,
+            decode_ratio=t_doff / t_demp, aligned_off_us=t_aoff, aligned_empty_us=t_aemp, aligned_ratio=t_aoff / t_aemp,
+            decode_programs=LAST_DECODE_LAUNCH["programs"], aligned_programs=fused_moe_lora.LAST_LORA_LAUNCH["grid"])
+        log(f"  disabled M={M}: decode {t_doff:.2f} vs same-grid empty {t_demp:.2f} us; aligned {t_aoff:.2f} vs "
+            f"{t_aemp:.2f} us")
+        if M in (1, 8):  # other decode tiles/splits (split is a run-time argument: no new compile)
+            for p_, op in ((2, "gate_up"), (1, "down")):
+                base = configs.decode_config(M * k, p_, I if p_ == 2 else K, K if p_ == 2 else I, RANK)
+                cands = [DecodeConfig(base.block_n, base.block_k, sp, base.num_warps, 1) for sp in (1, 2, 4, 8, 16, 32)]
+                cands += [DecodeConfig(64, 256, base.split_n, 4, 1), DecodeConfig(64, 256, base.split_n, 8, 3),
+                          DecodeConfig(64, 128, base.split_n, 8, 1), DecodeConfig(32, 512, base.split_n, 8, 1),
+                          DecodeConfig(128, 256, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 16, 1),
+                          DecodeConfig(32, 1024, base.split_n, 8, 1), DecodeConfig(64, 512, base.split_n, 8, 1),
+                          DecodeConfig(32, 512, base.split_n, 16, 1)]
+                for c in cands:
+                    kw = dict(cfg13=c) if p_ == 2 else dict(cfg2=c)
+                    tt = graph_time_us([lambda s=s: dec(s, ("gu",) if p_ == 2 else ("down",), **kw) for s in sets],
+                                       inner=2, reps=15)
+                    row(section="decode_tile", preset=preset, M=M, op=op, config=str(c), table=c == base,
+                        programs=LAST_DECODE_LAUNCH["programs"], time_us=tt)
+                best = min((r for r in ROWS if r["section"] == "decode_tile" and r["preset"] == preset and r["M"] == M
+                            and r["op"] == op), key=lambda r: r["time_us"])
+                log(f"  decode tiles {op} M={M}: table {t['decode_' + op]:.1f} us, best {best['time_us']:.1f} {best['config']}")
+        sets = al = None  # frees the buffers before the next M
+    torch.cuda.empty_cache()
+
+
+def lora_bytes(s, sh, P, N, Kin, gather):
+    k, E = sh.top_k, sh.num_experts
+    M = s["ids"].shape[0]
+    used = torch.unique(s["slot"].long().repeat_interleave(k) * E + s["ids"].flatten().long()).numel()
+    xrows = M if gather else M * k
+    return used * P * (RANK * Kin + N * RANK) * 2 + xrows * Kin * 2 + 2 * M * k * P * N * 2
+
+
+def time_layer(preset, dev, deadline):
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    backend = get_backend("triton", dev)
+    layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
+    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
+    for i in range(S):
+        pool.load(f"a{i}", rank=RANK, seed=i)
+    names = [f"a{i}" for i in range(S)]
+    for M in LAYER_M:
+        if time.time() > deadline:
+            log(f"  layer section cut at {preset} M={M} (budget)")
+            break
+        x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
+        t = {}
+        for case, adapters in (("base", None), ("lora_all_active", [names[i % S] for i in range(M)]),
+                               ("lora_none_active", [None] * M)):
+            hooks = []
+            if adapters is not None:
+                b = LoRABatchInfo.build(pool, adapters, [1] * M)
+                info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(b, dev), RANK)
+                hooks = [LoRAHook(info, backend, E)]
+            t[case] = graph_time_us([lambda h=hooks: layer(x, h, backend)], inner=4 if M <= 256 else 1, reps=10)
+        row(section="layer", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned", **t,
+            lora_share=(t["lora_all_active"] - t["base"]) / t["base"], none_active_share=(t["lora_none_active"] - t["base"]) / t["base"])
+        log(f"layer {preset} M={M}: base {t['base']:.1f} us, +LoRA all active {t['lora_all_active']:.1f} "
+            f"({100 * (t['lora_all_active'] / t['base'] - 1):.0f}%), none active {t['lora_none_active']:.1f} "
+            f"({100 * (t['lora_none_active'] / t['base'] - 1):.0f}%)")
+    torch.cuda.empty_cache()

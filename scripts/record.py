@@ -1,0 +1,78 @@
+"""One entry for every recording: list them, or run one.
+
+    python scripts/record.py                 # the table: section, script, data folder, device, rough device time
+    python scripts/record.py SECTION [ARGS]  # run scripts/record_<SECTION>.py with --out $OUT/<SECTION> (or ARGS)
+
+Naming rule: scripts/record_<folder>.py writes data/<folder>/ (record_<folder>_<part>.py: one part of
+that folder). On a GPU machine (the device tool) run from the checkout with the package importable
+(`pip install -e .`, the venv, or PYTHONPATH=$PWD), then copy what $OUT holds into data/<folder>/
+with its README updated. The exception: scripts/gpu_check.py (the GPU check, `make gpu-check`) writes
+data/gpu_tests/. Device times are each script's own budget or its docstring's estimate, not a
+measurement of this entry.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# section -> (data folder, device kind, rough device time, default arguments after --out)
+RECORDINGS = {
+    "guards": ("guards", "nvidia-h200", "~8 min a session (run twice: --session s1, s2)", ["--session", "s1"]),
+    "traces": ("traces", "nvidia-h200", "a few minutes", []),
+    "backends": ("backends", "nvidia-h200", "a few minutes", []),
+    "graphs": ("graphs", "nvidia-h200", "a few minutes (--reps 11)", []),
+    "graphs_checks": ("graphs", "nvidia-h200", "a few minutes", []),
+    "kernels": ("kernels", "nvidia-h200", "<= 330 s (--budget-s)", ["--sweep"]),
+    "kernels_decode": ("kernels", "nvidia-h200", "<= 420 s (--budget-s)", []),
+    "kernels_expand": ("kernels", "nvidia-h200", "<= 400 s (--budget-s)", []),
+    "kernels_fused": ("kernels", "nvidia-h200", "<= 360 s (--budget-s)", []),
+    "production": ("production", "nvidia-h200", "< 10 min a session (--session s1, s2)", ["--session", "s1"]),
+    "production_tp": ("production", "nvidia-h200-x2", "~8.5 min (--stage full)", ["--stage", "full"]),
+    "tp_emulation": ("tp_emulation", "nvidia-h200", "see scripts/record_tp_emulation.py", ["--session", "s1"]),
+    "hidden_syncs": ("hidden_syncs", "nvidia-h200", "~60 s", ["--session", "s1"]),
+    "replay": ("replay", "none (CPU)", "about a minute", None),
+    "simulator": ("simulator", "none (CPU)", "~10 s", None),
+    "setup": ("setup", "none (CPU)", "3 fresh set-ups, a few minutes", None),
+}
+
+
+def table() -> str:
+    head = f"{'section':<15}{'script':<36}{'writes':<20}{'device':<16}rough device time"
+    lines = [head]
+    for sec, (folder, kind, t, _) in RECORDINGS.items():
+        script = f"scripts/record_{sec}.py"
+        missing = "" if (ROOT / script).exists() else "  (not in this checkout)"
+        lines.append(f"{sec:<15}{script:<36}{'data/' + folder + '/':<20}{kind:<16}{t}{missing}")
+    lines.append(f"{'gpu-check':<15}{'scripts/gpu_check.py':<36}{'data/gpu_tests/':<20}{'nvidia-h200':<16}"
+                 "< 10 min a part (make gpu-check)")
+    return "\n".join(lines)
+
+
+def command(section: str, args: list[str]) -> list[str]:
+    if section not in RECORDINGS:
+        raise SystemExit(f"unknown recording {section!r}; one of: {', '.join(RECORDINGS)}")
+    folder, _, _, default = RECORDINGS[section]
+    if not args and default is not None:
+        out = os.environ.get("OUT", str(ROOT / "build" / "record"))
+        args = ["--out", os.path.join(out, section), *default]
+    return [sys.executable, str(ROOT / "scripts" / f"record_{section}.py"), *args]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "list"):
+        print(__doc__.strip().split("\n\n")[0] + "\n")
+        print(table())
+        return 0
+    cmd = command(argv[0], argv[1:])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
