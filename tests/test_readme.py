@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,12 +35,23 @@ def test_the_readme_is_a_front_door():
         assert extrapolation not in text
 
 
-def test_a_block_without_its_generator_gets_a_note():
+def test_a_block_without_its_generator_or_data_gets_a_note(monkeypatch):
     from helpers import load_script
 
     rt = load_script("readme_tables")
-    out = rt.render("a\n<!-- begin:tp4 -->\nold\n<!-- end:tp4 -->\n")
-    assert "old" not in out and "`tp4`" in out
+    monkeypatch.setitem(rt.BLOCK_DATA, "nogen", "absent_folder")
+    out = rt.render("a\n<!-- begin:nogen -->\nstale text\n<!-- end:nogen -->\n")
+    assert "stale text" not in out and "`nogen`" in out and "not recorded yet" in out
+
+
+def test_the_one_tp4_figure_is_labelled_predicted():
+    from helpers import load_script
+
+    rt = load_script("readme_tables")
+    line = rt.tp4_headline_block()
+    if line is None:
+        pytest.skip("no data/tp_emulation sessions")
+    assert "**predicted**" in line and "TP=2 check" in line
 
 
 def test_the_readme_api_example_runs():

@@ -296,7 +296,7 @@ def normalize_sweep(df, meta: dict | None = None):
     return pd.DataFrame({c: d[c] if c in d.columns else None for c in COLUMNS + ["variant"]})
 
 
-def load_recorded_sweeps(folder) -> "pd.DataFrame | None":
+def load_recorded_sweeps(folder):  # -> pandas.DataFrame | None
     """Every recorded sweep CSV in `folder` (both schemas), GPU rows only; None when there is none."""
     import pandas as pd
 
