@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
 from lora_moe_lab.instruments.recordings import load_guards
 from lora_moe_lab.provenance import DATA, label, normalize_meta
+
+ROOT = Path(__file__).resolve().parents[1]
 
 README = ROOT / "README.md"
 FILES = (README, ROOT / "docs" / "results.md")
@@ -52,7 +53,8 @@ def _guards_card(meta: dict) -> str:
     for when, st in (("at the start", meta.get("gpu_state") or {}), ("at the end", meta.get("gpu_state_end") or {})):
         if "clocks_sm" in st:
             bits.append(f"SM clock {st['clocks_sm']:.0f} MHz (max {st.get('clocks_max_sm', float('nan')):.0f}), memory "
-                        f"{st.get('clocks_mem', float('nan')):.0f} MHz, power {st.get('power_draw', float('nan')):.0f} of "
+                        f"{st.get('clocks_mem', float('nan')):.0f} MHz, power "
+                        f"{st.get('power_draw', float('nan')):.0f} of "
                         f"{st.get('power_limit', float('nan')):.0f} W {when}")
     if meta.get("dirty") is not None:
         bits.append("dirty tree" if meta["dirty"] else "clean tree")
@@ -66,7 +68,8 @@ def _guards_protocol(rec) -> str:
     for x, m in rec.session_meta.items():
         q = m.get("params", {})
         if "max_reps" in q:
-            how.setdefault(f"{q['warmup']} untimed warm-up rounds of every arm and at least {q['warmup_s']:g} s of them, "
+            how.setdefault(f"{q['warmup']} untimed warm-up rounds of every arm and at least {q['warmup_s']:g} s of "
+                           f"them, "
                            f"then {q['reps']} timed repetitions, up to {q['max_reps']} while an arm had not settled",
                            []).append(f"`{x}`")
     if len(how) == 1:
@@ -134,14 +137,16 @@ def guards_block(folder: Path | None = None) -> str:
             cells = [n, ms(k, "sync"), ms(k, "cpu_flag"), ratio] + sess + [f"**{take}**"]
         else:
             cells = [str(int(r.n)) if r.stable else "0", ms(k, "sync"), ms(k, "cpu_flag"), ratio, take]
-        lines.append(f"| {r.preset} | {r.tokens} | " + " | ".join(cells) + f" | {ms(k, 'launch_always')} | {ms(k, 'graph')} |")
+        lines.append(f"| {r.preset} | {r.tokens} | " + " | ".join(cells) + f" | {ms(k, 'launch_always')} | "
+                                                                           f"{ms(k, 'graph')} |")
     ok = p[p.stable]
     half, big = ok[ok.active > 0], ok[(ok.active == 0) & (ok.tokens >= 1024)]
     small = ok[(ok.active == 0) & (ok.tokens == p.tokens.min())]
     notes = [""]
     if two:
         dis = p[p.stable & (p.sessions > 1) & ~(p.agree & p.agree_ratio)]
-        notes.append(f"- † Between the sessions: {int((p.stable & (p.sessions > 1) & p.agree & p.agree_ratio).sum())} of "
+        notes.append(f"- † Between the sessions: {int((p.stable & (p.sessions > 1) & p.agree & p.agree_ratio).sum())} "
+                     f"of "
                      f"{int((p.stable & (p.sessions > 1)).sum())} points agree within their intervals on both "
                      "`sync / cpu_flag` and the lost time per sync"
                      + ("." if dis.empty else "; they disagree at " + "; ".join(
@@ -171,7 +176,8 @@ def guards_block(folder: Path | None = None) -> str:
                                  f"{_ms(s[(r.preset, r.tokens, 0.0, 'cpu_flag')])} ms for `cpu_flag` ({r.preset})"
                                  for r in small.itertuples()) + ".")
     if len(half):
-        notes.append(f"- With half the requests active, `sync / cpu_flag` is {half.ratio.min():.2f}x–{half.ratio.max():.2f}x.")
+        notes.append(f"- With half the requests active, `sync / cpu_flag` is "
+                     f"{half.ratio.min():.2f}x–{half.ratio.max():.2f}x.")
     notes += _guards_warmup_lines(rec, folder, bool(sessions), MIN_PAIRED_REPS)
     return "\n".join(lines + notes)
 
@@ -183,8 +189,10 @@ def _guards_warmup_lines(rec, folder: Path, checked: bool, min_reps: int) -> lis
 
     w = rec.warmup() if checked else _load(rec.paths[0], check_warmup=True).warmup()
     lab = (lambda r: f"{r.session}: " if checked and rec.sessions[1:] else "")  # noqa: E731
-    drops = "; ".join(f"{lab(r)}{_guards_where(r)}, first {r.dropped} of {r.reps}" for r in w[w.dropped > 0].itertuples())
-    unst = "; ".join(f"{lab(r)}{_guards_where(r)} ({r.reps} repetitions)" for r in w[w.status == "unstable"].itertuples())
+    drops = "; ".join(f"{lab(r)}{_guards_where(r)}, first {r.dropped} of {r.reps}"
+                      for r in w[w.dropped > 0].itertuples())
+    unst = "; ".join(f"{lab(r)}{_guards_where(r)} ({r.reps} repetitions)"
+                     for r in w[w.status == "unstable"].itertuples())
     if not checked:
         return [f"- The warm-up check (`stats.drop_warmup`, at least {min_reps} stable repetitions), applied to this "
                 "recording afterwards, would drop leading drift at " + (drops or "no point")
@@ -201,7 +209,8 @@ def traces_block() -> str:
     e = d[d["mode"] == "eager"].set_index(["guard", "M"])  # the columns are per forward already
     g = d[d["mode"] == "graph"].set_index(["guard", "M"])
     per = e["n_syncs"]
-    layers = json.loads((DATA / "traces" / "qwen3-30b-a3b_sync_eager_M16.meta.json").read_text())["params"]["num_layers"]
+    tmeta = DATA / "traces" / "qwen3-30b-a3b_sync_eager_M16.meta.json"
+    layers = json.loads(tmeta.read_text())["params"]["num_layers"]
     others = [k for k in e.index.get_level_values("guard").unique() if k != "sync"]
     after_others = e.loc[others, "idle_after_sync_ns"].max()
     lines = [f"Per forward, from the profiler traces in `data/traces/` ({label(meta)}): {layers} layers of "
@@ -229,7 +238,8 @@ def kernels_block() -> str:
     rows = [head, "| --- |" + " ---: |" * len(Ms)]
     q = k.loc["qwen3-30b-a3b"]
     rows.append("| qwen3-30b-a3b, ours (µs) | " + " | ".join(f"{q.loc[m, 'time_us']:.1f}" for m in Ms) + " |")
-    rows.append("| share of measured copy bandwidth | " + " | ".join(f"{100 * q.loc[m, 'bw_frac']:.0f} %" for m in Ms) + " |")
+    rows.append("| share of measured copy bandwidth | "
+                + " | ".join(f"{100 * q.loc[m, 'bw_frac']:.0f} %" for m in Ms) + " |")
     t = k.loc["qwen3-30b-a3b-tp4"]
     rows.append("| qwen3-30b-a3b-tp4, ours (µs) | " + " | ".join(f"{t.loc[m, 'time_us']:.1f}" for m in Ms) + " |")
     rows += ["", *_peer_lines()]
@@ -304,7 +314,8 @@ def _decode_lines() -> list[str]:
     short = lambda pre: pre.replace("qwen3-30b-a3b", "qwen3")  # noqa: E731
     bw = lambda op: sw.xs(op, level="op").bw_frac  # noqa: E731
     d8 = sw.loc[("qwen3-30b-a3b", 8192, "down")]
-    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; `data/kernels/{CANONICAL_KERNEL_RUN}_*`, "
+    return ["", f"**Decode path without alignment** (`kernels/lora_decode.py`; "
+                f"`data/kernels/{CANONICAL_KERNEL_RUN}_*`, "
             f"{label(m3)}): the two deltas straight from `topk_ids` and the per-token row mapping, no alignment "
             "kernels, against today's alignment + aligned gate_up + down deltas. Same inputs, graph replay, rank "
             f"32, 4 adapters, every token with one. The layer takes this path for M·top_k ≤ {DECODE_MAX_PAIRS} "
@@ -315,7 +326,8 @@ def _decode_lines() -> list[str]:
             f"{int((~chk.ok.astype(bool)).sum())} failures.",
         f"- All adapters disabled against an empty kernel of the same grid and arguments: decode path "
         f"{dis.decode_ratio.min():.2f}–{dis.decode_ratio.max():.2f}x, aligned kernel "
-        f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x (down delta, M = 1..64; both deltas at M = 1, 8, 64: "
+        f"{dis.aligned_ratio.min():.2f}–{dis.aligned_ratio.max():.2f}x (down delta, M = 1..64; both deltas at M = 1, "
+        f"8, 64: "
         f"decode {fl1.decode_ratio.min():.2f}–{fl1.decode_ratio.max():.2f}x, aligned {fl1.aligned_ratio.min():.2f}–"
         f"{fl1.aligned_ratio.max():.2f}x). A same-grid kernel that only loads one "
         f"device flag and exits (`kernels/empty.py:flag_exit_kernel`) already costs {fl1.decode_flag_ratio.min():.2f}–"
@@ -328,15 +340,18 @@ def _decode_lines() -> list[str]:
         f"{100 * bw('down').max():.0f} %; the down delta of qwen3-30b-a3b at M=8192 {d8.time_us:.0f} µs.",
         "", "LoRA's share of one MoE layer (same run; the base layer, the layer with all 4 adapters "
             "active and every token using one, and with none active, each captured once and replayed interleaved "
-            f"{int(lay.reps.iloc[0])} times; the share per round, median and 10–90 % interval) next to its byte floor: the "
+            f"{int(lay.reps.iloc[0])} times; the share per round, median and 10–90 % interval) next to its byte "
+            f"floor: the "
             "bytes both deltas must move (each used adapter-expert's A and B once, x once, the output read and "
-            "written; the deltas' rows of the same run at the same M) at the measured copy bandwidth, over the base layer's time:",
+            "written; the deltas' rows of the same run at the same M) at the measured copy bandwidth, over the base "
+            "layer's time:",
         ""] + share + [
         "", "- Delta fused into the base GEMM's epilogue (`kernels/fused_moe_lora_epilogue.py`, an experiment, not "
             f"used by the layer; `{FUSED_RUN}_*`): fused GEMM / (base GEMM + separate delta) "
         f"{fk.ratio.min():.2f}–{fk.ratio.max():.2f}x over {len(fk)} (preset, op, M) points, M ≤ {fk.M.max()}; "
         "in the layer with both deltas fused, LoRA all active costs " + "; ".join(
-            f"{short(pre)} M=" + ", ".join(f"{m} +{100 * fl.loc[(pre, m), 'lora_share']:.0f} %" for m in (1, 1024, 16384))
+            f"{short(pre)} M="
+            + ", ".join(f"{m} +{100 * fl.loc[(pre, m), 'lora_share']:.0f} %" for m in (1, 1024, 16384))
             for pre in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")) + "."]
 
 
@@ -353,7 +368,8 @@ def _tp1_busy_sentence() -> str:
         busy[g] = float(trace.forward_metrics(trace.load_trace(f[0])).busy_ns.iloc[0]) / 1e6
     if busy["sync"] >= busy["cpu_flag"]:
         return ""
-    return (f" At TP=1 part of the stall is hidden: in the profiled forward the kernels were busy {busy['sync']:.0f} ms "
+    return (f" At TP=1 part of the stall is hidden: in the profiled forward the kernels were busy {busy['sync']:.0f} "
+            f"ms "
             f"with `sync` against {busy['cpu_flag']:.0f} ms with `cpu_flag` (the same kernels ran faster with bubbles "
             "between them; notebook 06).")
 
@@ -444,22 +460,26 @@ def signature_block() -> str | None:
             f"- **The lab's own regime is not production's.** Its lean host is far ahead of its GPU: a typical later "
             f"sync finds ~{d.later_lead_median_us:.0f} µs of GPU work queued (profiled) and blocks the host "
             f"{d.later_blocked_median_us:.0f} µs (production: ~{PS['later_blocked_mean_us']:.0f} µs on average), and "
-            f"the first sync of a forward only {d.first_blocked_ms:.2f} ms (production: ~{PS['first_sync_ms']:.0f} ms): "
+            f"the first sync of a forward only {d.first_blocked_ms:.2f} ms (production: ~{PS['first_sync_ms']:.0f} "
+            f"ms): "
             f"it follows the previous forward's last sync, with nothing queued ahead. Averaged over all 260, an "
             f"`.item()` blocks {1e3 * d.host_blocked_ms / 260:.0f} µs here, {1e3 * p.host_blocked_ms / 260:.0f} µs in "
             f"the production-like regime, {1e3 * PS['host_blocked_ms_per_forward'] / 260:.0f} µs in production and "
             f"{PS['gb300_item_us']:.0f} µs on GB300 (sgl-project/sglang#24246; {PS['gb300_item_no_lora_us']:.0f} µs "
             "without LoRA): host-blocked time against host-blocked time.",
             f"- **Production's regime, reproduced.** With {p.host_us_per_layer / 1e3:.2f} ms of engine host work per "
-            f"layer (calibrated in the same call so that the later syncs block ~{PS['later_blocked_mean_us']:.0f} µs on "
+            f"layer (calibrated in the same call so that the later syncs block ~{PS['later_blocked_mean_us']:.0f} µs "
+            f"on "
             f"average) and {p.overlap_ms:.0f} ms of an earlier batch queued on the GPU before each forward (an overlap "
-            f"scheduler), the lab's trace shows production's signature: {p.host_blocked_ms:.0f} ms blocked per forward, "
+            f"scheduler), the lab's trace shows production's signature: {p.host_blocked_ms:.0f} ms blocked per "
+            f"forward, "
             f"{p.first_blocked_ms:.1f} ms of it in the first sync ({p.first_share:.0%}), later syncs "
             f"{p.later_blocked_mean_us:.0f} µs on average. The fix then gains {thr.estimate:+.1f} %, "
             f"{'more' if thr.lo > PRODUCTION['input_throughput_gain_pct'] else 'not more'} than production's "
             f"{PRODUCTION['input_throughput_gain_pct']:+.1f} %." + _prodlike_sessions(sig, head),
             f"- **Why the same signature does not give the same gain: host-blocked time is not GPU time lost.** The "
-            f"first sync's {p.first_blocked_ms:.0f} ms are spent while the GPU is busy with the earlier batch: they cost "
+            f"first sync's {p.first_blocked_ms:.0f} ms are spent while the GPU is busy with the earlier batch: they "
+            f"cost "
             f"the GPU nothing. A later sync blocks the host only ~{p.later_blocked_mean_us:.0f} µs because the host is "
             f"barely ahead; when it returns, the queue is empty and the GPU waits while the host issues the next "
             f"segment. The fix buys that wait: {lost_p:.0f} ms per forward here ({1e3 * lost_p / 260:.0f} µs per sync; "
@@ -467,8 +487,10 @@ def signature_block() -> str | None:
             f"({1e3 * lost_d / 260:.0f} µs per sync) in the lab's own regime, where the host blocks far longer. "
             "Production published the host-blocked time, not the GPU time its syncs cost, so its signature fixes how "
             "far ahead its host was, not the gain. At this lab's "
-            f"{1e3 * lost_p / 260:.0f} µs per sync, production's +{PRODUCTION['input_throughput_gain_pct']:.1f} % would "
-            f"need a `cpu_flag` forward of {lost_p / (PRODUCTION['input_throughput_gain_pct'] / 100):.0f} ms (the lab's: "
+            f"{1e3 * lost_p / 260:.0f} µs per sync, production's +{PRODUCTION['input_throughput_gain_pct']:.1f} % "
+            f"would "
+            f"need a `cpu_flag` forward of {lost_p / (PRODUCTION['input_throughput_gain_pct'] / 100):.0f} ms (the "
+            f"lab's: "
             f"{p.forward_median_ms_cpu_flag - p.overlap_ms:.0f} ms of its own work); a TP=4 rank also waits in "
             "all-reduces, which this TP=1 run has not."]
         lines += _profiled_vs_live(lost_d)
@@ -500,7 +522,8 @@ def _chunk_sentence(sig) -> list[str]:
     rb = t[8192, "cpu_flag"][1] - t[8192, "sync"][1]
     return [f"- **Why C=8192 gains more than C=16384.** The bubbles do not shrink with the chunk: the profiled `sync` "
             f"forward idles {t[16384, 'sync'][2]:.0f} ms at C=16384 and {t[8192, 'sync'][2]:.0f} ms at C=8192 (the "
-            f"host's re-issue after each of the 260 drains does not depend on the tokens), while the `cpu_flag` forward "
+            f"host's re-issue after each of the 260 drains does not depend on the tokens), while the `cpu_flag` "
+            f"forward "
             f"halves ({a.forward_median_ms_cpu_flag:.0f} → {b.forward_median_ms_cpu_flag:.0f} ms, unprofiled). And "
             f"the power-cap rebate (the same kernels busy less under `sync`) is {ra:.1f} ms at C=16384 and {rb:.1f} ms "
             f"at C=8192: the unprofiled loss per forward is {la:.1f} ms against {lb:.1f} ms."]
@@ -537,7 +560,8 @@ def _profiled_vs_live(lost_live_ms: float) -> list[str]:
     return [f"- **A profiled forward is a picture, not a timing.** In the lab's own regime the profiled `sync` forward "
             f"spans {sp_s - sp_c:.0f} ms more GPU time than the `cpu_flag` one ({sp_s:.0f} against {sp_c:.0f} ms), "
             f"the unprofiled forwards differ by {lost_live_ms:.1f} ms: the profiler's host overhead sits exactly where "
-            f"the bubble is, in the host's re-issue after each sync. And the same kernels were busy {bu_c - bu_s:.0f} ms "
+            f"the bubble is, in the host's re-issue after each sync. And the same kernels were busy {bu_c - bu_s:.0f} "
+            f"ms "
             f"less with `sync` ({bu_s:.0f} against {bu_c:.0f} ms), which hides part of the stall. "
             + _clock_sentence()]
 
@@ -556,10 +580,14 @@ def _clock_sentence() -> str:
             continue
         y, f = c.loc["sync"], c.loc["cpu_flag"]
         return (f"The card's own reading says why (session {n}, nvidia-smi every 100 ms during the timed prefills): "
-                f"under `cpu_flag` it drew {f.power_w:.0f} W of its {s.meta.get('gpu_state', {}).get('power_limit', 700):.0f} W "
-                f"limit, its software power cap held the clocks down in {f.power_capped_share:.0%} of the samples and the "
-                f"SM clock ran at {f.sm_mhz:.0f} MHz (median); under `sync`, with bubbles, {y.power_w:.0f} W, capped in "
-                f"{y.power_capped_share:.0%} of the samples, at {y.sm_mhz:.0f} MHz: the bubbles let the power controller "
+                f"under `cpu_flag` it drew {f.power_w:.0f} W of its "
+                f"{s.meta.get('gpu_state', {}).get('power_limit', 700):.0f} W "
+                f"limit, its software power cap held the clocks down in {f.power_capped_share:.0%} of the samples and "
+                f"the "
+                f"SM clock ran at {f.sm_mhz:.0f} MHz (median); under `sync`, with bubbles, {y.power_w:.0f} W, capped "
+                f"in "
+                f"{y.power_capped_share:.0%} of the samples, at {y.sm_mhz:.0f} MHz: the bubbles let the power "
+                f"controller "
                 "hold a higher clock, so the same kernels run faster.")
     return "(Why: a hypothesis about clocks and power until a session with a clock log backs it.)"
 
@@ -573,7 +601,8 @@ def production_block() -> str | None:
     if not files:
         return None
     d = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    meta = normalize_meta(json.loads(files[0].with_name(files[0].name.replace(".summary.csv", ".meta.json")).read_text()))
+    meta_file = files[0].with_name(files[0].name.replace(".summary.csv", ".meta.json"))
+    meta = normalize_meta(json.loads(meta_file.read_text()))
     reps = int(d.reps.min())
     lines = [f"The first recording (`data/production/*.csv`, {label(meta)}; the only TP=2 measurement: no two-GPU "
              f"machine was lent for a rerun): {int(d.layers.iloc[0])} layers, {int(d.requests.iloc[0])} requests × "
@@ -591,11 +620,13 @@ def production_block() -> str | None:
         lines.append(
             f"| {k[0]} | {sy.syncs_per_forward:.0f} | {'none' if k[2] == 'none' else 'half'} "
             f"| {sy.input_tok_per_s:,.0f} → {cf.input_tok_per_s:,.0f} "
-            f"| {sy.fix_throughput_gain_pct:+.1f} % [{sy.fix_throughput_gain_pct_lo:+.1f}, {sy.fix_throughput_gain_pct_hi:+.1f}] "
+            f"| {sy.fix_throughput_gain_pct:+.1f} % [{sy.fix_throughput_gain_pct_lo:+.1f}, "
+            f"{sy.fix_throughput_gain_pct_hi:+.1f}] "
             f"| {sy.ttft_mean_ms:,.0f} → {cf.ttft_mean_ms:,.0f} "
             f"| {sy.fix_ttft_change_pct:+.1f} % [{sy.fix_ttft_change_pct_lo:+.1f}, {sy.fix_ttft_change_pct_hi:+.1f}] |")
     lines.append(f"| production, TP=4 | {PRODUCTION['syncs_per_forward']:.0f} | none | | "
-                 f"**{PRODUCTION['input_throughput_gain_pct']:+.1f} %** | | **{PRODUCTION['ttft_change_pct']:+.1f} %** |")
+                 f"**{PRODUCTION['input_throughput_gain_pct']:+.1f} %** | | **{PRODUCTION['ttft_change_pct']:+.1f} "
+                 f"%** |")
     la = d[d.guard == "launch_always"]
     if len(la):
         lines += ["", f"`launch_always` stays within {la.fix_throughput_gain_pct.abs().max():.1f} % of `cpu_flag` "
@@ -672,7 +703,8 @@ def simulator_check_block() -> str | None:
     c = sim.compare_production(x).set_index("metric")["predicted"]
     return (f"Checked against the measurement: at the measured TP=2 setting with one guard sync per layer "
             f"({m.syncs_per_forward:.0f} per forward, chunks of {int(m.chunk)}, no adapter in use) the queue model "
-            f"predicts {c['input_throughput_gain_pct']:+.1f} % input throughput and {c['ttft_change_pct']:+.1f} % TTFT; "
+            f"predicts {c['input_throughput_gain_pct']:+.1f} % input throughput and {c['ttft_change_pct']:+.1f} % "
+            f"TTFT; "
             f"the decoder measured {m.fix_throughput_gain_pct:+.1f} % [{m.fix_throughput_gain_pct_lo:+.1f}, "
             f"{m.fix_throughput_gain_pct_hi:+.1f}] and {m.fix_ttft_change_pct:+.1f} % "
             f"(`data/production/tp2_C16384_gs1.summary.csv`). The model holds the MoE blocks only: it has no "
@@ -688,7 +720,8 @@ def setup_block() -> str | None:
     d = json.loads(f.read_text())
     return (f"Set-up time, measured by `python3 scripts/record_setup.py` (a fresh clone and `make venv` with "
             f"pip's cache off, {d['runs']} runs on this {d['cores']}-core CI-sized machine, commit {d['commit']}): "
-            f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, the "
+            f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, "
+            f"the "
             "notebook tools and the browser test's driver in one go; the first `make run` or `make test` pays it once.")
 
 
@@ -706,7 +739,8 @@ def _graphs_regression(rec) -> str:
         return "- No strategy is more than 2 % slower than `launch_always` anywhere."
     return ("- Slower than `launch_always` by more than 2 %: " + "; ".join(worst) + ". One adapter compacted onto "
             "one LoRA row changes the aligned kernel's tiles (the table was tuned for 4 rows); forcing BLOCK_M 16 "
-            "or split_n 1 on that row did not remove it at M=512 (`data/kernels/expand_run10`, notebook 03), and the cause is not "
+            "or split_n 1 on that row did not remove it at M=512 (`data/kernels/expand_run10`, notebook 03), and the "
+            "cause is not "
             "found.")
 
 
@@ -723,7 +757,8 @@ def graphs_block() -> str | None:
     lines = [head, "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in cols) + " |"]
     for v, r in t.iterrows():
         cells = ["1 (baseline)" if v == "launch_always" else f"{(r[c] - 1) * 100:+.1f} %" for c in cols]
-        lines.append(f"| `{v}` | {int(r['graphs'])} | {r['capture_s']:.2f} | {r['pool_mib']:.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{v}` | {int(r['graphs'])} | {r['capture_s']:.2f} | {r['pool_mib']:.0f} | "
+                     + " | ".join(cells) + " |")
     sw = rec.switches
     return (f"Three ways to put LoRA under CUDA graphs (`model/graph_strategies.py`), recorded by "
             f"`scripts/record_graphs.py` into `data/graphs/` ({rec.label}) on the 48-layer qwen3-30b-a3b MoE model, "
@@ -775,7 +810,8 @@ def lab_headline_block() -> str | None:
         return None
     sig = PR.signature_table(sess)
     pl = sig[sig.task == "prodlike_C16384"]
-    blocked = (f" ({pl.host_blocked_ms.mean():.0f} ms of host time blocked per forward, {pl.first_blocked_ms.mean():.0f}"
+    blocked = (f" ({pl.host_blocked_ms.mean():.0f} ms of host time blocked per forward, "
+               f"{pl.first_blocked_ms.mean():.0f}"
                f" ms of it in the first sync)" if len(pl) else "")
     return (f"One H200, TP=1, 260 syncs per forward, {len(sess)} device sessions: the fix gains "
             f"{_gain(h.loc['prodlike_C16384'])} input throughput in a production-like regime{blocked}, and "
@@ -822,13 +858,15 @@ def tp4_block() -> str | None:
              "The check first: TP=2 emulated against TP=2 measured on two GPUs (`data/production/tp2_*`, one "
              "session of 5 repetitions, 2.5–97.5 percentiles). A point passes within ±5 % or inside the "
              "measurement's interval.", "",
-             "| point | emulated, per session | emulated | measured | error | passes |", "| --- | --- | ---: | ---: | ---: | --- |"]
+             "| point | emulated, per session | emulated | measured | error | passes |", "| --- | --- | ---: | ---: | "
+                                                                                         "---: | --- |"]
     for r in v.itertuples():
         per = " / ".join(f"{getattr(r, 'emulated_' + s):.1f}" for s in sessions
                          if hasattr(r, "emulated_" + s) and pd.notna(getattr(r, "emulated_" + s)))
         lo_hi = f" [{r.emulated_lo:.1f}, {r.emulated_hi:.1f}]" if pd.notna(r.emulated_lo) else ""
         lines.append(f"| {r.point} | {per or '—'} | {r.emulated:.1f}{lo_hi} | {r.measured:.1f} "
-                     f"[{r.measured_lo:.1f}, {r.measured_hi:.1f}] | {r.err_pct:+.1f} | {'yes' if r.passed else '**no**'} |")
+                     f"[{r.measured_lo:.1f}, {r.measured_hi:.1f}] | {r.err_pct:+.1f} | "
+                     f"{'yes' if r.passed else '**no**'} |")
     from lora_moe_lab.config import get_shape
     from lora_moe_lab.model.tp import tp_shape
 
@@ -856,7 +894,8 @@ def tp4_block() -> str | None:
 
 
 BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, "kernels": kernels_block,
-          "signature": signature_block, "production": production_block, "replay": replay_block, "simulator": simulator_block, "simulator-check": simulator_check_block,
+          "signature": signature_block, "production": production_block, "replay": replay_block,
+          "simulator": simulator_block, "simulator-check": simulator_check_block,
           "graphs": graphs_block, "tp4": tp4_block, "tp4-headline": tp4_headline_block,
           "lab-headline": lab_headline_block}
 

@@ -239,7 +239,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
                                wall_median_us="", timer="", syncs_per_forward="", error=msg)
                     if runtime.has_cuda():
                         labs.free()  # e.g. out of memory: start the next row from a clean allocator
-                row = dict({k: meta[k] for k in META_KEYS}, **{k: p[k] for k in KEY_COLUMNS}, **res)  # the rest: .meta.json
+                # the rest of the metadata goes to .meta.json
+                row = dict({k: meta[k] for k in META_KEYS}, **{k: p[k] for k in KEY_COLUMNS}, **res)
                 w.writerow(row)
                 f.flush()
                 os.fsync(f.fileno())
