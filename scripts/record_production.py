@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import pandas as pd
 
 from lora_moe_lab.instruments import prefill as P
 from lora_moe_lab.instruments.clocks import ClockLog
+from lora_moe_lab.instruments.harness import pack_session
 from lora_moe_lab.provenance import metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 
@@ -68,14 +68,7 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session,
 
 
 def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
-    from lora_moe_lab.provenance import gpu_state
-
-    meta["calibration"] = cal
-    meta["wall_s"] = round(time.monotonic() - t0, 1)
-    meta["gpu_state_end"] = gpu_state()  # the card after the work: clocks and power under load
-    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    with tarfile.open(out / f"signature_{session}.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname=f"signature_{session}")
+    pack_session(work, out, f"signature_{session}", meta, t0, calibration=cal)
 
 
 def main(argv=None) -> int:

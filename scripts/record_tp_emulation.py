@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -32,8 +31,9 @@ import pandas as pd
 
 from lora_moe_lab.instruments import prefill as P
 from lora_moe_lab.instruments.clocks import ClockLog
+from lora_moe_lab.instruments.harness import pack_session
 from lora_moe_lab.model import tp as TP
-from lora_moe_lab.provenance import DATA, gpu_state, metadata
+from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 from lora_moe_lab.sim import tp_emulation as E
 
@@ -130,13 +130,9 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
     return s
 
 
-def pack(work: Path, out: Path, session: str, meta: dict, cal: dict, t0: float) -> None:
-    meta["calibration"] = {f"tp{k[0]}_C{k[1]}": v for k, v in cal.items()}
-    meta["wall_s"] = round(time.monotonic() - t0, 1)
-    meta["gpu_state_end"] = gpu_state()
-    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    with tarfile.open(out / f"emulation_{session}.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname=f"emulation_{session}")
+def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
+    calibration = {f"tp{k[0]}_C{k[1]}": v for k, v in cal.items()}
+    pack_session(work, out, f"emulation_{session}", meta, t0, calibration=calibration)
 
 
 def main(argv=None) -> int:

@@ -129,3 +129,21 @@ class Recorder:
         with open(f[:-len(".csv")] + ".meta.json", "w") as fh:
             json.dump(self.meta, fh, indent=1)
         return f
+
+
+def pack_session(work, out, name: str, meta: dict, t0: float, **extra) -> None:
+    """A session folder's meta.json (with `extra`, the wall time and the card after the work: clocks
+    and power under load) and its tarball `out/<name>.tar.gz`, written after every task so that a
+    call killed at its time limit still returns what it measured."""
+    import tarfile
+    from pathlib import Path
+
+    from ..provenance import gpu_state
+
+    work, out = Path(work), Path(out)
+    meta.update(extra)
+    meta["wall_s"] = round(time.monotonic() - t0, 1)
+    meta["gpu_state_end"] = gpu_state()
+    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with tarfile.open(out / f"{name}.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname=name)
