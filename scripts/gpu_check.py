@@ -87,8 +87,9 @@ def junit_counts(xml: Path) -> dict:
             if child.tag in ("failure", "error", "skipped"):
                 kind = {"failure": "failed", "error": "errors", "skipped": "skipped"}[child.tag]
                 if kind in ("failed", "errors"):
-                    failures.append(f"{case.get('classname')}::{case.get('name')}: "
-                                    f"{(child.get('message') or '').splitlines()[0][:200] if child.get('message') else ''}")
+                    failures.append(
+                        f"{case.get('classname')}::{case.get('name')}: "
+                        f"{(child.get('message') or '').splitlines()[0][:200] if child.get('message') else ''}")
         tot[kind] += 1
         per.setdefault(f, dict(passed=0, failed=0, errors=0, skipped=0))[kind] += 1
     return dict(tot, per_file=per, failures=failures)
@@ -138,7 +139,8 @@ def write_log(out: Path, doc: dict) -> Path:
          f"triton {m.get('triton')}, python {m.get('python')}", f"command: {doc['command']}", ""]
     t = doc.get("tests")
     if t:
-        L += [f"== pytest ({t.get('scope', 'whole suite')}): {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+        L += [f"== pytest ({t.get('scope', 'whole suite')}): {t['passed']} passed, {t['failed']} failed, "
+              f"{t['errors']} errors, "
               f"{t['skipped']} skipped in {t['seconds']:.0f} s (exit {t['returncode']})"]
         L += [f"  {f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v) for f, c in sorted(t["per_file"].items())]
         L += ["  FAILED " + f for f in t["failures"]] + ["", "-- pytest's last lines:"] + t["tail"] + [""]
@@ -152,7 +154,8 @@ def write_log(out: Path, doc: dict) -> Path:
             L += [f"    | {l}" for l in r["lesson"]]
     total = (t["failed"] + t["errors"] if t else 0) + (n["failed"] + len(n["over_1MB"]) if n else 0)
     L += ["", f"== {'0 failed' if not total else f'{total} FAILED'}"
-          + ("" if t and n else f" (this log holds only: {', '.join(k for k in ('tests', 'notebooks') if doc.get(k))})")]
+          + ("" if t and n
+             else f" (this log holds only: {', '.join(k for k in ('tests', 'notebooks') if doc.get(k))})")]
     name = f"gpu_check_{(m.get('commit') or 'unknown')[:7]}"
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     log = out / f"{name}.log"

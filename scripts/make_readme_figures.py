@@ -13,11 +13,12 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-ROOT = Path(__file__).resolve().parents[1]
 from lora_moe_lab.instruments import trace
 from lora_moe_lab.instruments.recordings import load_guards
 from lora_moe_lab.provenance import DATA
 from lora_moe_lab.ui import plots
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:

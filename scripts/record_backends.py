@@ -75,7 +75,8 @@ def main():
                 fn = lambda: lab.model(x, batch, tensors, guard="cpu_flag")  # noqa: E731
                 out[be] = pinned_forward(lab, fn, be == "triton").float()
                 if not a.check_only:
-                    t[be] = (time_graph(fn, warmup=2, reps=a.reps) if cuda else time_device(fn, warmup=1, reps=2)).median_us
+                    t[be] = (time_graph(fn, warmup=2, reps=a.reps) if cuda
+                             else time_device(fn, warmup=1, reps=2)).median_us
                 else:
                     t[be] = float("nan")
             err = ((out["triton"] - out["torch"]).norm() / out["torch"].norm()).item()

@@ -77,7 +77,8 @@ def graph_checks(lab, rows):
 def capture_failure_check(lab, rows):
     """Last in the process: a failed capture leaves CUDA state behind."""
     fail = graphs.try_capture(lab, [4] * 4, "sync", use_capture_mode=False)
-    rows.append(dict(check="sync_guard_fails_in_capture_without_rule", ok=fail is not None and "capturing" in fail.inner,
+    rows.append(dict(check="sync_guard_fails_in_capture_without_rule",
+                     ok=fail is not None and "capturing" in fail.inner,
                      detail=str(fail)))
     print(rows[-1], flush=True)
 

@@ -122,7 +122,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 1024, 4096, 16384])
     ap.add_argument("--active", type=float, nargs="+", default=[0.0, 0.5])
-    ap.add_argument("--reps", type=int, default=16, help=f"timed interleaved repetitions per point (>= {MIN_PAIRED_REPS})")
+    ap.add_argument("--reps", type=int, default=16,
+                    help=f"timed interleaved repetitions per point (>= {MIN_PAIRED_REPS})")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds of every arm before timing (>= 1)")
     ap.add_argument("--warmup-s", type=float, default=1.5, help="... and at least this many seconds of them")
     ap.add_argument("--max-reps", type=int, default=24, help="repetitions at most while an arm has not settled")

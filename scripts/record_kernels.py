@@ -210,7 +210,8 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
             if best is None or t_rot < best[0]:
                 best = (t_rot, cfg_str(bm, cfg))
         if sweep:
-            log(f"  sweep {preset} M={M}: table {ROWS_by(preset, M)['time_us']:.1f} us, best {best[0]:.1f} us {best[1]}")
+            log(f"  sweep {preset} M={M}: table {ROWS_by(preset, M)['time_us']:.1f} us, "
+                f"best {best[0]:.1f} us {best[1]}")
         # (c) all adapters disabled: the same launch exits early everywhere; vs an empty kernel.
         al = aligns[bm0][0]
         s0 = sets[0]
@@ -266,7 +267,8 @@ def time_base(preset, dev, gen):
 def same_alignment(a, b):
     """Same groups: expert_ids, num_tokens_post_padded, and per slot the (expert, pair) multiset
     (the order of pairs inside one group may differ: the Triton version ranks them with atomics)."""
-    if not (torch.equal(a.expert_ids, b.expert_ids) and torch.equal(a.num_tokens_post_padded, b.num_tokens_post_padded)):
+    if not (torch.equal(a.expert_ids, b.expert_ids)
+            and torch.equal(a.num_tokens_post_padded, b.num_tokens_post_padded)):
         return False
 
     def groups(x):
@@ -350,7 +352,8 @@ def summary():
         f"{'off us':>8}{'empty':>7}  config")
     for r in ROWS:
         if r["section"] == "lora_gate_up":
-            d = next((x for x in ROWS if x["section"] == "disabled" and x["preset"] == r["preset"] and x["M"] == r["M"]),
+            d = next((x for x in ROWS
+                      if x["section"] == "disabled" and x["preset"] == r["preset"] and x["M"] == r["M"]),
                      dict(time_us=float("nan"), empty_kernel_us=float("nan")))
             log(f"{r['preset']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['time_us_hot']:>8.1f}"
                 f"{r['gbps']:>7.0f}{100 * r['bw_frac']:>5.0f}%{d['time_us']:>8.2f}"
@@ -358,11 +361,13 @@ def summary():
     al = [r for r in ROWS if r["section"] == "align"]
     if al:
         log("\nalignment (qwen3, graph replay): " + ", ".join(
-            f"S{r['op'][-1]} M={r['M']} {r['torch_us']:.0f}->{r['triton_us']:.1f}us{'' if r['ok'] else ' DIFF'}" for r in al))
+            f"S{r['op'][-1]} M={r['M']} {r['torch_us']:.0f}->{r['triton_us']:.1f}us{'' if r['ok'] else ' DIFF'}"
+            for r in al))
     log("\nbase moe_gemm, bf16 (us / TFLOP/s)")
     for r in ROWS:
         if r["section"] == "base":
-            log(f"{r['preset']:<18}{r['op']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['tflops']:>7.0f}  align {r['align_us']:.1f} us")
+            log(f"{r['preset']:<18}{r['op']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['tflops']:>7.0f}  "
+                f"align {r['align_us']:.1f} us")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def time_down(preset, dev, gen, copy_gbps, deadline):
                 if bm not in aligns:
                     aligns[bm] = [moe_align(s["ids"], E, bm, s["slot"], kc.S) for s in sets]
                 if P == 2:
-                    fns = [lambda s=s, a_=a_, c=cfg: lora_delta(s["x"], a13, b13, a_, ids_s, on, k, s["inter"], config=c)
+                    fns = [lambda s=s, a_=a_, c=cfg: lora_delta(s["x"], a13, b13, a_, ids_s, on, k, s["inter"],
+                                                                config=c)
                            for s, a_ in zip(sets, aligns[bm])]
                 else:
                     fns = [lambda s=s, a_=a_, c=cfg: lora_delta(s["act"], a2, b2, a_, ids_s, on, k, s["down"],
@@ -82,8 +83,10 @@ def time_down(preset, dev, gen, copy_gbps, deadline):
                            for s, a_ in zip(sets, aligns[bm])]
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
-                row(section="down" if op == "down" else "gate_up_bw", preset=preset, M=M, op=op, config=cfg_str(bm, cfg),
-                    table=i == 0, down_table=op == "down" and cfg == new and bm == bm0, time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps,
+                row(section="down" if op == "down" else "gate_up_bw", preset=preset, M=M, op=op,
+                    config=cfg_str(bm, cfg),
+                    table=i == 0, down_table=op == "down" and cfg == new and bm == bm0, time_us=t, bytes=nbytes,
+                    gbps=gbps, bw_frac=gbps / copy_gbps,
                     grid=fused_moe_lora.LAST_LORA_LAUNCH.get("grid"))
             best = min((r for r in ROWS if r.get("op") == op and r["preset"] == preset and r["M"] == M
                         and r["section"] in ("down", "gate_up_bw")), key=lambda r: r["time_us"])
@@ -151,14 +154,18 @@ def summary(meta):
             log(f"{r['preset']:<18}{r['M']:>5}{r['today']:>8.1f}{r['decode']:>8.1f}{r['ratio']:>7.2f}")
     for r in ROWS:
         if r["section"] == "disabled":
-            log(f"off {r['preset']} M={r['M']}: decode {r['decode_ratio']:.2f}x, aligned {r['aligned_ratio']:.2f}x same-grid empty")
+            log(f"off {r['preset']} M={r['M']}: decode {r['decode_ratio']:.2f}x, aligned {r['aligned_ratio']:.2f}x "
+                f"same-grid empty")
     for r in ROWS:
         if r["section"] in ("down", "gate_up_bw") and r["table"]:
-            best = min((x for x in ROWS if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]),
+            best = min((x for x in ROWS
+                        if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]),
                        key=lambda x: x["time_us"])
-            nt = next((x for x in ROWS if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]
+            nt = next((x for x in ROWS
+                       if x["section"] == r["section"] and x["preset"] == r["preset"] and x["M"] == r["M"]
                        and x.get("down_table")), r)
-            log(f"{r['op']:<8}{r['preset']:<18}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}%  new "
+            log(f"{r['op']:<8}{r['preset']:<18}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}%  "
+                f"new "
                 f"{nt['time_us']:7.1f} us {100 * nt['bw_frac']:3.0f}%  best "
                 f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
     for r in ROWS:

@@ -133,7 +133,8 @@ def check(preset, dev, gen, deadline, which="regs"):
             P, N, Kin, gather = op_args(op, sh)
             xin = s["x"] if gather else s["act"]
             a, b = (w[0], w[1]) if P == 2 else (w[2], w[3])
-            ref, live = ref_lora(xin, a, b, s["ids"], s["slot"], lora_ids, enabled, k, None if gather else s["rw"], gather)
+            ref, live = ref_lora(xin, a, b, s["ids"], s["slot"], lora_ids, enabled, k, None if gather else s["rw"],
+                                 gather)
             # down: the expert outputs it adds to carry the routed weight too (out on the delta's scale)
             out0 = s["inter"] if P == 2 else (s["down"].float() * s["rw"].reshape(-1, 1)).to(BF)
             fails = 0
@@ -148,10 +149,13 @@ def check(preset, dev, gen, deadline, which="regs"):
                 err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
                 ok = untouched and err < tolerance(BF, dev)
                 fails += not ok
-                row(section="check", preset=preset, op=op, M=M, config=cfg_str(bm, cfg), rel_err=err, tol=tolerance(BF, dev),
+                row(section="check", preset=preset, op=op, M=M, config=cfg_str(bm, cfg), rel_err=err,
+                    tol=tolerance(BF, dev),
                     untouched_rows_identical=untouched, ok=ok)
+            worst = max(r['rel_err'] for r in ROWS
+                        if r['section'] == 'check' and r['M'] == M and r['op'] == op and r['preset'] == preset)
             log(f"check {preset} M={M} {op}: {fails} failures, worst "
-                f"{max(r['rel_err'] for r in ROWS if r['section'] == 'check' and r['M'] == M and r['op'] == op and r['preset'] == preset):.1e}")
+                f"{worst:.1e}")
             ref = live = None  # frees the buffers before the next M
         s = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
@@ -178,13 +182,18 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
                     break
                 if bm not in aligns:
                     aligns[bm] = [moe_align(s["ids"], E, bm, s["slot"], S) for s in sets]
-                fns = [lambda s=s, a_=a_, c=cfg, op=op, w=w: run_delta(op, s, w, a_, ids_s, on, k, c) for s, a_ in zip(sets, aligns[bm])]
+                fns = [lambda s=s, a_=a_, c=cfg, op=op, w=w: run_delta(op, s, w, a_, ids_s, on, k, c)
+                       for s, a_ in zip(sets, aligns[bm])]
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
-                row(section="sweep", preset=preset, M=M, op=op, config=cfg_str(bm, cfg), table=i == 0, prefetch=cfg.prefetch,
-                    time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps, grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"],
-                    regs=fused_moe_lora.LAST_LORA_LAUNCH.get("regs"), shared=fused_moe_lora.LAST_LORA_LAUNCH.get("shared"))
-            rs = [r for r in ROWS if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M and r["op"] == op]
+                row(section="sweep", preset=preset, M=M, op=op, config=cfg_str(bm, cfg), table=i == 0,
+                    prefetch=cfg.prefetch,
+                    time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps,
+                    grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"],
+                    regs=fused_moe_lora.LAST_LORA_LAUNCH.get("regs"),
+                    shared=fused_moe_lora.LAST_LORA_LAUNCH.get("shared"))
+            rs = [r for r in ROWS
+                  if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M and r["op"] == op]
             best = min(rs, key=lambda r: r["time_us"])
             log(f"{op:8}{preset:<19}M={M:<5} table {rs[0]['time_us']:7.1f} us {100 * rs[0]['bw_frac']:3.0f}%  best "
                 f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
@@ -215,11 +224,12 @@ def floor(preset, dev, gen, deadline):
                      decode_empty_us=graph_time_us([lambda: dec(on, True)], inner=32))
             g = LAST_DECODE_LAUNCH["programs"]
             t["decode_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(g,)](flag, sink)], inner=32)
-            t["aligned_off_us"] = graph_time_us([lambda: lora_delta(xin, a, b, al, ids_s, off, k, out, routed_weights=rw,
-                                                                    gather=gather)], inner=32)
+            t["aligned_off_us"] = graph_time_us([lambda: lora_delta(xin, a, b, al, ids_s, off, k, out,
+                                                                    routed_weights=rw, gather=gather)], inner=32)
             ga = fused_moe_lora.LAST_LORA_LAUNCH["grid"]
             t["aligned_empty_us"] = graph_time_us([lambda: kc.aligned_empty(xin, a, b, al, ids_s, on, k, out,
-                                                                             routed_weights=rw, gather=gather)], inner=32)
+                                                                             routed_weights=rw, gather=gather)],
+                                                  inner=32)
             t["aligned_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(ga,)](flag, sink)], inner=32)
             row(section="floor", preset=preset, M=M, op=op, decode_programs=g, aligned_programs=ga, **t,
                 decode_ratio=t["decode_off_us"] / t["decode_empty_us"],
@@ -329,8 +339,10 @@ def compact(preset, dev, deadline, reps=31):
             lora_rows1_split1_over_rows4_p10=p10_, lora_rows1_split1_over_rows4_p90=p90_,
             block_m_rows4=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, S),
             block_m_rows1=configs.lora_block_m(M, get_shape(preset).top_k, get_shape(preset).num_experts, 1))
-        log(f"compact {preset} M={M}: base {med['base']:.1f} us, one adapter over 4 rows +{med['rows4'] - med['base']:.1f} "
-            f"us, over 1 row +{med['rows1'] - med['base']:.1f} us: x{r:.2f} [{r10:.2f}, {r90:.2f}]; 1 row with BLOCK_M 16 "
+        log(f"compact {preset} M={M}: base {med['base']:.1f} us, one adapter over 4 rows "
+            f"+{med['rows4'] - med['base']:.1f} "
+            f"us, over 1 row +{med['rows1'] - med['base']:.1f} us: x{r:.2f} [{r10:.2f}, {r90:.2f}]; "
+            f"1 row with BLOCK_M 16 "
             f"x{s16:.2f} [{s10:.2f}, {s90:.2f}]; 1 row with split_n 1 x{p1:.2f} [{p10_:.2f}, {p90_:.2f}]")
 
 
@@ -398,7 +410,8 @@ def summary(meta):
     log(f"\ncopy {meta['copy_gbps']:.0f} GB/s; errors: {meta['errors']}")
     chk = [r for r in ROWS if r["section"] == "check"]
     if chk:
-        log(f"check: {len(chk)} cases, {sum(not r['ok'] for r in chk)} failures, worst {max(r['rel_err'] for r in chk):.2e}")
+        log(f"check: {len(chk)} cases, {sum(not r['ok'] for r in chk)} failures, "
+            f"worst {max(r['rel_err'] for r in chk):.2e}")
     for r in ROWS:
         if r["section"] == "sweep" and r["table"]:
             rs = [x for x in ROWS if x["section"] == "sweep" and x["preset"] == r["preset"] and x["M"] == r["M"]
@@ -406,19 +419,23 @@ def summary(meta):
             best = min(rs, key=lambda x: x["time_us"])
             pf = min((x for x in rs if x["config"] == r["config"] + "/pf2"), key=lambda x: x["time_us"], default=r)
             log(f"{r['op']:<8}{r['preset']:<19}{r['M']:>5} table {r['time_us']:7.1f} us {100 * r['bw_frac']:3.0f}% "
-                f"({r['grid']} prog, {r.get('regs')} regs) | pf2 {pf['time_us']:7.1f} {100 * pf['bw_frac']:3.0f}% | best "
-                f"{best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% {best['config']} ({best['grid']} prog, {best.get('regs')} regs)")
+                f"({r['grid']} prog, {r.get('regs')} regs) | pf2 {pf['time_us']:7.1f} {100 * pf['bw_frac']:3.0f}% "
+                f"| best "
+                f"{best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% {best['config']} "
+                f"({best['grid']} prog, {best.get('regs')} regs)")
     for r in ROWS:
         if r["section"] == "floor":
             log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "
-                f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x (flag {r['aligned_flag_ratio']:.2f}x)")
+                f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x "
+                f"(flag {r['aligned_flag_ratio']:.2f}x)")
     for r in ROWS:
         if r["section"] == "compact":
             log(f"compact {r['preset']:<18}{r['M']:>6} LoRA over 1 row / over 4 rows x{r['lora_rows1_over_rows4']:.2f} "
                 f"[{r['lora_rows1_over_rows4_p10']:.2f}, {r['lora_rows1_over_rows4_p90']:.2f}]")
     for r in ROWS:
         if r["section"] in ("layer", "layer_paired"):
-            log(f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
+            log(f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} "
+                f"all {100 * r['lora_share']:5.1f}% none "
                 f"{100 * r['none_active_share']:5.1f}% ({r['path']})")
 
 

@@ -75,7 +75,8 @@ def fused_check(dev, gen, n_random):
             rw, ids = route(M, E, k, gen, dev)
             mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
             al = moe_align(ids, E, moe_block_m(M, k, E))
-            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True), ("down", h, w2, a2, b2, rw, False)):
+            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True),
+                                                ("down", h, w2, a2, b2, rw, False)):
                 d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
                 err, same = _fused_case(xin, w, al, k, a, b, mapping, lids, en, r, gather,
                                         (ref_gemm(xin, w, ids, k, r, gather) + d, live))
@@ -111,7 +112,8 @@ def fused_check(dev, gen, n_random):
         worst[key] = max(worst.get(key, 0.0), err)
         fails += not (err < tolerance(dtype, dev) and same)
     row(section="fused_check", op="random", cases=n_random, worst=str(worst), failures=fails)
-    log(f"fused differential: {n_random} random cases + {4 * len(CHECK_M)} preset cases, {fails} failures, worst {worst}")
+    log(f"fused differential: {n_random} random cases + {4 * len(CHECK_M)} preset cases, {fails} failures, "
+        f"worst {worst}")
 
 
 def time_fused(preset, dev, gen, deadline):
@@ -150,7 +152,8 @@ def time_fused(preset, dev, gen, deadline):
                 lora_delta_decode(s["act"], a2, b2, s["ids"], s["slot"], lids, on, s["down"], routed_weights=s["rw"],
                                   gather=False)
             else:
-                lora_delta(s["act"], a2, b2, s["lal"], lids, on, k, s["down"], routed_weights=s["rw"], gather=False, config=cfg2)
+                lora_delta(s["act"], a2, b2, s["lal"], lids, on, k, s["down"], routed_weights=s["rw"], gather=False,
+                           config=cfg2)
 
         def fused(s, op, en=on):
             if op == "gate_up":
@@ -249,12 +252,15 @@ def summary():
                 f"{r['delta_fused_us']:8.1f}{r['ratio']:6.2f}")
     for r in ROWS:
         if r["section"] in ("diff", "fused_check") and "failures" in r:
-            log(f"{r['section']}: {r['cases']} cases, {r['failures']} failures, worst {r['worst']} {r.get('table_tiles', '')}")
+            log(f"{r['section']}: {r['cases']} cases, {r['failures']} failures, worst {r['worst']} "
+                f"{r.get('table_tiles', '')}")
         elif r["section"] == "path":
-            log(f"path {r['preset']:<18}{r['M']:>4} today {r['today']:6.1f} decode {r['decode']:6.1f} ({r['ratio']:.2f}) "
+            log(f"path {r['preset']:<18}{r['M']:>4} today {r['today']:6.1f} decode {r['decode']:6.1f} "
+                f"({r['ratio']:.2f}) "
                 f"gu {r['decode_gate_up']:.1f} down {r['decode_down']:.1f}")
         elif r["section"] == "layer":
-            log(f"layer {r['lora_variant']:<9}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% "
+            log(f"layer {r['lora_variant']:<9}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} "
+                f"all {100 * r['lora_share']:5.1f}% "
                 f"none {100 * r['none_active_share']:5.1f}%")
 
 

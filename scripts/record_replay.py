@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from lora_moe_lab.instruments import production_runs, recordings, stats
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import replay as R
 from lora_moe_lab.sim import replay_transforms as X
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = DATA / "replay"
 SIG = DATA / "production" / "signature_s1" / "traces"
@@ -68,7 +68,8 @@ def decoder_measured(sessions) -> dict:
     out = {}
     for name, s in sessions.items():
         for r in s.summary.itertuples():
-            out.setdefault((r.task, r.guard), []).append((r.forward_median_ms, r.forward_median_ms_lo, r.forward_median_ms_hi))
+            out.setdefault((r.task, r.guard), []).append((r.forward_median_ms, r.forward_median_ms_lo,
+                                                          r.forward_median_ms_hi))
     return out
 
 
@@ -89,7 +90,8 @@ def judge(pred: float, per: list) -> dict:
     err = pred / est - 1
     within = lo <= pred <= hi
     return dict(measured_ms=est, measured_lo=lo, measured_hi=hi, sessions=len(per), err_pct=100 * err,
-                passed=bool(abs(err) <= TOL or within), by=("±5 %" if abs(err) <= TOL else "interval" if within else ""))
+                passed=bool(abs(err) <= TOL or within),
+                by=("±5 %" if abs(err) <= TOL else "interval" if within else ""))
 
 
 def main() -> pd.DataFrame:
@@ -132,7 +134,8 @@ def main() -> pd.DataFrame:
         src_pred = R.replay(X.scale_host(src, a, calls=True, below_ns=SPIN_NS), steps=steps, init="idle").forward_ms
         j = judge(variants["calibrated"], measured[(cfg, dst_guard)])
         jr = judge(variants["raw"], measured[(cfg, dst_guard)])
-        rows.append(dict(model=model, config=str(cfg), source=src_guard, target=dst_guard, predicted_ms=variants["calibrated"],
+        rows.append(dict(model=model, config=str(cfg), source=src_guard, target=dst_guard,
+                         predicted_ms=variants["calibrated"],
                          **j, raw_predicted_ms=variants["raw"], raw_err_pct=jr["err_pct"], raw_passed=jr["passed"],
                          alpha=a, alpha_from=a_from, source_replayed_ms=src_pred,
                          source_measured_ms=float(np.mean([v[0] for v in measured[(cfg, src_guard)]])),
@@ -153,7 +156,8 @@ def main() -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["cause"] = [cause(r) for r in df.itertuples()]
     # reproduction of every recorded trace and the replay speed
-    for p in sorted(SIG.glob("*.json.gz")) + sorted(MOE.glob("*.json.gz")) + sorted((DATA / "production" / "traces").glob("*.json.gz")):
+    for p in (sorted(SIG.glob("*.json.gz")) + sorted(MOE.glob("*.json.gz"))
+              + sorted((DATA / "production" / "traces").glob("*.json.gz"))):
         t = R._tables(p)[0]
         for f in range(len(t.forwards)):
             g = R.build_graph(t, forward=f)
@@ -181,12 +185,16 @@ def cause(r) -> str:
     if r.passed:
         return ""
     if r.target == "cpu_flag" and r.err_pct < 0:
-        return ("too fast: the fixed graph keeps the sync run's kernel durations, and the card clocked higher under sync "
-                "(1950 against 1860 MHz at the 700 W cap, signature_s2/clocks.csv): the same kernels ran ~4 % longer under cpu_flag")
+        return ("too fast: the fixed graph keeps the sync run's kernel durations, and the card clocked higher "
+                "under sync "
+                "(1950 against 1860 MHz at the 700 W cap, signature_s2/clocks.csv): the same kernels ran ~4 % longer "
+                "under cpu_flag")
     if r.target == "sync" and r.err_pct > 0:
-        return "too slow: host re-issue after each sync too long (the profiled host work or the guard template's sync return)"
+        return ("too slow: host re-issue after each sync too long (the profiled host work or the guard template's "
+                "sync return)")
     if r.target == "sync":
-        return "too fast: the bubble after each sync is under-predicted (host work after a sync, or the template's sync return)"
+        return ("too fast: the bubble after each sync is under-predicted (host work after a sync, or the "
+                "template's sync return)")
     return "too slow: host work left in the fixed graph (the calibrated factor) or kernels run slower in the sync trace"
 
 
@@ -199,7 +207,8 @@ def simulator_vs_replay() -> pd.DataFrame:
     d.to_csv(OUT / "simulator_vs_replay.csv", index=False, float_format="%.4f")
     meta = metadata(dict(tolerance=TOL, method=whatif.simulator_vs_replay.__doc__.strip(), points=len(d),
                          agree=int(d["agrees"].sum()), compared=int(d["simulator_ms"].notna().sum()),
-                         simulator_fit="data/simulator/simulator_fit.json", replay_validation="data/replay/validation.csv",
+                         simulator_fit="data/simulator/simulator_fit.json",
+                         replay_validation="data/replay/validation.csv",
                          seconds=time.perf_counter() - t0))
     (OUT / "simulator_vs_replay.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return d
@@ -215,6 +224,6 @@ if __name__ == "__main__":
               f"{int(s['simulator_ms'].notna().sum())} points")
         sys.exit(0)
     d = main()
-    print(d[["model", "config", "source", "target", "predicted_ms", "measured_ms", "measured_lo", "measured_hi", "err_pct",
-             "passed", "raw_err_pct", "alpha", "alpha_from"]].to_string())
+    print(d[["model", "config", "source", "target", "predicted_ms", "measured_ms", "measured_lo", "measured_hi",
+             "err_pct", "passed", "raw_err_pct", "alpha", "alpha_from"]].to_string())
     print(f"{int(d['passed'].sum())} of {len(d)} passed")

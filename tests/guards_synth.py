@@ -31,6 +31,7 @@ def write_session(folder, session, **kw):
     f = folder / f"h200_guards_{session}.csv"
     df.to_csv(f, index=False)
     f.with_name(f.stem + ".meta.json").write_text(
-        f'{{"gpu": "NVIDIA H200", "commit": "abc{session}0000", "date": "2026-12-0{session[-1]}", "session": "{session}",'
+        f'{{"gpu": "NVIDIA H200", "commit": "abc{session}0000", "date": "2026-12-0{session[-1]}", '
+        f'"session": "{session}",'
         ' "params": {"reps": 16, "warmup": 3, "warmup_s": 1.5, "max_reps": 24, "requests": 8}}')
     return f

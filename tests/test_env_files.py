@@ -33,7 +33,8 @@ def _env_pins():
 def test_pins_agree():
     py, env = _pyproject_pins(), _env_pins()
     assert py, "no pins found in pyproject.toml"
-    assert py == env, f"only in pyproject: {set(py.items()) - set(env.items())}; only in environment.yml: {set(env.items()) - set(py.items())}"
+    assert py == env, (f"only in pyproject: {set(py.items()) - set(env.items())}; "
+                       f"only in environment.yml: {set(env.items()) - set(py.items())}")
 
 
 def test_torch_pins_are_the_cpu_wheel_and_matching_triton():

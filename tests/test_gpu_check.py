@@ -14,7 +14,8 @@ gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
 
 XML = """<?xml version="1.0"?><testsuites><testsuite>
-<testcase classname="tests.nb.test_a" name="t1"/><testcase classname="tests.nb.test_a" name="t2"><failure message="assert 1 == 2
+<testcase classname="tests.nb.test_a" name="t1"/>\
+<testcase classname="tests.nb.test_a" name="t2"><failure message="assert 1 == 2
 more"/></testcase>
 <testcase classname="tests.test_b" name="t3"><skipped message="no gpu"/></testcase>
 <testcase classname="tests.test_b" name="t4"><error message="boom"/></testcase></testsuite></testsuites>"""
@@ -25,7 +26,8 @@ def test_junit_counts_per_file(tmp_path):
     c = gc.junit_counts(tmp_path / "x.xml")
     assert (c["passed"], c["failed"], c["errors"], c["skipped"]) == (1, 1, 1, 1)
     assert c["per_file"]["tests/nb/test_a.py"] == dict(passed=1, failed=1, errors=0, skipped=0)
-    assert c["failures"][0].startswith("tests.nb.test_a::t2: assert 1 == 2") and c["failures"][1] == "tests.test_b::t4: boom"
+    assert (c["failures"][0].startswith("tests.nb.test_a::t2: assert 1 == 2")
+            and c["failures"][1] == "tests.test_b::t4: boom")
     assert gc.junit_counts(tmp_path / "none.xml")["failures"] == ["no JUnit XML: pytest did not finish"]
 
 
@@ -38,7 +40,8 @@ def test_lesson_lines_and_one_log_from_two_parts(tmp_path):
     other.outputs = [nbformat.v4.new_output("stream", name="stdout", text="not a lesson\n")]
     nb.cells = [other, c]
     nbformat.write(nb, str(tmp_path / "01_x.ipynb"))
-    assert gc.lesson_lines(tmp_path / "01_x.ipynb") == ["M=4096: sync 87.6 ms [1.36, 1.41]", "ERROR LessonError: M=16 ..."]
+    assert gc.lesson_lines(tmp_path / "01_x.ipynb") == ["M=4096: sync 87.6 ms [1.36, 1.41]",
+                                                        "ERROR LessonError: M=16 ..."]
     meta = dict(commit="abc1234def", date="2026-12-01T10:00:00Z", gpu="NVIDIA H200", driver="570.1", torch="2.11",
                 triton="3.6", cuda="13.0", python="3.11")
     tests = dict(passed=5, failed=0, errors=0, skipped=1, seconds=10.0, returncode=0, per_file={}, failures=[], tail=[])
@@ -49,7 +52,8 @@ def test_lesson_lines_and_one_log_from_two_parts(tmp_path):
     doc = json.loads((tmp_path / "gpu_check_abc1234.json").read_text())
     doc["notebooks"] = nbs
     text = gc.write_log(tmp_path, doc).read_text()
-    assert "driver 570.1" in text and "5 passed" in text and "    | M=4096: ok" in text and text.endswith("== 0 failed\n")
+    assert ("driver 570.1" in text and "5 passed" in text and "    | M=4096: ok" in text
+            and text.endswith("== 0 failed\n"))
 
 
 def test_refuses_a_cpu_without_allow_cpu():

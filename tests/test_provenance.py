@@ -35,7 +35,8 @@ def test_git_commit_reads_packed_refs_and_detached_head(tmp_path, monkeypatch):
 
 
 def test_legacy_keys_are_normalised_and_labelled():
-    m = provenance.normalize_meta({"gpu": "NVIDIA H200", "git_commit": "1c65309abc", "date_utc": "2026-11-29T10:00:00Z"})
+    m = provenance.normalize_meta({"gpu": "NVIDIA H200", "git_commit": "1c65309abc",
+                                   "date_utc": "2026-11-29T10:00:00Z"})
     assert m == {"gpu": "NVIDIA H200", "commit": "1c65309abc", "date": "2026-11-29T10:00:00Z"}
     assert provenance.label(m) == "H200 · commit 1c65309 · 2026-11-29"
 

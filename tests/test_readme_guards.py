@@ -31,7 +31,8 @@ def test_one_session_then_two(tables, tmp_path):
     assert "one session; the second is pending" in one
     assert "| preset | M (tokens) | n kept |" in one and "lost per sync (µs) [paired bootstrap, 95 %]" in one
     assert "| tiny | 16 | 14 |" in one  # 2 of 16 dropped as warm-up drift
-    assert "tiny M = 16, first 2 of 16" in one and "Unstable, not averaged" in one and "tiny M = 4096 (16 repetitions)" in one
+    assert ("tiny M = 16, first 2 of 16" in one and "Unstable, not averaged" in one
+            and "tiny M = 4096 (16 repetitions)" in one)
     assert "| tiny | 4096 | 0 |" in one and "unstable, not averaged" in one
     write_session(tmp_path, "s2", lost_per_sync=60.0, seed=2)
     two = tables.guards_block(tmp_path)

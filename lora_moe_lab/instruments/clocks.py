@@ -33,7 +33,8 @@ class ClockLog:
         fields = self.FIELDS
         for reason in ("clocks_event_reasons.active", "clocks_throttle_reasons.active", ""):
             fields = self.FIELDS + ("," + reason if reason else ",temperature.gpu")  # keep 5 columns
-            if subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True).returncode == 0:
+            if subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader"],
+                              capture_output=True).returncode == 0:
                 break
         self.proc = subprocess.Popen([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "100"],
                                      stdout=subprocess.PIPE, text=True)

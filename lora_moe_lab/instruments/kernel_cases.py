@@ -93,7 +93,8 @@ def differential(dev, n_cases, seed=0):
         err = 0.0
         if on.any():
             d = out[on].double() - out0[on].double()
-            err = ((d - ref[on]).norm() / ref[on].norm().clamp_min(1e-300)).item() if torch.isfinite(d).all() else float("inf")
+            err = (((d - ref[on]).norm() / ref[on].norm().clamp_min(1e-300)).item() if torch.isfinite(d).all()
+                   else float("inf"))
         codes_ok = ex is None or torch.equal(ex.cpu(), codes)
         ok = untouched and err < tolerance(dtype, dev) and codes_ok
         key = str(dtype)[6:]
@@ -167,7 +168,8 @@ def time_paths(preset, dev, gen, deadline):
 
         def dec(s, parts=("gu", "down"), en=on, cfg13=None, cfg2=None, empty=False):
             if "gu" in parts:
-                lora_delta_decode(s["x"], a13, b13, s["ids"], s["slot"], ids_s, en, s["inter"], config=cfg13, empty=empty)
+                lora_delta_decode(s["x"], a13, b13, s["ids"], s["slot"], ids_s, en, s["inter"], config=cfg13,
+                                  empty=empty)
             if "down" in parts:
                 lora_delta_decode(s["act"], a2, b2, s["ids"], s["slot"], ids_s, en, s["down"], routed_weights=s["rw"],
                                   gather=False, config=cfg2, empty=empty)
@@ -175,8 +177,10 @@ def time_paths(preset, dev, gen, deadline):
         t = {}
         t["today"] = graph_time_us([lambda s=s: today(s) for s in sets], inner=2)
         t["today_align"] = graph_time_us([lambda s=s: moe_align(s["ids"], E, bm, s["slot"], S) for s in sets], inner=2)
-        t["today_gate_up"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("gu",)) for s, a_ in zip(sets, al)], inner=2)
-        t["today_down"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("down",)) for s, a_ in zip(sets, al)], inner=2)
+        t["today_gate_up"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("gu",))
+                                            for s, a_ in zip(sets, al)], inner=2)
+        t["today_down"] = graph_time_us([lambda s=s, a_=a_: today(s, a_, parts=("down",))
+                                         for s, a_ in zip(sets, al)], inner=2)
         t["decode"] = graph_time_us([lambda s=s: dec(s) for s in sets], inner=2)
         t["decode_gate_up"] = graph_time_us([lambda s=s: dec(s, ("gu",)) for s in sets], inner=2)
         plan13 = dict(LAST_DECODE_LAUNCH)
@@ -185,7 +189,8 @@ def time_paths(preset, dev, gen, deadline):
         row(section="path", preset=preset, M=M, pairs=M * k, block_m=bm, **t, ratio=t["decode"] / t["today"],
             decode_cfg_gate_up=f"{plan13['config']} programs={plan13['programs']}",
             decode_cfg_down=f"{plan2['config']} programs={plan2['programs']}")
-        log(f"path {preset} M={M}: today {t['today']:.1f} us (align {t['today_align']:.1f} + gu {t['today_gate_up']:.1f}"
+        log(f"path {preset} M={M}: today {t['today']:.1f} us (align {t['today_align']:.1f} + gu "
+            f"{t['today_gate_up']:.1f}"
             f" + down {t['today_down']:.1f}), decode {t['decode']:.1f} us (gu {t['decode_gate_up']:.1f} + down "
             f"{t['decode_down']:.1f}) -> {t['decode'] / t['today']:.2f}x")
         # all disabled: each path against an empty kernel of the same grid and arguments
@@ -217,7 +222,8 @@ def time_paths(preset, dev, gen, deadline):
                         programs=LAST_DECODE_LAUNCH["programs"], time_us=tt)
                 best = min((r for r in ROWS if r["section"] == "decode_tile" and r["preset"] == preset and r["M"] == M
                             and r["op"] == op), key=lambda r: r["time_us"])
-                log(f"  decode tiles {op} M={M}: table {t['decode_' + op]:.1f} us, best {best['time_us']:.1f} {best['config']}")
+                log(f"  decode tiles {op} M={M}: table {t['decode_' + op]:.1f} us, best {best['time_us']:.1f} "
+                    f"{best['config']}")
         sets = al = None  # frees the buffers before the next M
     torch.cuda.empty_cache()
 
@@ -254,7 +260,8 @@ def time_layer(preset, dev, deadline):
                 hooks = [LoRAHook(info, backend, E)]
             t[case] = graph_time_us([lambda h=hooks: layer(x, h, backend)], inner=4 if M <= 256 else 1, reps=10)
         row(section="layer", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned", **t,
-            lora_share=(t["lora_all_active"] - t["base"]) / t["base"], none_active_share=(t["lora_none_active"] - t["base"]) / t["base"])
+            lora_share=(t["lora_all_active"] - t["base"]) / t["base"],
+            none_active_share=(t["lora_none_active"] - t["base"]) / t["base"])
         log(f"layer {preset} M={M}: base {t['base']:.1f} us, +LoRA all active {t['lora_all_active']:.1f} "
             f"({100 * (t['lora_all_active'] / t['base'] - 1):.0f}%), none active {t['lora_none_active']:.1f} "
             f"({100 * (t['lora_none_active'] / t['base'] - 1):.0f}%)")

@@ -456,7 +456,8 @@ def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
         valid = len(reps) >= stats.MIN_PAIRED_REPS
         dropped, stable, note = 0, True, f"{len(reps)} repetitions: too few for a drift check"
         if valid:
-            w = stats.warmup_check({gd: gg.sort_values("rep")["prefill_ms"].to_numpy() for gd, gg in g.groupby("guard")})
+            w = stats.warmup_check({gd: gg.sort_values("rep")["prefill_ms"].to_numpy()
+                                    for gd, gg in g.groupby("guard")})
             dropped, stable, note = w.dropped, w.stable, w.note
         kept = g[g["rep"].isin(reps[dropped:])]
         n_kept = len(reps) - dropped
@@ -563,10 +564,13 @@ def build_parser() -> argparse.ArgumentParser:
                                             "blocked per sync and GPU idle per forward, interleaved repetitions, "
                                             "tidy CSV.",
                                 epilog="examples:\n"
-                                       "  python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 --requests 8 "
+                                       "  python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 "
+                                       "--requests 8 "
                                        "--input-len 16 --chunk 32 --out build/prefill.csv\n"
-                                       "  python -m lora_moe_lab.instruments.prefill --preset qwen3-30b-a3b --guard-sites 5.4167 "
-                                       "--guards sync cpu_flag --adapters none --host-us-per-layer 7500 --overlap-ms 70 "
+                                       "  python -m lora_moe_lab.instruments.prefill --preset qwen3-30b-a3b "
+                                       "--guard-sites 5.4167 "
+                                       "--guards sync cpu_flag --adapters none --host-us-per-layer 7500 "
+                                       "--overlap-ms 70 "
                                        "--out build/prodlike.csv   # production's regime (GPU)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--layers", type=pos_int, default=None, help="layers (None: the preset's)")

@@ -137,7 +137,8 @@ def clocks_by_guard(session: Session) -> pd.DataFrame:
         x = c[sel]
         row = dict(task=task, guard=guard, samples=int(sel.sum()))
         # clocks event reasons, bit 0x4: the software power cap held the clocks down (the board's limit)
-        reason = session.clocks.loc[sel, "throttle"].astype(str) if "throttle" in session.clocks else pd.Series([], dtype=str)
+        reason = (session.clocks.loc[sel, "throttle"].astype(str) if "throttle" in session.clocks
+                  else pd.Series([], dtype=str))
         bits = reason.map(lambda v: int(v, 16) if v.startswith("0x") else 0)
         row["power_capped_share"] = float((bits & 0x4).astype(bool).mean()) if len(bits) else np.nan
         for k in ("sm_mhz", "power_w", "temp_c"):

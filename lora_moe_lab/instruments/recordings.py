@@ -239,7 +239,8 @@ class Recording:
         for v in (variant, baseline):
             if v not in set(s["variant"]):
                 raise ValueError(f"no variant {v!r} in this recording; it has {sorted(s['variant'].unique())}")
-        a = s[s["variant"] == variant][["session"] + KEYS + ["rep", "us", "syncs_per_forward", "warmup_drift", "status"]]
+        a = s[s["variant"] == variant][["session"] + KEYS
+                                       + ["rep", "us", "syncs_per_forward", "warmup_drift", "status"]]
         b = s[s["variant"] == baseline][["session"] + KEYS + ["rep", "us", "warmup_drift"]].rename(
             columns={"us": "us_base", "warmup_drift": "drift_base"})
         j = a.merge(b, on=["session"] + KEYS + ["rep"], how="inner")
@@ -248,7 +249,8 @@ class Recording:
             status = g["status"].iloc[0]
             keep = g[~(g["warmup_drift"] | g["drift_base"])]
             n_sync = int(g["syncs_per_forward"].iloc[0])
-            figs = dict(_NAN_PAIR) if status == UNSTABLE else _pair_figures(keep["us"].to_numpy(), keep["us_base"].to_numpy())
+            figs = (dict(_NAN_PAIR) if status == UNSTABLE
+                    else _pair_figures(keep["us"].to_numpy(), keep["us_base"].to_numpy()))
             per = (lambda v: v / n_sync) if n_sync else (lambda v: math.nan)
             rows.append(dict(zip(["session"] + KEYS, k), variant=variant, baseline=baseline,
                              n=0 if status == UNSTABLE else len(keep), n_dropped=len(g) - len(keep), **figs,

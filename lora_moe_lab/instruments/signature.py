@@ -84,7 +84,8 @@ def per_forward(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
         first = float(x["host_blocked_us"].iloc[0]) if len(x) else np.nan
         rows.append(dict(
             forward=int(f), n_syncs=len(x), host_blocked_ms=tot / 1e3, first_blocked_ms=first / 1e3,
-            first_share=first / tot if tot else np.nan, first_lead_ms=float(x["lead_us"].iloc[0]) / 1e3 if len(x) else np.nan,
+            first_share=first / tot if tot else np.nan,
+            first_lead_ms=float(x["lead_us"].iloc[0]) / 1e3 if len(x) else np.nan,
             later_blocked_median_us=float(later["host_blocked_us"].median()) if len(later) else np.nan,
             later_blocked_mean_us=float(later["host_blocked_us"].mean()) if len(later) else np.nan,
             later_lead_median_us=float(later["lead_us"].median()) if len(later) else np.nan,

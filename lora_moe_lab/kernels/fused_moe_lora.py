@@ -292,7 +292,8 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     Pb, Sb, Eb, N, Rb = lora_b.shape
     for nm, a, b in (("slices P", P, Pb), ("slots S", S, Sb), ("experts E", E, Eb), ("rank r", R, Rb)):
         if a != b:
-            raise ValueError(f"lora_a {tuple(lora_a.shape)} and lora_b {tuple(lora_b.shape)} disagree on {nm}: {a} vs {b}")
+            raise ValueError(f"lora_a {tuple(lora_a.shape)} and lora_b {tuple(lora_b.shape)} disagree on {nm}: "
+                             f"{a} vs {b}")
     if x.shape[1] != K:
         raise ValueError(f"x has K={x.shape[1]} columns but lora_a is (P, S, E, r, K)={tuple(lora_a.shape)}")
     if out.shape[1] != P * N:
@@ -335,7 +336,8 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     )
     if key not in _OCCUPANCY and dev.type == "cuda":
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
-        _RESOURCES[key] = dict(regs=getattr(compiled, "n_regs", None), shared=getattr(compiled.metadata, "shared", None))
+        _RESOURCES[key] = dict(regs=getattr(compiled, "n_regs", None),
+                               shared=getattr(compiled.metadata, "shared", None))
     LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg,
                             **_RESOURCES.get(key, {}))
     return out
@@ -379,7 +381,8 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
     p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, L, E, R, N, K, bm, nb, bool(gather),
                    routed_weights is not None, bool(exit_codes), config)
     c = p["cfg"]
-    return dict(slots_S=S, lora_rows_L=L, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs, BLOCK_M=bm,
+    return dict(slots_S=S, lora_rows_L=L, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs,
+                BLOCK_M=bm,
                 EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                 split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
                 prefetch=c.prefetch, max_regs=c.max_regs,

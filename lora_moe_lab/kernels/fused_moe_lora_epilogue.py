@@ -137,7 +137,8 @@ def moe_gemm_lora(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, l
         raise ValueError(f"moe_gemm_lora: lora_a (P, S, E, r, K)={tuple(lora_a.shape)} and lora_b (P, S, E, N/P, r)="
                          f"{tuple(lora_b.shape)} must match w (E, N, K)={tuple(w.shape)} with P 1 or 2")
     M = num_pairs // top_k
-    for nm, t in (("token_lora_mapping", token_lora_mapping), ("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled)):
+    for nm, t in (("token_lora_mapping", token_lora_mapping), ("lora_ids", lora_ids),
+                  ("adapter_enabled", adapter_enabled)):
         check_tensor(nm, t, 1, (torch.int32,), dev)
     L = lora_ids.shape[0]
     if token_lora_mapping.shape != (M,) or adapter_enabled.shape != (L,) or not 1 <= L <= S:

@@ -155,7 +155,8 @@ def _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_i
                          f"{tuple(lora_b.shape)} must agree, with P 1 or 2")
     M, top_k = topk_ids.shape
     if token_lora_mapping.shape != (M,):
-        raise ValueError(f"token_lora_mapping must be (M,)=({M},) like topk_ids' rows, got {tuple(token_lora_mapping.shape)}")
+        raise ValueError(f"token_lora_mapping must be (M,)=({M},) like topk_ids' rows, "
+                         f"got {tuple(token_lora_mapping.shape)}")
     L = lora_ids.shape[0]
     if adapter_enabled.shape != (L,) or not 1 <= L <= S:
         raise ValueError(f"lora_ids {tuple(lora_ids.shape)} and adapter_enabled {tuple(adapter_enabled.shape)} "
@@ -198,7 +199,8 @@ def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
         exit_codes if exit_codes is not None else dummy,
         N, K, R, lora_ids.shape[0], M * top_k, top_k, plan["split_n"], plan["n_per_split"],
         x.stride(0), x.stride(1), *lora_a.stride(), *lora_b.stride(), out.stride(0), out.stride(1),
-        P=P, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=plan["BLOCK_R"], L_POW2=pow2(lora_ids.shape[0]), GATHER=bool(gather),
+        P=P, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=plan["BLOCK_R"], L_POW2=pow2(lora_ids.shape[0]),
+        GATHER=bool(gather),
         HAS_RW=routed_weights is not None, HAS_COUNT=num_live_pairs is not None,
         WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -126,7 +126,8 @@ class GraphSet:
         if self.fallback not in ("error", "eager"):
             raise ValueError(f"fallback must be 'error' or 'eager', got {self.fallback!r}")
         if not self.sizes or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in self.sizes):
-            raise ValueError(f"sizes must be a non-empty list of positive ints (requests per graph), got {self.sizes!r}")
+            raise ValueError(f"sizes must be a non-empty list of positive ints (requests per graph), "
+                             f"got {self.sizes!r}")
         t = self.tokens_per_request
         if not isinstance(t, int) or isinstance(t, bool) or t <= 0:
             raise ValueError(f"tokens_per_request must be a positive int, got {t!r}")

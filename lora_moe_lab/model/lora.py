@@ -161,7 +161,8 @@ class LoRABatchInfo:
     def build(cls, pool: AdapterPool, adapters: list[str | None], token_counts: list[int],
               rows: int | None = None) -> "LoRABatchInfo":
         if len(adapters) != len(token_counts):
-            raise ValueError(f"{len(adapters)} adapter entries but {len(token_counts)} token counts: one each per request")
+            raise ValueError(f"{len(adapters)} adapter entries but {len(token_counts)} token counts: "
+                             f"one each per request")
         if not adapters:
             raise ValueError("a batch needs at least one request")
         for c in token_counts:

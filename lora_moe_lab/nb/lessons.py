@@ -199,8 +199,10 @@ def explain_sync_idle(tbl: pd.DataFrame, baseline: str = "cpu_flag") -> str:
     rest = extra - both
     return (f"sync idles the GPU {s['idle_us']:.0f} us per forward, {baseline} {b['idle_us']:.0f} us: {extra:+.0f} us. "
             f"Right after the syncs (after_sync): {s['idle_after_sync_us']:.0f} us. The rest shows as waiting for the "
-            f"host's launches: sync {wait_s:.0f} us, {s['idle_sync_reissue_us']:.0f} us of it later in a layer after its "
+            f"host's launches: sync {wait_s:.0f} us, {s['idle_sync_reissue_us']:.0f} us of it later in a layer "
+            f"after its "
             f"sync while the host re-issues the layer's small ops into the emptied queue (sync_reissue), against "
             f"{wait_b:.0f} us for {baseline}, whose host was ahead of the GPU: {wait_s - wait_b:+.0f} us. Both are the "
-            f"sync's doing: {s['idle_after_sync_us']:.0f} {wait_s - wait_b:+.0f} = {both:.0f} us of the {extra:+.0f} us "
+            f"sync's doing: {s['idle_after_sync_us']:.0f} {wait_s - wait_b:+.0f} = {both:.0f} us of the "
+            f"{extra:+.0f} us "
             f"(the remaining {rest:+.0f} us: kernel-to-kernel and other gaps).")

@@ -218,7 +218,8 @@ def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False) -> 
         try:
             execute(nb, out, params.get(nb.stem, {}), kind=kind)
         except Exception as e:  # noqa: BLE001 - recorded, then re-raised unless keep_going
-            rec.update(status="failed", error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}")
+            rec.update(status="failed",
+                       error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}")
             if not keep_going:
                 raise
         finally:
@@ -235,9 +236,11 @@ def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="build", help="folder for executed notebooks and the HTML report (default: build)")
-    ap.add_argument("--params", default="auto", help="parameter set: auto (gpu when CUDA, else ci), ci, gpu (default: auto)")
+    ap.add_argument("--params", default="auto",
+                    help="parameter set: auto (gpu when CUDA, else ci), ci, gpu (default: auto)")
     ap.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 01 03 (default: all)")
-    ap.add_argument("--keep-going", action="store_true", help="run every notebook even after a failure; exit 1 at the end")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="run every notebook even after a failure; exit 1 at the end")
     ap.add_argument("--no-html", action="store_true", help="skip the HTML report")
     ap.add_argument("--lab", action="store_true", help="start JupyterLab instead")
     ap.add_argument("--port", type=int, default=8888, help="JupyterLab's port (default: 8888)")

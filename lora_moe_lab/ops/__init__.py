@@ -1,5 +1,6 @@
 """Ops: the backend interface (backend), the torch and Triton backends behind it, and the float64
-references (reference; reference_rows for the per-pair decode path). `get_backend` is the one place a backend name becomes a backend."""
+references (reference; reference_rows for the per-pair decode path). `get_backend` is the one place a backend name \
+becomes a backend."""
 from __future__ import annotations
 
 import torch

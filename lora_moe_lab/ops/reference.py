@@ -46,7 +46,6 @@ def ref_lora_delta(x, lora_a, lora_b, topk_ids, token_slot, lora_ids, adapter_en
     adapter (lora_ids -1) or a disabled one. token_slot holds LoRA rows; lora_ids[row] is the
     weight slot (the pool's batches: row = slot)."""
     P, S, E, r, K = lora_a.shape
-    N = lora_b.shape[3]
     xr = _rows(x, top_k, gather)
     row = _i(token_slot).repeat_interleave(top_k)
     e = _i(topk_ids).reshape(-1)

@@ -92,7 +92,8 @@ def _step_costs(M, Ma, K, I, E, k, r, db) -> dict:
         "gate_up_gemm": (2 * M * k * K * 2 * I, (et * 2 * I * K + M * K + M * k * 2 * I) * db),
         "lora_align": (0, M * k * 60 + E * 16),
         # fused shrink + expand: x @ A (r columns) then @ B into the (M, top_k, 2I) intermediate
-        "lora_gate_up": (2 * Ma * k * 2 * (K * r + r * I), (eta * 2 * (r * K + I * r) + Ma * K + 2 * Ma * k * 2 * I) * db),
+        "lora_gate_up": (2 * Ma * k * 2 * (K * r + r * I),
+                         (eta * 2 * (r * K + I * r) + Ma * K + 2 * Ma * k * 2 * I) * db),
         "silu_mul": (0, M * k * 3 * I * db),
         "down_gemm": (2 * M * k * I * K, (et * K * I + M * k * (I + K)) * db),
         "lora_down": (2 * Ma * k * (I * r + r * K), (eta * (r * I + K * r) + Ma * k * I + 2 * Ma * k * K) * db),
@@ -117,7 +118,8 @@ def layer_spec(shape: MoEShape, tokens: int, guard: str, *, active: float = 0.0,
     if not isinstance(tokens, (int, np.integer)) or tokens <= 0:
         raise ValueError(f"tokens must be a positive int, got {tokens!r}")
     n = dict(DEFAULT_LAUNCHES, **(launches or {}))
-    M, K, I, E, k, r, db = int(tokens), shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, rank, dtype_bytes
+    M, K, I, E, k, r, db = (int(tokens), shape.hidden, shape.intermediate, shape.num_experts, shape.top_k, rank,
+                            dtype_bytes)
     Ma = round(active * M)  # tokens whose request uses an adapter
     spec: list[tuple] = [("host_layer", "host", "host", 0, 0.0, 0.0)]
 

@@ -192,7 +192,8 @@ def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launc
     memcpys["direction"] = None
     return trace.TraceTables(
         kernels=kernels, runtime=runtime, syncs=trace.frame(sync_rows, trace.SYNC_COLUMNS), memcpys=memcpys,
-        annotations=trace.frame(ann, trace.ANNOTATION_COLUMNS), gpu_annotations=trace.frame([], trace.ANNOTATION_COLUMNS),
+        annotations=trace.frame(ann, trace.ANNOTATION_COLUMNS),
+        gpu_annotations=trace.frame([], trace.ANNOTATION_COLUMNS),
         cpu_ops=trace.frame([], trace.ANNOTATION_COLUMNS),
         forwards=pd.DataFrame([dict(forward=0, name=forward_name, start_ns=0, end_ns=end, dur_ns=end)],
                               columns=["forward", "name", "start_ns", "end_ns", "dur_ns"]),

@@ -112,7 +112,8 @@ class FitResult:
     at_bound: tuple[str, ...] = ()  # fitted parameters that ended on a bound of FIT_BOUNDS
 
 
-def _trace_init(init: CostModel, kernels: pd.DataFrame | None, runtime: pd.DataFrame | None) -> tuple[CostModel, list[str]]:
+def _trace_init(init: CostModel, kernels: pd.DataFrame | None,
+                runtime: pd.DataFrame | None) -> tuple[CostModel, list[str]]:
     """Starting values from trace tables (columns name, start_ns, end_ns): median launch-call
     duration, median sync-call duration, a low percentile of kernel durations as the device floor."""
     kw, src = {}, []

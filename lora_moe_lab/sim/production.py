@@ -113,7 +113,8 @@ def compare_production(extrap: pd.DataFrame, *, fix: str = "cpu_flag") -> pd.Dat
             prod = PRODUCTION[m] if same else np.nan
             rows.append(dict(tokens=tokens, mode=mode, metric=m, predicted=v, production=prod,
                              ratio=v / prod if same and prod else np.nan,
-                             note="" if same else f"production's {PRODUCTION[m]:g} is host time blocked, not time lost"))
+                             note="" if same else (f"production's {PRODUCTION[m]:g} is host time blocked, "
+                                                   f"not time lost")))
     return pd.DataFrame(rows)
 
 

@@ -133,7 +133,8 @@ def _check_doc(doc) -> None:
         raise EmptyTraceError("the trace has no events ('traceEvents' is empty)")
     cats = {e.get("cat") for e in ev if isinstance(e, dict)}
     if cats & OLD_CATS and not cats & {"kernel", "cuda_runtime", "cuda_driver"}:
-        raise TraceFormatError(f"a trace in an older torch profiler format (categories {sorted(c for c in cats & OLD_CATS)}); "
+        raise TraceFormatError(f"a trace in an older torch profiler format "
+                               f"(categories {sorted(c for c in cats & OLD_CATS)}); "
                                f"this engine reads kineto's 'kernel' / 'cuda_runtime' / 'user_annotation' events "
                                f"(torch >= 1.8.1 with ProfilerActivity.CUDA)")
     if not cats & {"kernel", "gpu_memcpy", "gpu_memset"}:
@@ -156,7 +157,8 @@ def _tables(trace) -> tuple[T.TraceTables, str | None]:
     if isinstance(trace, dict):
         _check_doc(trace)
         return T.load_trace(trace), None
-    raise TraceFormatError(f"build_graph takes a trace path, a chrome-trace dict or TraceTables, not {type(trace).__name__}")
+    raise TraceFormatError(f"build_graph takes a trace path, a chrome-trace dict or TraceTables, "
+                           f"not {type(trace).__name__}")
 
 
 # --- the graph ---------------------------------------------------------------------------------
@@ -248,7 +250,8 @@ def build_graph(trace, forward: int = 1, host_tid=None) -> Graph:
         raise NoKernelsError(f"{path or 'the trace'} has no GPU ops")
     n_fw = len(t.forwards)
     if n_fw == 0:
-        raise NoForwardError(f"{path or 'the trace'} has no forward range ('forward', 'profile_forward' or ProfilerStep#)")
+        raise NoForwardError(f"{path or 'the trace'} has no forward range "
+                             f"('forward', 'profile_forward' or ProfilerStep#)")
     f = forward + n_fw if forward < 0 else forward
     if not 0 <= f < n_fw:
         raise NoForwardError(f"forward {forward} asked, {path or 'the trace'} has {n_fw} (0..{n_fw - 1})")
@@ -317,7 +320,8 @@ def build_graph(trace, forward: int = 1, host_tid=None) -> Graph:
     anchor = np.searchsorted(hs, g_s, side="left")
     site_layer = T._ranges_index(g_s, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
     own = [np.nonzero(g_idx == i)[0] for i in range(len(ga))]
-    pre = g_s - np.where(anchor > 0, he[np.maximum(anchor - 1, 0)], w0)  # host work before the range, after the last call
+    # host work before the range, after the last call
+    pre = g_s - np.where(anchor > 0, he[np.maximum(anchor - 1, 0)], w0)
     sites = pd.DataFrame({"name": ga["name"].to_numpy(), "layer": site_layer, "anchor": anchor,
                           "n_calls": [len(o) for o in own], "dur_ns": g_e - g_s, "pre_ns": np.maximum(pre, 0)})
     names = kk["name"].to_numpy(object)

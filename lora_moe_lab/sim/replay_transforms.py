@@ -23,8 +23,8 @@ import pandas as pd
 from .replay import CALL, HOST_FIELDS, KERNEL_FIELDS, SYNC, Graph, GraphError, UnknownTransformationError
 
 __all__ = ["GuardTemplate", "guard_template", "remove_syncs", "add_syncs", "scale_host", "graph_launch",
-           "add_early_exit", "scale_collectives", "tile_layers", "unblock_launches", "apply", "TRANSFORMS", "GRAPH_LAUNCH_NS",
-           "GRAPH_K2K_NS"]
+           "add_early_exit", "scale_collectives", "tile_layers", "unblock_launches", "apply", "TRANSFORMS",
+           "GRAPH_LAUNCH_NS", "GRAPH_K2K_NS"]
 
 # cudaGraphLaunch host cost, unprofiled (a profiler inflates it: 150-440 µs in data/traces/*_graph_*,
 # where CUPTI records every node); the kernel-to-kernel gap inside a replayed graph (data/traces/*_graph_*: 416 ns).
@@ -235,7 +235,8 @@ def add_syncs(g: Graph, template: GuardTemplate, sites=None, unblock: bool = Tru
     unblock: first give launches that waited for a full launch queue their usual duration
     (unblock_launches): with a sync in every layer the queue never fills."""
     if not isinstance(template, GuardTemplate):
-        raise GraphError(f"add_syncs needs a GuardTemplate (guard_template(a sync graph)), got {type(template).__name__}")
+        raise GraphError(f"add_syncs needs a GuardTemplate (guard_template(a sync graph)), "
+                         f"got {type(template).__name__}")
     base = unblock_launches(g) if unblock else g
     if sites is None:
         if not len(g.sites):

@@ -114,7 +114,8 @@ def tp2_validation(sessions: dict, measured: dict = TP2_MEASURED) -> pd.DataFram
             if not per:
                 continue
             b = stats.between_sessions(*per.values())
-            meas, lo, hi = float(m["forward_median_ms"]), float(m["forward_median_ms_lo"]), float(m["forward_median_ms_hi"])
+            meas, lo, hi = (float(m["forward_median_ms"]), float(m["forward_median_ms_lo"]),
+                            float(m["forward_median_ms_hi"]))
             err = 100 * (b["estimate"] / meas - 1)
             inside = lo <= b["estimate"] <= hi
             rows.append(dict(point=f"{task} {guard}: forward ms", guard_sites=gs, guard=guard,

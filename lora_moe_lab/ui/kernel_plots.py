@@ -38,7 +38,8 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
         colorscale=scale, showscale=False, text=text, xgap=2, ygap=2, customdata=custom,
         hovertemplate=("%{y}, block %{x}<br>%{text}" + ("<br>expert id %{customdata[0]}"
                                                         "<br>num_tokens_post_padded %{customdata[1]}"
-                                                        "<br>program %{customdata[2]} of the normal launch (-1: no work item)"
+                                                        "<br>program %{customdata[2]} of the normal launch "
+                                                        "(-1: no work item)"
                                                         if custom is not None else "") + "<extra></extra>")))
     for v in present:  # legend entries for the codes on the map
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names.get(v, str(v)),
@@ -98,7 +99,8 @@ def share_floor_figure(table, target: float = 0.25, title: str = "LoRA's share o
         x = [str(m) for m in d["M"]]
         fig.add_trace(go.Bar(x=x, y=100 * d["lora_share"], name="measured (median of paired rounds)",
                              marker_color="#1f77b4", showlegend=j == 0,
-                             error_y=dict(type="data", symmetric=False, array=100 * (d["lora_share_p90"] - d["lora_share"]),
+                             error_y=dict(type="data", symmetric=False,
+                                          array=100 * (d["lora_share_p90"] - d["lora_share"]),
                                           arrayminus=100 * (d["lora_share"] - d["lora_share_p10"]))), row=1, col=j + 1)
         fig.add_trace(go.Bar(x=x, y=100 * d["floor_share"], name="byte floor (bytes / copy bandwidth)",
                              marker_color="#c7c7c7", showlegend=j == 0), row=1, col=j + 1)
@@ -106,5 +108,6 @@ def share_floor_figure(table, target: float = 0.25, title: str = "LoRA's share o
         fig.add_hline(y=100 * target, line_dash="dot", line_color="#d62728", row=1, col=j + 1, **label)
         fig.update_xaxes(title_text="tokens M", type="category", row=1, col=j + 1)
         fig.update_yaxes(title_text="% of the base layer's time", row=1, col=j + 1)
-    fig.update_layout(title=title, barmode="group", height=380, plot_bgcolor="white", legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(title=title, barmode="group", height=380, plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.25))
     return fig

@@ -116,7 +116,8 @@ def predicted_vs_measured(pred: pd.DataFrame, *, target_pct: float = 15.0,
     return fig
 
 
-_METRIC_TITLES = {"syncs_per_forward": "syncs / forward", "stall_ms_per_forward": "GPU time lost, ms / forward (model only)",
+_METRIC_TITLES = {"syncs_per_forward": "syncs / forward",
+                  "stall_ms_per_forward": "GPU time lost, ms / forward (model only)",
                   "input_throughput_gain_pct": "input throughput gain %", "ttft_change_pct": "TTFT change %"}
 
 
@@ -129,7 +130,8 @@ def extrapolation_figure(extrap: pd.DataFrame, compare: pd.DataFrame | None = No
 
     compare = compare_production(extrap) if compare is None else compare
     metrics = [m for m in _METRIC_TITLES if m in set(compare["metric"])]
-    fig = make_subplots(rows=1, cols=1 + len(metrics), column_widths=[0.32] + [0.68 / max(len(metrics), 1)] * len(metrics),
+    fig = make_subplots(rows=1, cols=1 + len(metrics),
+                        column_widths=[0.32] + [0.68 / max(len(metrics), 1)] * len(metrics),
                         subplot_titles=["forward time (ms)"] + [_METRIC_TITLES[m] for m in metrics])
     e = extrap[extrap["mode"] == "eager"] if "mode" in extrap else extrap
     for guard, g in e.groupby("guard", sort=False):

@@ -60,7 +60,8 @@ def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: 
     from ..instruments.bench import clean
 
     d = clean(sweep)
-    m = ((d["preset"] == preset) & (d["layers"].astype(int) == int(layers)) & np.isclose(d["active"].astype(float), active)
+    m = ((d["preset"] == preset) & (d["layers"].astype(int) == int(layers))
+         & np.isclose(d["active"].astype(float), active)
          & (d["rank"].astype(int) == int(rank)) & (d["mode"] == mode))
     # no skew column, or an empty cell: recorded before skew existed, i.e. the uniform router
     d_skew = pd.to_numeric(d["skew"], errors="coerce").fillna(0.0) if "skew" in d else pd.Series(0.0, index=d.index)
@@ -160,7 +161,8 @@ def results_figure(results: pd.DataFrame) -> go.Figure:
 
 def what_if_view(cost: sim.CostModel, *, launch_us: float, tokens: int, preset: str = "qwen3-30b-a3b-tp4",
                  layers: int = 48, tp: int = 4, collective: bool = True, syncs_per_layer: int = 1,
-                 active: float = 0.5, launch_range=(0.5, 50.0), token_range=(1024, 65536)) -> tuple[go.Figure, pd.DataFrame]:
+                 active: float = 0.5, launch_range=(0.5, 50.0),
+                 token_range=(1024, 65536)) -> tuple[go.Figure, pd.DataFrame]:
     """Two panels: forward time per guard vs the host launch cost (at `tokens`), and vs the tokens
     per forward, i.e. the per-layer work (at `launch_us`); the current point is marked on both.
     Returns the figure and a one-row-per-guard table at the current point."""
@@ -267,16 +269,20 @@ class BenchPanel:
         lay = dict(width="420px")
         sty = dict(description_width="110px")
         self.controls = {
-            "preset": W.Dropdown(options=sorted(PRESETS), value=d["preset"], description="preset", layout=lay, style=sty),
+            "preset": W.Dropdown(options=sorted(PRESETS), value=d["preset"], description="preset", layout=lay,
+                                 style=sty),
             "layers": W.IntSlider(value=d["layers"], min=1, max=48, description="layers", layout=lay, style=sty),
             "tokens": W.SelectionSlider(options=list(TOKENS), value=int(d["tokens"]), description="tokens (M)",
                                         layout=lay, style=sty),
-            "guard": W.Dropdown(options=list(guard_names()), value=d["guard"], description="guard", layout=lay, style=sty),
-            "active": W.FloatSlider(value=float(d["active"]), min=0.0, max=1.0, step=0.125, description="active fraction",
-                                    layout=lay, style=sty),
-            "rank": W.Dropdown(options=list(RANKS), value=int(d["rank"]), description="LoRA rank", layout=lay, style=sty),
+            "guard": W.Dropdown(options=list(guard_names()), value=d["guard"], description="guard", layout=lay,
+                                style=sty),
+            "active": W.FloatSlider(value=float(d["active"]), min=0.0, max=1.0, step=0.125,
+                                    description="active fraction", layout=lay, style=sty),
+            "rank": W.Dropdown(options=list(RANKS), value=int(d["rank"]), description="LoRA rank", layout=lay,
+                               style=sty),
             "mode": W.ToggleButtons(options=["eager", "graph"], value=d["mode"], description="mode", style=sty),
-            # 0: uniform routing; 1.0 (model/moe.py: SERVING_SKEW): about a fifth of the experts take 90 % of the assignments
+            # 0: uniform routing; 1.0 (model/moe.py: SERVING_SKEW): about a fifth of the experts take 90 % of the
+            # assignments
             "skew": W.FloatSlider(value=float(d["skew"]), min=0.0, max=3.0, step=0.25, description="router skew",
                                   layout=lay, style=sty),
         }
@@ -292,7 +298,8 @@ class BenchPanel:
         self.run_button.on_click(lambda _: self.run(blocking=False))
         self.stop_button.on_click(lambda _: self.stop())
         self.widget = W.VBox([
-            W.HBox([W.VBox(list(self.controls.values())[:4]), W.VBox(list(self.controls.values())[4:] + [self.all_guards])]),
+            W.HBox([W.VBox(list(self.controls.values())[:4]),
+                    W.VBox(list(self.controls.values())[4:] + [self.all_guards])]),
             W.HBox([self.run_button, self.stop_button, self.progress]), self.status, self.view_out, self.results_out])
 
     # --- state ------------------------------------------------------------------------------

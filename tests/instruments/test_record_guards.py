@@ -55,7 +55,8 @@ def test_two_sessions_written_and_read_back(two_sessions):
     assert len(p) == 4 and len(per) == 8
     for r in p[p.stable & (p.sessions == 2)].itertuples():  # the pooled figure is between_sessions of the two
         a = per[(per.tokens == r.tokens) & (per.active == r.active)].sort_values("session")
-        want = stats.between_sessions(*[(x.us_per_sync, x.us_per_sync_lo95, x.us_per_sync_hi95) for x in a.itertuples()])
+        want = stats.between_sessions(*[(x.us_per_sync, x.us_per_sync_lo95, x.us_per_sync_hi95)
+                                        for x in a.itertuples()])
         assert np.isclose(r.us_per_sync, want["estimate"]) and r.agree == want["agree"]
         assert r.us_per_sync_lo95 == want["lo"] and r.us_per_sync_hi95 == want["hi"]
 

@@ -34,7 +34,8 @@ def _write(tmp_path, reps=11, base=1000.0, lost=48 * 40.0):
                                  rep=rep, us=t + noise + rng.normal(0, 1.0), syncs_per_forward=syncs))
     p = tmp_path / "g.csv"
     pd.DataFrame(rows, columns=SAMPLE_COLUMNS).to_csv(p, index=False)
-    (tmp_path / "g.meta.json").write_text('{"gpu": "NVIDIA H200", "git_commit": "abcdef0123", "date_utc": "2026-11-30"}')
+    (tmp_path / "g.meta.json").write_text('{"gpu": "NVIDIA H200", "git_commit": "abcdef0123", '
+                                          '"date_utc": "2026-11-30"}')
     return p
 
 

@@ -126,7 +126,7 @@ def test_single_string_is_an_error(sync_check):
 def test_function_of_a_site():
     def inner():
         return 1  # INNER-LINE
-    here = 0  # OUTER-LINE
+    _here = 0  # OUTER-LINE
     assert {"inner", "test_function_of_a_site.inner"} == sc._functions_at(_site("# INNER-LINE"))
     assert {"test_function_of_a_site"} == sc._functions_at(_site("# OUTER-LINE"))
     assert sc._functions_at("no_such_file.py:3") == set() and sc._functions_at("?") == set()

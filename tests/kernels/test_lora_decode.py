@@ -33,8 +33,10 @@ def make_case(seed, M, K, N, E, top_k, S, L, R, P, *, dtype=torch.float32, gathe
     rnd = lambda *s, std=1.0: (torch.randn(*s, generator=g) * std).to(dtype)  # noqa: E731
     c = dict(x=rnd(M if gather else M * top_k, K), a=rnd(P, S, E, R, K, std=K ** -0.5),
              b=rnd(P, S, E, N, R, std=R ** -0.5), ids=ids, gather=gather,
-             mapping=torch.tensor(mapping, **I32) if mapping is not None else torch.randint(-1, L, (M,), generator=g, **I32),
-             lora_ids=torch.tensor(lora_ids, **I32) if lora_ids is not None else torch.randperm(S, generator=g)[:L].int(),
+             mapping=(torch.tensor(mapping, **I32) if mapping is not None
+                      else torch.randint(-1, L, (M,), generator=g, **I32)),
+             lora_ids=(torch.tensor(lora_ids, **I32) if lora_ids is not None
+                       else torch.randperm(S, generator=g)[:L].int()),
              enabled=torch.tensor(enabled, **I32) if enabled is not None else torch.ones(L, **I32),
              rw=torch.rand(M, top_k, generator=g).add_(0.1) if with_rw else None,
              out0=rnd(M * top_k, P * N))

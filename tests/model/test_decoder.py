@@ -1,6 +1,5 @@
 """The decoder (attention + MoE with LoRA) against float64 references, the three guards'
 equivalence, and the guard-site count that reproduces production's 260 syncs per forward."""
-import random
 
 import pytest
 import torch
@@ -43,7 +42,6 @@ def _ref_forward(lab, x, batch, tensors):
 @pytest.mark.parametrize("counts", [[3, 5, 0, 2], [4, 4, 4], [1], [7, 1]])
 @pytest.mark.parametrize("mode", ["none", "some"])
 def test_decoder_matches_reference_and_guards_agree(counts, mode):
-    rng = random.Random(len(counts) * 7 + len(mode))
     lab = _lab(num_layers=2, seed=len(counts), guard_sites=2.5)
     # "some": a fixed mix with requests WITHOUT an adapter beside ones with (the rows that must
     # equal a model with no LoRA), "none": no request uses one

@@ -27,7 +27,8 @@ ALL = frozenset(2 ** i for i in range(15))
                                          (0, ("gate_up",)), (10 ** 6, ("down",)), (0, ("gate_up", "down"))])
 def test_both_paths_match_the_reference(bound, fused, device, monkeypatch):
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
-    monkeypatch.setattr(configs, "FUSED_LORA_TOKENS", {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
+    monkeypatch.setattr(configs, "FUSED_LORA_TOKENS",
+                        {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=1)

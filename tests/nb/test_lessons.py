@@ -23,7 +23,8 @@ def _samples(points, reps=12, seed=0):
             for v, us in (("cpu_flag", base), ("sync", base + extra), ("launch_always", base * 1.5), ("graph", graph)):
                 rows.append(dict(preset="qwen3-30b-a3b", layers=48, tokens=M, active=0.0, variant=v,
                                  guard="cpu_flag" if v == "graph" else v, mode="graph" if v == "graph" else "eager",
-                                 rep=r, us=us + drift + rng.normal(0, noise / 10), syncs_per_forward=48 if v == "sync" else 0))
+                                 rep=r, us=us + drift + rng.normal(0, noise / 10),
+                                 syncs_per_forward=48 if v == "sync" else 0))
     return pd.DataFrame(rows)
 
 
@@ -59,7 +60,8 @@ def test_lesson_min_tokens_reads_the_recording():
     assert L.lesson_min_tokens(fake) == 1024
     two = pd.concat([fake, fake.assign(preset="q", us_per_sync_lo95=[-1.0, 2.0, 3.0])])
     assert L.lesson_min_tokens(two, "q", 0.0) == 128 and L.lesson_min_tokens(two, "p") == 1024
-    assert L.lesson_min_tokens(two, "tiny", 0.0) == 1024 and L.lesson_scope(two, "tiny") == "every recorded preset and adapter mix"
+    assert (L.lesson_min_tokens(two, "tiny", 0.0) == 1024
+            and L.lesson_scope(two, "tiny") == "every recorded preset and adapter mix")
     assert L.lesson_scope(two, "q", 0.0) == "q, active 0" and L.lesson_scope(two, "q", 0.5) == "q, every adapter mix"
     with pytest.raises(ValueError, match="no recorded token count"):
         L.lesson_min_tokens(fake.assign(us_per_sync_lo95=-1.0))
@@ -94,7 +96,8 @@ def test_live_timings_on_the_cpu_have_the_recording_schema():
     lab.pool.load("a", rank=4)
     s = live.time_guards(lab, [4], reps=2, warmup=1, active=0.5, requests=2, adapter="a", preset="tiny")
     assert set(s.variant) == {"sync", "cpu_flag", "launch_always"} and (s.timer == "wall").all()
-    assert (s[s.variant == "sync"].syncs_per_forward == 2).all() and (s[s.variant != "sync"].syncs_per_forward == 0).all()
+    assert ((s[s.variant == "sync"].syncs_per_forward == 2).all()
+            and (s[s.variant != "sync"].syncs_per_forward == 0).all())
     t = L.guard_table(live.as_recording(s))
     assert len(t) == 1 and "graph_ms" not in t and np.isinf(t.us_per_sync_lo.iloc[0])
     with pytest.raises(RuntimeError, match="graph replay needs a CUDA GPU"):

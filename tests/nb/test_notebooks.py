@@ -94,7 +94,8 @@ BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter pr
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("stem,params,msg", BAD_PARAMS, ids=lambda v: v if isinstance(v, str) and v[:2].isdigit() else None)
+@pytest.mark.parametrize("stem,params,msg", BAD_PARAMS,
+                         ids=lambda v: v if isinstance(v, str) and v[:2].isdigit() else None)
 def test_bad_parameter_fails_clearly(stem, params, msg, tmp_path):
     import papermill as pm
 

@@ -45,7 +45,8 @@ def test_reproduces_synthetic_forwards(pair):
     for g in pair:
         assert R.replay(g).step_ns[0] == g.traced_ns
     gs, gc, _ = pair
-    assert gs.n_syncs == 4 and gc.n_syncs == 0 and len(gs.sites) == 4 and gs.layers == [f"moe_layer_{i}" for i in range(4)]
+    assert (gs.n_syncs == 4 and gc.n_syncs == 0 and len(gs.sites) == 4
+            and gs.layers == [f"moe_layer_{i}" for i in range(4)])
 
 
 def test_remove_syncs_gives_the_cpu_flag_forward(pair):

@@ -56,4 +56,5 @@ def test_recording_smoke_writes_a_session_the_readers_take(tmp_path):
     s = E.load_sessions(tmp_path)
     assert list(s) == ["t"] and set(s["t"].summary["guard"]) == {"sync", "cpu_flag"}
     assert (s["t"].rows["tp"] == 2).all()  # smoke: the tiny preset splits in two at most
-    assert "tp4_prodlike_C8192" in set(E.tp4_prediction(s)["task"]) or s["t"].summary["fix_throughput_gain_pct"].isna().all()
+    assert ("tp4_prodlike_C8192" in set(E.tp4_prediction(s)["task"])
+            or s["t"].summary["fix_throughput_gain_pct"].isna().all())

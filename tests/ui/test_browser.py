@@ -163,7 +163,8 @@ def test_notebook_04_in_jupyterlab(tmp_path):
                 "() => document.querySelector('.widget-output .js-plotly-plot').data.length")
             # every cell ran without an error output
             page.wait_for_function("() => { const a = window.jupyterapp.shell.currentWidget.content.widgets;"
-                                   " return a.every(c => c.model.type !== 'code' || c.model.executionCount !== null); }",
+                                   " return a.every(c => c.model.type !== 'code' || c.model.executionCount !== null);"
+                                   " }",
                                    timeout=120_000)
             failed = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                                   has_text="Error")
@@ -172,7 +173,8 @@ def test_notebook_04_in_jupyterlab(tmp_path):
             # move a control: the guard dropdown -> the view is redrawn for cpu_flag
             guard = page.locator(".widget-dropdown", has=page.locator("label", has_text="guard")).locator("select")
             guard.select_option("cpu_flag")
-            page.wait_for_function(f"() => {{ const t = ({TITLE_JS})(); return t && t.includes('cpu_flag at M={m}'); }}",
+            page.wait_for_function(f"() => {{ const t = ({TITLE_JS})(); "
+                                   f"return t && t.includes('cpu_flag at M={m}'); }}",
                                    timeout=60_000)
             after_guard = page.evaluate(TITLE_JS)
             assert after_guard != before, (before, after_guard)
@@ -182,7 +184,8 @@ def test_notebook_04_in_jupyterlab(tmp_path):
                 .locator(".noUi-handle")
             handle.focus()
             handle.press("ArrowRight")
-            page.wait_for_function(f"() => {{ const t = ({TITLE_JS})(); return t && t.includes('cpu_flag at M={2 * m}'); }}",
+            page.wait_for_function(f"() => {{ const t = ({TITLE_JS})(); "
+                                   f"return t && t.includes('cpu_flag at M={2 * m}'); }}",
                                    timeout=60_000)
             after_tokens = page.evaluate(TITLE_JS)
             n_traces_after = page.evaluate("() => document.querySelector('.widget-output .js-plotly-plot').data.length")
