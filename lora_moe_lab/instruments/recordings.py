@@ -389,21 +389,21 @@ class GraphStrategiesRecording:
 
     def summary(self) -> pd.DataFrame:
         """Per point and variant: median_us with its 95 % interval, and the paired per-repetition
-        ratio to launch_always (median and interval)."""
+        ratio to one_graph (median and interval)."""
         s = self.samples
-        base = s[s["variant"] == "launch_always"][STRATEGY_KEYS + ["rep", "us"]].rename(columns={"us": "us_base"})
+        base = s[s["variant"] == "one_graph"][STRATEGY_KEYS + ["rep", "us"]].rename(columns={"us": "us_base"})
         j = s.merge(base, on=STRATEGY_KEYS + ["rep"], how="inner")
         rows = []
         for key, g in j.groupby(STRATEGY_KEYS + ["variant"], sort=True):
             med, lo, hi = median_ci(g["us"])
             r, rlo, rhi = median_ci(g["us"] / g["us_base"])
             rows.append(dict(zip(STRATEGY_KEYS + ["variant"], key), median_us=med, lo95_us=lo, hi95_us=hi, n=len(g),
-                             vs_launch_always=r, vs_lo95=rlo, vs_hi95=rhi))
+                             vs_one_graph=r, vs_lo95=rlo, vs_hi95=rhi))
         return pd.DataFrame(rows)
 
     def table(self, model: str = "moe") -> pd.DataFrame:
         """The trade-offs in one table: per strategy, graphs captured, capture seconds, graph pool
-        memory (all sizes of the model), and the median step time relative to launch_always at
+        memory (all sizes of the model), and the median step time relative to one_graph at
         decode (1 and 64 tokens) and every recorded prefill size, with no adapter and with one."""
         cap = self.capture[self.capture["model"] == model].groupby("strategy", sort=False)[
             ["graphs", "capture_s", "pool_mib"]].sum()
@@ -414,7 +414,7 @@ class GraphStrategiesRecording:
         for tokens, active in [(t, a) for t in (1, 64, *prefill) for a in (0, 1)]:
             col = f"M={tokens}, {active} active"
             sel = summ[(summ["tokens"] == tokens) & (summ["active"] == active)].set_index("variant")
-            out[col] = [sel["vs_launch_always"].get(v, math.nan) for v in out["strategy"]]
+            out[col] = [sel["vs_one_graph"].get(v, math.nan) for v in out["strategy"]]
         return out
 
 
@@ -426,7 +426,19 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
             raise FileNotFoundError(f"no recording at {f}: scripts/record_graphs.py writes it on a GPU")
     mp = d / "strategies.meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
-    return GraphStrategiesRecording(*(pd.read_csv(f) for f in files.values()), meta)
+    frames = [_renamed_strategies(pd.read_csv(f)) for f in files.values()]
+    return GraphStrategiesRecording(*frames, meta)
+
+
+def _renamed_strategies(df: pd.DataFrame) -> pd.DataFrame:
+    """Strategy names as they are now (model/graph_strategies.py: RENAMED): the recording of
+    2026-11-30 calls `one_graph` by its old name `launch_always`, also the name of a guard."""
+    from ..model.graph_strategies import RENAMED
+
+    for col in ("strategy", "variant"):
+        if col in df:
+            df[col] = df[col].replace(RENAMED)
+    return df
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,12 +5,12 @@ A graph replays fixed kernels with fixed grids on fixed buffers, so "which LoRA 
 settled either at capture time (several graphs, one chosen per batch on the host) or on the GPU
 at run time (one graph, kernels that exit early):
 
-    launch_always     ONE graph per batch size with the LoRA kernels always inside (all
+    one_graph         ONE graph per batch size with the LoRA kernels always inside (all
                       `max_loras` rows). A batch without adapters replays it too: the kernels'
                       early exit (adapter disabled / no row) skips the work on the GPU.
     lora_split        TWO graphs per size: a base graph recorded with no LoRA kernel at all, used
                       when the batch uses no adapter (decided on the host from its Python lists),
-                      and the launch_always graph otherwise.
+                      and the one_graph graph otherwise.
     per_active_count  one graph per size and per BUCKET of active adapters (0 = the base graph,
                       then 1, 2, 4, ... up to max_loras). The batch is COMPACTED to as many LoRA
                       rows as its bucket (model/lora.py: LoRABatchInfo.build(rows=...)), so the
@@ -25,6 +25,11 @@ every graph gets `NoGraphFits`, or runs eagerly with `fallback="eager"` (counted
 The same code runs without graphs (`use_graphs=False`, the only choice on a CPU): every "graph"
 is then the eager forward of the exact padded, compacted batch it would replay, so the selection,
 padding and compaction are tested on any machine, and on a GPU replay is compared with it bit for bit.
+
+THE REGISTRY, as for the guards (model/guards.py): a strategy is a `GraphStrategy` subclass decorated
+with `@register_strategy`; it says which graphs it captures (`graph_keys`) and which one a batch
+replays (`pick_rows`). `one_graph` was called `launch_always` before 2026-12-01 (the name of the
+guard it relies on); recordings made before then are read with the new name (`RENAMED`).
 """
 from __future__ import annotations
 
@@ -37,23 +42,35 @@ from .. import runtime
 from .graphs import capture
 from .lora import LoRABatchInfo, LoRABatchTensors
 
-STRATEGIES = ("launch_always", "per_active_count", "lora_split")
-DESCRIPTIONS = {
-    "launch_always": "one graph, LoRA kernels always inside; early exit on the GPU",
-    "per_active_count": "a graph per bucket of active adapters (0, 1, 2, 4, ...); grid sized by the bucket",
-    "lora_split": "a no-LoRA graph and a LoRA graph; chosen on the host",
-}
+class GraphStrategy:
+    """How a strategy captures a model for LoRA batches. Subclass, set `name` and `description`,
+    override the two methods, decorate with @register_strategy."""
+
+    name: str = ""
+    description: str = ""
+    compacts: bool = False  # the batch is compacted to as many LoRA rows as the graph has
+
+    def graph_keys(self, max_loras: int) -> list[int]:
+        """LoRA rows of each graph captured per batch size (0: the base graph, no LoRA kernel)."""
+        raise NotImplementedError
+
+    def pick_rows(self, num_active: int, max_loras: int) -> int:
+        """Which graph (its LoRA rows) a batch with `num_active` distinct adapters replays: a
+        host-side count from the request list, never a device read."""
+        raise NotImplementedError
 
 
-class NoGraphFits(ValueError):
-    """A batch that no captured graph can replay (more requests than the largest graph, or
-    requests of another length than the graphs were captured for)."""
+_REGISTRY: dict[str, GraphStrategy] = {}
+RENAMED = {"launch_always": "one_graph"}  # old strategy name -> new, for recordings made before
 
 
-def check_strategy(name: str) -> str:
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown graph strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-    return name
+def register_strategy(cls: type[GraphStrategy]) -> type[GraphStrategy]:
+    if not (isinstance(cls, type) and issubclass(cls, GraphStrategy) and cls.name):
+        raise TypeError(f"register_strategy takes a GraphStrategy subclass with its own name, got {cls!r}")
+    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
+        raise ValueError(f"a graph strategy named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls()
+    return cls
 
 
 def buckets(max_loras: int) -> list[int]:
@@ -65,21 +82,75 @@ def buckets(max_loras: int) -> list[int]:
     return out + [max_loras]
 
 
+@register_strategy
+class OneGraph(GraphStrategy):
+    name = "one_graph"
+    description = "one graph, LoRA kernels always inside; early exit on the GPU"
+
+    def graph_keys(self, max_loras):
+        return [max_loras]
+
+    def pick_rows(self, num_active, max_loras):
+        return max_loras
+
+
+@register_strategy
+class PerActiveCount(GraphStrategy):
+    name = "per_active_count"
+    description = "a graph per bucket of active adapters (0, 1, 2, 4, ...); grid sized by the bucket"
+    compacts = True
+
+    def graph_keys(self, max_loras):
+        return [0] + buckets(max_loras)
+
+    def pick_rows(self, num_active, max_loras):
+        return 0 if num_active == 0 else next(b for b in buckets(max_loras) if b >= num_active)
+
+
+@register_strategy
+class LoRASplit(GraphStrategy):
+    name = "lora_split"
+    description = "a no-LoRA graph and a LoRA graph; chosen on the host"
+
+    def graph_keys(self, max_loras):
+        return [0, max_loras]
+
+    def pick_rows(self, num_active, max_loras):
+        return 0 if num_active == 0 else max_loras
+
+
+def strategy_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+STRATEGIES = strategy_names()  # the registered ones at import: one_graph, per_active_count, lora_split
+DESCRIPTIONS = {n: st.description for n, st in _REGISTRY.items()}
+
+
+class NoGraphFits(ValueError):
+    """A batch that no captured graph can replay (more requests than the largest graph, or
+    requests of another length than the graphs were captured for)."""
+
+
+def get_strategy(name: str) -> GraphStrategy:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    hint = f" (renamed {RENAMED[name]!r})" if name in RENAMED else ""
+    raise ValueError(f"unknown graph strategy {name!r}{hint}; choose one of {', '.join(_REGISTRY)}")
+
+
+def check_strategy(name: str) -> str:
+    return get_strategy(name).name
+
+
 def graph_keys(strategy: str, max_loras: int) -> list[int]:
     """LoRA rows of each graph a strategy captures per batch size (0: the base graph, no LoRA)."""
-    return {"launch_always": [max_loras], "lora_split": [0, max_loras],
-            "per_active_count": [0] + buckets(max_loras)}[check_strategy(strategy)]
+    return get_strategy(strategy).graph_keys(max_loras)
 
 
 def pick_rows(strategy: str, num_active: int, max_loras: int) -> int:
     """Which graph a batch with `num_active` distinct adapters replays (a host-side count)."""
-    if strategy == "launch_always":
-        return max_loras
-    if num_active == 0:
-        return 0
-    if strategy == "lora_split":
-        return max_loras
-    return next(b for b in buckets(max_loras) if b >= num_active)
+    return get_strategy(strategy).pick_rows(num_active, max_loras)
 
 
 def pool_bytes(pool) -> dict:
@@ -148,7 +219,7 @@ class GraphSet:
         pool = self.lab.pool
         if rows == 0:  # the base graph: no LoRA (no adapter can be in such a batch)
             return LoRABatchInfo.build(pool, [None] * len(adapters), counts)
-        return LoRABatchInfo.build(pool, adapters, counts, rows=rows if self.strategy == "per_active_count" else None)
+        return LoRABatchInfo.build(pool, adapters, counts, rows=rows if get_strategy(self.strategy).compacts else None)
 
     def pick(self, adapters: list, token_counts: list[int]) -> tuple[Graph, list, list]:
         """(graph, padded adapters, padded token counts) for a batch: host lists only, no GPU."""

@@ -232,7 +232,7 @@ print(f"graph replay at M={int(tim.tokens.min())}: {t16['graph'] / 1e3:.1f} ms a
 #
 # | strategy | graphs per batch size | picked by | LoRA work when no adapter is active |
 # |---|---|---|---|
-# | `launch_always` | 1 (all `max_loras` LoRA rows) | nothing | the alignment and the LoRA kernels run; every program exits early |
+# | `one_graph` | 1 (all `max_loras` LoRA rows) | nothing | the alignment and the LoRA kernels run; every program exits early |
 # | `per_active_count` | 1 + one per bucket 1, 2, 4, … | the host's count of distinct adapters | none (the no-LoRA graph) |
 # | `lora_split` | 2 (no LoRA, all rows) | the host's `has_active_lora` | none (the no-LoRA graph) |
 #
@@ -281,7 +281,7 @@ from lora_moe_lab.ui.graph_plots import strategies_figure
 srec = load_graph_strategies()
 print(f"recorded: {srec.label}; {srec.meta['params']['reps']} interleaved repetitions per step")
 for m in ("moe", "decoder"):
-    print(f"{m}: graphs, capture seconds and pool MiB summed over all batch sizes; step time relative to launch_always")
+    print(f"{m}: graphs, capture seconds and pool MiB summed over all batch sizes; step time relative to one_graph")
     display(srec.table(m).round(3))
 strategies_figure(srec, "moe").show()
 sw = srec.switches
@@ -296,14 +296,14 @@ for m in ("moe", "decoder"):
     no_lora = d[(d.active == 0) & d.variant.isin(["per_active_count", "lora_split"])]
     one = summ[(summ.model == m) & (summ.active == 1) & (summ.variant == "per_active_count")]
     cap = srec.capture[srec.capture.model == m].groupby("strategy").capture_s.sum()
-    print(f"{m}: no adapter, decode (M <= 64): the no-LoRA graphs take {(no_lora.vs_launch_always.max() - 1) * 100:+.1f} "
-          f"to {(no_lora.vs_launch_always.min() - 1) * 100:+.1f} % of launch_always's step;"
-          f" one adapter, per_active_count: {(one.vs_launch_always.min() - 1) * 100:+.1f} to "
-          f"{(one.vs_launch_always.max() - 1) * 100:+.1f} % (worst at M={int(one.loc[one.vs_launch_always.idxmax(), 'tokens'])});"
-          f" capture time x{cap['per_active_count'] / cap['launch_always']:.1f} (per_active_count), "
-          f"x{cap['lora_split'] / cap['launch_always']:.1f} (lora_split)")
-per_m = summ[(summ.active == 1) & summ.variant.isin(STRATEGIES)].pivot_table(index="tokens", columns=["model", "variant"], values="vs_launch_always")
-print("one adapter active, every recorded M: step time relative to launch_always")
+    print(f"{m}: no adapter, decode (M <= 64): the no-LoRA graphs take {(no_lora.vs_one_graph.max() - 1) * 100:+.1f} "
+          f"to {(no_lora.vs_one_graph.min() - 1) * 100:+.1f} % of one_graph's step;"
+          f" one adapter, per_active_count: {(one.vs_one_graph.min() - 1) * 100:+.1f} to "
+          f"{(one.vs_one_graph.max() - 1) * 100:+.1f} % (worst at M={int(one.loc[one.vs_one_graph.idxmax(), 'tokens'])});"
+          f" capture time x{cap['per_active_count'] / cap['one_graph']:.1f} (per_active_count), "
+          f"x{cap['lora_split'] / cap['one_graph']:.1f} (lora_split)")
+per_m = summ[(summ.active == 1) & summ.variant.isin(STRATEGIES)].pivot_table(index="tokens", columns=["model", "variant"], values="vs_one_graph")
+print("one adapter active, every recorded M: step time relative to one_graph")
 display(((per_m - 1) * 100).round(1).rename(columns=lambda c: f"{c} (%)", level=1))
 pc = srec.meta["notes"]["padding_check"]
 print("padded into the 512-row graph vs unpadded, relative error after 1 and 2 layers:",
@@ -316,16 +316,16 @@ print("replays after switches vs the unpadded eager forward, relative error:",
 # %% [markdown]
 # **Reading it.**
 # - With **no adapter active**, the graphs without LoRA kernels (`per_active_count`,
-#   `lora_split`) make a decode step a few percent shorter than `launch_always`: 48 layers of LoRA
+#   `lora_split`) make a decode step a few percent shorter than `one_graph`: 48 layers of LoRA
 #   alignment plus two early-exit launches each are cheap but not free (the early exit makes each
 #   launch cost about an empty launch; the alignment still runs). At prefill sizes the difference
 #   is within the noise.
 # - With **one adapter active**, compaction lets `per_active_count` win a few percent at some
 #   sizes, and lose at others: the table above shows every recorded M, and at M=512 it is slower
-#   than `launch_always` on both models. The cell below reads what the kernel recordings found
+#   than `one_graph` on both models. The cell below reads what the kernel recordings found
 #   about that regression, and what they did not.
 # - The price is paid up front and in complexity: `per_active_count` captures four times the
-#   graphs of `launch_always` and `lora_split` twice, and both give the engine more graphs to pick,
+#   graphs of `one_graph` and `lora_split` twice, and both give the engine more graphs to pick,
 #   pad and keep correct. Pool memory differs little here: a decode graph's intermediates are small
 #   and the pool rounds up to whole allocator segments.
 # - **Correctness** after adapter switches: every replay equals the eager run of the same graph
@@ -340,10 +340,10 @@ print("replays after switches vs the unpadded eager forward, relative error:",
 # %%
 from lora_moe_lab.instruments.recordings import COMPACT_RUN, load_kernel_run
 
-worst = summ[(summ.active == 1) & (summ.variant == "per_active_count")].sort_values("vs_launch_always").groupby("model").tail(1)
+worst = summ[(summ.active == 1) & (summ.variant == "per_active_count")].sort_values("vs_one_graph").groupby("model").tail(1)
 for r in worst.itertuples():
-    print(f"{r.model}: per_active_count with one adapter, worst at M={r.tokens}: {(r.vs_launch_always - 1) * 100:+.1f} % "
-          f"[{(r.vs_lo95 - 1) * 100:+.1f}, {(r.vs_hi95 - 1) * 100:+.1f}] against launch_always ({srec.label})")
+    print(f"{r.model}: per_active_count with one adapter, worst at M={r.tokens}: {(r.vs_one_graph - 1) * 100:+.1f} % "
+          f"[{(r.vs_lo95 - 1) * 100:+.1f}, {(r.vs_hi95 - 1) * 100:+.1f}] against one_graph ({srec.label})")
 k10 = load_kernel_run(COMPACT_RUN)
 cmp_ = k10.section("compact").set_index(["preset", "M"])
 print(f"the layer alone, one compacted row against the 4 slot rows, LoRA time ratio, median [10-90 %] of "
@@ -387,19 +387,19 @@ if LIVE:
                               mode="graph", rep=r, us=us, syncs_per_forward=0) for r, us in enumerate(t.samples_us)]
     lrec = Recording(pd.DataFrame(rows_live))
     print(f"live on {torch.cuda.get_device_name(0)}: {preset}, {num_layers} layers, {strategy_reps} interleaved reps; "
-          "each strategy's step over launch_always's, paired per repetition")
-    vs = pd.concat([lrec.paired(s, "launch_always") for s in STRATEGIES if s != "launch_always"], ignore_index=True)
+          "each strategy's step over one_graph's, paired per repetition")
+    vs = pd.concat([lrec.paired(s, "one_graph") for s in STRATEGIES if s != "one_graph"], ignore_index=True)
     cols = [c for c in ("tokens", "active", "variant", "t_variant_us", "t_baseline_us", "ratio", "ratio_lo95",
                         "ratio_hi95", "n", "method") if c in vs]
-    display(vs[cols].rename(columns={"tokens": "requests", "t_baseline_us": "launch_always_us"}).round(3))
-    # the lesson: with no adapter active the no-LoRA graphs run fewer kernels than launch_always's graph,
-    # so they must not be slower beyond the interval (launch_always pays the early-exit launches)
+    display(vs[cols].rename(columns={"tokens": "requests", "t_baseline_us": "one_graph_us"}).round(3))
+    # the lesson: with no adapter active the no-LoRA graphs run fewer kernels than one_graph's graph,
+    # so they must not be slower beyond the interval (one_graph pays the early-exit launches)
     none = vs[vs.active == 0]
     if "ratio_lo95" in none and len(none) and none.ratio_lo95.abs().lt(float("inf")).all():
         bad = none[none.ratio_lo95 > 1]
-        assert bad.empty, f"a no-LoRA graph is slower than launch_always beyond its interval: {bad[cols].to_dict('records')}"
+        assert bad.empty, f"a no-LoRA graph is slower than one_graph beyond its interval: {bad[cols].to_dict('records')}"
         print(f"no adapter active: the no-LoRA graphs take {(none.ratio.min() - 1) * 100:+.1f} to "
-              f"{(none.ratio.max() - 1) * 100:+.1f} % of launch_always's step; none is slower beyond its interval")
+              f"{(none.ratio.max() - 1) * 100:+.1f} % of one_graph's step; none is slower beyond its interval")
     else:
         print("fewer than 6 repetitions: no interval, the lesson is not checked here (strategy_reps >= 10 does)")
 else:

@@ -11,14 +11,14 @@ def test_recording_summary_table_and_figure():
     assert rec.meta["commit"] and "H200" in rec.label
     s = rec.summary()
     assert set(s.variant) == set(STRATEGIES) | {"eager"}
-    la = s[s.variant == "launch_always"]
-    assert (la.vs_launch_always == 1).all() and (s.n >= 5).all()  # paired against itself; >= 5 reps
+    la = s[s.variant == "one_graph"]
+    assert (la.vs_one_graph == 1).all() and (s.n >= 5).all()  # paired against itself; >= 5 reps
     assert (s.lo95_us <= s.median_us).all() and (s.median_us <= s.hi95_us).all()
     for model in ("moe", "decoder"):
         t = rec.table(model)
         assert list(t.strategy) == list(STRATEGIES)
         assert t.set_index("strategy").loc["per_active_count", "graphs"] == 4 * t.set_index("strategy").loc[
-            "launch_always", "graphs"]  # buckets 0, 1, 2, 4 for 4 slots
+            "one_graph", "graphs"]  # buckets 0, 1, 2, 4 for 4 slots
     assert rec.switches.bit_exact_vs_same_graph_eager.all()
     fig = strategies_figure(rec, "moe")
     layout = fig.to_plotly_json()["layout"]

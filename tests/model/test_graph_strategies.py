@@ -27,12 +27,12 @@ def _lab(kind="moe", device="cpu", backend="auto"):
 
 def test_keys_buckets_and_picks():
     assert buckets(4) == [1, 2, 4] and buckets(3) == [1, 2, 3] and buckets(1) == [1]
-    assert graph_keys("launch_always", 4) == [4]
+    assert graph_keys("one_graph", 4) == [4]
     assert graph_keys("lora_split", 4) == [0, 4]
     assert graph_keys("per_active_count", 4) == [0, 1, 2, 4]
     assert [pick_rows("per_active_count", n, 4) for n in range(5)] == [0, 1, 2, 4, 4]
     assert [pick_rows("lora_split", n, 4) for n in range(3)] == [0, 4, 4]
-    assert [pick_rows("launch_always", n, 4) for n in range(3)] == [4, 4, 4]
+    assert [pick_rows("one_graph", n, 4) for n in range(3)] == [4, 4, 4]
 
 
 @pytest.mark.parametrize("kind", ["moe", "decoder"])
@@ -89,7 +89,7 @@ def test_batches_no_graph_fits_get_named_errors():
     (dict(tokens_per_request=0), "tokens_per_request"), (dict(fallback="retry"), "fallback"),
 ])
 def test_bad_arguments(bad, match):
-    kw = dict(strategy="launch_always", sizes=[1]) | bad
+    kw = dict(strategy="one_graph", sizes=[1]) | bad
     with pytest.raises(ValueError, match=match):
         GraphSet(_lab(), **kw)
 
@@ -98,7 +98,7 @@ def test_capture_without_a_gpu_is_a_clear_error():
     if runtime.has_cuda():
         pytest.skip("has a GPU")
     with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA GPU"):
-        GraphSet(_lab(), "launch_always", sizes=[1]).capture()
+        GraphSet(_lab(), "one_graph", sizes=[1]).capture()
 
 
 @gpu_only
@@ -117,3 +117,26 @@ def test_replay_after_adapter_switches_is_the_eager_graph_bit_for_bit(kind, stra
         assert torch.equal(y, gs.eager(g, len(adapters))), (strategy, adapters)
         batch, tensors = lab.make_batch(adapters, [1] * len(adapters))
         assert rel_err(y, lab.model(x, batch, tensors)) < fp32_tol("cuda")
+
+
+def test_the_strategies_are_a_registry_and_no_name_means_two_things():
+    from lora_moe_lab.model import graph_strategies as GS
+    from lora_moe_lab.model.guards import guard_names
+
+    assert GS.strategy_names() == STRATEGIES == ("one_graph", "per_active_count", "lora_split")
+    assert not set(STRATEGIES) & set(guard_names())  # a strategy is never also a guard
+    with pytest.raises(ValueError, match="renamed 'one_graph'"):
+        GS.check_strategy("launch_always")
+    with pytest.raises(TypeError, match="GraphStrategy subclass"):
+        GS.register_strategy(object)
+
+    @GS.register_strategy
+    class Always(GS.OneGraph):
+        name = "test_always_one"
+
+    try:
+        assert GS.pick_rows("test_always_one", 0, 4) == 4 and "test_always_one" in GS.strategy_names()
+        with pytest.raises(ValueError, match="already registered"):
+            GS.register_strategy(type("Other", (GS.OneGraph,), {"name": "test_always_one"}))
+    finally:
+        GS._REGISTRY.pop("test_always_one")
