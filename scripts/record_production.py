@@ -21,9 +21,7 @@ A second session (another machine, another call) with another --session label is
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import pandas as pd
 
 from lora_moe_lab.instruments import prefill as P
 from lora_moe_lab.instruments.clocks import ClockLog
-from lora_moe_lab.instruments.harness import pack_session
+from lora_moe_lab.instruments.harness import pack_session, session_parser
 from lora_moe_lab.provenance import metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 
@@ -67,20 +65,11 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session,
     return s
 
 
-def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
-    pack_session(work, out, f"signature_{session}", meta, t0, calibration=cal)
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "build/signature"))
+    ap = session_parser(__doc__, "build/signature", reps=13, minutes=7.0,
+                        tasks=["default_C16384", "prodlike_C16384", "default_C8192"])
     ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens (default 64)")
-    ap.add_argument("--reps", type=int, default=13, help="interleaved repetitions per task (default 13)")
     ap.add_argument("--overlap-ms", type=float, default=PS["first_sync_ms"])
-    ap.add_argument("--minutes", type=float, default=7.0, help="start no repetition after this (default 7)")
-    ap.add_argument("--tasks", nargs="+", default=["default_C16384", "prodlike_C16384", "default_C8192"])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
     ap.add_argument("--no-traces", action="store_true", help="profile, but write no trace files (a rerun)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -117,9 +106,10 @@ def main(argv=None) -> int:
                 "fix_ttft_change_pct", "first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us",
                 "host_blocked_ms", "gpu_idle_ms"]
         print(s[cols].to_string(index=False, float_format="{:.2f}".format), flush=True)
-        pack(work, out, a.session, meta, cal, t0)  # after every task: a killed call still returns data
+        # after every task: a killed call still returns what it measured
+        pack_session(work, out, f"signature_{a.session}", meta, t0, calibration=cal)
     clocks.close()
-    pack(work, out, a.session, meta, cal, t0)
+    pack_session(work, out, f"signature_{a.session}", meta, t0, calibration=cal)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

@@ -20,9 +20,7 @@ folder to data/tp_emulation/. A second session on another machine is the rerun.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +29,7 @@ import pandas as pd
 
 from lora_moe_lab.instruments import prefill as P
 from lora_moe_lab.instruments.clocks import ClockLog
-from lora_moe_lab.instruments.harness import pack_session
+from lora_moe_lab.instruments.harness import pack_session, session_parser
 from lora_moe_lab.model import tp as TP
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
@@ -130,21 +128,14 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
     return s
 
 
-def pack(work: Path, out: Path, session: str, meta: dict, cal, t0: float) -> None:
-    calibration = {f"tp{k[0]}_C{k[1]}": v for k, v in cal.items()}
-    pack_session(work, out, f"emulation_{session}", meta, t0, calibration=calibration)
+def _calibration(cal: dict) -> dict:
+    return {f"tp{k[0]}_C{k[1]}": v for k, v in cal.items()}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "build/tp_emulation"))
+    ap = session_parser(__doc__, "build/tp_emulation", reps=12, minutes=5.0, tasks=TASKS)
     ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens at TP=4 (default 64)")
     ap.add_argument("--requests-tp2", type=int, default=32, help="requests at TP=2, the check (default 32)")
-    ap.add_argument("--reps", type=int, default=12, help="interleaved repetitions per task (default 12)")
-    ap.add_argument("--minutes", type=float, default=5.0, help="start no repetition after this (default 5)")
-    ap.add_argument("--tasks", nargs="+", default=TASKS, help=f"default: {' '.join(TASKS)}")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
     ap.add_argument("--fit-collectives", action="store_true", help="write data/tp_emulation/allreduce.json and stop")
     ap.add_argument("--summarize", action="store_true",
                     help="CPU: data/tp_emulation/{validation,prediction}.csv from the sessions there, and stop")
@@ -178,9 +169,10 @@ def main(argv=None) -> int:
             print(f"SKIP {task}: past the deadline", flush=True)
             continue
         run_task(task, labs, cost, names, a, work, deadline, cal)
-        pack(work, out, a.session, meta, cal, t0)  # after every task: a killed call still returns data
+        # after every task: a killed call still returns what it measured
+        pack_session(work, out, f"emulation_{a.session}", meta, t0, calibration=_calibration(cal))
     clocks.close()
-    pack(work, out, a.session, meta, cal, t0)
+    pack_session(work, out, f"emulation_{a.session}", meta, t0, calibration=_calibration(cal))
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

@@ -26,3 +26,10 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def torch_library_function(src: str, name: str, ns: dict, file: str = "_fake_sync.py"):
+    """Compile `src` under a file name inside torch's package, so that the sync tools count its
+    frames as library code (as torch's own C++ warning at a sync is), and return `ns[name]`."""
+    exec(compile(src, os.path.join(os.path.dirname(torch.__file__), file), "exec"), ns)
+    return ns[name]

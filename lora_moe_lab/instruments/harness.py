@@ -147,3 +147,19 @@ def pack_session(work, out, name: str, meta: dict, t0: float, **extra) -> None:
     (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     with tarfile.open(out / f"{name}.tar.gz", "w:gz") as tar:
         tar.add(work, arcname=name)
+
+
+def session_parser(doc: str, out: str, reps: int, minutes: float, tasks: list[str]):
+    """The flags every session recording shares (scripts/record_production.py,
+    record_tp_emulation.py): --session, --out, --reps, --minutes, --tasks, --smoke."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--session", default="s1", help="this device session's label (default s1)")
+    ap.add_argument("--out", default=os.environ.get("OUT", out), help=f"default: $OUT, else {out}")
+    ap.add_argument("--reps", type=int, default=reps, help=f"interleaved repetitions per task (default {reps})")
+    ap.add_argument("--minutes", type=float, default=minutes,
+                    help=f"start no repetition after this (default {minutes:g})")
+    ap.add_argument("--tasks", nargs="+", default=tasks, help=f"default: {' '.join(tasks)}")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
+    return ap

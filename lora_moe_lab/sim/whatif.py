@@ -373,35 +373,17 @@ def replay_tables(g: R.Graph, r: R.ReplayResult, step: int = 0, title: str = "")
     )
     t0 = int(min(hs.min(), ks.min()))
     end = int(max(he.max(), ke.max()))
-    ann = [
-        dict(
-            name="forward",
-            pid=1,
-            tid=1,
-            start_ns=t0,
-            end_ns=end,
-            dur_ns=end - t0,
-            external_id=None,
-            forward=0,
-        )
-    ]
+    def span(name, start, stop):  # one annotation range of the replayed forward
+        return dict(name=name, pid=1, tid=1, start_ns=start, end_ns=stop, dur_ns=stop - start, external_id=None,
+                    forward=0)
+
+    ann = [span("forward", t0, end)]
     lay = h["layer"]
     pattern = "moe_layer_{}" if any(str(n).startswith("moe") for n in g.layers) else "decoder_layer_{}"
     for li in np.unique(lay[lay >= 0]):
         i = np.nonzero(lay == li)[0]
         s, e = int(hs[i[0]]), int(he[i[-1]])
-        ann.append(
-            dict(
-                name=pattern.format(int(li)),
-                pid=1,
-                tid=1,
-                start_ns=s,
-                end_ns=e,
-                dur_ns=e - s,
-                external_id=None,
-                forward=0,
-            )
-        )
+        ann.append(span(pattern.format(int(li)), s, e))
     syncs = rt[rt["is_sync"]].assign(source="runtime", kind=None, stream=None)
     return T.TraceTables(
         kernels=T.frame(kern.to_dict("records"), T.KERNEL_COLUMNS),

@@ -5,7 +5,6 @@ CPU too (torch.zeros(4).to("cuda", non_blocking=True) never reaches a device). T
 on whatever device "auto" picks: the guard counter on CPU, torch's sync debug mode on a GPU.
 """
 import inspect
-import os
 import warnings
 from collections import Counter
 
@@ -17,6 +16,7 @@ from lora_moe_lab.instruments import sync_check as sc
 from lora_moe_lab.instruments import syncs
 from lora_moe_lab.instruments.syncs import HostSyncError, allow_sync
 from lora_moe_lab.model import LoRABatchTensors, build_lab
+from helpers import torch_library_function
 
 gpu = pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")
 
@@ -178,8 +178,8 @@ def test_fake_cuda_site_skips_the_check_frame(sync_check, monkeypatch):
            "        return torch.overrides.handle_torch_function(sync_op, (x,), x)\n"
            "    if mode['m'] == 'warn':\n"
            "        warnings.warn('called a synchronizing CUDA operation', UserWarning)\n")
-    exec(compile(src, os.path.join(os.path.dirname(torch.__file__), "_fake_sync2.py"), "exec"), ns)
+    sync_op = torch_library_function(src, "sync_op", ns, "_fake_sync2.py")
     with pytest.raises(sc.SyncCheckError) as ei:
         with sync_check():
-            ns["sync_op"](torch.zeros(1))  # FAKE-SYNC
+            sync_op(torch.zeros(1))  # FAKE-SYNC
     assert ei.value.sites == Counter({_site("# FAKE-SYNC"): 1})

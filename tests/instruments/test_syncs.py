@@ -14,6 +14,7 @@ import torch
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments import syncs
 from lora_moe_lab.instruments.syncs import HostSyncError, allow_sync, checked_region, count_syncs, no_syncs
+from helpers import torch_library_function
 
 def gpu(f):
     return pytest.mark.gpu(pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")(f))
@@ -152,8 +153,7 @@ def fake_cuda(monkeypatch):
            "        warnings.warn(MSG, UserWarning)\n"
            "    elif state['mode'] == 'error':\n"
            "        raise RuntimeError(MSG)\n")
-    exec(compile(src, os.path.join(os.path.dirname(torch.__file__), "_fake_sync.py"), "exec"), ns)
-    return state, modes, ns["sync_op"]
+    return state, modes, torch_library_function(src, "sync_op", ns)
 
 
 def test_fake_cuda_counting_and_sites(fake_cuda):

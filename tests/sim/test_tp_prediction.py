@@ -6,7 +6,7 @@ import pytest
 
 from lora_moe_lab.provenance import DATA
 from lora_moe_lab.sim import tp_emulation as E
-from tests.helpers import load_script
+from helpers import load_script
 
 TRACES = sorted((DATA / "production" / "traces").glob("*_tp2_*rank*.json.gz"))
 
