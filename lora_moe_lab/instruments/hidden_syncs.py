@@ -276,7 +276,7 @@ def _pageable_copy(m: _Model):
     dev_all = torch.empty(L, H, device=m.dev)
 
     def orig(layer, h):
-        buf.copy_(host[layer], non_blocking=True)  # pageable source: CUDA runs it synchronously
+        buf.copy_(host[layer], non_blocking=True)  # pageable source: staged by the host thread
         return h * buf
 
     def fix(layer, h):

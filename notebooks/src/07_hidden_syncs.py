@@ -90,7 +90,9 @@ AP.cost_table_figure(lab_audit["sync"]).show()
 # * **site**: the innermost line outside torch and outside the tooling: where *your* code asked.
 # * **kind**: what made the host wait (`item`: a value read, `bool()` of `if tensor:` too;
 #   `tolist`; `d2h`: `.cpu()`, `.numpy()`, print; `shape`: an output whose size is device data;
-#   `pageable`: a `non_blocking` upload from unpinned memory, which CUDA runs synchronously;
+#   `pageable`: a `non_blocking` upload from unpinned memory: the host copies it into a staging
+#   buffer before the call returns, and CUDA's API notes say the driver *may* synchronize with the
+#   stream to stage it (the recorded cost below says whether it did here);
 #   `synchronize`; `allocator`: `empty_cache` or a call after which the reserved memory grew).
 # * **count per call**: a per-layer sync shows up as a multiple of the layer count.
 # * **host blocked** (perf_counter around the call): how long the host waited. It is the GPU work
@@ -161,6 +163,10 @@ for r in found.itertuples():
     assert want <= got <= want | extra, f"{r.pattern}: found {got}, expected {want}"
 print(f"the audit finds every pattern with its kind ({len(found)} patterns) and every rewrite is sync-free "
       f"and equal to its original ({int(found['rewrite_equal'].sum())} of {len(found)})")
+WHY_FREE = {"pageable_copy": "A non_blocking upload from pageable memory is staged by the host (a host "
+                              "copy, synchronous), and at this size the driver did not wait for the stream: no "
+                              "bubble. It stays a hazard: the source may change before the DMA, and it cannot "
+                              "be captured in a CUDA graph; the pinned rewrite is the safe form."}
 if REC is not None:
     for r in REC.itertuples():
         if r.sessions:
@@ -170,6 +176,10 @@ if REC is not None:
                   f"sessions {r.sessions}{flag}); the rewrite saves {r.diff_us:.0f} us "
                   f"[{r.diff_lo_us:.0f}, {r.diff_hi_us:.0f}] per forward of "
                   f"{r.original_ms:.2f} ms ({r.occurrences:g} syncs)")
+            if r.per_occ_lo_us <= 0 <= r.per_occ_hi_us:
+                # a flagged pattern with no measurable bubble: said, not hidden (see the kinds above)
+                print(f"    {r.pattern}: no measurable cost at this size (the interval holds 0). "
+                      + (WHY_FREE.get(r.pattern) or "The audit flags the call; here it did not drain the queue."))
         else:
             print(f"[H200, recorded] {r.pattern}: no figure, the repetitions never settled "
                   f"(sessions {r.unstable})")
