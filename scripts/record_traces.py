@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import syncs, trace
+from lora_moe_lab.instruments import profiling, syncs, trace
 from lora_moe_lab.model.graphs import CapturedForward
 from lora_moe_lab.model.lab import build_lab, split_tokens
 from lora_moe_lab.provenance import metadata
@@ -76,10 +76,10 @@ def record(lab, args, M: int, guard: str, mode: str, out_dir: str) -> dict:
                   requests=R, token_counts=counts, adapters=adapters, max_loras=args.max_loras,
                   max_rank=args.rank, dtype=args.dtype, backend=args.backend,
                   n_warmup=args.warmup, n_active=args.active, kept_forwards=args.keep,
-                  cuda_sync_events=trace.sync_events_config() is not None)
+                  cuda_sync_events=profiling.sync_events_config() is not None)
     t0 = time.perf_counter()
-    t = trace.profile_forwards(fn, n_warmup=args.warmup, n_active=args.active, path=path,
-                               labels=params, keep_forwards=args.keep)
+    t = profiling.profile_forwards(fn, n_warmup=args.warmup, n_active=args.active, path=path,
+                                   labels=params, keep_forwards=args.keep)
     wall = time.perf_counter() - t0
     params["dropped"] = []
     if os.path.getsize(path) > MAX_BYTES:  # too big: drop the aten ops (unused by the metrics)

@@ -21,7 +21,7 @@ tooling (syncs.user_frame); the host time blocked is perf_counter around the cal
 
 On a GPU (CUDA): only calls on CUDA tensors count; torch's sync debug mode (syncs.count_syncs)
 counts what torch itself synchronised per site (`torch_count`: a site the mode did not classify
-is listed as kind "other"); then ONE profiled forward (trace.profile_forwards) gives, per site, the
+is listed as kind "other"); then ONE profiled forward (profiling.profile_forwards) gives, per site, the
 GPU idle after each sync (next GPU op start minus the later of the sync's start and the last GPU
 op that finished before it returned), and the replay engine (sim/sync_savings.py, registered by
 `import lora_moe_lab.sim`) the forward time saved if that site's syncs were removed.
@@ -465,7 +465,7 @@ class _Session:
 
     def profile(self, call: Callable[[], object]):
         """ONE profiled call (CUDA): GPU idle after each site's syncs and the replay's saving."""
-        from . import trace as T
+        from .profiling import profile_forwards
 
         marks = []
 
@@ -475,7 +475,7 @@ class _Session:
                 call()
             marks.extend(mode.marks)
 
-        self.analyse(T.profile_forwards(run, n_warmup=0, n_active=1), marks)
+        self.analyse(profile_forwards(run, n_warmup=0, n_active=1), marks)
 
     def analyse(self, tables, marks: list) -> None:
         """Per (site, kind) of the profiled call's `audit_sync_<n>` ranges (marks[n]): the GPU idle

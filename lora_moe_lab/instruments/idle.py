@@ -47,7 +47,7 @@ default files every queued gap of those traces under "other"; a threshold near 2
 of them kernel wait.
 
 Per-forward totals are sums over streams (stream-time, as HTA sums per rank); with one stream
-they equal forward_metrics()'s idle_ns. Like the rest of trace.py, only gaps inside a forward's
+they equal forward_metrics()'s idle_ns. Like trace/analysis.py, only gaps inside a forward's
 window count (HTA also counts the gaps between profiler steps).
 """
 from __future__ import annotations
@@ -179,8 +179,8 @@ def sync_launch_gaps(tables, layer_pattern: str = LAYER_PATTERN) -> pd.DataFrame
     decision, the next op's setup); the GPU idles for this plus the launch latency."""
     t = T.load_trace(tables)
     s = t.syncs.reset_index(drop=True)
-    lay = T._layer_ranges(t, layer_pattern)
-    li = T._ranges_index(s["start_ns"].to_numpy(np.int64), lay["start_ns"].to_numpy(np.int64),
+    lay = T.layer_ranges(t, layer_pattern)
+    li = T.ranges_index(s["start_ns"].to_numpy(np.int64), lay["start_ns"].to_numpy(np.int64),
                          lay["end_ns"].to_numpy(np.int64))
     launches = t.kernels.dropna(subset=["launch_start_ns"])
     rows = []

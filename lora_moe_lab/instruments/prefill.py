@@ -6,7 +6,7 @@ chunk, per guard. What it measures per prefill:
     TTFT per request   time from the prefill's start until the chunk holding its last token ends
                        (every request arrives at the start: the production batch of 128 x 2048)
     syncs per forward  the `sync` guard's `.item()` calls (model.guards.count_guard_syncs) / chunks
-    GPU idle/forward   one profiled forward per guard (instruments.trace), GPU only, NaN on CPU
+    GPU idle/forward   one profiled forward per guard (instruments.profiling), GPU only, NaN on CPU
 
     lab = build_decoder_lab("tiny", num_layers=2); lab.pool.load("a0", rank=8)
     drv = PrefillDriver(lab, make_plan(8, 16, 32), request_adapters(8, "mix", ["a0"]))
@@ -282,6 +282,7 @@ class PrefillDriver:
         if not self.cuda:
             return dict(NO_IDLE), pd.DataFrame(), pd.DataFrame()
         from . import trace as T
+        from .profiling import profile_forwards
 
         chunks = self.plan.chunks[:max(2, forwards)]
 
@@ -290,7 +291,7 @@ class PrefillDriver:
                 self._forward(reqs, guard)
 
         self.barrier()
-        t = T.profile_forwards(body, n_warmup=1, n_active=1, sync_events=True)
+        t = profile_forwards(body, n_warmup=1, n_active=1, sync_events=True)
         if path is not None:
             T.export_perfetto(t, path, drop_cats=("cpu_op", "python_function"), labels=labels)
         m = T.forward_metrics(t)
@@ -308,10 +309,11 @@ class PrefillDriver:
         if not self.cuda:
             return dict(NO_IDLE)
         from . import trace as T
+        from .profiling import profile_forwards
 
         self.barrier()
         reqs = self.plan.chunks[0]
-        t = T.profile_forwards(lambda: self._forward(reqs, guard), n_warmup=1, n_active=1)
+        t = profile_forwards(lambda: self._forward(reqs, guard), n_warmup=1, n_active=1)
         m = T.forward_metrics(t)
         if not len(m):
             return dict(NO_IDLE)

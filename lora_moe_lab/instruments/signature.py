@@ -33,7 +33,7 @@ SYNC_COLUMNS = ["forward", "device", "sync_index", "start_ns", "end_ns", "host_b
 
 def per_sync(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
     """One row per host sync inside a forward (see the module docstring for the columns)."""
-    t = T._tables(tables)
+    t = T.as_tables(tables)
     gaps = T.idle_gaps(t, sync_slack_ns=sync_slack_ns)
     rows = []
     syncs = t.syncs[t.syncs["forward"] >= 0].sort_values("start_ns")
@@ -41,7 +41,7 @@ def per_sync(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
         s = syncs[syncs["forward"] == fwd]
         if not len(s):
             continue
-        ls = T._i64(ops["launch_start_ns"])
+        ls = T.i64(ops["launch_start_ns"])
         en = ops["end_ns"].to_numpy(np.int64)
         gpu_end = int(en.max())
         g = gaps[(gaps["forward"] == fwd) & (gaps["device"] == dev)]
@@ -49,7 +49,7 @@ def per_sync(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
         g_cat = g["category"].astype(str).to_numpy()
         s0, s1 = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
         # the queue a sync waits for: every op launched before the sync started
-        drain = np.array([int(en[(ls != T._NA) & (ls < a)].max(initial=a)) for a in s0], dtype=np.int64)
+        drain = np.array([int(en[(ls != T.NA) & (ls < a)].max(initial=a)) for a in s0], dtype=np.int64)
         nxt = np.r_[drain[1:], gpu_end]
         for i in range(len(s)):
             sel = (g_st >= drain[i]) & (g_st < max(nxt[i], drain[i]))  # a bubble opens where the queue drained
@@ -65,7 +65,7 @@ def per_sync(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
 def nccl_us(tables) -> pd.Series:
     """NCCL kernel time per forward (µs). An all-reduce kernel spins on its GPU until every rank's
     contribution arrives, so a rank whose host is stalled shows up as NCCL time on the others."""
-    t = T._tables(tables)
+    t = T.as_tables(tables)
     k = t.kernels[(t.kernels["forward"] >= 0) & t.kernels["name"].str.contains(NCCL_PATTERN, regex=True)]
     return k.groupby("forward")["dur_ns"].sum().div(1e3)
 
@@ -73,7 +73,7 @@ def nccl_us(tables) -> pd.Series:
 def per_forward(tables, sync_slack_ns: int = 2000) -> pd.DataFrame:
     """The signature's totals per forward. `first_share` is the first sync's part of the host time
     blocked in all syncs (production: ~70 of ~100 ms)."""
-    t = T._tables(tables)
+    t = T.as_tables(tables)
     s = per_sync(t, sync_slack_ns)
     nc = nccl_us(t)
     rows = []

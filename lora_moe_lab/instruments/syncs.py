@@ -46,19 +46,10 @@ except Exception:  # pragma: no cover - guards.py missing or broken
     _guard_sync_events = None
 
 __all__ = ["SyncRecord", "SyncReport", "HostSyncError", "count_syncs", "checked_region", "no_syncs",
-           "allow_sync", "user_site", "user_frame", "frame_function", "tool_file", "PROFILER_SYNC_NAMES"]
+           "allow_sync", "user_site", "user_frame", "frame_function", "tool_file"]
 
 # The message torch uses in sync debug mode (warning in "warn", RuntimeError in "error").
 _TORCH_SYNC_MSG = "synchronizing CUDA operation"
-
-# Runtime / driver API calls that block the calling host thread until the device has caught up.
-# cudaMemcpyAsync is not here: torch follows a device-to-host cudaMemcpyAsync with a
-# cudaStreamSynchronize, which is counted instead (so one `.item()` counts once).
-PROFILER_SYNC_NAMES = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-    "cudaMemcpy2D", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
-    "cuMemcpyDtoH", "cuMemcpyDtoH_v2",
-})
 
 
 # --- call sites -----------------------------------------------------------------------------
@@ -415,6 +406,8 @@ def _event_site(e) -> str:
 
 def _profiler_syncs(events) -> list[SyncRecord]:
     """Blocking runtime calls among torch.profiler FunctionEvents (with_stack=True gives sites)."""
+    from .trace.parse import PROFILER_SYNC_NAMES  # the trace parser's list (pandas: imported on use only)
+
     return [SyncRecord("profiler", _event_site(e), e.name) for e in events
             if e.name in PROFILER_SYNC_NAMES]
 

@@ -7,7 +7,7 @@
 
 The idea is Daydream's (Zhu et al., USENIX ATC 2020): a graph of host work, launches, kernels and
 syncs from a profile, transformed to model a change, replayed to predict the new time. Written
-for this lab, on the tables of instruments/trace.py.
+for this lab, on the tables of instruments/trace/ (parse).
 
 The graph of one step (the host window from the previous forward's end to this forward's end, so
 that the engine's work between forwards, a `_sleep` kernel of an earlier batch or the batch
@@ -112,7 +112,7 @@ def read_trace(path) -> dict:
     if p.stat().st_size == 0:
         raise EmptyTraceError(f"{p} is empty (0 bytes): no trace events")
     try:
-        doc = T._read_doc(p)
+        doc = T.read_doc(p)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise TruncatedTraceError(f"{p}: the gzip stream ends early or is damaged ({e}); re-export the trace") from e
     except json.JSONDecodeError as e:
@@ -309,16 +309,16 @@ def build_graph(trace, forward: int = 1, host_tid=None) -> Graph:
     a_h = ann[(ann["tid"] == host_tid) & (ann["start_ns"] >= w0) & (ann["start_ns"] < w1)]
     ga = a_h[a_h["name"].str.startswith(GUARD_PREFIX)].sort_values("start_ns")
     g_s, g_e = ga["start_ns"].to_numpy(np.int64), ga["end_ns"].to_numpy(np.int64)
-    g_idx = T._ranges_index(hs, g_s, g_e)
+    g_idx = T.ranges_index(hs, g_s, g_e)
     cov = _coverage(g_s, g_e)
     gap_guard = cov(hs) - cov(prev_host_end)
     tail_guard = int(cov(np.array([w1]))[0] - cov(np.array([he[-1]]))[0])
     la = a_h[a_h["name"].str.match(LAYER_PATTERN)]
-    la = pd.DataFrame(T._top_level(la.to_dict("records")), columns=la.columns)
+    la = pd.DataFrame(T.top_level(la.to_dict("records")), columns=la.columns)
     layers = list(la["name"])
-    l_idx = T._ranges_index(hs, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
+    l_idx = T.ranges_index(hs, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
     anchor = np.searchsorted(hs, g_s, side="left")
-    site_layer = T._ranges_index(g_s, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
+    site_layer = T.ranges_index(g_s, la["start_ns"].to_numpy(np.int64), la["end_ns"].to_numpy(np.int64))
     own = [np.nonzero(g_idx == i)[0] for i in range(len(ga))]
     # host work before the range, after the last call
     pre = g_s - np.where(anchor > 0, he[np.maximum(anchor - 1, 0)], w0)

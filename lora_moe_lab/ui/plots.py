@@ -31,7 +31,7 @@ def _window(t: T.TraceTables, window, forward) -> tuple[int, int] | None:
     if window is not None:
         return int(window[0]), int(window[1])
     if forward is not None:
-        return T._window_of_forwards(t, [forward])
+        return T.window_of_forwards(t, [forward])
     return None
 
 
@@ -76,7 +76,7 @@ def _bars(fig, df, lane, t0, color, legend, showlegend=True, extra_hover=""):
 def layers_window(t: T.TraceTables, forward: int, layers: int, pattern: str = r"moe_layer_\d+$") -> tuple[int, int]:
     """(lo, hi) ns: from the forward's start to the end of its `layers`-th layer (host range) and
     the GPU ops launched inside those layers; the whole forward when it has no more layers."""
-    lo, hi = T._window_of_forwards(t, [forward])
+    lo, hi = T.window_of_forwards(t, [forward])
     a = t.annotations
     a = a[a["name"].str.match(pattern) & (a["start_ns"] >= lo) & (a["end_ns"] <= hi)].sort_values("start_ns")
     if len(a) <= layers:

@@ -211,7 +211,7 @@ for row in tbl.itertuples(index=False):  # on a GPU: the host's launch cost (CPU
 # `recorded_tokens` tokens per forward (8 layers of qwen3-30b-a3b, two profiled forwards each).
 
 # %%
-from lora_moe_lab.instruments import trace
+from lora_moe_lab.instruments import profiling, trace
 from lora_moe_lab.provenance import label
 from lora_moe_lab.ui import plots
 
@@ -219,8 +219,8 @@ TRACE_DIR = nbk.DATA / "traces"
 traces, labels = {}, {}
 if LIVE:
     for g in guards:
-        traces[g] = trace.profile_forwards(lambda: lab.model(x, batch, tensors, guard=g), n_warmup=1, n_active=2,
-                                           labels={"guard": g})
+        traces[g] = profiling.profile_forwards(lambda: lab.model(x, batch, tensors, guard=g), n_warmup=1,
+                                               n_active=2, labels={"guard": g})
         labels[g] = f"live on {torch.cuda.get_device_name(0)}, {preset}, {num_layers} layers, M={batch.num_tokens}"
 else:
     for g in guards:

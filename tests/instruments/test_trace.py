@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lora_moe_lab.instruments import trace as T
+from lora_moe_lab.instruments.profiling import profile_forwards
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 FIX = os.path.join(HERE, "fixtures")
@@ -47,7 +48,7 @@ def test_float_arithmetic_would_drift():
 
 def test_fmt_roundtrip():
     for ns in (0, 1, 999, 1000, 1001, S.BASE_NS, -1, -1500):
-        assert T.to_ns(T._fmt_us(ns)) == ns
+        assert T.to_ns(T.fmt_us(ns)) == ns
     with pytest.raises(TypeError):
         T.to_ns(True)
     with pytest.raises(ValueError):
@@ -266,8 +267,8 @@ def _toy_model(x, layers=3):
 @pytest.mark.parametrize("suffix", [".json.gz", ".json"])
 def test_profile_forwards(tmp_path, suffix):
     x = torch.randn(16, 16)
-    t = T.profile_forwards(lambda: _toy_model(x), n_warmup=1, n_active=3,
-                           path=tmp_path / f"toy{suffix}", labels={"what": "toy"})
+    t = profile_forwards(lambda: _toy_model(x), n_warmup=1, n_active=3,
+                         path=tmp_path / f"toy{suffix}", labels={"what": "toy"})
     assert os.path.exists(t.path) and t.path.endswith(suffix)
     assert len(t.forwards) == 3 and set(t.forwards["name"]) == {"forward"}
     assert t.labels == {"what": "toy"}
@@ -278,7 +279,7 @@ def test_profile_forwards(tmp_path, suffix):
     if not torch.cuda.is_available():
         assert (m["n_gpu_ops"] == 0).all() and (m["idle_ns"] == 0).all()
     assert len(T.layer_breakdown(t)) == 9
-    t2 = T.profile_forwards(lambda: x @ x, n_warmup=0, n_active=2, keep_forwards=1)
+    t2 = profile_forwards(lambda: x @ x, n_warmup=0, n_active=2, keep_forwards=1)
     assert len(t2.forwards) == 1 and t2.forwards.loc[0, "name"] == T.FORWARD_WRAPPER
 
 
