@@ -67,7 +67,11 @@ whatif.sources()[["model", "config", "guard", "mode", "tokens", "layers", "steps
 # Each row: a profiled forward of one guard, transformed into the other, replayed as the measurement
 # ran (a chunked prefill of 64 × 2048 tokens for the decoder, one forward for the MoE model, from an
 # idle GPU), against the repeated unprofiled measurement of the target (two sessions: their mean,
-# and the union of their 95 % intervals). Pass: within ±5 %, or inside that interval.
+# and the union of their 95 % intervals). Pass: within ±5 %, or inside that interval. The first
+# recording's points (`config` tp1_mix / tp2_*: adapters mix at TP=1, TP=2) replay its first-chunk
+# trace as a 128 × 2048-token prefill and compare with one session of 5 repetitions (`sessions` = 1:
+# the median, the 2.5–97.5 percentiles of the repetitions); at TP=2 one rank is replayed, each
+# all-reduce at the collective's own time, so `sync` from `cpu_flag` leaves out the other rank's lateness.
 
 # %%
 val = whatif.validation()

@@ -25,6 +25,26 @@ def test_held_out_moe_points_match_the_validation(m):
         assert w.passed == bool(row.passed) and w.replay_s < 1.0
 
 
+def test_validation_covers_the_first_recordings_points():
+    """scripts/record_replay.py: the signature sessions' 10 points and the first recording's 8 (adapters mix at
+    TP=1; TP=2 at gs 260/48 none and mix, gs 1/48 none), both directions, one session each; every miss has a cause."""
+    v = W.validation()
+    assert len(v) == 18 and not v.duplicated(["model", "config", "source"]).any()
+    first = v[v.config.str.startswith("tp")]
+    assert sorted(first.config.unique()) == ["tp1_mix_C16384", "tp2_mix_C16384", "tp2_none_C16384",
+                                             "tp2_none_C16384_gs1"]
+    assert (first.sessions == 1).all() and (v[~v.index.isin(first.index)].sessions == 2).all()
+    assert (first.groupby("config").target.apply(set) == {"sync", "cpu_flag"}).all()
+    assert (first.steps == 128 * 2048 // 16384).all()
+    assert first.source_trace.str.contains("data/production/traces/").all()
+    assert (first.measured_lo <= first.measured_ms).all() and (first.measured_ms <= first.measured_hi).all()
+    miss = v[~v.passed.astype(bool)]
+    assert miss.cause.notna().all() and (miss.cause.astype(str).str.len() > 0).all()
+    # whatif's host factors still resolve the bench's own traces (the new configs do not shadow them)
+    assert W.host_factor("dec", "default_C16384", "sync")[0] == pytest.approx(
+        float(v[(v.config == "default_C16384") & (v.source == "sync")].alpha.iloc[0]))
+
+
 def test_no_measurement_and_named_errors():
     w = W.run("moe M=16 cpu_flag eager", "scale_host", factor=0.5)
     assert w.measured is None and w.passed is None and np.isnan(w.err_pct)
