@@ -13,8 +13,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from lora_moe_lab.instruments import trace
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers import trace
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 from lora_moe_lab.provenance import DATA
 from lora_moe_lab.ui import plots
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 from lora_moe_lab.provenance import DATA, label, normalize_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +83,8 @@ def guards_block(folder: Path | None = None) -> str:
     """The guard end to end, from data/guards/: the two sessions pooled (their spread beside the
     within-session interval), one session (the second pending), or, while none is recorded, the
     archived recording of 2026-11-30, which predates the warm-up check."""
-    from lora_moe_lab.instruments.recordings import GUARDS_DIR, session_files
-    from lora_moe_lab.instruments.stats import MIN_PAIRED_REPS
+    from lora_moe_lab.instruments.analysers.recordings import GUARDS_DIR, session_files
+    from lora_moe_lab.instruments.analysers.stats import MIN_PAIRED_REPS
 
     folder = Path(folder) if folder is not None else GUARDS_DIR
     rec = load_guards(folder)
@@ -185,7 +185,7 @@ def guards_block(folder: Path | None = None) -> str:
 def _guards_warmup_lines(rec, folder: Path, checked: bool, min_reps: int) -> list[str]:
     """The warm-up drops and the unstable points, per session; for the archived recording what the
     check would have said (its figures above are as recorded)."""
-    from lora_moe_lab.instruments.recordings import load_guards as _load
+    from lora_moe_lab.instruments.analysers.recordings import load_guards as _load
 
     w = rec.warmup() if checked else _load(rec.paths[0], check_warmup=True).warmup()
     lab = (lambda r: f"{r.session}: " if checked and rec.sessions[1:] else "")  # noqa: E731
@@ -279,7 +279,8 @@ def _decode_lines() -> list[str]:
     epilogue and the decode differential come from round 2 (`fused_run*`)."""
     from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS  # the bound the code uses now
     kd = DATA / "kernels"
-    from lora_moe_lab.instruments.recordings import CANONICAL_KERNEL_RUN, DIFFERENTIAL_GLOB, FUSED_RUN, load_kernel_run
+    from lora_moe_lab.instruments.analysers.recordings import (CANONICAL_KERNEL_RUN, DIFFERENTIAL_GLOB, FUSED_RUN,
+                                                               load_kernel_run)
     run = load_kernel_run(CANONICAL_KERNEL_RUN)
     m3 = run.meta
     f1 = pd.read_csv(kd / f"{FUSED_RUN}_kernels_fused.csv")
@@ -358,7 +359,7 @@ def _decode_lines() -> list[str]:
 def _tp1_busy_sentence() -> str:
     """What the TP=1 traces say about the kernels' busy time under `sync` vs `cpu_flag` (one
     profiled forward each, no adapter in use)."""
-    from lora_moe_lab.instruments import trace
+    from lora_moe_lab.instruments.analysers import trace
 
     busy = {}
     for g in ("sync", "cpu_flag"):
@@ -381,8 +382,8 @@ def _ci(est, lo, hi, unit=" %", nd=1) -> str:
 def signature_block() -> str | None:
     """Production's per-sync signature beside the lab's, in the lab's own regime and in a
     production-like one, with the fix's gain in each, from every recorded session
-    (instruments/production_runs.py: the one loader and combination rule)."""
-    from lora_moe_lab.instruments import production_runs as PR
+    (instruments/analysers/production_runs.py: the one loader and combination rule)."""
+    from lora_moe_lab.instruments.analysers import production_runs as PR
     from lora_moe_lab.sim import PRODUCTION, PRODUCTION_SIGNATURE as PS
 
     sess = PR.load_sessions()
@@ -500,7 +501,7 @@ def signature_block() -> str | None:
 
 def _trace_medians(chunk: int, guard: str) -> tuple[float, float, float] | None:
     """(span, busy, idle) ms, medians over the profiled steady forwards of the lab's own regime."""
-    from lora_moe_lab.instruments import trace
+    from lora_moe_lab.instruments.analysers import trace
 
     f = sorted((DATA / "production").glob(f"signature_*/traces/*_C{chunk}_gs5.41667_none_{guard}_rank0.json.gz"))
     if not f:
@@ -546,7 +547,7 @@ def _prodlike_sessions(sig, head) -> str:
 def _profiled_vs_live(lost_live_ms: float) -> list[str]:
     """The lab's own regime: the profiled steady forwards' GPU span and busy time per guard against
     the unprofiled time lost (why a profiled run is never the timing)."""
-    from lora_moe_lab.instruments import trace
+    from lora_moe_lab.instruments.analysers import trace
 
     got = {}
     for g in ("sync", "cpu_flag"):
@@ -569,7 +570,7 @@ def _profiled_vs_live(lost_live_ms: float) -> list[str]:
 def _clock_sentence() -> str:
     """Why the same kernels ran faster under `sync`: the card's clocks and power while each guard's
     timed prefills ran (sessions with a clock log)."""
-    from lora_moe_lab.instruments import production_runs as PR
+    from lora_moe_lab.instruments.analysers import production_runs as PR
 
     for n, s in PR.load_sessions().items():
         c = PR.clocks_by_guard(s)
@@ -632,8 +633,8 @@ def production_block() -> str | None:
         lines += ["", f"`launch_always` stays within {la.fix_throughput_gain_pct.abs().max():.1f} % of `cpu_flag` "
                       "in throughput at every TP size and adapter mix."]
     lines += ["", "Per-rank NCCL all-reduce time per guard (the spin sgl-project/sglang#24262 saw cut by ~68 %) is "
-                  "measured by `instruments.signature.nccl_us` on a TP trace; it has not been recorded: the TP=2 "
-                  "replication waits for a two-GPU machine."]
+                  "measured by `instruments.analysers.signature.nccl_us` on a TP trace; it has not been recorded: "
+                  "the TP=2 replication waits for a two-GPU machine."]
     return "\n".join(lines)
 
 
@@ -761,7 +762,7 @@ def _graphs_regression(rec) -> str:
 
 
 def graphs_block() -> str | None:
-    from lora_moe_lab.instruments.recordings import load_graph_strategies
+    from lora_moe_lab.instruments.analysers.recordings import load_graph_strategies
 
     try:
         rec = load_graph_strategies()
@@ -816,7 +817,7 @@ def _clock_note(sessions) -> str:
 
 def lab_headline_block() -> str | None:
     """One line: the fix's gain on one H200 at TP=1 in both regimes (every session, one rule)."""
-    from lora_moe_lab.instruments import production_runs as PR
+    from lora_moe_lab.instruments.analysers import production_runs as PR
 
     sess = PR.load_sessions()
     if not sess:

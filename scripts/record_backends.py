@@ -15,7 +15,7 @@ import json
 import os
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments.timing import time_device, time_graph
+from lora_moe_lab.instruments.recorders.timing import time_device, time_graph
 from lora_moe_lab.model.lab import LabCache, split_tokens
 from lora_moe_lab.provenance import META_KEYS, metadata
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from lora_moe_lab.instruments.timing import time_interleaved
+from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.model.decoder import build_decoder_lab
 from lora_moe_lab.model.graph_strategies import STRATEGIES, GraphSet, NoGraphFits
 from lora_moe_lab.model.lab import build_lab

@@ -21,7 +21,7 @@ import os
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments.timing import time_device
+from lora_moe_lab.instruments.recorders.timing import time_device
 from lora_moe_lab.model import graphs
 from lora_moe_lab.model.lab import LabCache, split_tokens
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
@@ -84,7 +84,7 @@ def capture_failure_check(lab, rows):
 
 
 def median_ms(fn) -> float:
-    """Median of 20 repetitions (instruments.timing: CUDA events, each from an idle GPU), in ms."""
+    """Median of 20 repetitions (instruments.recorders.timing: CUDA events, each from an idle GPU), in ms."""
     return time_device(fn, warmup=3, reps=20).median_us / 1e3
 
 

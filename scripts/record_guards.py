@@ -5,12 +5,12 @@
     python scripts/record_guards.py --dry --out /tmp/g      # tiny settings, any machine (CPU: seconds)
 
 One CSV row per repetition, so every figure carries its spread and paired differences; read through
-lora_moe_lab/instruments/recordings.py (load_guards), which pools two sessions.
+lora_moe_lab/instruments/analysers/recordings.py (load_guards), which pools two sessions.
 
 A sweep that times one guard after another lets slow drifts of the host (clock, other processes,
 the allocator) land on one guard and not the other. Here every repetition runs the three guards
 (and, on a GPU, a CUDA-graph replay of the same forward, captured once) back to back in a rotating
-order, each from an idle device (instruments.timing.time_once), so each ratio compares forwards
+order, each from an idle device (instruments.recorders.timing.time_once), so each ratio compares forwards
 measured within milliseconds of each other. 48 distinct layers, bf16, Triton backend, 8 requests
 per batch; active = share of requests with an adapter.
 
@@ -36,10 +36,10 @@ import re
 import time
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments.recordings import (CHECK_COLUMNS, METHOD_SESSIONS, METHOD_WARMUP,
+from lora_moe_lab.instruments.analysers.recordings import (CHECK_COLUMNS, METHOD_SESSIONS, METHOD_WARMUP,
                                                  SAMPLE_COLUMNS, load_guards, warmup_check)
-from lora_moe_lab.instruments.stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
-from lora_moe_lab.instruments.timing import rotated, time_once
+from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
+from lora_moe_lab.instruments.recorders.timing import rotated, time_once
 from lora_moe_lab.model.guards import count_guard_syncs, guard_names
 from lora_moe_lab.model.lab import LabCache, split_tokens
 from lora_moe_lab.provenance import DATA, META_KEYS, gpu_state, metadata

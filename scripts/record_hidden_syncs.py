@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python3 scripts/record_hidden_syncs.py --session s1 --out $OUT/hidden_syncs  # H200, ~60 s
     python scripts/record_hidden_syncs.py --smoke --out /tmp/hs                                # CPU, seconds
 
-Per pattern (lora_moe_lab/instruments/hidden_syncs.py): the rewrite is checked equal to the original
+Per pattern (lora_moe_lab/instruments/recorders/hidden_syncs.py): the rewrite is checked equal to the original
 and audited sync-free (and, on a GPU, run inside checked_region); the original is audited (its
 syncs per forward: the occurrences). Then both forwards are timed interleaved and paired, the
 order alternating per repetition, each call's wall time ending with a device sync (a sync's cost
@@ -30,8 +30,8 @@ import pandas as pd
 
 from lora_moe_lab import runtime
 from lora_moe_lab import sim  # noqa: F401  (registers the replay estimate the audit columns read)
-from lora_moe_lab.instruments import hidden_syncs as HS
-from lora_moe_lab.instruments import stats
+from lora_moe_lab.instruments.recorders import hidden_syncs as HS
+from lora_moe_lab.instruments.analysers import stats
 from lora_moe_lab.provenance import metadata
 
 

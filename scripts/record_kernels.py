@@ -23,7 +23,8 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, route, row
+from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
+                                                        route, row)
 from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton
 from lora_moe_lab.kernels.common import cdiv
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m
@@ -99,7 +100,7 @@ def check_preset(preset, dtype, dev, gen, Ms=CHECK_M):
 
 
 # ------------------------------------------------------------------------------------------------
-# timing: CUDA-graph replays (instruments.timing), device events, median
+# timing: CUDA-graph replays (instruments.recorders.timing), device events, median
 # ------------------------------------------------------------------------------------------------
 
 

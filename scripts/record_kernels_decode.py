@@ -26,9 +26,9 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments import harness
-from lora_moe_lab.instruments import kernel_cases as kc
-from lora_moe_lab.instruments.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
+from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import kernel_cases as kc
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
 from lora_moe_lab.kernels import configs, fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, lora_down_config

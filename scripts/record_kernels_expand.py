@@ -13,14 +13,14 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.js
           second over the measured copy bandwidth (`bw_frac`).
   floor   all adapters disabled, decode and aligned paths, against the same-grid empty kernel and a
           same-grid kernel whose programs load one device flag and exit (kernels/empty.py).
-  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (instruments/kernel_cases.py,
+  layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (instruments/recorders/kernel_cases.py,
           each case timed on its own).
   layer_paired  the same three cases captured once each and replayed interleaved (rotated order) for
           REPS rounds: the share per round (all / base - 1, none / base - 1), its median and 10-90 %
           interval, so drifts between runs land on all three alike.
   compact one adapter active on every token: the LoRA path over the pool's 4 rows against one compacted
           row (the per_active_count graph strategy's batch), paired the same way.
-  path    the whole LoRA path of one layer at M = 1..64 (instruments/kernel_cases.py).
+  path    the whole LoRA path of one layer at M = 1..64 (instruments/recorders/kernel_cases.py).
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import LoRAConfig, get_shape
-from lora_moe_lab.instruments import harness
-from lora_moe_lab.instruments import kernel_cases as kc
-from lora_moe_lab.instruments.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
-from lora_moe_lab.instruments.timing import _quantile, time_interleaved
+from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import kernel_cases as kc
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
+from lora_moe_lab.instruments.recorders.timing import _quantile, time_interleaved
 from lora_moe_lab.kernels import configs, fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_config

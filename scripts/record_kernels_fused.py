@@ -4,7 +4,7 @@ GEMM + the separate delta (today's path); the whole LoRA path re-timed; the deco
     python scripts/record_kernels_fused.py --out DIR [--budget-s 360] [--cases 1200] [--dry]
 
 Sections (rows of DIR/kernels_fused.csv, metadata DIR/kernels_fused.meta.json; the others come from
-instruments/kernel_cases.py and land in the same file):
+instruments/recorders/kernel_cases.py and land in the same file):
   fused_check  kernels/fused_moe_lora_epilogue.py at the presets' shapes (bf16, M 1..8192) and a random
                differential (dtypes, gate_up / down, odd K/N, every BLOCK_M of the tile table, rows and tokens
                without adapter, disabled rows, routed weights) against float64; NaN-poisoned `out`; pairs
@@ -24,9 +24,9 @@ import time
 import torch
 
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments import harness
-from lora_moe_lab.instruments import kernel_cases as kc
-from lora_moe_lab.instruments.harness import ROWS, Recorder, graph_time_us, log, route, row
+from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import kernel_cases as kc
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path

@@ -5,7 +5,7 @@
 
 The Qwen3-30B-A3B-shaped decoder (48 layers, bf16, Triton, 260 guard syncs per forward, no
 adapter in use: production's case) prefills R requests x 2048 tokens in chunks, `sync` against
-`cpu_flag`, interleaved repetitions (instruments/prefill.py). Tasks, in priority order:
+`cpu_flag`, interleaved repetitions (instruments/recorders/prefill.py). Tasks, in priority order:
 
   default_C16384   this lab's own regime: a lean host (no engine costs)
   prodlike_C16384  production's regime: engine host work per layer, calibrated in this call so
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from lora_moe_lab.instruments import prefill as P
-from lora_moe_lab.instruments.clocks import ClockLog
-from lora_moe_lab.instruments.harness import pack_session, session_parser
+from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.recorders.clocks import ClockLog
+from lora_moe_lab.instruments.recorders.harness import pack_session, session_parser
 from lora_moe_lab.provenance import metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 

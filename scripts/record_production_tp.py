@@ -6,7 +6,7 @@ GPU, full shapes) and TP=2 (torchrun, heads and expert intermediate split over b
     python3 scripts/record_production_tp.py --stage full --out $OUT     # 48 layers, C=16384, 5 reps (~8.5 min)
     python3 scripts/record_production_tp.py --stage extra --out $OUT    # C=8192 (not recorded yet)
 
-Each task is one run of `python -m lora_moe_lab.instruments.prefill` (under torchrun for TP=2):
+Each task is one run of `python -m lora_moe_lab.instruments.recorders.prefill` (under torchrun for TP=2):
 tidy CSV + .meta.json + .summary.csv in build/production/, one trimmed trace per guard, adapter
 mode and rank in build/production/traces/. Everything comes back as $OUT/production.tar.gz (the
 device returns at most 8 files) with the log. Tasks run in priority order; one that would not
@@ -52,7 +52,7 @@ STAGES = {
 
 
 def command(name, tp, layers, requests, chunk, gs, guards, modes, reps, minutes_left) -> list[str]:
-    cli = ["-m", "lora_moe_lab.instruments.prefill", "--preset", "qwen3-30b-a3b", "--layers", str(layers),
+    cli = ["-m", "lora_moe_lab.instruments.recorders.prefill", "--preset", "qwen3-30b-a3b", "--layers", str(layers),
            "--requests", str(requests), "--input-len", "2048", "--chunk", str(chunk), "--guard-sites", repr(gs),
            "--guards", *guards, "--adapters", *modes, "--reps", str(reps), "--out", str(WORK / f"{name}.csv"),
            "--trace-dir", str(WORK / "traces"), "--max-minutes", f"{minutes_left:.2f}"]

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lora_moe_lab.instruments import production_runs, recordings, stats
+from lora_moe_lab.instruments.analysers import production_runs, recordings, stats
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import replay as R
 from lora_moe_lab.sim import replay_transforms as X

@@ -4,7 +4,7 @@
                                               data/simulator/simulator_validation.csv held-out points, pass / miss
                                               data/simulator/simulator_vs_production.csv  production extrapolation
 
-Input: data/guards/h200_guards.csv (instruments/recordings.py: load_guards), one row per repetition;
+Input: data/guards/h200_guards.csv (instruments/analysers/recordings.py: load_guards), one row per repetition;
 the fit reads its per-point medians and 95 % intervals (`as_sweep()`). Validation leaves one token
 count out at a time. Deterministic (least squares from fixed starting values), CPU only, ~10 s.
 """
@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from lora_moe_lab import sim
-from lora_moe_lab.instruments.recordings import GUARDS_CSV, load_guards
+from lora_moe_lab.instruments.analysers.recordings import GUARDS_CSV, load_guards
 
 
 def main(argv=None):

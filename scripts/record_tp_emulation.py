@@ -6,7 +6,7 @@
 
 The method and its limits: lora_moe_lab/sim/tp_emulation.py. The Qwen3-30B-A3B-shaped decoder,
 48 layers, bf16, Triton, no adapter in use, `sync` against `cpu_flag`, interleaved repetitions
-after an untimed warm-up prefill (instruments/prefill.py), no profiler. Tasks, in order:
+after an untimed warm-up prefill (instruments/recorders/prefill.py), no profiler. Tasks, in order:
 
   tp2_gs5.42_C16384    the check: a TP=2 rank, 260 syncs per forward, against TP=2 measured on
   tp2_gs1_C16384       two H200s (data/production/tp2_C16384_gs{5.42,1}); 48 syncs per forward
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from lora_moe_lab.instruments import prefill as P
-from lora_moe_lab.instruments.clocks import ClockLog
-from lora_moe_lab.instruments.harness import pack_session, session_parser
+from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.recorders.clocks import ClockLog
+from lora_moe_lab.instruments.recorders.harness import pack_session, session_parser
 from lora_moe_lab.model import tp as TP
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS

@@ -27,7 +27,8 @@ import pandas as pd
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import profiling, syncs, trace
+from lora_moe_lab.instruments.recorders import profiling, syncs
+from lora_moe_lab.instruments.analysers import trace
 from lora_moe_lab.model.graphs import CapturedForward
 from lora_moe_lab.model.lab import build_lab, split_tokens
 from lora_moe_lab.provenance import metadata

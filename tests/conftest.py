@@ -21,6 +21,6 @@ def device():
 @pytest.fixture
 def sync_check():
     """`with sync_check(allow=["file.py:LINE", "file.py:function"]): ...` fails on every host-device
-    sync outside the allowlist, and on an allow entry that matched nothing (instruments/sync_check.py)."""
-    from lora_moe_lab.instruments.sync_check import sync_check as check
+    sync outside the allowlist, and on an allow entry that matched nothing (instruments/recorders/sync_check.py)."""
+    from lora_moe_lab.instruments.recorders.sync_check import sync_check as check
     return check

@@ -3,7 +3,7 @@ applied by recordings.mark_warmup), for the reader's and the README block's test
 import numpy as np
 import pandas as pd
 
-from lora_moe_lab.instruments.recordings import mark_warmup
+from lora_moe_lab.instruments.analysers.recordings import mark_warmup
 
 
 def session_rows(session, *, reps=16, lost_per_sync=40.0, drift=None, seed=0, tokens=(16, 4096)):

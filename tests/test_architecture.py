@@ -61,6 +61,22 @@ def test_imports_point_down_only():
     assert not upward, "upward imports: " + ", ".join(sorted(upward))
 
 
+INSTRUMENTS = "lora_moe_lab.instruments"
+HALVES = ("recorders", "analysers")
+
+
+def test_instruments_are_recorders_or_analysers_and_analysers_never_import_recorders():
+    """instruments/ has two halves: recorders (measure on a device, drive a run) and analysers (read
+    recordings and traces, compute). A recorder may import an analyser (a sweep reads its recording,
+    the prefill driver computes a trace's idle time); an analyser never imports a recorder."""
+    graph = _graph()
+    loose = [m for m in graph if m.startswith(INSTRUMENTS + ".") and m.split(".")[2] not in HALVES]
+    assert not loose, "instruments modules outside recorders/ and analysers/: " + ", ".join(sorted(loose))
+    up = [f"{m} -> {d}" for m, deps in graph.items() if m.startswith(f"{INSTRUMENTS}.analysers")
+          for d in deps if d.startswith(f"{INSTRUMENTS}.recorders")]
+    assert not up, "analysers importing recorders: " + ", ".join(sorted(up))
+
+
 def test_no_import_cycles():
     g = {m: {d for d in deps if not d.endswith("__init__")} for m, deps in _graph().items()}
     state: dict[str, int] = {}

@@ -20,7 +20,7 @@ def test_every_recording_script_is_listed():
 
 
 def test_harness_writes_csv_and_meta(tmp_path):
-    from lora_moe_lab.instruments.harness import Recorder
+    from lora_moe_lab.instruments.recorders.harness import Recorder
 
     r = Recorder("x", tmp_path, params=dict(out=str(tmp_path)), rows=[])
     r.row(section="a", M=1, us=2.5)

@@ -119,7 +119,7 @@ class DecoderModel(torch.nn.Module):
             for i in range(shape.num_layers))
         self.routing_log: list | None = None
         # An engine's host work per layer (Python, scheduling, metadata), spread over the layer's
-        # four call points; 0 = this lab's lean host. instruments/prefill.py: EngineCosts sets it.
+        # four call points; 0 = this lab's lean host. instruments/recorders/prefill.py: EngineCosts sets it.
         self.host_us_per_layer = 0.0
 
     @property

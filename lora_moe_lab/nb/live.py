@@ -6,7 +6,7 @@
 The profiler adds host work to every launch (it records each runtime call), so at a host-bound size
 a profiled forward measures the profiler, not the guard. Here every repetition runs each guard once
 (and, on a GPU, a CUDA-graph replay of the same forward) back to back in a rotating order, each from
-an idle device (`instruments.timing.time_interleaved`): the difference of two variants within one
+an idle device (`instruments.recorders.timing.time_interleaved`): the difference of two variants within one
 repetition is a paired measurement, as in the canonical recording (scripts/record_guards.py).
 The rows have the recording's schema (`recordings.SAMPLE_COLUMNS`), so `Recording(samples)` gives
 medians, intervals and paired differences through the one function that reads the recording.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import runtime
-from ..instruments.recordings import SAMPLE_COLUMNS
-from ..instruments.timing import time_interleaved
+from ..instruments.analysers.recordings import SAMPLE_COLUMNS
+from ..instruments.recorders.timing import time_interleaved
 from ..model.guards import count_guard_syncs, guard_names
 from ..model.lab import split_tokens
 
@@ -80,11 +80,11 @@ def as_recording(samples: pd.DataFrame, **params):
     checkout has it (`recordings.mark_warmup`): a point that never settles gets NaN figures, not
     averaged. Fewer: every repetition is used (the warm-up calls before them are the only warm-up).
     CPU wall-clock timings are the host's noise by nature and are kept as they are."""
-    from ..instruments import recordings as R
-    from ..instruments.stats import MIN_PAIRED_REPS
+    from ..instruments.analysers import recordings as R
+    from ..instruments.analysers.stats import MIN_PAIRED_REPS
     from ..provenance import metadata
 
-    mark = getattr(R, "mark_warmup", None)  # the warm-up rule (instruments/stats.py: drop_warmup)
+    mark = getattr(R, "mark_warmup", None)  # the warm-up rule (instruments/analysers/stats.py: drop_warmup)
     n = int(samples.groupby(["tokens", "variant"])["rep"].nunique().min()) if len(samples) else 0
     gpu = len(samples) and (samples["timer"] == "cuda_events").all()
     s = mark(samples) if mark is not None and n >= 2 * MIN_PAIRED_REPS and gpu else samples

@@ -79,7 +79,7 @@ def production_figures(params: CostModel) -> pd.DataFrame:
 
 
 def calibrate(rec, *, target_pct: float = 15.0, params=FIT_PARAMS_RECORDED) -> Calibration:
-    """Fit on every point of a recording (`instruments.recordings.Recording`), validate leaving one
+    """Fit on every point of a recording (`instruments.analysers.recordings.Recording`), validate leaving one
     token count out, extrapolate to production. Deterministic: the same recording gives the same
     numbers (fixed starting values, no random restarts)."""
     sweep = rec.as_sweep()

@@ -144,7 +144,7 @@ def to_trace_tables(timeline: pd.DataFrame, forward_name: str = "forward", launc
     A launch segment of the model is PyTorch dispatch followed by the CUDA call: only its last
     `launch_call_ns` become the `cudaLaunchKernel` call, as in a profiler trace (the trace's gap
     categories look at when that call began)."""
-    from ..instruments import trace
+    from ..instruments.analysers import trace
 
     tl = timeline
     host = tl[tl["lane"] == "host"]

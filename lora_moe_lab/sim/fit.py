@@ -1,5 +1,5 @@
 """Fit the cost model to recorded GPU data, and check it: predict / fit / validate (in-sample) /
-holdout (points the fit did not see) against sweep rows (instruments/bench.py's schema, or the
+holdout (points the fit did not see) against sweep rows (instruments/recorders/bench.py's schema, or the
 canonical recording's `as_sweep()`) and recorded traces."""
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def trace_rows(traces: Iterable) -> pd.DataFrame:
     one per trace: median over its forwards of (end of the last GPU op - start of the forward on the
     host), the quantity bench.py times with CUDA events. Also the measured kernels per forward
     beside the model's count (`model_kernels`), a check of DEFAULT_LAUNCHES."""
-    from ..instruments import trace as T
+    from ..instruments.analysers import trace as T
 
     rows = []
     for tr in traces:
@@ -169,7 +169,7 @@ def fit(sweep: pd.DataFrame | None = None, *, traces: Iterable | None = None, ke
     from scipy.optimize import least_squares
 
     if traces is not None:
-        from ..instruments import trace as T
+        from ..instruments.analysers import trace as T
 
         tabs = [T.load_trace(t) for t in traces]
         ks = [t.kernels for t in tabs] + ([kernels] if kernels is not None else [])

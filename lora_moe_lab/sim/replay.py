@@ -7,7 +7,7 @@
 
 The idea is Daydream's (Zhu et al., USENIX ATC 2020): a graph of host work, launches, kernels and
 syncs from a profile, transformed to model a change, replayed to predict the new time. Written
-for this lab, on the tables of instruments/trace/ (parse).
+for this lab, on the tables of instruments/analysers/trace/ (parse).
 
 The graph of one step (the host window from the previous forward's end to this forward's end, so
 that the engine's work between forwards, a `_sleep` kernel of an earlier batch or the batch
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..instruments import trace as T
+from ..instruments.analysers import trace as T
 
 __all__ = ["Graph", "ReplayResult", "build_graph", "replay", "read_trace", "ReplayError", "TraceFormatError",
            "EmptyTraceError", "TruncatedTraceError", "NoKernelsError", "NoLaunchLinksError", "NoForwardError",

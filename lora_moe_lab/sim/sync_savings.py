@@ -1,7 +1,7 @@
 """The audit's saving estimate: what removing one call site's syncs would save, from the replay
 engine (sim/replay.py) on the audit's one profiled forward.
 
-instruments/audit.py sits below sim/ and cannot import it; importing `lora_moe_lab.sim` registers
+instruments/recorders/audit.py sits below sim/ and cannot import it; importing `lora_moe_lab.sim` registers
 `estimate` with the audit (audit.set_saving_estimator). For each site, the sync calls of the graph
 that lie in the site's `audit_sync_<n>` ranges are removed with the D2H copy right before each
 (replay_transforms.remove_syncs(which="all", calls=...)), and the forward is replayed: the saving
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..instruments import audit as _audit
+from ..instruments.recorders import audit as _audit
 from . import replay_transforms as RT
 from .replay import SYNC, build_graph, replay
 

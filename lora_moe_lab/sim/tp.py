@@ -1,4 +1,4 @@
-"""TP=4 EXTRAPOLATED from chunked prefills measured at TP=1 and TP=2 (instruments/prefill.py).
+"""TP=4 EXTRAPOLATED from chunked prefills measured at TP=1 and TP=2 (instruments/recorders/prefill.py).
 
 No machine here has four GPUs, so production's TP=4 is reached in two measured numbers and two
 simulated ratios:
@@ -21,7 +21,7 @@ Which source to trust: measured at TP=1, kernels ran faster in the `sync` forwar
 equals the forward time lost. A TP=4 rank is loaded less still: the TP=2 row is the better
 source. Every row says `extrapolated`: it is not a measurement.
 
-    extrapolate_tp(summary)   # summary = instruments.prefill.summarize(rows)
+    extrapolate_tp(summary)   # summary = instruments.recorders.prefill.summarize(rows)
 """
 from __future__ import annotations
 

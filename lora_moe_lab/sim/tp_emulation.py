@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..instruments import production_runs as PR, stats
+from ..instruments.analysers import production_runs as PR, stats
 from ..model.tp import AllReduceCost
 from ..provenance import DATA
 
@@ -45,7 +45,7 @@ def fit_allreduce(trace_paths, hidden: int, dtype_bytes: int = 2, size: int = 2)
     its chunk (`_C<tokens>_`); every all-reduce of the decoder sums a (chunk, hidden) activation.
     Only `cpu_flag` traces: under `sync` an NCCL kernel also spins while the other rank's host is
     stalled, and that is not the collective's own time."""
-    from ..instruments import trace as T
+    from ..instruments.analysers import trace as T
 
     durs, per = [], {}
     for p in map(Path, trace_paths):

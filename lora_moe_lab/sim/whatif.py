@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from ..instruments import stats
-from ..instruments import trace as T
+from ..instruments.analysers import stats
+from ..instruments.analysers import trace as T
 from ..provenance import DATA
 from . import replay as R
 from . import replay_transforms as X
@@ -187,9 +187,9 @@ def host_factor(model: str, config: str, guard: str, mode: str = "eager") -> tup
 @lru_cache(maxsize=1)
 def _measurements() -> dict:
     """(model, config, guard, mode) -> [(median, lo, hi) per session], ms: the decoder's chunked prefills
-    (instruments/production_runs.py) and the MoE guards recording at active 0.5
-    (instruments/recordings.py)."""
-    from ..instruments import production_runs, recordings
+    (instruments/analysers/production_runs.py) and the MoE guards recording at active 0.5
+    (instruments/analysers/recordings.py)."""
+    from ..instruments.analysers import production_runs, recordings
 
     out = {}
     for s in production_runs.load_sessions().values():
@@ -489,7 +489,7 @@ SIM_NOTES = {
     "is short by "
     "the attention's time; it takes whole syncs per layer (5: 240 per forward where the trace has 260)",
     "prodlike": "the queue model has no engine host work per layer and no earlier batch queued before each "
-    "forward (instruments/prefill.py: EngineCosts): not simulated",
+    "forward (instruments/recorders/prefill.py: EngineCosts): not simulated",
     "moe_host": "one fitted host cost per launch for every op and size: "
     "the host time at small M is not followed",
 }

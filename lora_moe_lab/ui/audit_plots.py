@@ -1,4 +1,4 @@
-"""Figures of a sync audit (instruments/audit.py): where the syncs are in time, and what they cost.
+"""Figures of a sync audit (instruments/recorders/audit.py): where the syncs are in time, and what they cost.
 
     timeline_figure(rep)     GPU ops and the syncs on one time axis (CUDA); on a CPU the syncs of
                              the first audited call in host time, one row per kind
@@ -13,7 +13,7 @@ import math
 
 import plotly.graph_objects as go
 
-from ..instruments.audit import KINDS, AuditReport
+from ..instruments.recorders.audit import KINDS, AuditReport
 
 __all__ = ["timeline_figure", "cost_table_figure", "pattern_costs_figure", "KIND_COLORS"]
 
@@ -122,7 +122,7 @@ def cost_table_figure(rep: AuditReport, top: int = 30, title: str | None = None)
 
 
 def pattern_costs_figure(rec, title: str | None = None) -> go.Figure:
-    """The recorded cost per occurrence of each hidden-sync pattern (hidden_syncs.recorded()), with
+    """The recorded cost per occurrence of each hidden-sync pattern (analysers.hidden_sync_runs.recorded()), with
     its 95 % interval (over sessions: the union of the sessions' intervals)."""
     d = rec.dropna(subset=["per_occ_us"])
     fig = go.Figure(

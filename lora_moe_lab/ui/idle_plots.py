@@ -1,4 +1,4 @@
-"""Figures for instruments/idle.py: the HTA-style idle breakdown and the per-layer trace diff.
+"""Figures for instruments/analysers/idle.py: the HTA-style idle breakdown and the per-layer trace diff.
 
     hta_idle_figure(hta_idle_breakdown(t).streams)     stacked idle per stream, by HTA category
     trace_diff_figure(trace_diff(sync, cpu_flag, names=("sync", "cpu_flag")))
@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..instruments import idle as I
+from ..instruments.analysers import idle as I
 from .plots import GAP_COLORS
 
 __all__ = ["hta_idle_figure", "trace_diff_figure", "HTA_COLORS"]

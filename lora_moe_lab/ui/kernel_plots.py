@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from ..instruments.early_exit import Case, item_programs
+from ..instruments.recorders.early_exit import Case, item_programs
 from ..kernels.fused_moe_lora import EXIT_CODES as EXIT_NAMES
 
 EXIT_COLORS = {0: "#2ca02c", 1: "#7f7f7f", 2: "#1f77b4", 3: "#c7c7c7", 4: "#ff7f0e"}

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..instruments import trace as T
+from ..instruments.analysers import trace as T
 
 __all__ = ["timeline", "layers_window", "idle_breakdown", "queue_depth_plot", "GAP_COLORS"]
 

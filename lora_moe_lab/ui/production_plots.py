@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..instruments import trace as T
+from ..instruments.analysers import trace as T
 from ..model.guards import guard_color
 from .plots import GAP_COLORS, _aggregate, _bars
 
@@ -143,7 +143,7 @@ def rank_timeline(traces: dict, *, align: str = "allreduce", title: str = "one f
 
 def signature_along_forward(syncs: pd.DataFrame, *, production: dict | None = None,
                             title: str = "Each sync of one forward: host blocked and GPU idle after it") -> go.Figure:
-    """Two panels over the syncs of one steady forward, in order (instruments.signature.per_sync
+    """Two panels over the syncs of one steady forward, in order (instruments.analysers.signature.per_sync
     rows; one trace per `label` column value): top, the host time blocked in the sync (log scale);
     bottom, the GPU idle that follows it. Production published only totals for its forward: its
     first sync (~70 ms) and the mean of the other 259 (~116 us) are drawn as markers on the top

@@ -35,7 +35,7 @@ def _log_axis(values) -> bool:
 def sweep_figure(sweep: pd.DataFrame, *, title: str = "Forward time by guard") -> go.Figure:
     """Median forward time (ms, p10-p90 as error bars) vs tokens, a line per guard x mode x active,
     one panel per preset."""
-    from ..instruments.bench import clean
+    from ..instruments.recorders.bench import clean
 
     d = clean(sweep)
     presets = sorted(d["preset"].unique()) or [""]
@@ -65,7 +65,7 @@ def sweep_figure(sweep: pd.DataFrame, *, title: str = "Forward time by guard") -
 
 def sync_cost_figure(sweep: pd.DataFrame, *, title: str = "Time lost per guard sync") -> go.Figure:
     """(t_sync - t_cpu_flag) / syncs vs tokens, per preset and active fraction (eager rows)."""
-    from ..instruments.bench import time_lost_per_sync
+    from ..instruments.recorders.bench import time_lost_per_sync
 
     t = time_lost_per_sync(sweep)
     t = t[t["mode"] == "eager"] if "mode" in t else t

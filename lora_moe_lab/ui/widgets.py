@@ -57,7 +57,7 @@ def recorded_rows(sweep: pd.DataFrame | None, preset: str, layers: int, active: 
     cols = ["guard", "tokens", "forward_ms", "lo_ms", "hi_ms", "interval", "source"]
     if sweep is None or not len(sweep):
         return pd.DataFrame(columns=cols)
-    from ..instruments.bench import clean
+    from ..instruments.recorders.bench import clean
 
     d = clean(sweep)
     m = ((d["preset"] == preset) & (d["layers"].astype(int) == int(layers))
@@ -243,7 +243,7 @@ class BenchPanel:
     """Controls (preset, layers, tokens, guard, active fraction, rank, eager/graph, router skew), Run and Stop
     buttons, a progress bar, a view figure that follows the controls, and a results table + chart.
 
-    live=True (a GPU): Run measures the forward with `instruments.timing.time_once` (CUDA events; graph replay
+    live=True (a GPU): Run measures the forward with `instruments.recorders.timing.time_once` (CUDA events; graph replay
     in graph mode via `model.graphs.GraphForward`), the guards interleaved, one repetition at a time (`_measure`).
     live=False: Run reports the simulator (`cost`) and the matching rows of the recorded sweep instead, and says so.
     """
@@ -414,16 +414,16 @@ class BenchPanel:
                               **({"skew": p["skew"]} if p["skew"] else {}))  # a `build` without skew works at 0
 
     def _measure(self, p: dict, guards: list[str]) -> list[dict]:
-        """Interleaved repetitions (instruments/timing.py: rotated): repetition r runs every guard once,
+        """Interleaved repetitions (instruments/recorders/timing.py: rotated): repetition r runs every guard once,
         in an order rotated by r, each from an idle device, so a slow drift of the host lands on all
         guards alike and their ratios are honest. Stop ends after the current forward; only whole
         repetitions are kept, so the guards stay paired. `last_samples`: one row per (guard,
-        repetition) in the guards recording's schema (instruments/recordings.py)."""
+        repetition) in the guards recording's schema (instruments/analysers/recordings.py)."""
         import torch
 
         from .. import runtime
-        from ..instruments.recordings import median_ci
-        from ..instruments.timing import rotated, time_once
+        from ..instruments.analysers.recordings import median_ci
+        from ..instruments.recorders.timing import rotated, time_once
         from ..model.graphs import GraphForward
         from ..model.guards import count_guard_syncs
         from ..model.lab import split_tokens

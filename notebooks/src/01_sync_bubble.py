@@ -126,7 +126,7 @@ assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0)
 # GPU a CUDA-graph replay of the same forward — back to back in a rotating order, each from an
 # idle device (`nb/live.py`, the same recipe as the canonical recording in `data/guards/`). The
 # difference `sync − cpu_flag` within one repetition is paired; its median and 95 % interval are
-# computed by the same function that reads the recording (`instruments/recordings.py`).
+# computed by the same function that reads the recording (`instruments/analysers/recordings.py`).
 #
 # The graph replay issues the whole forward with one host call, so it takes about the GPU's own
 # time: eager `cpu_flag` over the replay says who sets the pace. Far above 1, the host does
@@ -135,7 +135,7 @@ assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0)
 # that overlap.
 
 # %%
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 
 rec = load_guards()
 rec_lost = rec.paired("sync", "cpu_flag")
@@ -211,7 +211,8 @@ for row in tbl.itertuples(index=False):  # on a GPU: the host's launch cost (CPU
 # `recorded_tokens` tokens per forward (8 layers of qwen3-30b-a3b, two profiled forwards each).
 
 # %%
-from lora_moe_lab.instruments import profiling, trace
+from lora_moe_lab.instruments.recorders import profiling
+from lora_moe_lab.instruments.analysers import trace
 from lora_moe_lab.provenance import label
 from lora_moe_lab.ui import plots
 

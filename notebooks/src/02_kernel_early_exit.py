@@ -36,7 +36,7 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.provenance import label
-from lora_moe_lab.instruments import early_exit as ee
+from lora_moe_lab.instruments.recorders import early_exit as ee
 from lora_moe_lab.model.lab import build_lab
 from lora_moe_lab.model.lora import LoRAInfo, check_flag_against_device
 from lora_moe_lab.nb import params as nbk
@@ -427,7 +427,7 @@ pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
 # notebook's live part is the exit, above.
 
 # %%
-from lora_moe_lab.instruments.recordings import CANONICAL_KERNEL_RUN, TILE_SWEEP_RUN, load_kernel_run
+from lora_moe_lab.instruments.analysers.recordings import CANONICAL_KERNEL_RUN, TILE_SWEEP_RUN, load_kernel_run
 from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
 
 sweep_run, final_run = load_kernel_run(TILE_SWEEP_RUN), load_kernel_run(CANONICAL_KERNEL_RUN)

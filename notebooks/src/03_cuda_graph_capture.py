@@ -139,7 +139,7 @@ replay
 # at large batches the kernels dominate and the gain shrinks.
 
 # %%
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 
 rec = load_guards()
 tim = rec.summary()
@@ -195,7 +195,7 @@ else:
 # A graph replay removes 1 and 2 for every kernel: one host call per forward.
 
 # %%
-from lora_moe_lab.instruments import trace
+from lora_moe_lab.instruments.analysers import trace
 from lora_moe_lab.provenance import label as label_of
 
 tr = trace.load_trace(nbk.DATA / "traces" / "qwen3-30b-a3b_launch_always_eager_M16.json.gz")
@@ -275,7 +275,7 @@ except NoGraphFits as e:
 # events, its repetitions (printed) interleaved with the other strategies. Ratios are paired per repetition.
 
 # %%
-from lora_moe_lab.instruments.recordings import load_graph_strategies
+from lora_moe_lab.instruments.analysers.recordings import load_graph_strategies
 from lora_moe_lab.ui.graph_plots import strategies_figure
 
 srec = load_graph_strategies()
@@ -338,7 +338,7 @@ print("replays after switches vs the unpadded eager forward, relative error:",
 #   the 48-layer output by a similar amount.
 
 # %%
-from lora_moe_lab.instruments.recordings import COMPACT_RUN, load_kernel_run
+from lora_moe_lab.instruments.analysers.recordings import COMPACT_RUN, load_kernel_run
 
 worst = summ[(summ.active == 1) & (summ.variant == "per_active_count")].sort_values("vs_one_graph").groupby("model").tail(1)
 for r in worst.itertuples():
@@ -370,8 +370,8 @@ print(f"the step was recorded with {gp}: there at M=512 one compacted row costs 
 
 # %% tags=["lesson"]
 if LIVE:
-    from lora_moe_lab.instruments.recordings import Recording
-    from lora_moe_lab.instruments.timing import time_interleaved
+    from lora_moe_lab.instruments.analysers.recordings import Recording
+    from lora_moe_lab.instruments.recorders.timing import time_interleaved
 
     names = sorted(lab.pool.loaded())
     rows_live = []

@@ -6,7 +6,7 @@
 # replay — then press **Run**.
 #
 # What is measured (on a GPU): one forward of the mini MoE model, timed with CUDA events from an
-# idle device (see `lora_moe_lab.instruments.timing`): it covers the host issuing every kernel while the GPU
+# idle device (see `lora_moe_lab.instruments.recorders.timing`): it covers the host issuing every kernel while the GPU
 # runs them, and every host-device sync the guard makes. **Run** interleaves the guards: each
 # repetition runs every guard once, in a rotating order, so their ratios are paired. With the `sync`
 # guard, each layer's
@@ -44,7 +44,7 @@ device = "auto"  # auto, cpu or cuda
 
 import pandas as pd
 
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 from lora_moe_lab.nb import params as nbk
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.sim import whatif

@@ -52,9 +52,9 @@ import pandas as pd
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import prefill as P
-from lora_moe_lab.instruments import production_runs as PR
-from lora_moe_lab.instruments import trace as T
+from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.analysers import production_runs as PR
+from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.nb import params as nbp
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.provenance import DATA, label, normalize_meta
@@ -350,7 +350,7 @@ if RECORDED:
 
 # %% tags=["lesson"]
 if live:
-    from lora_moe_lab.instruments.prefill import (PrefillDriver, build, load_adapters, make_plan, measure,
+    from lora_moe_lab.instruments.recorders.prefill import (PrefillDriver, build, load_adapters, make_plan, measure,
                                                   request_adapters)
     from lora_moe_lab.model.decoder import sites_per_layer
     from lora_moe_lab.nb.lessons import LessonError

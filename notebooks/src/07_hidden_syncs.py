@@ -14,7 +14,7 @@
 #   removing the stalls cut NCCL all-reduce kernel time by about 68 % (the other ranks spin).
 # * **vLLM** runs a GPU sync check with an allowlist of sites for the same reason.
 #
-# Profilers show where a GPU idles. The **audit** (`lora_moe_lab.instruments.audit`) answers "which
+# Profilers show where a GPU idles. The **audit** (`lora_moe_lab.instruments.recorders.audit`) answers "which
 # line of my Python made it idle, and what would removing it buy?": for any PyTorch callable,
 # every host-device sync with its call site, its kind, its count per call, the host time blocked,
 # and on a GPU the GPU idle after it (one profiled forward) and the saving the replay engine
@@ -26,7 +26,7 @@
 
 # %% tags=["parameters"]
 size = "smoke"       # smoke (tiny, for CI) or h200 (M 4096, H 2048, 8 layers, the recorded size)
-patterns = "all"     # all, or a list of pattern names (lora_moe_lab/instruments/hidden_syncs.py)
+patterns = "all"     # all, or a list of pattern names (lora_moe_lab/instruments/recorders/hidden_syncs.py)
 lab_layers = 48      # layers of the lab's own MoE forward that the audit is pointed at first
 live_reps = 0        # paired live repetitions per pattern (0 for none, 10 or more for an interval)
 live_warmup = 4      # warm-up pairs discarded before the live repetitions
@@ -39,8 +39,9 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab import sim  # noqa: F401  (registers the replay engine's saving estimate with the audit)
-from lora_moe_lab.instruments import hidden_syncs as HS
-from lora_moe_lab.instruments.audit import audit
+from lora_moe_lab.instruments.analysers import hidden_sync_runs
+from lora_moe_lab.instruments.recorders import hidden_syncs as HS
+from lora_moe_lab.instruments.recorders.audit import audit
 from lora_moe_lab.nb import params as nbp
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.ui import audit_plots as AP
@@ -143,7 +144,7 @@ for name in NAMES:
 # the intervals (`stats.between_sessions`), flagged where they disagree.
 
 # %%
-REC = HS.recorded()
+REC = hidden_sync_runs.recorded()
 if REC is None:
     print("H200 costs: not recorded yet (run scripts/record_hidden_syncs.py --session s1 on a GPU; "
           "data/hidden_syncs/README.md)")
@@ -216,10 +217,10 @@ elif live_reps:
 # * `synchronize`: events (`Event.record`, `stream.wait_event`) to order streams; time outside.
 #
 # ## Keeping a path sync-free in CI
-# * `with checked_region(): forward()` (`instruments/syncs.py`) fails at the first sync on a GPU
+# * `with checked_region(): forward()` (`instruments/recorders/syncs.py`) fails at the first sync on a GPU
 #   (torch's sync debug mode set to "error", the error names your line); on a CPU it checks the
 #   library guard's syncs. `allow_sync()` marks an intended one.
-# * `with sync_check(allow=["guards.py:active"]):` (`instruments/sync_check.py`, like vLLM's) fails on
+# * `with sync_check(allow=["guards.py:active"]):` (`instruments/recorders/sync_check.py`, like vLLM's) fails on
 #   every sync outside the named sites, on an allowlist entry that matched nothing (a stale entry),
 #   and on a `non_blocking` upload from pageable memory, on any machine.
 # * `audit(forward, *inputs).count == 0` in a test: the CPU run of CI already catches every kind

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import hidden_syncs as HS
-from lora_moe_lab.instruments import syncs
-from lora_moe_lab.instruments.audit import AuditError, NoCudaWork, SpecError, audit, classify, main, resolve
+from lora_moe_lab.instruments.recorders import hidden_syncs as HS
+from lora_moe_lab.instruments.recorders import syncs
+from lora_moe_lab.instruments.recorders.audit import AuditError, NoCudaWork, SpecError, audit, classify, main, resolve
 from lora_moe_lab.model import guards
 
 
@@ -212,7 +212,7 @@ def test_cli(tmp_path, capsys):
 
 def test_no_cuda_work_on_a_gpu_is_told(monkeypatch):
     """A GPU machine whose forward runs on the CPU: told so (here the profiled run is faked)."""
-    from lora_moe_lab.instruments import audit as A
+    from lora_moe_lab.instruments.recorders import audit as A
 
     class Tables:
         kernels, annotations = [], None
@@ -230,8 +230,8 @@ def test_profiled_call_analysis_on_a_recorded_shape_trace():
     import pandas as pd
 
     import lora_moe_lab.sim  # noqa: F401  (registers the replay estimate)
-    from lora_moe_lab.instruments import audit as A
-    from lora_moe_lab.instruments import trace as T
+    from lora_moe_lab.instruments.recorders import audit as A
+    from lora_moe_lab.instruments.analysers import trace as T
 
     t = T.load_trace(os.path.join(os.path.dirname(__file__), "..", "fixtures", "model_sync_L4.json.gz"))
     a = t.annotations
@@ -268,7 +268,7 @@ def test_gpu_lab_audit_profiles_and_estimates():
 @gpu
 @pytest.mark.parametrize("name", HS.names())
 def test_gpu_rewrites_pass_a_checked_region(name):
-    from lora_moe_lab.instruments.sync_check import sync_check
+    from lora_moe_lab.instruments.recorders.sync_check import sync_check
 
     case = HS.build(name, HS.Size.smoke(), "cuda")
     case.rewrite()

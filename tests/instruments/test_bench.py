@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import bench
+from lora_moe_lab.instruments.recorders import bench
 from lora_moe_lab.model.lab import split_tokens
-from lora_moe_lab.instruments.bench import COLUMNS, KEY_COLUMNS, SweepSpec, run_sweep
+from lora_moe_lab.instruments.recorders.bench import COLUMNS, KEY_COLUMNS, SweepSpec, run_sweep
 
 TINY = dict(presets=["tiny"], tokens=[8, 16], guards=["sync", "cpu_flag", "launch_always"], active=[0.0, 0.5],
             warmup=0, reps=2, device="cpu", requests=4)
@@ -182,7 +182,7 @@ def test_cli_sweep_resume_and_lost(tmp_path, capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")
 def test_gpu_event_timing_and_graph_sweep(tmp_path):
-    from lora_moe_lab.instruments.timing import time_device
+    from lora_moe_lab.instruments.recorders.timing import time_device
     from lora_moe_lab.model.lab import build_lab
 
     lab = build_lab("tiny", dtype="bfloat16")

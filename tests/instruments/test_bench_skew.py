@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments import bench
-from lora_moe_lab.instruments.bench import COLUMNS, SweepSpec, run_sweep
+from lora_moe_lab.instruments.recorders import bench
+from lora_moe_lab.instruments.recorders.bench import COLUMNS, SweepSpec, run_sweep
 
 TINY = dict(presets=["tiny"], tokens=[8], guards=["cpu_flag"], active=[0.5], warmup=0, reps=1, device="cpu",
             requests=2)

@@ -10,7 +10,7 @@ from lora_moe_lab.ui.kernel_plots import exit_map_figure
 
 
 def test_early_exit_helpers():
-    from lora_moe_lab.instruments import early_exit as ee
+    from lora_moe_lab.instruments.recorders import early_exit as ee
     from lora_moe_lab.kernels.align import Alignment
 
     ei = torch.tensor([[0, 2, -1, -1], [1, -1, -1, -1], [3, 4, 5, -1]], dtype=torch.int32)
@@ -33,7 +33,7 @@ def test_early_exit_helpers():
 
 
 def test_recorded_disabled_launches(tmp_path):
-    from lora_moe_lab.instruments import early_exit as ee
+    from lora_moe_lab.instruments.recorders import early_exit as ee
 
     assert ee.recorded_disabled_launches(tmp_path) == (None, {})
     pd.DataFrame([dict(section="lora_gate_up", preset="p", M=16, time_us=50.0),
@@ -51,7 +51,7 @@ def test_recorded_disabled_launches(tmp_path):
 
 def test_early_exit_case_plan_and_items():
     """One real launch under the interpreter (or on the GPU): codes, items and programs agree."""
-    from lora_moe_lab.instruments import early_exit as ee
+    from lora_moe_lab.instruments.recorders import early_exit as ee
     from lora_moe_lab.model.lab import build_lab
 
     lab = build_lab("tiny", num_layers=1, backend="triton")

@@ -1,7 +1,7 @@
 """The recorded graph-strategies comparison: the loader, its paired ratios, the table and the figure."""
 import pytest
 
-from lora_moe_lab.instruments.recordings import load_graph_strategies
+from lora_moe_lab.instruments.analysers.recordings import load_graph_strategies
 from lora_moe_lab.model.graph_strategies import STRATEGIES
 from lora_moe_lab.ui.graph_plots import strategies_figure
 

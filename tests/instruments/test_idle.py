@@ -1,4 +1,4 @@
-"""HTA-style idle breakdown and the per-layer trace diff (instruments/idle.py, ui/idle_plots.py),
+"""HTA-style idle breakdown and the per-layer trace diff (instruments/analysers/idle.py, ui/idle_plots.py),
 on the synthetic fixtures (exact ns from tests/fixtures/synth_traces.py) and one recorded pair."""
 import copy
 import importlib.util
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from lora_moe_lab.instruments import idle as I
-from lora_moe_lab.instruments import trace as T
+from lora_moe_lab.instruments.analysers import idle as I
+from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.ui import idle_plots as P
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/

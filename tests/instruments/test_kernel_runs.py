@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments.recordings import load_kernel_run
+from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
 from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
 
 

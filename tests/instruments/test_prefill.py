@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments import prefill as P
-from lora_moe_lab.instruments.syncs import HostSyncError, checked_region
+from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.recorders.syncs import HostSyncError, checked_region
 
 
 @pytest.fixture(scope="module")

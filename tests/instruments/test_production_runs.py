@@ -6,7 +6,7 @@ import pytest
 
 from helpers import load_script
 
-from lora_moe_lab.instruments import production_runs as PR
+from lora_moe_lab.instruments.analysers import production_runs as PR
 
 ROOT = Path(__file__).resolve().parents[2]
 

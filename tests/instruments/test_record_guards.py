@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments import stats
-from lora_moe_lab.instruments.recordings import CHECK_COLUMNS, SAMPLE_COLUMNS, load_guards
+from lora_moe_lab.instruments.analysers import stats
+from lora_moe_lab.instruments.analysers.recordings import CHECK_COLUMNS, SAMPLE_COLUMNS, load_guards
 from lora_moe_lab.model.guards import guard_names
 from helpers import load_script
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from helpers import load_script
 
-from lora_moe_lab.instruments import hidden_syncs as HS
+from lora_moe_lab.instruments.analysers import hidden_sync_runs
 
 
 def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
@@ -18,10 +18,10 @@ def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
     csv = tmp_path / "hidden_syncs_s1_smoke.csv"
     meta = json.loads((tmp_path / "hidden_syncs_s1_smoke.meta.json").read_text())
     assert meta["params"]["smoke"] is True and meta["gpu"] == "cpu" and "commit" in meta
-    assert HS.recorded(tmp_path) is None  # a smoke run is never read as a recording
+    assert hidden_sync_runs.recorded(tmp_path) is None  # a smoke run is never read as a recording
     for s in ("s1", "s2"):
         shutil.copy(csv, tmp_path / f"hidden_syncs_{s}.csv")
-    r = HS.recorded(tmp_path).set_index("pattern")
+    r = hidden_sync_runs.recorded(tmp_path).set_index("pattern")
     assert list(r.index) == ["offsets_item", "mask_index"] and r.loc["mask_index", "occurrences"] == 6
     assert r.loc["offsets_item", "sessions"] in ("s1, s2", "")  # "" only when the CPU timings never settled
 

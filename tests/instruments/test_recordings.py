@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from guards_synth import session_rows, write_session
-from lora_moe_lab.instruments import stats
-from lora_moe_lab.instruments.recordings import (SAMPLE_COLUMNS, combine_sessions, load_guards,
+from lora_moe_lab.instruments.analysers import stats
+from lora_moe_lab.instruments.analysers.recordings import (SAMPLE_COLUMNS, combine_sessions, load_guards,
                                                  median_ci, warmup_check)
 
 

@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
 from synth_traces import hand_trace, model_trace  # noqa: E402
 
-from lora_moe_lab.instruments import signature as S, trace as T
+from lora_moe_lab.instruments.analysers import signature as S, trace as T
 from lora_moe_lab.model.guards import SyncEvent
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lora_moe_lab.instruments import stats
+from lora_moe_lab.instruments.analysers import stats
 
 
 def test_median_ci_order_statistics_at_n10():

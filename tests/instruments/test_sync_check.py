@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import sync_check as sc
-from lora_moe_lab.instruments import syncs
-from lora_moe_lab.instruments.syncs import HostSyncError, allow_sync
+from lora_moe_lab.instruments.recorders import sync_check as sc
+from lora_moe_lab.instruments.recorders import syncs
+from lora_moe_lab.instruments.recorders.syncs import HostSyncError, allow_sync
 from lora_moe_lab.model import LoRABatchTensors, build_lab
 from helpers import torch_library_function
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments import syncs
-from lora_moe_lab.instruments.syncs import HostSyncError, allow_sync, checked_region, count_syncs, no_syncs
+from lora_moe_lab.instruments.recorders import syncs
+from lora_moe_lab.instruments.recorders.syncs import HostSyncError, allow_sync, checked_region, count_syncs, no_syncs
 from helpers import torch_library_function
 
 def gpu(f):

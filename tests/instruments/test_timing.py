@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.instruments.timing import _quantile, time_device, time_graph
+from lora_moe_lab.instruments.recorders.timing import _quantile, time_device, time_graph
 
 
 def test_time_device_counts_calls_and_orders_quantiles():

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lora_moe_lab.instruments import trace as T
-from lora_moe_lab.instruments.profiling import profile_forwards
+from lora_moe_lab.instruments.analysers import trace as T
+from lora_moe_lab.instruments.recorders.profiling import profile_forwards
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 FIX = os.path.join(HERE, "fixtures")

@@ -6,7 +6,7 @@ import torch
 
 from lora_moe_lab import sim
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments import bench
+from lora_moe_lab.instruments.recorders import bench
 from lora_moe_lab.model.guards import (Guard, count_guard_syncs, get_guard, guard_color, guard_names,
                                        register_guard, unregister_guard)
 from lora_moe_lab.model.lab import build_lab

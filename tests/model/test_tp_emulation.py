@@ -41,7 +41,7 @@ def test_emulated_decoder_holds_one_ranks_shapes_and_issues_two_collectives_per_
     lab = build_decoder_lab("tiny", num_layers=2, tp=g, dtype="float32", device="cpu", backend="torch")
     assert lab.shape.intermediate == 16 and lab.shape.num_heads == 2  # tiny: 32 and 4, halved
     lab.model.tp.collectives = 0
-    from lora_moe_lab.instruments import prefill as P
+    from lora_moe_lab.instruments.recorders import prefill as P
 
     d = P.PrefillDriver(lab, P.make_plan(2, 8, 8), [None, None])
     d.run("cpu_flag")

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments import trace
-from lora_moe_lab.instruments.recordings import Recording, load_guards
+from lora_moe_lab.instruments.analysers import trace
+from lora_moe_lab.instruments.analysers.recordings import Recording, load_guards
 from lora_moe_lab.nb import lessons as L
 from lora_moe_lab.nb import live
 from lora_moe_lab.provenance import DATA

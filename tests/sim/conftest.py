@@ -1,4 +1,4 @@
-"""A synthetic guards recording in the canonical schema (instruments/recordings.py), made by the
+"""A synthetic guards recording in the canonical schema (instruments/analysers/recordings.py), made by the
 simulator itself from known parameters: what the fit must recover and the validation must pass."""
 import json
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lora_moe_lab import sim
-from lora_moe_lab.instruments.recordings import SAMPLE_COLUMNS, load_guards
+from lora_moe_lab.instruments.analysers.recordings import SAMPLE_COLUMNS, load_guards
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 TOKENS = (16, 128, 1024, 4096, 16384)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lora_moe_lab.instruments.trace import to_ns
+from lora_moe_lab.instruments.analysers.trace import to_ns
 from lora_moe_lab.sim import replay as R
 from lora_moe_lab.sim import replay_transforms as X
 

@@ -237,7 +237,7 @@ def test_what_if_curves():
 
 
 def test_predict_reads_bench_csv_schema(tmp_path):
-    from lora_moe_lab.instruments.bench import COLUMNS
+    from lora_moe_lab.instruments.recorders.bench import COLUMNS
 
     df = _synthetic_sweep(TRUTH).head(6)
     full = pd.DataFrame({c: df[c] if c in df else "" for c in COLUMNS})
@@ -249,7 +249,7 @@ def test_predict_reads_bench_csv_schema(tmp_path):
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
 def test_trace_analyses_read_a_simulated_forward(mode):
-    from lora_moe_lab.instruments import trace
+    from lora_moe_lab.instruments.analysers import trace
 
     r = sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=3, active=0.5, mode=mode, timeline=True)
     t = r.tables(preset="qwen3-30b-a3b")

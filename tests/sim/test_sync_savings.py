@@ -4,8 +4,8 @@ one site's syncs removed saves a quarter of removing all, a site with no sync is
 import numpy as np
 import pytest
 
-from lora_moe_lab.instruments import audit as A
-from lora_moe_lab.instruments import trace as T
+from lora_moe_lab.instruments.recorders import audit as A
+from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.sim import replay_transforms as RT
 from lora_moe_lab.sim import sync_savings as SS
 from lora_moe_lab.sim.replay import GraphError, build_graph, replay

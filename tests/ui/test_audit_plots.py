@@ -1,7 +1,7 @@
 """The audit's figures from a CPU audit: a timeline with every sync marked, a table sorted by cost."""
 
-from lora_moe_lab.instruments import hidden_syncs as HS
-from lora_moe_lab.instruments.audit import audit
+from lora_moe_lab.instruments.recorders import hidden_syncs as HS
+from lora_moe_lab.instruments.recorders.audit import audit
 from lora_moe_lab.ui import audit_plots as AP
 
 

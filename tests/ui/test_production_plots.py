@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lora_moe_lab.instruments import trace as T
+from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.ui import production_plots as pp
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -53,7 +53,7 @@ def test_signature_along_forward_keeps_quantities_apart():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
     from synth_traces import model_trace
 
-    from lora_moe_lab.instruments import signature as S
+    from lora_moe_lab.instruments.analysers import signature as S
     from lora_moe_lab.sim import PRODUCTION_SIGNATURE
 
     s = S.per_sync(T.load_trace(model_trace("sync")[0])).assign(label="synthetic")

@@ -1,5 +1,5 @@
 """ui/whatif_bench.py: the bench panel and notebook 04's replay panel, offline (no GPU)."""
-from lora_moe_lab.instruments.recordings import load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
 from lora_moe_lab.sim import whatif as W
 from lora_moe_lab.ui import whatif_bench as B
 

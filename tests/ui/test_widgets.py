@@ -19,7 +19,7 @@ def assert_axis_titles(fig: go.Figure) -> None:
 
 
 def _sweep_rows():
-    from lora_moe_lab.instruments.bench import COLUMNS
+    from lora_moe_lab.instruments.recorders.bench import COLUMNS
 
     rows = []
     for g in widgets.guard_names():
@@ -53,7 +53,7 @@ def test_pure_builders():
 
 
 def test_recorded_rows_read_the_canonical_recording(tmp_path):
-    from lora_moe_lab.instruments.recordings import SAMPLE_COLUMNS, load_guards
+    from lora_moe_lab.instruments.analysers.recordings import SAMPLE_COLUMNS, load_guards
 
     rows = [dict(preset="qwen3-30b-a3b", layers=8, tokens=128, active=0.5, variant=g, guard=g, mode="eager", rep=i,
                  us=1000.0 + i, syncs_per_forward=8 if g == "sync" else 0)

@@ -2,7 +2,7 @@
 guards are interleaved, Stop keeps whole repetitions only, the samples carry the recording schema."""
 import pytest
 
-from lora_moe_lab.instruments.recordings import SAMPLE_COLUMNS
+from lora_moe_lab.instruments.analysers.recordings import SAMPLE_COLUMNS
 from lora_moe_lab.model.lab import build_lab
 from lora_moe_lab.ui import widgets
 
@@ -37,7 +37,7 @@ def test_stop_keeps_whole_repetitions_only():
     orig = widgets.BenchPanel._measure
 
     def stop_midway(self, params, guards):  # Stop pressed while the second repetition runs
-        from lora_moe_lab.instruments import timing
+        from lora_moe_lab.instruments.recorders import timing
 
         real = timing.time_once
 

@@ -2,7 +2,7 @@
 the panel says that the simulator ignores skew."""
 import pandas as pd
 
-from lora_moe_lab.instruments.bench import COLUMNS
+from lora_moe_lab.instruments.recorders.bench import COLUMNS
 from lora_moe_lab.ui import widgets
 
 

@@ -6,7 +6,7 @@
     with audit() as rep:                          # or a block (run once, no warm-up)
         model(x)
 
-    python -m lora_moe_lab.instruments.audit mypkg.models:forward --inputs mypkg.models:make_inputs
+    python -m lora_moe_lab.instruments.recorders.audit mypkg.models:forward --inputs mypkg.models:make_inputs
 
 How it sees a sync. A `TorchFunctionMode` sees every torch call the forward makes (not the calls
 torch makes inside them) and classifies the ones that make the host wait for the GPU (KINDS):
@@ -617,7 +617,7 @@ def _inputs(factory) -> tuple[tuple, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m lora_moe_lab.instruments.audit",
+        prog="python -m lora_moe_lab.instruments.recorders.audit",
         description=(
             "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
             "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."

@@ -1,12 +1,12 @@
 """Benchmark sweeps and their CLI: every combination of presets, layers, tokens, guards, active
-fractions, ranks and modes, timed with `instruments.timing` and appended as tidy CSV rows (one
+fractions, ranks and modes, timed with `instruments.recorders.timing` and appended as tidy CSV rows (one
 per finished measurement, flushed at once) with the metadata of `provenance`.
 
-    python -m lora_moe_lab.instruments.bench sweep --preset tiny --tokens 16 64 --guards sync cpu_flag \
+    python -m lora_moe_lab.instruments.recorders.bench sweep --preset tiny --tokens 16 64 --guards sync cpu_flag \
         --active 0 0.5 --mode eager --reps 5 --out build/tiny.csv
-    python -m lora_moe_lab.instruments.bench sweep ... --out build/tiny.csv --resume  # finish a sweep
-    python -m lora_moe_lab.instruments.bench lost build/tiny.csv        # time lost per sync
-    python -m lora_moe_lab.instruments.bench meta                       # what a row's metadata is
+    python -m lora_moe_lab.instruments.recorders.bench sweep ... --out build/tiny.csv --resume  # finish a sweep
+    python -m lora_moe_lab.instruments.recorders.bench lost build/tiny.csv        # time lost per sync
+    python -m lora_moe_lab.instruments.recorders.bench meta                       # what a row's metadata is
 
 (`lora-moe-bench` is the same CLI.) The guard choices are the registry's (`model.guards`).
 
@@ -29,13 +29,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import runtime
-from ..config import PRESETS, check_dtype, get_shape
-from ..model.graphs import GraphForward
-from ..model.guards import count_guard_syncs, guard_names
-from ..model.lab import LabCache, split_tokens
-from ..model.moe import check_skew
-from ..provenance import META_KEYS, metadata, normalize_meta
+from ... import runtime
+from ...config import PRESETS, check_dtype, get_shape
+from ...model.graphs import GraphForward
+from ...model.guards import count_guard_syncs, guard_names
+from ...model.lab import LabCache, split_tokens
+from ...model.moe import check_skew
+from ...provenance import META_KEYS, metadata, normalize_meta
 from .cli import CPU_NOTE, HelpFormatter, fraction, measured_on_cpu, nonneg_int, pos_int, progress as cli_progress
 from .timing import _check_counts, time_device
 
@@ -342,7 +342,7 @@ def lost_table(path):
     """Time lost per sync from any timing CSV this lab writes: a guards recording (one row per
     repetition: paired differences with their 95 % interval), a sweep CSV, or the older side-by-side
     table. Anything else is a ValueError that says what the file is missing."""
-    from .recordings import SAMPLE_COLUMNS, load_guards
+    from ..analysers.recordings import SAMPLE_COLUMNS, load_guards
 
     import pandas as pd
 
@@ -390,17 +390,18 @@ def _skew(s: str) -> float:
 
 
 EXAMPLES = """examples:
-  python -m lora_moe_lab.instruments.bench sweep --preset tiny --tokens 16 64 --reps 5 --out build/tiny.csv
-  python -m lora_moe_lab.instruments.bench sweep --preset qwen3-30b-a3b --layers 48 --tokens 16 4096 \\
+  python -m lora_moe_lab.instruments.recorders.bench sweep --preset tiny --tokens 16 64 --reps 5 --out build/tiny.csv
+  python -m lora_moe_lab.instruments.recorders.bench sweep --preset qwen3-30b-a3b --layers 48 --tokens 16 4096 \\
       --active 0 --mode eager graph --out build/h200.csv          # on a GPU
-  python -m lora_moe_lab.instruments.bench lost data/guards/h200_guards.csv
-  python -m lora_moe_lab.instruments.bench meta
+  python -m lora_moe_lab.instruments.recorders.bench lost data/guards/h200_guards.csv
+  python -m lora_moe_lab.instruments.recorders.bench meta
 On a CPU the sweep runs the torch ops inline under the wall clock: its us_per_sync is no GPU bubble (the
 summary says so)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.bench", formatter_class=HelpFormatter,
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.recorders.bench",
+                                formatter_class=HelpFormatter,
                                 description="Benchmark the LoRA-MoE mini model: sweeps to tidy CSV.", epilog=EXAMPLES)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run a grid of forwards and append one CSV row per measurement",

@@ -15,18 +15,18 @@ import time
 
 import torch
 
-from ..config import LoRAConfig, get_shape
-from ..kernels import configs, fused_moe_lora
-from ..kernels.align import moe_align
-from ..kernels.configs import DecodeConfig, lora_block_m
-from ..kernels.empty import empty_args_kernel
-from ..kernels.fused_moe_lora import lora_delta
-from ..kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
-from ..model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from ..model.moe import LoRAHook, MoELayer
-from ..ops import get_backend
-from ..ops.reference import tolerance
-from ..ops.reference_rows import ref_lora_delta_rows
+from ...config import LoRAConfig, get_shape
+from ...kernels import configs, fused_moe_lora
+from ...kernels.align import moe_align
+from ...kernels.configs import DecodeConfig, lora_block_m
+from ...kernels.empty import empty_args_kernel
+from ...kernels.fused_moe_lora import lora_delta
+from ...kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
+from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from ...model.moe import LoRAHook, MoELayer
+from ...ops import get_backend
+from ...ops.reference import tolerance
+from ...ops.reference_rows import ref_lora_delta_rows
 from .harness import ROWS, graph_time_us, log, route, row
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..provenance import DATA, normalize_meta
+from ...provenance import DATA, normalize_meta
 from . import stats
 
 FOLDER = DATA / "production"

@@ -1,7 +1,7 @@
-"""Record a torch profiler trace of any code and read it back (instruments.trace) at ns precision.
+"""Record a torch profiler trace of any code and read it back (instruments.analysers.trace) at ns precision.
 
     tables = profile_forwards(lambda: model(x), n_warmup=2, n_active=3, path="t.json.gz")
-    T.forward_metrics(tables)    # then any analysis of lora_moe_lab.instruments.trace
+    T.forward_metrics(tables)    # then any analysis of lora_moe_lab.instruments.analysers.trace
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from .. import runtime
-from .trace import FORWARD_WRAPPER, TraceTables, export_perfetto, load_trace
+from ... import runtime
+from ..analysers.trace import FORWARD_WRAPPER, TraceTables, export_perfetto, load_trace
 
 __all__ = ["profile_forwards", "sync_events_config"]
 

@@ -6,7 +6,7 @@ chunk, per guard. What it measures per prefill:
     TTFT per request   time from the prefill's start until the chunk holding its last token ends
                        (every request arrives at the start: the production batch of 128 x 2048)
     syncs per forward  the `sync` guard's `.item()` calls (model.guards.count_guard_syncs) / chunks
-    GPU idle/forward   one profiled forward per guard (instruments.profiling), GPU only, NaN on CPU
+    GPU idle/forward   one profiled forward per guard (instruments.recorders.profiling), GPU only, NaN on CPU
 
     lab = build_decoder_lab("tiny", num_layers=2); lab.pool.load("a0", rank=8)
     drv = PrefillDriver(lab, make_plan(8, 16, 32), request_adapters(8, "mix", ["a0"]))
@@ -20,9 +20,9 @@ test_prefill.py runs a whole prefill inside `checked_region()` to prove it.
 
 CLI (one CSV row per guard x adapter mode x repetition, a .meta.json beside it, a summary table):
 
-    python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 --requests 8 --input-len 16 \
+    python -m lora_moe_lab.instruments.recorders.prefill --preset tiny --layers 2 --requests 8 --input-len 16 \
         --chunk 32 --adapters none mix --reps 5 --out build/prefill.csv
-    torchrun --nproc-per-node 2 -m lora_moe_lab.instruments.prefill --tp-auto ...   # rank 0 writes
+    torchrun --nproc-per-node 2 -m lora_moe_lab.instruments.recorders.prefill --tp-auto ...   # rank 0 writes
 """
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .. import runtime
-from ..config import PRESETS
-from ..model.guards import count_guard_syncs, guard_names
-from ..provenance import metadata
-from . import signature, stats
+from ... import runtime
+from ...config import PRESETS
+from ...model.guards import count_guard_syncs, guard_names
+from ...provenance import metadata
+from ..analysers import signature, stats
 from .cli import CPU_NOTE, HelpFormatter, pos_float, pos_int, progress as cli_progress
 from .timing import rotated
 
@@ -273,7 +273,7 @@ class PrefillDriver:
     def profile_steady(self, guard: str, forwards: int = 3, path=None, labels: dict | None = None):
         """Profile the first `forwards` chunks issued back to back, as in a timed prefill (GPU
         only). Forward 0 starts from an idle GPU; the later ones are the steady state that the
-        per-sync signature (instruments.signature) and the GPU idle columns read. Returns
+        per-sync signature (instruments.analysers.signature) and the GPU idle columns read. Returns
         (idle: dict of NO_IDLE's keys, medians over the steady forwards; per_forward; per_sync).
         For the picture only: a profiler slows the host, so the live host-blocked figures come
         from `run` (perf_counter around each `.item()`), never from here."""
@@ -281,7 +281,7 @@ class PrefillDriver:
 
         if not self.cuda:
             return dict(NO_IDLE), pd.DataFrame(), pd.DataFrame()
-        from . import trace as T
+        from ..analysers import trace as T
         from .profiling import profile_forwards
 
         chunks = self.plan.chunks[:max(2, forwards)]
@@ -308,7 +308,7 @@ class PrefillDriver:
         by cause. With `path`, a trimmed trace (no aten cpu_op events) is written there."""
         if not self.cuda:
             return dict(NO_IDLE)
-        from . import trace as T
+        from ..analysers import trace as T
         from .profiling import profile_forwards
 
         self.barrier()
@@ -503,7 +503,7 @@ def summarize(df, fix: str = "cpu_flag", ci: tuple[float, float] = (2.5, 97.5)):
 def host_work_flags(site_counts) -> list[bool]:
     """Per guard sync of one forward, in order: does host work at a call point come right before
     it? The decoder asks each layer's sites point by point (model/decoder.py: GuardSites)."""
-    from ..model.decoder import SITE_POINTS
+    from ...model.decoder import SITE_POINTS
 
     flags = []
     for n in site_counts:
@@ -517,8 +517,8 @@ def calibrate_host_work(lab, plan: "PrefillPlan", names, target_later_us: float,
     """One unprofiled `sync` prefill in the lab's own regime, and the engine host work per layer
     that brings the later syncs of its second forward (the steady state) to `target_later_us` of
     host time blocked on average (signature.host_cost_for_lead). Production's regime: ~116 us."""
-    from ..model.decoder import SITE_POINTS
-    from ..model.guards import guard_sync_events
+    from ...model.decoder import SITE_POINTS
+    from ...model.guards import guard_sync_events
 
     d = PrefillDriver(lab, plan, request_adapters(plan.requests, "none", names), group=group)
     d.warmup("sync")
@@ -537,7 +537,7 @@ def build(preset: str, layers: int | None, *, max_loras: int, max_rank: int, dty
           backend: str, seed: int, guard_sites: float, group=None):
     """The decoder lab (model/decoder.py: attention + MoE with LoRA, `guard_sites` guard decisions
     per layer), this rank's slice of it under TP."""
-    from ..model.decoder import build_decoder_lab
+    from ...model.decoder import build_decoder_lab
 
     return build_decoder_lab(preset=preset, num_layers=layers, max_loras=max_loras, max_rank=max_rank, dtype=dtype,
                              device=device, backend=backend, seed=seed, guard_sites=guard_sites, tp=group)
@@ -555,21 +555,24 @@ def init_group(tp_auto: bool):
     """The TP group of this process (model/tp.py) under torchrun, else None."""
     if not tp_auto:
         return None
-    from ..model import tp
+    from ...model import tp
     return tp.init_tp()
 
 
 # --- CLI -----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.prefill", formatter_class=HelpFormatter,
+    p = argparse.ArgumentParser(prog="python -m lora_moe_lab.instruments.recorders.prefill",
+                                formatter_class=HelpFormatter,
                                 description="Chunked prefill per guard: input throughput, TTFT, syncs, host time "
                                             "blocked per sync and GPU idle per forward, interleaved repetitions, "
                                             "tidy CSV.",
                                 epilog="examples:\n"
-                                       "  python -m lora_moe_lab.instruments.prefill --preset tiny --layers 2 "
+                                       "  python -m lora_moe_lab.instruments.recorders.prefill --preset tiny "
+                                       "--layers 2 "
                                        "--requests 8 "
                                        "--input-len 16 --chunk 32 --out build/prefill.csv\n"
-                                       "  python -m lora_moe_lab.instruments.prefill --preset qwen3-30b-a3b "
+                                       "  python -m lora_moe_lab.instruments.recorders.prefill "
+                                       "--preset qwen3-30b-a3b "
                                        "--guard-sites 5.4167 "
                                        "--guards sync cpu_flag --adapters none --host-us-per-layer 7500 "
                                        "--overlap-ms 70 "

@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before any kernel is decorated)
-from ..kernels.align import Alignment, moe_align
-from ..kernels.configs import lora_block_m
-from ..kernels.empty import empty_kernel
-from ..kernels.fused_moe_lora import lora_delta, lora_launch_plan
-from ..ops.reference import exit_codes, ref_lora_delta
-from ..provenance import DATA, normalize_meta
+from ... import runtime  # noqa: F401  (first: TRITON_INTERPRET before any kernel is decorated)
+from ...kernels.align import Alignment, moe_align
+from ...kernels.configs import lora_block_m
+from ...kernels.empty import empty_kernel
+from ...kernels.fused_moe_lora import lora_delta, lora_launch_plan
+from ...ops.reference import exit_codes, ref_lora_delta
+from ...provenance import DATA, normalize_meta
 from .timing import time_graph
 
 EXIT_SHORT = {0: "0 ran", 1: "1 empty slot", 2: "2 disabled", 3: "3 past the end", 4: "4 expert -1"}

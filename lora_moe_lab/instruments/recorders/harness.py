@@ -21,8 +21,8 @@ import traceback
 
 import torch
 
-from .. import runtime
-from ..provenance import metadata
+from ... import runtime
+from ...provenance import metadata
 from .timing import time_device, time_graph
 
 _DRY = False
@@ -138,7 +138,7 @@ def pack_session(work, out, name: str, meta: dict, t0: float, **extra) -> None:
     import tarfile
     from pathlib import Path
 
-    from ..provenance import gpu_state
+    from ...provenance import gpu_state
 
     work, out = Path(work), Path(out)
     meta.update(extra)

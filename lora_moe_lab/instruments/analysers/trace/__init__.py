@@ -1,6 +1,6 @@
 """Profiler traces at nanosecond precision, split as HTA splits them: parse (chrome / kineto traces
 into tidy tables), analysis (what the tables say), export (traces written back, trimmed, for Perfetto).
-Recording a trace is instruments.profiling.profile_forwards.
+Recording a trace is instruments.recorders.profiling.profile_forwards.
 
     T.load_trace("t.json.gz")    # parse: TraceTables (GPU ops, runtime calls, syncs, annotations, forwards)
     T.forward_metrics(tables)    # per forward: GPU busy / idle, idle split by cause, syncs

@@ -38,10 +38,10 @@ from collections import Counter
 
 import torch
 
-from .. import runtime
+from ... import runtime
 
 try:  # the library's guard counter (optional: the tools work on any code without it)
-    from ..model.guards import guard_sync_events as _guard_sync_events
+    from ...model.guards import guard_sync_events as _guard_sync_events
 except Exception:  # pragma: no cover - guards.py missing or broken
     _guard_sync_events = None
 
@@ -361,7 +361,7 @@ def _count_syncs(cuda: bool, profiler: bool):
 # the events of its list that fall in a span (event i of a list opened at clock c is number c+i).
 def _guard_clock() -> int:
     try:
-        from ..model.guards import total_guard_syncs
+        from ...model.guards import total_guard_syncs
         return total_guard_syncs()
     except Exception:  # pragma: no cover - no guard module
         return 0
@@ -406,7 +406,7 @@ def _event_site(e) -> str:
 
 def _profiler_syncs(events) -> list[SyncRecord]:
     """Blocking runtime calls among torch.profiler FunctionEvents (with_stack=True gives sites)."""
-    from .trace.parse import PROFILER_SYNC_NAMES  # the trace parser's list (pandas: imported on use only)
+    from ..analysers.trace.parse import PROFILER_SYNC_NAMES  # the trace parser's list (pandas: imported on use only)
 
     return [SyncRecord("profiler", _event_site(e), e.name) for e in events
             if e.name in PROFILER_SYNC_NAMES]

@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..provenance import DATA, label as _label, normalize_meta
+from ...provenance import DATA, label as _label, normalize_meta
 from . import stats
 from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, WarmupCheck, warmup_check  # noqa: F401
 
@@ -298,7 +298,7 @@ class Recording:
         return pd.DataFrame(rows)
 
     def as_sweep(self) -> pd.DataFrame:
-        """The summary in the benchmark-sweep row schema (instruments/bench.py), for the simulator fit
+        """The summary in the benchmark-sweep row schema (instruments/recorders/bench.py), for the simulator fit
         and the widgets: one row per point and variant, with the interval as p10/p90's successors.
         Unstable points are left out (nothing to fit on)."""
         d = self.summary()
@@ -433,7 +433,7 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
 def _renamed_strategies(df: pd.DataFrame) -> pd.DataFrame:
     """Strategy names as they are now (model/graph_strategies.py: RENAMED): the recording of
     2026-11-30 calls `one_graph` by its old name `launch_always`, also the name of a guard."""
-    from ..model.graph_strategies import RENAMED
+    from ...model.graph_strategies import RENAMED
 
     for col in ("strategy", "variant"):
         if col in df:

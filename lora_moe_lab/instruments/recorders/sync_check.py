@@ -176,7 +176,7 @@ def _pageable_upload(func, args, kwargs) -> torch.Tensor | None:
     return src if (nb and to_cuda and pageable) else None
 
 
-pageable_upload = _pageable_upload  # public: instruments/audit.py classifies the same copies
+pageable_upload = _pageable_upload  # public: instruments/recorders/audit.py classifies the same copies
 COPY_FUNCS = _COPIES
 
 

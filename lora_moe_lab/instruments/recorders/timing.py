@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import runtime
-from ..model.graphs import GraphForward
+from ... import runtime
+from ...model.graphs import GraphForward
 
 
 # ----------------------------------------------------------------------------------------------
