@@ -61,8 +61,9 @@ def lab48(request):
 @pytest.mark.parametrize("guard", ["sync", "cpu_flag", "launch_always"])
 def test_lab_forward_finds_exactly_the_guards_syncs(lab48, guard):
     lab, batch, tensors, x = lab48
-    with syncs.count_syncs() as ref:  # the library's own guard counter: the ground truth
-        rep = audit(lab.model, x, batch, tensors, guard=guard, warmup=WARM, reps=1, profile=False)
+    with syncs.count_syncs() as ref:  # the library's own guard counter over one forward: the ground truth
+        lab.model(x, batch, tensors, guard=guard)
+    rep = audit(lab.model, x, batch, tensors, guard=guard, warmup=WARM, reps=1, profile=False)
     if guard == "sync":
         assert rep.count == 48 == ref.guard_count
         assert rep.sites == {GUARD_SITE: 48} and rep.kinds == {"item": 48}
@@ -196,7 +197,7 @@ def test_cli(tmp_path, capsys):
     mod.write_text(
         "import torch\n"
         "def forward(x):\n    return x[x > 0].sum()\n"
-        "def inputs():\n    return (torch.randn(8),)\n"
+        "def inputs():\n    return (torch.randn(8, device='cuda' if torch.cuda.is_available() else 'cpu'),)\n"
     )
     assert (
         main(

@@ -4,7 +4,6 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import bench
@@ -22,7 +21,7 @@ def test_tiny_sweep_writes_tidy_rows(tmp_path):
         assert next(csv.reader(f)) == COLUMNS
     assert len(df) == 2 * 3 * 2 and list(df.columns) == COLUMNS
     assert df["error"].isna().all()
-    timer, gpu = ("cuda_events", torch.cuda.get_device_name()) if runtime.has_cuda() else ("wall", "cpu")
+    timer, gpu = ("wall", "cpu")  # TINY runs on the CPU, also on a GPU machine: wall clock, CPU rows
     assert (df["layers"] == 2).all() and (df["timer"] == timer).all() and (df["gpu"] == gpu).all()
     assert (df["reps"] == 2).all() and (df["median_us"] > 0).all()
     assert ((df["p10_us"] <= df["median_us"]) & (df["median_us"] <= df["p90_us"])).all()

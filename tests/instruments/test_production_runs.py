@@ -78,3 +78,14 @@ def test_clocks_by_guard_joins_samples_to_prefills():
     assert c.loc["sync", "samples"] == 2 and c.loc["sync", "sm_mhz"] == 1975 and c.loc["cpu_flag", "sm_mhz"] == 1755
     assert c.loc["sync", "power_capped_share"] == 0 and c.loc["cpu_flag", "power_capped_share"] == 1
     assert PR.clocks_by_guard(PR.Session("s", pd.DataFrame(), rows, pd.DataFrame(), pd.DataFrame(), {})).empty
+
+
+def test_a_sessions_clock_log_is_not_read_as_rows(tmp_path):
+    """clocks.csv (nvidia-smi samples) sits beside the task CSVs: it is the clocks, never rows."""
+    d = tmp_path / "signature_s9"
+    d.mkdir()
+    (d / "meta.json").write_text("{}")
+    (d / "task.csv").write_text("guard,rep\nsync,0\n")
+    (d / "clocks.csv").write_text("t_unix,sm_mhz,mem_mhz,power_w,temp_c,throttle\n1.0,1980,3201,500,40,0x0\n")
+    s = PR.load_sessions(tmp_path)["s9"]
+    assert len(s.rows) == 1 and list(s.clocks["sm_mhz"]) == [1980]

@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from helpers import load_script
 
 from lora_moe_lab.instruments.analysers import hidden_sync_runs
@@ -17,7 +18,8 @@ def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
     )
     csv = tmp_path / "hidden_syncs_s1_smoke.csv"
     meta = json.loads((tmp_path / "hidden_syncs_s1_smoke.meta.json").read_text())
-    assert meta["params"]["smoke"] is True and meta["gpu"] == "cpu" and "commit" in meta
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"  # --smoke runs where it is
+    assert meta["params"]["smoke"] is True and meta["gpu"] == gpu and "commit" in meta
     assert hidden_sync_runs.recorded(tmp_path) is None  # a smoke run is never read as a recording
     for s in ("s1", "s2"):
         shutil.copy(csv, tmp_path / f"hidden_syncs_{s}.csv")

@@ -6,7 +6,7 @@ from lora_moe_lab.ui import audit_plots as AP
 
 
 def test_figures_from_a_cpu_audit():
-    rep = audit(HS.build("mamba_mask", HS.Size.smoke(), "cpu").original, warmup=0, profile=False)
+    rep = audit(HS.build("mamba_mask", HS.Size.smoke(), "cpu").original, warmup=0, profile=False, device="cpu")
     tl = AP.timeline_figure(rep)
     assert sum(len(t.x) for t in tl.data) == 6 and tl.layout.xaxis.title.text and tl.layout.yaxis.title.text
     tab = AP.cost_table_figure(rep)

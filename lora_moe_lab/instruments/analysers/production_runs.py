@@ -52,7 +52,7 @@ def load_sessions(folder: Path | str = FOLDER, prefix: str = "signature_") -> di
             continue
         name = d.name.removeprefix(prefix)
         out[name] = Session(name, _cat(d.glob("*.summary.csv")),
-                            _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1),
+                            _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1 and f.name != "clocks.csv"),
                             _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
                             normalize_meta(json.loads((d / "meta.json").read_text())),
                             pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)

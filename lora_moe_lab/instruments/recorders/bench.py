@@ -241,6 +241,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
                         labs.free()  # e.g. out of memory: start the next row from a clean allocator
                 # the rest of the metadata goes to .meta.json
                 row = dict({k: meta[k] for k in META_KEYS}, **{k: p[k] for k in KEY_COLUMNS}, **res)
+                if runtime.resolve_device(spec.device).type != "cuda":
+                    row["gpu"] = "cpu"  # a CPU lab on a GPU machine: its rows are CPU rows (readers skip them)
                 w.writerow(row)
                 f.flush()
                 os.fsync(f.fileno())
