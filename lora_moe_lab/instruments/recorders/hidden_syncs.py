@@ -560,8 +560,9 @@ def measure(
                 case.rewrite()
         except Exception:  # noqa: BLE001 - a rewrite that syncs is a finding, recorded
             checked = False
-    fix_syncs = audit(case.rewrite, warmup=0, reps=1, profile=False).count
-    rep = audit(case.original, warmup=1, reps=1, profile=cuda)
+    dev = "cuda" if cuda else "cpu"  # audit the tensors' device (a CPU case on a GPU machine too)
+    fix_syncs = audit(case.rewrite, warmup=0, reps=1, profile=False, device=dev).count
+    rep = audit(case.original, warmup=1, reps=1, profile=cuda, device=dev)
     t = rep.table()
     row = dict(
         session=session,
