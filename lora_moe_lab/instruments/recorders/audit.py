@@ -292,7 +292,7 @@ class AuditReport:
         lines = [head]
         for r in t.head(top).itertuples():
             cost = (
-                f", GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
+                f"; per call, all of them: GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
                 if self.device == "cuda"
                 else ""
             )
