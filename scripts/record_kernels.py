@@ -24,7 +24,7 @@ import torch
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
-                                                        route, row)
+                                                        log_rows, route, row)
 from lora_moe_lab.kernels.align import moe_align, moe_align_torch, moe_align_triton
 from lora_moe_lab.kernels.common import cdiv
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m
@@ -365,10 +365,8 @@ def summary():
             f"S{r['op'][-1]} M={r['M']} {r['torch_us']:.0f}->{r['triton_us']:.1f}us{'' if r['ok'] else ' DIFF'}"
             for r in al))
     log("\nbase moe_gemm, bf16 (us / TFLOP/s)")
-    for r in ROWS:
-        if r["section"] == "base":
-            log(f"{r['preset']:<18}{r['op']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['tflops']:>7.0f}  "
-                f"align {r['align_us']:.1f} us")
+    log_rows("base", lambda r: f"{r['preset']:<18}{r['op']:<18}{r['M']:>6}{r['time_us']:>9.1f}{r['tflops']:>7.0f}  "
+                               f"align {r['align_us']:.1f} us")
 
 
 if __name__ == "__main__":

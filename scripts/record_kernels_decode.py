@@ -28,7 +28,8 @@ from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
+from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
+                                                        log_rows, row)
 from lora_moe_lab.kernels import configs, fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, lora_down_config
@@ -145,17 +146,11 @@ def main(argv=None):
 
 def summary(meta):
     log(f"\ncopy {meta['copy_gbps']:.0f} GB/s; errors: {meta['errors']}")
-    for r in ROWS:
-        if r["section"] == "diff":
-            log(f"diff: {r['cases']} cases, {r['failures']} failures, worst {r['worst']}")
+    log_rows("diff", lambda r: f"diff: {r['cases']} cases, {r['failures']} failures, worst {r['worst']}")
     log(f"{'path':<18}{'M':>5}{'today':>8}{'decode':>8}{'ratio':>7}")
-    for r in ROWS:
-        if r["section"] == "path":
-            log(f"{r['preset']:<18}{r['M']:>5}{r['today']:>8.1f}{r['decode']:>8.1f}{r['ratio']:>7.2f}")
-    for r in ROWS:
-        if r["section"] == "disabled":
-            log(f"off {r['preset']} M={r['M']}: decode {r['decode_ratio']:.2f}x, aligned {r['aligned_ratio']:.2f}x "
-                f"same-grid empty")
+    log_rows("path", lambda r: f"{r['preset']:<18}{r['M']:>5}{r['today']:>8.1f}{r['decode']:>8.1f}{r['ratio']:>7.2f}")
+    log_rows("disabled", lambda r: f"off {r['preset']} M={r['M']}: decode {r['decode_ratio']:.2f}x, aligned "
+                                   f"{r['aligned_ratio']:.2f}x same-grid empty")
     for r in ROWS:
         if r["section"] in ("down", "gate_up_bw") and r["table"]:
             best = min((x for x in ROWS
@@ -168,10 +163,9 @@ def summary(meta):
                 f"new "
                 f"{nt['time_us']:7.1f} us {100 * nt['bw_frac']:3.0f}%  best "
                 f"{best['time_us']:7.1f} us {100 * best['bw_frac']:3.0f}% {best['config']}")
-    for r in ROWS:
-        if r["section"] == "layer":
-            log(f"layer {r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} all {100 * r['lora_share']:5.1f}% none "
-                f"{100 * r['none_active_share']:5.1f}% ({r['path']})")
+    log_rows("layer", lambda r: f"layer {r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} "
+                                f"all {100 * r['lora_share']:5.1f}% none {100 * r['none_active_share']:5.1f}% "
+                                f"({r['path']})")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from lora_moe_lab import runtime
 from lora_moe_lab.config import LoRAConfig, get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log, row
+from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
+                                                        log_rows, row)
 from lora_moe_lab.instruments.recorders.timing import _quantile, time_interleaved
 from lora_moe_lab.kernels import configs, fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
@@ -423,20 +424,15 @@ def summary(meta):
                 f"| best "
                 f"{best['time_us']:7.1f} {100 * best['bw_frac']:3.0f}% {best['config']} "
                 f"({best['grid']} prog, {best.get('regs')} regs)")
-    for r in ROWS:
-        if r["section"] == "floor":
-            log(f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x (flag floor "
-                f"{r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x "
-                f"(flag {r['aligned_flag_ratio']:.2f}x)")
-    for r in ROWS:
-        if r["section"] == "compact":
-            log(f"compact {r['preset']:<18}{r['M']:>6} LoRA over 1 row / over 4 rows x{r['lora_rows1_over_rows4']:.2f} "
-                f"[{r['lora_rows1_over_rows4_p10']:.2f}, {r['lora_rows1_over_rows4_p90']:.2f}]")
-    for r in ROWS:
-        if r["section"] in ("layer", "layer_paired"):
-            log(f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base {r['base']:8.1f} "
-                f"all {100 * r['lora_share']:5.1f}% none "
-                f"{100 * r['none_active_share']:5.1f}% ({r['path']})")
+    log_rows("floor", lambda r: f"off {r['preset']:<19}M={r['M']:<3}{r['op']:<8} decode {r['decode_ratio']:.2f}x "
+                                f"(flag floor {r['decode_flag_ratio']:.2f}x), aligned {r['aligned_ratio']:.2f}x (flag"
+                                f" {r['aligned_flag_ratio']:.2f}x)")
+    log_rows("compact", lambda r: f"compact {r['preset']:<18}{r['M']:>6} LoRA over 1 row / over 4 rows "
+                                  f"x{r['lora_rows1_over_rows4']:.2f} [{r['lora_rows1_over_rows4_p10']:.2f}, "
+                                  f"{r['lora_rows1_over_rows4_p90']:.2f}]")
+    log_rows(("layer", "layer_paired"), lambda r: f"{r['section']:<13}{r['preset']:<18}{r['M']:>6} base "
+                                                  f"{r['base']:8.1f} all {100 * r['lora_share']:5.1f}% "
+                                                  f"none {100 * r['none_active_share']:5.1f}% ({r['path']})")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, log_rows, route, row
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path
@@ -246,10 +246,8 @@ def _dry():
 
 def summary():
     log(f"\n{'fused':<6}{'preset':<19}{'op':<8}{'M':>6}{'base':>9}{'+sep':>8}{'+fused':>8}{'f/s':>6}")
-    for r in ROWS:
-        if r["section"] == "fused":
-            log(f"{'':<6}{r['preset']:<19}{r['op']:<8}{r['M']:>6}{r['base_us']:9.1f}{r['delta_separate_us']:8.1f}"
-                f"{r['delta_fused_us']:8.1f}{r['ratio']:6.2f}")
+    log_rows("fused", lambda r: f"{'':<6}{r['preset']:<19}{r['op']:<8}{r['M']:>6}{r['base_us']:9.1f}"
+                                f"{r['delta_separate_us']:8.1f}{r['delta_fused_us']:8.1f}{r['ratio']:6.2f}")
     for r in ROWS:
         if r["section"] in ("diff", "fused_check") and "failures" in r:
             log(f"{r['section']}: {r['cases']} cases, {r['failures']} failures, worst {r['worst']} "

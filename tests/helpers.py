@@ -28,8 +28,44 @@ def load_script(name: str):
     return mod
 
 
-def torch_library_function(src: str, name: str, ns: dict, file: str = "_fake_sync.py"):
-    """Compile `src` under a file name inside torch's package, so that the sync tools count its
-    frames as library code (as torch's own C++ warning at a sync is), and return `ns[name]`."""
-    exec(compile(src, os.path.join(os.path.dirname(torch.__file__), file), "exec"), ns)
-    return ns[name]
+SYNC_MSG = "called a synchronizing CUDA operation"  # what torch's sync debug mode says
+
+
+def fake_sync_op(state: dict, dispatch: bool = False, raise_on_error: bool = True, file: str = "_fake_sync.py"):
+    """What torch does at a sync under its debug mode, seen from Python: a warning ("warn") or an
+    error ("error", with `raise_on_error`) raised inside a torch frame. Compiled under a file name
+    inside torch's package, so the sync tools count its frames as library code. `dispatch`: the
+    op goes through the active TorchFunctionMode first (as a torch function does), so it is
+    raised with the mode's own frame on the stack."""
+    import warnings
+
+    src = ["def sync_op(x=None):"]
+    if dispatch:
+        src += ["    if x is not None and torch.overrides.has_torch_function((x,)):",
+                "        return torch.overrides.handle_torch_function(sync_op, (x,), x)"]
+    src += ["    if state['mode'] == 'warn':", "        warnings.warn(MSG, UserWarning)"]
+    if raise_on_error:
+        src += ["    elif state['mode'] == 'error':", "        raise RuntimeError(MSG)"]
+    ns = {"warnings": warnings, "state": state, "MSG": SYNC_MSG, "torch": torch}
+    exec(compile("\n".join(src) + "\n", os.path.join(os.path.dirname(torch.__file__), file), "exec"), ns)
+    return ns["sync_op"]
+
+
+def fake_cuda_debug_mode(monkeypatch) -> dict:
+    """A CPU machine that says it has CUDA, with torch's sync debug mode faked: returns the state
+    ({"mode": the mode set now, "modes": every mode set, in order}). The library's guard counter
+    is switched off, so only the (fake) debug mode reports syncs."""
+    from lora_moe_lab import runtime
+    from lora_moe_lab.instruments.recorders import syncs
+
+    state = {"mode": 0, "modes": []}
+
+    def set_mode(m):
+        state["mode"] = m
+        state["modes"].append(m)
+
+    monkeypatch.setattr(runtime, "has_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: state["mode"])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(syncs, "_guard_sync_events", None)
+    return state

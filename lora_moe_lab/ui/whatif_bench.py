@@ -239,37 +239,15 @@ class ReplayBenchPanel(widgets.BenchPanel):
                     if kind is None
                     else None
                 )
-                fig.add_trace(
-                    go.Scatter(
-                        x=d["tokens"],
-                        y=d["forward_ms"],
-                        mode="markers",
-                        name=f"{g} {src}",
-                        error_y=err,
-                        marker=dict(
-                            color=guard_color(g),
-                            symbol=symbol,
-                            size=11 if kind else 9,
-                            line=dict(width=1, color="black"),
-                        ),
-                        hovertemplate="M=%{x}<br>%{y:.3f} ms<extra>" + f"{g} {src}" + "</extra>",
-                    )
-                )
-        live = (
-            self.results[self.results["source"].str.startswith("live")]
-            if len(self.results)
-            else pd.DataFrame()
-        )
+                marker = dict(color=guard_color(g), symbol=symbol, size=11 if kind else 9,
+                              line=dict(width=1, color="black"))
+                fig.add_trace(go.Scatter(x=d["tokens"], y=d["forward_ms"], mode="markers", name=f"{g} {src}",
+                                         error_y=err, marker=marker,
+                                         hovertemplate="M=%{x}<br>%{y:.3f} ms<extra>" + f"{g} {src}" + "</extra>"))
+        live = self.results[self.results["source"].str.startswith("live")] if len(self.results) else pd.DataFrame()
         for (g, src), d in live.groupby(["guard", "source"]) if len(live) else ():
-            fig.add_trace(
-                go.Scatter(
-                    x=d["tokens"],
-                    y=d["median_ms"],
-                    mode="markers",
-                    name=f"{g} {src}",
-                    marker=dict(color=guard_color(g), symbol="circle", size=9),
-                )
-            )
+            fig.add_trace(go.Scatter(x=d["tokens"], y=d["median_ms"], mode="markers", name=f"{g} {src}",
+                                     marker=dict(color=guard_color(g), symbol="circle", size=9)))
         fig.update_layout(
             title=dict(text=self.headline(p, pred, rec, why), font=dict(size=13)),
             template="plotly_white",

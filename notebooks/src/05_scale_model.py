@@ -80,23 +80,8 @@ print(
     f"{val.loc[val['err_pct'].abs().idxmax(), 'err_pct']:+.1f} % "
     f"({val.loc[val['err_pct'].abs().idxmax(), ['model', 'config', 'target']].str.cat(sep=' ')})"
 )
-val[
-    [
-        "model",
-        "config",
-        "source",
-        "target",
-        "predicted_ms",
-        "measured_ms",
-        "measured_lo",
-        "measured_hi",
-        "err_pct",
-        "passed",
-        "by",
-        "alpha_from",
-        "template_from",
-    ]
-].round(2)
+val[["model", "config", "source", "target", "predicted_ms", "measured_ms", "measured_lo", "measured_hi", "err_pct",
+     "passed", "by", "alpha_from", "template_from"]].round(2)
 
 # %% [markdown]
 # ## The bench
@@ -155,20 +140,8 @@ for tr in whatif.BENCH_TRANSFORMS:
         )
     except whatif.R.ReplayError as e:
         rows.append(dict(source=trace_name, transform=tr, target=f"{type(e).__name__}: {e}"))
-pd.DataFrame(rows)[
-    [
-        "transform",
-        "target",
-        "predicted_ms",
-        "measured_ms",
-        "measured_lo",
-        "measured_hi",
-        "err_pct",
-        "passed",
-        "syncs",
-        "replay_s",
-    ]
-].round(3)
+pd.DataFrame(rows)[["transform", "target", "predicted_ms", "measured_ms", "measured_lo", "measured_hi", "err_pct",
+                   "passed", "syncs", "replay_s"]].round(3)
 
 # %% [markdown]
 # ## The queue simulator beside the replay

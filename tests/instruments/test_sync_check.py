@@ -5,7 +5,6 @@ CPU too (torch.zeros(4).to("cuda", non_blocking=True) never reaches a device). T
 on whatever device "auto" picks: the guard counter on CPU, torch's sync debug mode on a GPU.
 """
 import inspect
-import warnings
 from collections import Counter
 
 import pytest
@@ -13,10 +12,9 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import sync_check as sc
-from lora_moe_lab.instruments.recorders import syncs
 from lora_moe_lab.instruments.recorders.syncs import HostSyncError, allow_sync
 from lora_moe_lab.model import LoRABatchTensors, build_lab
-from helpers import torch_library_function
+from helpers import fake_cuda_debug_mode, fake_sync_op
 
 gpu = pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")
 
@@ -164,21 +162,10 @@ def test_gpu_item_site_and_pinned_uploads(sync_check):
 
 # --- the CUDA path with a fake sync debug mode (runs everywhere; see test_syncs.py) ----------
 def test_fake_cuda_site_skips_the_check_frame(sync_check, monkeypatch):
-    mode = {"m": 0}
-    monkeypatch.setattr(runtime, "has_cuda", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode["m"])
-    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.update(m=m))
-    monkeypatch.setattr(syncs, "_guard_sync_events", None)
-    # A torch function that syncs: dispatched through the check's TorchFunctionMode (so the warning
-    # is raised with the check's own frame on the stack, as torch's C++ warning is), compiled under
-    # a file name inside torch's package so it counts as library code.
-    ns = {"warnings": warnings, "mode": mode, "torch": torch}
-    src = ("def sync_op(x):\n"
-           "    if torch.overrides.has_torch_function((x,)):\n"
-           "        return torch.overrides.handle_torch_function(sync_op, (x,), x)\n"
-           "    if mode['m'] == 'warn':\n"
-           "        warnings.warn('called a synchronizing CUDA operation', UserWarning)\n")
-    sync_op = torch_library_function(src, "sync_op", ns, "_fake_sync2.py")
+    # a torch function that syncs, dispatched through the check's TorchFunctionMode (so the warning
+    # is raised with the check's own frame on the stack, as torch's C++ warning is)
+    sync_op = fake_sync_op(fake_cuda_debug_mode(monkeypatch), dispatch=True, raise_on_error=False,
+                           file="_fake_sync2.py")
     with pytest.raises(sc.SyncCheckError) as ei:
         with sync_check():
             sync_op(torch.zeros(1))  # FAKE-SYNC

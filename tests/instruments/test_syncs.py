@@ -14,7 +14,7 @@ import torch
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import syncs
 from lora_moe_lab.instruments.recorders.syncs import HostSyncError, allow_sync, checked_region, count_syncs, no_syncs
-from helpers import torch_library_function
+from helpers import SYNC_MSG, fake_cuda_debug_mode, fake_sync_op
 
 def gpu(f):
     return pytest.mark.gpu(pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")(f))
@@ -22,7 +22,7 @@ def gpu(f):
 
 
 cpu_only = pytest.mark.skipif(runtime.has_cuda(), reason="CPU-only behaviour")
-MSG = "called a synchronizing CUDA operation"
+MSG = SYNC_MSG
 
 
 def _line_of(marker: str) -> str:
@@ -133,27 +133,9 @@ def test_profiler_event_filter():
 # --- the CUDA path with a fake sync debug mode (runs everywhere) ---------------------------
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    modes = []
-    state = {"mode": 0}
-    monkeypatch.setattr(runtime, "has_cuda", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: state["mode"])
-
-    def set_mode(m):
-        state["mode"] = m
-        modes.append(m)
-
-    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
-    monkeypatch.setattr(syncs, "_guard_sync_events", None)
-
-    # What torch does at a sync, seen from Python: a warning or an error raised inside a torch
-    # frame. Compiled under a file name inside torch's package so it counts as library code.
-    ns = {"warnings": warnings, "state": state, "MSG": MSG}
-    src = ("def sync_op():\n"
-           "    if state['mode'] == 'warn':\n"
-           "        warnings.warn(MSG, UserWarning)\n"
-           "    elif state['mode'] == 'error':\n"
-           "        raise RuntimeError(MSG)\n")
-    return state, modes, torch_library_function(src, "sync_op", ns)
+    state = fake_cuda_debug_mode(monkeypatch)
+    modes = state["modes"]
+    return state, modes, fake_sync_op(state)  # warns or raises inside a torch frame, as torch does
 
 
 def test_fake_cuda_counting_and_sites(fake_cuda):

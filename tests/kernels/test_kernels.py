@@ -220,18 +220,26 @@ HYP = settings(max_examples=N_HYP, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def _draw_routing(data, max_experts: int):
+    """E experts, top_k of them per token, M tokens: the routing every random kernel case draws."""
+    E = data.draw(st.integers(1, max_experts), label="E")
+    return E, data.draw(st.integers(1, min(E, 8)), label="top_k"), data.draw(st.integers(1, 12), label="M")
+
+
+def _draw_launch(data, configs):
+    """One launch's gather, routed weight, BLOCK_M, dtype and tile config."""
+    return (data.draw(st.booleans(), label="gather"), data.draw(st.booleans(), label="rw"),
+            data.draw(st.sampled_from([16, 32]), label="bm"), data.draw(st.sampled_from(DTYPES), label="dtype"),
+            data.draw(st.sampled_from(configs), label="config"))
+
+
 @HYP
 @given(data=st.data())
 def test_moe_gemm_random(data):
-    E = data.draw(st.integers(1, 9), label="E")
-    top_k = data.draw(st.integers(1, min(E, 8)), label="top_k")
-    M = data.draw(st.integers(1, 12), label="M")
+    E, top_k, M = _draw_routing(data, 9)
     K = data.draw(st.integers(1, 80), label="K")
     N = data.draw(st.integers(1, 70), label="N")
-    gather, with_rw = data.draw(st.booleans(), label="gather"), data.draw(st.booleans(), label="rw")
-    bm = data.draw(st.sampled_from([16, 32]), label="bm")
-    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    cfg = data.draw(st.sampled_from([None, GemmConfig(16, 16, 2, 4, 1)]), label="config")
+    gather, with_rw, bm, dtype, cfg = _draw_launch(data, [None, GemmConfig(16, 16, 2, 4, 1)])
     check_moe_gemm(data.draw(st.integers(0, 2 ** 30), label="seed"), M, K, N, E, top_k, gather, with_rw,
                    dtype, bm=bm, config=cfg)
 
@@ -239,9 +247,7 @@ def test_moe_gemm_random(data):
 @settings(HYP, max_examples=N_HYP + (20 if not CUDA else 0))
 @given(data=st.data())
 def test_lora_delta_random(data):
-    E = data.draw(st.integers(1, 8), label="E")
-    top_k = data.draw(st.integers(1, min(E, 8)), label="top_k")
-    M = data.draw(st.integers(1, 12), label="M")
+    E, top_k, M = _draw_routing(data, 8)
     S = data.draw(st.integers(1, 4), label="S")
     R = data.draw(st.integers(1, 40), label="R")
     P = data.draw(st.sampled_from([1, 2]), label="P")
@@ -252,12 +258,8 @@ def test_lora_delta_random(data):
     lora_ids = [s if keep else -1 for s, keep in
                 enumerate(data.draw(st.lists(st.booleans(), min_size=S, max_size=S), label="loaded"))]
     enabled = data.draw(st.lists(st.sampled_from([0, 1, 1]), min_size=S, max_size=S), label="enabled")
-    gather = data.draw(st.booleans(), label="gather")
-    with_rw = data.draw(st.booleans(), label="rw")
-    bm = data.draw(st.sampled_from([16, 32]), label="bm")
-    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
-    cfg = data.draw(st.sampled_from([None, LoRAKernelConfig(16, 16, 2, 4, 1), LoRAKernelConfig(32, 32, 5, 4, 1)]),
-                    label="config")
+    gather, with_rw, bm, dtype, cfg = _draw_launch(
+        data, [None, LoRAKernelConfig(16, 16, 2, 4, 1), LoRAKernelConfig(32, 32, 5, 4, 1)])
     c = make_lora_case(data.draw(st.integers(0, 2 ** 30), label="seed"), M, K, N, E, top_k, S, R, P,
                        ranks=ranks, token_slot=token_slot, lora_ids=lora_ids, enabled=enabled, gather=gather,
                        with_rw=with_rw, dtype=dtype, bm=bm)

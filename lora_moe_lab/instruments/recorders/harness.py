@@ -163,3 +163,12 @@ def session_parser(doc: str, out: str, reps: int, minutes: float, tasks: list[st
     ap.add_argument("--tasks", nargs="+", default=tasks, help=f"default: {' '.join(tasks)}")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 layers, 12 reps (CPU or GPU)")
     return ap
+
+
+def log_rows(sections, line) -> None:
+    """log(line(r)) for every row of ROWS whose section is `sections` (a name) or one of them (a
+    tuple): the summary printouts of the recording scripts."""
+    names = (sections,) if isinstance(sections, str) else tuple(sections)
+    for r in ROWS:
+        if r.get("section") in names:
+            log(line(r))
