@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from lora_moe_lab.instruments.recorders import prefill as P
 from lora_moe_lab.instruments.recorders.clocks import ClockLog
@@ -86,8 +87,8 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
     lab = labs.get((size, gs))
     if lab is None:
         labs.clear()  # one lab on the GPU at a time (a TP=2 rank's 48 layers hold ~30 GB)
-        import torch
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the freed lab's blocks back before the next one is built
         group = TP.emulated(size, cost)
         lab = labs[size, gs] = P.build(a.preset, a.layers, max_loras=4, max_rank=16, dtype="auto", device="auto",
                                        backend="auto", seed=0, guard_sites=gs, group=group)
