@@ -1,2 +1,2 @@
-"""Figures (pure functions returning plotly Figures: plots, sim_plots, kernel_plots) and the
+"""Figures (pure functions returning plotly Figures: plots, kernel_plots, graph_plots, idle_plots, ...) and the
 ipywidgets panels over them (widgets)."""

@@ -1,9 +1,9 @@
-"""Interactive panels for notebooks 04 (live micro-benchmarks) and 05 (what-if on the simulator).
+"""Interactive panels for notebook 04 (live micro-benchmarks; `whatif_bench.py` holds the replay panels).
 
 Two layers:
   * pure functions (no ipywidgets): `simulated_curve`, `recorded_rows`, `bench_view_figure`,
-    `results_figure`, `what_if_view` return DataFrames / plotly Figures and are tested alone;
-  * thin panels (`BenchPanel`, `WhatIfPanel`): controls whose observers call one `update(...)`
+    `results_figure` return DataFrames / plotly Figures and are tested alone;
+  * thin panels (`BenchPanel`): controls whose observers call one `update(...)`
     that re-displays a fresh `go.Figure` in an `ipywidgets.Output` (never a FigureWidget, which
     stores megabytes of JavaScript in every executed notebook).
 
@@ -20,7 +20,6 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from .. import sim
 from ..config import PRESETS
@@ -159,51 +158,6 @@ def results_figure(results: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def what_if_view(cost: sim.CostModel, *, launch_us: float, tokens: int, preset: str = "qwen3-30b-a3b-tp4",
-                 layers: int = 48, tp: int = 4, collective: bool = True, syncs_per_layer: int = 1,
-                 active: float = 0.5, launch_range=(0.5, 50.0),
-                 token_range=(1024, 65536)) -> tuple[go.Figure, pd.DataFrame]:
-    """Two panels: forward time per guard vs the host launch cost (at `tokens`), and vs the tokens
-    per forward, i.e. the per-layer work (at `launch_us`); the current point is marked on both.
-    Returns the figure and a one-row-per-guard table at the current point."""
-    kw = dict(preset=preset, layers=layers, tp=tp, collective=collective, syncs_per_layer=syncs_per_layer,
-              active=active)
-    p = cost.with_(launch_us=float(launch_us))
-    lv = np.geomspace(*launch_range, 13)
-    lv = np.unique(np.r_[lv[~np.isclose(lv, float(launch_us), rtol=0.02)], float(launch_us)])
-    tv = np.geomspace(*token_range, 9).round().astype(int)
-    tv = np.unique(np.r_[tv[tv != int(tokens)], int(tokens)])
-    a = sim.what_if(cost, vary="launch_us", values=lv, tokens=int(tokens), **kw)
-    b = sim.what_if(p, vary="tokens", values=tv, **kw)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"vs host launch cost (M={int(tokens)})",
-                                                        f"vs tokens per forward (launch {launch_us:g} us)"])
-    for col, d, x in ((1, a, "value"), (2, b, "tokens")):
-        for g, dd in d.groupby("guard", sort=False):
-            dd = dd.sort_values(x)
-            fig.add_trace(go.Scatter(x=dd[x], y=dd["forward_ms"], mode="lines+markers", name=g, legendgroup=g,
-                                     showlegend=col == 1, line=dict(color=guard_color(g)),
-                                     hovertemplate="%{x}<br>%{y:.2f} ms<extra>" + g + "</extra>"), row=1, col=col)
-    now = a[np.isclose(a["value"], float(launch_us))].set_index("guard")
-    for col, x in ((1, float(launch_us)), (2, int(tokens))):
-        fig.add_trace(go.Scatter(x=[x] * len(now), y=now["forward_ms"], mode="markers", showlegend=False,
-                                 marker=dict(symbol="star", size=14, color=[guard_color(g) for g in now.index],
-                                             line=dict(width=1, color="black")), hoverinfo="skip"), row=1, col=col)
-    s, f = now.loc["sync", "forward_ms"], now.loc["cpu_flag", "forward_ms"]
-    title = (f"{preset}, {layers} layers, TP={tp}: launch {launch_us:g} us, M={int(tokens)} → sync {s:.2f} ms, "
-             f"cpu_flag {f:.2f} ms: +{100 * (s / f - 1):.1f} % throughput without the guard")
-    fig.update_xaxes(type="log", title_text="launch cost per kernel (us)", row=1, col=1)
-    fig.update_xaxes(type="log", title_text="tokens per forward", row=1, col=2)
-    fig.update_yaxes(title_text="forward (ms)", type="log", row=1, col=1)
-    fig.update_yaxes(title_text="forward (ms)", type="log", row=1, col=2)
-    fig.update_layout(title=dict(text=title, font=dict(size=13)), template="plotly_white", height=420)
-    table = now[["forward_ms", "syncs", "device_idle_ms"]].reset_index()
-    table["gain_vs_sync_pct"] = 100 * (s / table["forward_ms"] - 1)
-    return fig, table
-
-
-# ----------------------------------------------------------------------------------------------
-# Panels
-# ----------------------------------------------------------------------------------------------
 def _bundle(obj) -> dict:
     """A display_data output for an Output widget. Figures go as the plotly mimetype only (rendered
     by JupyterLab's plotly extension): `append_display_data(fig)` would call the figure's own
@@ -493,36 +447,3 @@ class BenchPanel:
         _show(self.results_out, tbl.round(4) if len(tbl) else tbl, results_figure(self.results))
 
 
-class WhatIfPanel:
-    """Sliders for the host launch cost and the tokens per forward (per-layer work) over the
-    simulator at production shapes; every move redraws `what_if_view`."""
-
-    def __init__(self, cost: sim.CostModel, *, launch_us: float | None = None, tokens: int = 16384, **view_kw):
-        import ipywidgets as W
-
-        self.cost, self.view_kw = cost, view_kw
-        self.last_figure: go.Figure | None = None
-        self.last_table: pd.DataFrame | None = None
-        sty = dict(description_width="170px")
-        lay = dict(width="520px")
-        self.controls = {
-            "launch_us": W.FloatLogSlider(value=launch_us or cost.launch_us, base=10, min=-0.3, max=1.7, step=0.05,
-                                          description="launch cost (us/kernel)", style=sty, layout=lay,
-                                          readout_format=".3g"),
-            "tokens": W.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768, 65536], value=int(tokens),
-                                        description="tokens per forward", style=sty, layout=lay),
-        }
-        self.out = W.Output()
-        self._hold = False
-        for w in self.controls.values():
-            w.observe(lambda _c: None if self._hold else self.update(), names="value")
-        self.widget = W.VBox([*self.controls.values(), self.out])
-
-    def update(self, **values) -> go.Figure:
-        """Set any sliders given (without one redraw per slider), then redraw once."""
-        _set_controls(self, values)
-        p = {k: w.value for k, w in self.controls.items()}
-        fig, table = what_if_view(self.cost, launch_us=p["launch_us"], tokens=p["tokens"], **self.view_kw)
-        self.last_figure, self.last_table = fig, table
-        _show(self.out, fig, table.round(3))
-        return fig

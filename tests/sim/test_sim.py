@@ -269,30 +269,6 @@ def test_trace_analyses_read_a_simulated_forward(mode):
     assert trace.queue_depth(t)["depth"].max() >= 1
 
 
-def test_plot_builders_return_figures():
-    import plotly.graph_objects as go
-
-    from lora_moe_lab.ui import sim_plots
-
-    df = _synthetic_sweep(TRUTH).head(48)
-    df = df.assign(p10_us=df.median_us * 0.95, p90_us=df.median_us * 1.05, syncs_per_forward=0, dtype="bfloat16",
-                   backend="triton", requests=8, gpu="x")
-    df.loc[df.guard == "sync", "syncs_per_forward"] = df.loc[df.guard == "sync", "layers"]
-    figs = [sim_plots.sweep_figure(df), sim_plots.sync_cost_figure(df),
-            sim_plots.predicted_vs_measured(sim.predict(df, TRUTH)),
-            sim_plots.extrapolation_figure(sim.extrapolate(TRUTH, chunks=(8192,))),
-            sim_plots.what_if_figure(sim.what_if(TRUTH, vary="launch_us", values=[1, 10, 100], layers=2)),
-            sim_plots.sim_timeline(sim.simulate_forward("tiny", 8, "sync", layers=2, timeline=True))]
-    for f in figs:
-        assert isinstance(f, go.Figure) and len(f.data) > 0
-        f.to_json()  # serialisable, no widget state
-    assert figs[2].layout.xaxis.type == "log"
-    bars = [t for t in figs[3].data if t.type == "bar"]
-    assert any(list(t.x)[-1:] == ["production"] for t in bars)
-    with pytest.raises(ValueError, match="timeline=True"):
-        sim_plots.sim_timeline(sim.simulate_forward("tiny", 8, "sync", layers=2))
-
-
 def test_sync_us_to_match_production_stall():
     p = CostModel()
     s = sim.sync_us_to_match(p, target_us_per_sync=300.0, layers=4, tokens=4096)

@@ -103,16 +103,3 @@ def test_bench_panel_stop_and_thread():
     p._thread.join(timeout=60)
     assert not p._thread.is_alive() and len(p.results) == 3
     assert not p.run_button.disabled and p.stop_button.disabled
-
-
-def test_what_if_panel():
-    fig, table = widgets.what_if_view(sim.CostModel(), launch_us=5.0, tokens=8192, layers=4)
-    assert isinstance(fig, go.Figure) and set(table.guard) == set(widgets.guard_names())
-    assert table.set_index("guard").loc["sync", "syncs"] == 4
-    assert_axis_titles(fig)
-    w = widgets.WhatIfPanel(sim.CostModel(), tokens=8192, layers=4)
-    a = w.update(launch_us=2.0)
-    b = w.update(launch_us=20.0)
-    assert a.layout.title.text != b.layout.title.text and "launch 20 us" in b.layout.title.text
-    w.controls["tokens"].value = 32768  # observer redraws
-    assert "M=32768" in w.last_figure.layout.title.text

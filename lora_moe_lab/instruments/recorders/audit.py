@@ -315,6 +315,14 @@ class AuditReport:
 
 
 # --- the interception ---------------------------------------------------------------------------
+def _report(on_event, kind: str, op: str, frame, t0: int, t1: int) -> str:
+    """One sync, reported at the user's site (the innermost frame outside torch and the tools)."""
+    f = syncs.user_frame(frame)
+    site = syncs._fmt_site(f.f_code.co_filename, f.f_lineno)
+    on_event(kind, op, site, syncs.frame_function(f), t0, t1)
+    return site
+
+
 class _Interceptor(TorchFunctionMode):
     """Classifies every torch call of the region; records (and on a profiled run, marks with a
     `audit_sync_<n>` range) the ones that block the host."""
@@ -325,10 +333,7 @@ class _Interceptor(TorchFunctionMode):
         self.marks: list[tuple[str, str]] = []  # (site, kind) of each range, by its number
 
     def record(self, kind: str, op: str, frame, t0: int, t1: int) -> str:
-        f = syncs.user_frame(frame)
-        site = syncs._fmt_site(f.f_code.co_filename, f.f_lineno)
-        self.on_event(kind, op, site, syncs.frame_function(f), t0, t1)
-        return site
+        return _report(self.on_event, kind, op, frame, t0, t1)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -429,10 +434,7 @@ class _Session:
         self.rep.events.append(SyncEventRecord(kind, op, site, function, self.cur, t0 - self.t_call, t1 - t0))
 
     def on_call(self, kind, op, frame, t0, t1):
-        f = syncs.user_frame(frame)
-        self.on_event(
-            kind, op, syncs._fmt_site(f.f_code.co_filename, f.f_lineno), syncs.frame_function(f), t0, t1
-        )
+        _report(self.on_event, kind, op, frame, t0, t1)
 
     @contextlib.contextmanager
     def detecting(self, i: int):
