@@ -27,6 +27,8 @@ RECORDINGS = {
     "graphs": ("graphs", "nvidia-h200", "a few minutes (--reps 11)", []),
     "graphs_checks": ("graphs", "nvidia-h200", "a few minutes", []),
     "kernels": ("kernels", "nvidia-h200", "<= 330 s (--budget-s)", ["--sweep"]),
+    "kernels_base": ("kernels", "nvidia-h200", "~6 min: sweep + compare, then the ncu pass (docstring)",
+                     ["--sections", "sweep,compare"]),
     "kernels_decode": ("kernels", "nvidia-h200", "<= 420 s (--budget-s)", []),
     "kernels_expand": ("kernels", "nvidia-h200", "<= 400 s (--budget-s)", []),
     "kernels_fused": ("kernels", "nvidia-h200", "<= 360 s (--budget-s)", []),

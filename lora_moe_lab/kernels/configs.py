@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import runtime
+from . import tiles
 from .common import cdiv
 
 
@@ -80,11 +81,20 @@ def _step_pick(avg: float, steps) -> int:
     return next(bm for limit, bm in steps if avg <= limit)
 
 
-def moe_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """BLOCK_M for the base GEMM's alignment: about the mean number of pairs per expert."""
+def rule_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """BLOCK_M by rule (any GPU, any shape): about the mean number of pairs per expert."""
+    return _step_pick(token_bucket(num_tokens) * top_k / num_experts, _MOE_BM_STEPS)
+
+
+def moe_block_m(num_tokens: int, top_k: int, num_experts: int, hidden: int | None = None,
+                intermediate: int | None = None) -> int:
+    """BLOCK_M for the base GEMM's alignment (shared by gate_up and down): the tuned tile table's
+    (kernels/tiles.py) where one exists for this GPU and layer shape (hidden, intermediate given),
+    else `rule_block_m`."""
     if runtime.interpreter():
         return 16
-    return _step_pick(token_bucket(num_tokens) * top_k / num_experts, _MOE_BM_STEPS)
+    entry = tiles.lookup(num_experts, hidden, intermediate, token_bucket(num_tokens))
+    return entry["block_m"] if entry else rule_block_m(num_tokens, top_k, num_experts)
 
 
 def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
@@ -95,9 +105,17 @@ def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) 
     return _step_pick(token_bucket(num_tokens) * top_k / (num_experts * num_slots), _LORA_BM_STEPS)
 
 
-def gemm_config(num_tokens: int, block_m: int, N: int, K: int) -> GemmConfig:
+def gemm_config(num_tokens: int, block_m: int, N: int, K: int, num_experts: int | None = None) -> GemmConfig:
+    """The base GEMM's tile: the tuned table's for this GPU, GEMM shape (N, K) and token bucket when
+    its BLOCK_M is the alignment's, else `rule_gemm_config`."""
     if runtime.interpreter():
         return _INTERP_GEMM
+    tile = tiles.gemm_tile(num_experts, N, K, token_bucket(num_tokens), block_m)
+    return GemmConfig(**tile) if tile else rule_gemm_config(block_m)
+
+
+def rule_gemm_config(block_m: int) -> GemmConfig:
+    """The tile by rule (any GPU, any shape), by BLOCK_M only."""
     if block_m <= 16:
         return GemmConfig(block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
     if block_m <= 32:

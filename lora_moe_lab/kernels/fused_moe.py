@@ -14,7 +14,7 @@ num_pairs and are masked out of loads and stores.
 import triton
 import triton.language as tl
 
-from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
+from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
                      check_tensor, num_pairs_of, stages_for)
 from .configs import GemmConfig, gemm_config
 
@@ -133,14 +133,15 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
-    cfg = config or gemm_config(M, bm, N, K)
+    cfg = config or gemm_config(M, bm, N, K, w.shape[0])
     nb = align.expert_ids.shape[1]
     # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
     # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.
     nb_launch = min(nb, num_pairs)
     grid = (nb_launch * cdiv(N, cfg.block_n),)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
-    stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size())
+    stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
+                        BASE_SMEM_BUDGET)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,

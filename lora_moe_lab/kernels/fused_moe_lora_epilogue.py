@@ -147,7 +147,7 @@ def moe_gemm_lora(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, l
                          f"{tuple(adapter_enabled.shape)}")
     if R == 0:  # nothing to add; decided from the static shape
         return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
-    cfg = config or gemm_config(M, bm, N, K)
+    cfg = config or gemm_config(M, bm, N, K, w.shape[0])
     NS = N // P
     straddle = P == 2 and NS % cfg.block_n != 0  # some N tile holds columns of both slices
     br, lp = block_r(R), pow2(L)

@@ -173,7 +173,7 @@ class MoELayer(torch.nn.Module):
         topk_w, topk_ids = self.route(x)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
-        align = backend.align(topk_ids, E, backend.block_m(M, k, E))
+        align = backend.align(topk_ids, E, backend.block_m(M, k, E, K, I))
         # The first hook's delta may run inside the base GEMM's epilogue (static shapes decide per op);
         # the others, and any op not fused, run as separate kernels after the GEMM.
         f13 = bool(hooks) and hooks[0].fuses("gate_up", M, k, 2 * I, K)

@@ -25,8 +25,10 @@ class Backend(ABC):
 
     @staticmethod
     @abstractmethod
-    def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-        """Rows per block of the base GEMM's alignment (from static shapes)."""
+    def block_m(num_tokens: int, top_k: int, num_experts: int, hidden: int | None = None,
+                intermediate: int | None = None) -> int:
+        """Rows per block of the base GEMM's alignment (from static shapes: the layer's hidden and
+        intermediate sizes pick the GPU's tuned tile table where one exists)."""
 
     @staticmethod
     @abstractmethod

@@ -79,7 +79,8 @@ def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, t
             out[:, p * N:(p + 1) * N].index_add_(0, pair.reshape(-1), torch.where(keep, d, 0).reshape(-1, N))
 
 
-def block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+def block_m(num_tokens: int, top_k: int, num_experts: int, hidden: int | None = None,
+            intermediate: int | None = None) -> int:
     """Rows per block: small blocks when few pairs land on each expert (decode), larger in prefill.
     Here BLOCK_M only sets how many rows one batched matmul takes (the results do not depend on
     it); the Triton tiles are tuned separately in kernels/configs.py, which under the interpreter

@@ -76,25 +76,25 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
     h = rnd(k, I)
     seen = set()
     for M in num_tokens:
-        bm_base = moe_block_m(M, k, E)
+        bm_base = moe_block_m(M, k, E, K, I)
         bm_lora = lora_block_m(M, k, E, S)
         al = moe_align(ids, E, bm_base)
         jobs = [
-            ("gemm13", gemm_config(M, bm_base, 2 * I, K), bm_base,
+            ("gemm13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
              lambda c, al=al: moe_gemm(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), config=c)),
-            ("gemm2", gemm_config(M, bm_base, K, I), bm_base,
+            ("gemm2", gemm_config(M, bm_base, K, I, E), bm_base,
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        routed_weights=rw, gather=False, config=c)),
-            ("gemm2nw", gemm_config(M, bm_base, K, I), bm_base,
+            ("gemm2nw", gemm_config(M, bm_base, K, I, E), bm_base,
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        gather=False, config=c)),
         ]
         if use_fused_lora("gate_up", M, k, E, 2 * I, K):
-            jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K), bm_base, lambda c, al=al: moe_gemm_lora(
+            jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
                 config=c)))
         if use_fused_lora("down", M, k, E, K, I):
-            jobs.append(("fused2", gemm_config(M, bm_base, K, I), bm_base, lambda c, al=al: moe_gemm_lora(
+            jobs.append(("fused2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
                 routed_weights=rw, gather=False, config=c)))
         for bm in (bm_lora, bm_base):  # the layer may align LoRA with either size

@@ -1,0 +1,463 @@
+"""The base MoE GEMM's tuning sweep, its tile table, the table against the rules, and counters.
+
+    python scripts/record_kernels_base.py --out DIR [--sections sweep,compare] [--reps 15] [--dry]
+    python scripts/record_kernels_base.py --out DIR --sections compare --tables DIR   # a later session
+    ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
+        --log-file DIR/ncu_raw.csv \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
+        python scripts/record_kernels_base.py --out DIR --ncu-run      # one launch per target, counted
+    python scripts/record_kernels_base.py --out DIR --ncu-parse DIR/ncu_raw.csv   # -> kernels_base_ncu.csv
+
+Sections (CUDA-graph replays, bf16, top-8 of 128 experts from softmax-topk of random router logits,
+alignment outside the timed region, as data/kernels/README.md says of every base row):
+  sweep    every candidate tile (BLOCK_M x BLOCK_N x BLOCK_K x GROUP_M x warps x stages) at each swept M,
+           for gate_up and down of both presets: the median of --sweep-reps graph replays each.
+           Then the pick: per (preset, M) the BLOCK_M whose best gate_up + best down is least (the
+           two GEMMs share one alignment), and each GEMM's best tile at it. Written as the tile
+           tables DIR/tile_tables/<GPU>_E.._H.._I...json (kernels/tiles.py reads them).
+  compare  the table against the rules it replaces (kernels/configs.py: rule_block_m, rule_gemm_config)
+           and against the public vLLM H200 table's tiles on this kernel, interleaved and paired:
+           --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
+           percentile-bootstrap 95 % interval.
+  --ncu-run  one launch of each counted target (targets.json): the base GEMMs at M=16 and 8192 with
+           the table's tile and the rules', and the LoRA deltas at M=8192 (rank 32, 4 adapters all
+           enabled), between cudaProfilerStart/Stop so ncu counts only those.
+The candidate tiles include every tile of the vLLM table (its values are public facts: the tile
+numbers only, no code), so the sweep can only match or beat it on this kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import time
+
+import torch
+
+from lora_moe_lab import runtime
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
+from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
+from lora_moe_lab.instruments.recorders.timing import time_interleaved
+from lora_moe_lab.kernels import configs, tiles
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import GemmConfig, rule_block_m, rule_gemm_config
+from lora_moe_lab.kernels.fused_moe import moe_gemm
+from lora_moe_lab.model.graphs import GraphForward
+
+PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
+SWEEP_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+COMPARE_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
+BF = torch.bfloat16
+
+# (BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per BLOCK_M; the rules' tile and the vLLM table's are among them.
+TILES = {
+    16: [(64, 128, 1, 4, 4), (64, 64, 1, 4, 5), (64, 128, 1, 4, 3), (64, 256, 1, 4, 2), (128, 128, 1, 4, 2),
+         (128, 128, 1, 4, 3), (64, 64, 32, 4, 3), (128, 64, 32, 4, 5), (128, 64, 1, 4, 4), (256, 128, 1, 8, 2),
+         (64, 128, 16, 4, 2), (128, 128, 16, 4, 3)],
+    32: [(64, 128, 4, 4, 4), (128, 64, 16, 4, 4), (128, 128, 16, 4, 3), (256, 128, 16, 4, 2), (128, 64, 1, 4, 3),
+         (64, 64, 4, 4, 5), (256, 64, 8, 8, 3), (128, 128, 4, 4, 2)],
+    64: [(128, 64, 8, 4, 4), (128, 64, 1, 4, 3), (128, 64, 16, 4, 3), (128, 64, 32, 4, 2), (128, 128, 8, 4, 3),
+         (256, 64, 8, 8, 3), (256, 64, 8, 8, 4), (128, 128, 8, 8, 3), (256, 128, 8, 8, 2)],
+    128: [(128, 64, 8, 8, 4), (256, 64, 16, 8, 4), (256, 64, 1, 8, 4), (256, 64, 8, 8, 3), (128, 64, 1, 8, 3),
+          (128, 64, 16, 8, 3), (128, 128, 8, 8, 3), (256, 128, 8, 8, 2), (256, 32, 8, 8, 5), (256, 64, 32, 8, 4)],
+}
+
+# The public vLLM tables for H200, E=128 (N=768: qwen3-30b-a3b, N=192: its TP=4 shard): token count ->
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages). vLLM takes the entry whose key is nearest to M.
+VLLM_H200 = {
+    "qwen3-30b-a3b": {1: (16, 64, 64, 1, 4, 5), 16: (16, 64, 256, 1, 4, 2), 128: (16, 128, 128, 1, 4, 2),
+                      1024: (128, 256, 64, 16, 8, 4), 4096: (128, 256, 64, 16, 8, 4)},
+    "qwen3-30b-a3b-tp4": {1: (16, 64, 64, 1, 4, 5), 16: (16, 64, 64, 32, 4, 3), 128: (16, 128, 64, 32, 4, 5),
+                          1024: (128, 256, 64, 16, 8, 4), 4096: (128, 128, 64, 1, 8, 3)},
+}
+
+
+def tile_str(bm, t) -> str:
+    return f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}"
+
+
+def as_config(t) -> GemmConfig:
+    return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4])
+
+
+def as_tuple(c: GemmConfig) -> tuple:
+    return (c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
+
+
+def block_ms(M: int, k: int, E: int) -> list[int]:
+    """BLOCK_M candidates at M: the rule's, one step either side, and the vLLM table's (capped at 128)."""
+    bm0 = rule_block_m(M, k, E)
+    steps = (16, 32, 64, 128)
+    i = steps.index(bm0)
+    return sorted({steps[j] for j in (i - 1, i, i + 1) if 0 <= j < len(steps)} | ({128} if M >= 1024 else set()))
+
+
+class Case:
+    """The inputs of one (preset, M): weights, activations, routing, outputs."""
+
+    def __init__(self, preset, M, dev, gen):
+        sh = get_shape(preset)
+        self.K, self.I, self.E, self.k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+        K, I, E, k = self.K, self.I, self.E, self.k
+        self.M = M
+        self.w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+        self.w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        self.x = torch.randn(M, K, generator=gen, device=dev).to(BF)
+        self.h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
+        self.rw, self.ids = route(M, E, k, gen, dev)
+        self.inter = torch.empty(M * k, 2 * I, device=dev, dtype=BF)
+        self.down = torch.empty(M * k, K, device=dev, dtype=BF)
+        self._al = {}
+
+    def align(self, bm):
+        if bm not in self._al:
+            self._al[bm] = moe_align(self.ids, self.E, bm)
+        return self._al[bm]
+
+    def fn(self, op, bm, cfg):
+        al = self.align(bm)
+        if op == "gate_up":
+            return lambda: moe_gemm(self.x, self.w13, al, self.k, self.inter, config=cfg)
+        return lambda: moe_gemm(self.h, self.w2, al, self.k, self.down, routed_weights=self.rw, gather=False,
+                                config=cfg)
+
+    def flops(self, op):
+        n, kk = (2 * self.I, self.K) if op == "gate_up" else (self.K, self.I)
+        return 2 * self.M * self.k * n * kk
+
+
+def inner_of(M):
+    return 8 if M <= 1024 else 2
+
+
+# ------------------------------------------------------------------------------------------------
+def sweep(preset, dev, gen, reps):
+    for M in SWEEP_M:
+        c = Case(preset, M, dev, gen)
+        for bm in block_ms(M, c.k, c.E):
+            for t in TILES[bm]:
+                for op in ("gate_up", "down"):
+                    try:
+                        us = graph_time_us([c.fn(op, bm, as_config(t))], inner=inner_of(M), reps=reps)
+                        err = ""
+                    except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a row too
+                        us, err = float("nan"), f"{type(exc).__name__}: {str(exc)[:160]}"
+                        runtime.synchronize()
+                    row(section="sweep", preset=preset, op=op, M=M, block_m=bm, tile=tile_str(bm, t), time_us=us,
+                        tflops=c.flops(op) / (us * 1e-6) / 1e12 if us == us else float("nan"), error=err)
+        best = pick_rows(preset, M)
+        log(f"sweep {preset} M={M}: bm{best['block_m']} gate_up {best['gate_up'][1]:.1f} us "
+            f"({best['gate_up'][0]}), down {best['down'][1]:.1f} us ({best['down'][0]})")
+        del c
+        torch.cuda.empty_cache()
+
+
+def pick_rows(preset, M):
+    rows = [r for r in ROWS if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M
+            and r["time_us"] == r["time_us"]]
+    best = {}
+    for bm in sorted({r["block_m"] for r in rows}):
+        per = {}
+        for op in ("gate_up", "down"):
+            cand = [r for r in rows if r["block_m"] == bm and r["op"] == op]
+            if cand:
+                b = min(cand, key=lambda r: r["time_us"])
+                per[op] = (b["tile"], b["time_us"])
+        if len(per) == 2:
+            best[bm] = per
+    bm = min(best, key=lambda b: best[b]["gate_up"][1] + best[b]["down"][1])
+    return dict(block_m=bm, **best[bm])
+
+
+def parse_tile(s):
+    v = dict(re.findall(r"([a-z]+)(\d+)", s))
+    return int(v["bm"]), dict(block_n=int(v["bn"]), block_k=int(v["bk"]), group_m=int(v["g"]),
+                              num_warps=int(v["w"]), num_stages=int(v["s"]))
+
+
+def write_tables(out, meta):
+    os.makedirs(os.path.join(out, "tile_tables"), exist_ok=True)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    paths = []
+    for preset in PRESETS:
+        sh = get_shape(preset)
+        buckets = {}
+        for M in SWEEP_M:
+            p = pick_rows(preset, M)
+            bm, gu = parse_tile(p["gate_up"][0])
+            _, dn = parse_tile(p["down"][0])
+            buckets[str(M)] = dict(block_m=bm, gate_up=gu, down=dn, gate_up_us=round(p["gate_up"][1], 2),
+                                   down_us=round(p["down"][1], 2))
+        table = dict(gpu=gpu, num_experts=sh.num_experts, hidden=sh.hidden, intermediate=sh.intermediate,
+                     preset=preset, source=f"scripts/record_kernels_base.py sweep at {meta.get('commit')}, "
+                                           f"{meta.get('date')}", buckets=buckets)
+        tiles.check_table({**table, "buckets": {b: {k: v for k, v in e.items() if not k.endswith("_us")}
+                                                for b, e in buckets.items()}})
+        f = os.path.join(out, "tile_tables", tiles.file_name(gpu, sh.num_experts, sh.hidden, sh.intermediate))
+        with open(f, "w") as fh:
+            json.dump(table, fh, indent=1)
+        paths.append(f)
+        log(f"wrote {f}")
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------
+def vllm_tile(preset, M):
+    tab = VLLM_H200[preset]
+    key = min(tab, key=lambda x: abs(x - M))
+    t = tab[key]
+    return t[0], t[1:]
+
+
+def arms_of(c, preset, M, op):
+    """arm -> (block_m, tile tuple): the table (as configs.py reads it), the rules, the vLLM table's."""
+    bm_tab = configs.moe_block_m(M, c.k, c.E, c.K, c.I)
+    n, kk = (2 * c.I, c.K) if op == "gate_up" else (c.K, c.I)
+    tab = configs.gemm_config(M, bm_tab, n, kk, c.E)
+    bm_rule = rule_block_m(M, c.k, c.E)
+    return dict(table=(bm_tab, as_tuple(tab)), rules=(bm_rule, as_tuple(rule_gemm_config(bm_rule))),
+                vllm_tiles=vllm_tile(preset, M))
+
+
+def compare(preset, dev, gen, reps):
+    for M in COMPARE_M:
+        c = Case(preset, M, dev, gen)
+        inner = inner_of(M)
+        for op in ("gate_up", "down"):
+            arms = arms_of(c, preset, M, op)
+            graphs = {}
+            for a, (bm, t) in arms.items():
+                f = c.fn(op, bm, as_config(t))
+                graphs[a] = f if harness.is_dry() else GraphForward(lambda f=f: [f() for _ in range(inner)], warmup=3)
+            fns = {a: (g if harness.is_dry() else g.replay) for a, g in graphs.items()}
+            for f in fns.values():
+                f()
+            got = time_interleaved(fns, reps=reps)
+            samples = {a: [s / inner for s in t.samples_us] for a, t in got.items()}
+            wc = warmup_check(samples)
+            keep = slice(wc.dropped, None)
+            s = {a: torch.tensor(v[keep]).tolist() for a, v in samples.items()}
+            med = {a: float(torch.tensor(v).median()) for a, v in s.items()}
+            r_rules = bootstrap_paired(s["rules"], s["table"], "ratio_of_medians")
+            r_vllm = bootstrap_paired(s["vllm_tiles"], s["table"], "ratio_of_medians")
+            row(section="compare", preset=preset, op=op, M=M, reps=reps, kept=len(s["table"]), stable=wc.stable,
+                warmup=wc.note,
+                table_tile=tile_str(*arms["table"]), rules_tile=tile_str(*arms["rules"]),
+                vllm_tile=tile_str(*arms["vllm_tiles"]), table_us=med["table"], rules_us=med["rules"],
+                vllm_tiles_us=med["vllm_tiles"], rules_over_table=r_rules[0], rules_over_table_lo=r_rules[1],
+                rules_over_table_hi=r_rules[2], vllm_tiles_over_table=r_vllm[0], vllm_tiles_over_table_lo=r_vllm[1],
+                vllm_tiles_over_table_hi=r_vllm[2], table_tflops=c.flops(op) / (med["table"] * 1e-6) / 1e12,
+                interval=METHOD_BOOT)
+            log(f"compare {preset} {op} M={M}: table {med['table']:.1f} us, rules {med['rules']:.1f} "
+                f"({r_rules[0]:.3f} [{r_rules[1]:.3f}, {r_rules[2]:.3f}]), vllm tiles {med['vllm_tiles']:.1f} "
+                f"({r_vllm[0]:.3f} [{r_vllm[1]:.3f}, {r_vllm[2]:.3f}]) {wc.note}")
+            del graphs, fns
+        del c
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------
+def ncu_run(out, dev, gen):
+    """One launch per target between cudaProfilerStart/Stop (warm-ups and alignments outside)."""
+    from lora_moe_lab.instruments.recorders.kernel_cases import S, RANK
+    from lora_moe_lab.kernels.configs import lora_block_m
+    from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+
+    targets = []
+    launches = []
+    for preset in PRESETS:
+        for M in (16, 8192):
+            c = Case(preset, M, dev, gen)
+            for op in ("gate_up", "down"):
+                arms = arms_of(c, preset, M, op)
+                for a in ("table", "rules"):
+                    bm, t = arms[a]
+                    launches.append(c.fn(op, bm, as_config(t)))
+                    targets.append(dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"base_{op}", arm=a,
+                                        tile=tile_str(bm, t), flops=c.flops(op), cls=c))
+        c = Case(preset, 8192, dev, gen)
+        E, K, I, k = c.E, c.K, c.I, c.k
+        bml = lora_block_m(8192, k, E, S)
+        slot = torch.randint(0, S, (8192,), generator=gen, device=dev, dtype=torch.int32)
+        al = moe_align(c.ids, E, bml, slot, S)
+        lora_ids = torch.arange(S, dtype=torch.int32, device=dev)
+        enabled = torch.ones(S, dtype=torch.int32, device=dev)
+        a13 = (torch.randn(2, S, E, RANK, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+        b13 = (torch.randn(2, S, E, I, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
+        a2 = (torch.randn(1, S, E, RANK, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        b2 = (torch.randn(1, S, E, K, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
+        launches.append(lambda c=c, al=al, a13=a13, b13=b13: lora_delta(c.x, a13, b13, al, lora_ids, enabled, k,
+                                                                         c.inter))
+        launches.append(lambda c=c, al=al, a2=a2, b2=b2: lora_delta(c.h, a2, b2, al, lora_ids, enabled, k, c.down,
+                                                                     routed_weights=c.rw, gather=False))
+        used = int(torch.unique(slot.long().repeat_interleave(k) * E + c.ids.flatten().long()).numel())
+        n_pairs = 8192 * k
+        for op, n, kk, P in (("lora_gate_up", I, K, 2), ("lora_down", K, I, 1)):
+            floor = used * P * (RANK * kk + n * RANK) * 2 + (8192 if op == "lora_gate_up" else n_pairs) * kk * 2 \
+                + 2 * n_pairs * P * n * 2
+            targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=8192, op=op, arm="table",
+                                tile="", byte_floor=floor))
+    for f in launches:  # compile and warm every target first
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for f in launches:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    for t in targets:
+        if "cls" in t:
+            c = t.pop("cls")
+            n, kk = (2 * c.I, c.K) if t["op"] == "base_gate_up" else (c.K, c.I)
+            used = int(torch.unique(c.ids).numel())
+            rows_in = c.M if t["op"] == "base_gate_up" else c.M * c.k
+            t["byte_floor"] = used * n * kk * 2 + rows_in * kk * 2 + c.M * c.k * n * 2
+    with open(os.path.join(out, "targets.json"), "w") as fh:
+        json.dump(targets, fh, indent=1)
+    log(f"ncu-run: {len(targets)} targets launched once each; targets.json written")
+
+
+NCU_COLS = {  # our column -> ncu raw metric
+    "duration_us": "gpu__time_duration.sum",
+    "dram_read_bytes": "dram__bytes_read.sum",
+    "dram_write_bytes": "dram__bytes_write.sum",
+    "dram_pct_peak": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm_pct_peak": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
+    "registers": "launch__registers_per_thread",
+}
+# ncu prints scaled units unless --print-units base; either way each value is brought to bytes and ns
+UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}
+_STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+
+
+def _num(v):
+    try:
+        return float(str(v).replace(",", ""))
+    except ValueError:
+        return float("nan")
+
+
+def ncu_parse(raw_csv, out):
+    """ncu's raw CSV (one row per profiled kernel, a units row after the header) + targets.json ->
+    kernels_base_ncu.csv: DRAM bytes against the byte floor, throughput, occupancy, top stall reasons."""
+    with open(raw_csv) as fh:
+        lines = [ln for ln in fh if ln.startswith('"')]  # ncu's own log lines ("==PROF==") are not CSV
+    rows = list(csv.DictReader(lines))
+    rows = [r for r in rows if r.get("ID", "").strip().isdigit()]  # drops the units row
+    targets = json.load(open(os.path.join(out, "targets.json")))
+    by_kernel = {}
+    for r in rows:
+        name = r.get("Kernel Name", "")
+        key = "fused_moe_lora_kernel" if "lora" in name else "fused_moe_kernel" if "fused_moe_kernel" in name else None
+        if key:
+            by_kernel.setdefault(key, []).append(r)
+    seen = {}
+    recs = []
+    for t in targets:
+        i = seen.get(t["kernel"], 0)
+        seen[t["kernel"]] = i + 1
+        r = by_kernel.get(t["kernel"], [])[i] if i < len(by_kernel.get(t["kernel"], [])) else None
+        if r is None:
+            raise ValueError(f"{raw_csv}: no {i + 1}-th {t['kernel']} launch for target {t}")
+        rec = dict(t)
+        units = units_of(lines)
+        for col, metric in NCU_COLS.items():
+            rec[col] = _num(r.get(metric, "nan")) * UNIT.get(units.get(metric, "").strip(), 1.0)
+        rec["duration_us"] *= 1e-3  # ns (UNIT's base) -> us
+        stalls = sorted(((_num(v), m.group(1)) for k, v in r.items() if (m := _STALL.match(k))), reverse=True)
+        stalls = [(v, s) for v, s in stalls if v == v]
+        rec["top_stall"] = stalls[0][1] if stalls else ""
+        rec["top_stall_ratio"] = stalls[0][0] if stalls else float("nan")
+        rec["second_stall"] = stalls[1][1] if len(stalls) > 1 else ""
+        rec["dram_bytes_over_floor"] = (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / rec["byte_floor"]
+        recs.append(rec)
+    keys = list(dict.fromkeys(k for r in recs for k in r))
+    f = os.path.join(out, "kernels_base_ncu.csv")
+    with open(f, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(recs)
+    for r in recs:
+        log(f"ncu {r['preset']:<18}{r['op']:<13}M={r['M']:<5}{r['arm']:<6}{r['duration_us']:8.1f} us "
+            f"DRAM {r['dram_pct_peak']:5.1f} % bytes/floor {r['dram_bytes_over_floor']:.2f} "
+            f"occ {r['achieved_occupancy_pct']:5.1f} % L2 hit {r['l2_hit_pct']:5.1f} % stall {r['top_stall']}")
+    return f
+
+
+def units_of(lines):
+    """The units row of ncu's raw CSV (the first data row, its ID empty): metric -> unit."""
+    rd = csv.reader(lines[:2])
+    head, units = next(rd), next(rd)
+    return dict(zip(head, units))
+
+
+# ------------------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "build/kernels_base"), help="default: $OUT")
+    ap.add_argument("--sections", default="sweep,compare", help="default: sweep,compare")
+    ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions of compare (default 15)")
+    ap.add_argument("--sweep-reps", type=int, default=10, help="replays per sweep timing (default 10)")
+    ap.add_argument("--tables", help="read the tile tables from DIR/tile_tables (compare in a later session)")
+    ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
+    ap.add_argument("--ncu-parse", metavar="RAW_CSV", help="ncu's raw CSV -> kernels_base_ncu.csv (CPU is fine)")
+    ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
+    args = ap.parse_args(argv)
+    if args.ncu_parse:
+        return ncu_parse(args.ncu_parse, args.out)
+    dev = torch.device("cuda")
+    if args.dry or not torch.cuda.is_available():
+        dev = _dry()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    if args.ncu_run:
+        os.makedirs(args.out, exist_ok=True)
+        if args.tables:
+            use_tables(os.path.join(args.tables, "tile_tables"))
+        return ncu_run(args.out, dev, gen)
+    rec = Recorder("kernels_base", args.out, params=dict(vars(args), sweep_m=SWEEP_M, compare_m=COMPARE_M,
+                                                         vllm_h200=VLLM_H200, dtype="bfloat16"))
+    secs = args.sections.split(",")
+    t0 = time.time()
+    if "sweep" in secs:
+        for preset in PRESETS:
+            rec.section(f"sweep {preset}", sweep, preset, dev, gen, args.sweep_reps)
+            log(f"[sweep {preset} done at {time.time() - t0:.0f}s]")
+        if not harness.is_dry():
+            rec.meta["tile_tables"] = write_tables(args.out, rec.meta)
+    tdir = args.tables or (args.out if "sweep" in secs else None)
+    if tdir and not harness.is_dry():
+        use_tables(os.path.join(tdir, "tile_tables"))
+    rec.meta["tile_table_dir"] = str(tiles.TABLE_DIR)
+    if "compare" in secs:
+        for preset in PRESETS:
+            rec.section(f"compare {preset}", compare, preset, dev, gen, args.reps)
+            log(f"[compare {preset} done at {time.time() - t0:.0f}s]")
+    rec.write()
+
+
+def use_tables(path):
+    """Point kernels/tiles.py at freshly written tables (the sweep's), so compare measures them."""
+    tiles.TABLE_DIR = type(tiles.TABLE_DIR)(path)
+    tiles.load.cache_clear()
+    tiles._tables_of.cache_clear()
+
+
+def _dry():
+    global PRESETS, SWEEP_M, COMPARE_M, BF, TILES, VLLM_H200
+    harness.set_dry()
+    PRESETS, SWEEP_M, COMPARE_M, BF = ("tiny",), (1, 16), (1, 16), torch.float32
+    TILES = {bm: [(32, 32, 4, 4, 1)] for bm in (16, 32, 64, 128)}
+    VLLM_H200 = {"tiny": {1: (16, 32, 32, 1, 4, 1)}}
+    torch.cuda.synchronize = lambda *a: None
+    return torch.device("cpu")
+
+
+if __name__ == "__main__":
+    main()
