@@ -16,6 +16,8 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            Then the pick: per (preset, M) the BLOCK_M whose best gate_up + best down is least (the
            two GEMMs share one alignment), and each GEMM's best tile at it. Written as the tile
            tables DIR/tile_tables/<GPU>_E.._H.._I...json (kernels/tiles.py reads them).
+  variants the table's tile in three builds: every load predicated, predicate-free loads (K, N tile
+           multiples), and the weight tile through a TMA descriptor; the tables get w_desc where TMA won.
   compare  the table against the rules it replaces (kernels/configs.py: rule_block_m, rule_gemm_config)
            and against the public vLLM H200 table's tiles on this kernel, interleaved and paired:
            --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
@@ -262,6 +264,60 @@ def compare(preset, dev, gen, reps):
 
 
 # ------------------------------------------------------------------------------------------------
+VARIANTS = {"masked": dict(even=False), "even": dict(), "even_tma": dict(w_desc=True)}
+
+
+def variants(preset, dev, gen, reps):
+    """The table's tile in three builds of the kernel, interleaved and paired: `masked` (every load
+    predicated, the kernel before the EVEN flags), `even` (no K/N predicates where K, N are tile
+    multiples) and `even_tma` (also the weight tile through a TMA descriptor)."""
+    from dataclasses import replace
+
+    for M in SWEEP_M:
+        c = Case(preset, M, dev, gen)
+        inner = inner_of(M)
+        for op in ("gate_up", "down"):
+            bm, t = arms_of(c, preset, M, op)["table"]
+            fns = {}
+            for v, kw in VARIANTS.items():
+                f = c.fn(op, bm, replace(as_config(t), **kw))
+                fns[v] = f if harness.is_dry() else GraphForward(lambda f=f: [f() for _ in range(inner)],
+                                                                 warmup=3).replay
+            got = time_interleaved(fns, reps=reps)
+            samples = {a: [x / inner for x in tm.samples_us] for a, tm in got.items()}
+            wc = warmup_check(samples)
+            s = {a: v[wc.dropped:] for a, v in samples.items()}
+            r = {v: bootstrap_paired(s[v], s["masked"], "ratio_of_medians") for v in ("even", "even_tma")}
+            row(section="variants", preset=preset, op=op, M=M, tile=tile_str(bm, t), reps=reps, stable=wc.stable,
+                warmup=wc.note, **{f"{v}_us": float(torch.tensor(s[v]).median()) for v in VARIANTS},
+                **{f"{v}_over_masked{sfx}": r[v][i] for v in r for i, sfx in enumerate(("", "_lo", "_hi"))},
+                interval=METHOD_BOOT)
+            masked_us = float(torch.tensor(s["masked"]).median())
+            log(f"variants {preset} {op} M={M} {tile_str(bm, t)}: masked {masked_us:.1f} us, even/masked "
+                f"{r['even'][0]:.3f} [{r['even'][1]:.3f}, {r['even'][2]:.3f}], even_tma/masked "
+                f"{r['even_tma'][0]:.3f} [{r['even_tma'][1]:.3f}, {r['even_tma'][2]:.3f}] {wc.note}")
+        del c
+        torch.cuda.empty_cache()
+
+
+def add_tma_choice(out):
+    """The tables get w_desc where the TMA build was faster than the plain one beyond its interval:
+    even_tma/masked's upper bound below even/masked's lower bound, on a stable point."""
+    for preset in PRESETS:
+        sh = get_shape(preset)
+        gpu = torch.cuda.get_device_name()
+        f = os.path.join(out, "tile_tables", tiles.file_name(gpu, sh.num_experts, sh.hidden, sh.intermediate))
+        table = json.load(open(f))
+        for r in ROWS:
+            if r["section"] == "variants" and r["preset"] == preset and str(r["M"]) in table["buckets"]:
+                wins = r["stable"] and r["even_tma_over_masked_hi"] < r["even_over_masked_lo"]
+                table["buckets"][str(r["M"])][r["op"]]["w_desc"] = bool(wins)
+        with open(f, "w") as fh:
+            json.dump(table, fh, indent=1)
+        log(f"w_desc set in {f} where the TMA build won")
+
+
+# ------------------------------------------------------------------------------------------------
 def ncu_run(out, dev, gen):
     """One launch per target between cudaProfilerStart/Stop (warm-ups and alignments outside)."""
     from lora_moe_lab.instruments.recorders.kernel_cases import S, RANK
@@ -326,7 +382,8 @@ NCU_COLS = {  # our column -> ncu raw metric
     "duration_us": "gpu__time_duration.sum",
     "dram_read_bytes": "dram__bytes_read.sum",
     "dram_write_bytes": "dram__bytes_write.sum",
-    "dram_pct_peak": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_pct_peak": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor_pipe_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "sm_pct_peak": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
@@ -386,7 +443,8 @@ def ncu_parse(raw_csv, out):
         w.writerows(recs)
     for r in recs:
         log(f"ncu {r['preset']:<18}{r['op']:<13}M={r['M']:<5}{r['arm']:<6}{r['duration_us']:8.1f} us "
-            f"DRAM {r['dram_pct_peak']:5.1f} % bytes/floor {r['dram_bytes_over_floor']:.2f} "
+            f"DRAM {r['dram_pct_peak']:5.1f} % tensor {r['tensor_pipe_pct']:5.1f} % "
+            f"bytes/floor {r['dram_bytes_over_floor']:.2f} "
             f"occ {r['achieved_occupancy_pct']:5.1f} % L2 hit {r['l2_hit_pct']:5.1f} % stall {r['top_stall']}")
     return f
 
@@ -402,7 +460,7 @@ def units_of(lines):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "build/kernels_base"), help="default: $OUT")
-    ap.add_argument("--sections", default="sweep,compare", help="default: sweep,compare")
+    ap.add_argument("--sections", default="sweep,variants,compare", help="default: sweep,variants,compare")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions of compare (default 15)")
     ap.add_argument("--sweep-reps", type=int, default=10, help="replays per sweep timing (default 10)")
     ap.add_argument("--tables", help="read the tile tables from DIR/tile_tables (compare in a later session)")
@@ -435,6 +493,13 @@ def main(argv=None):
     if tdir and not harness.is_dry():
         use_tables(os.path.join(tdir, "tile_tables"))
     rec.meta["tile_table_dir"] = str(tiles.TABLE_DIR)
+    if "variants" in secs:
+        for preset in PRESETS:
+            rec.section(f"variants {preset}", variants, preset, dev, gen, args.reps)
+            log(f"[variants {preset} done at {time.time() - t0:.0f}s]")
+        if not harness.is_dry() and "sweep" in secs:
+            add_tma_choice(args.out)
+            use_tables(os.path.join(args.out, "tile_tables"))
     if "compare" in secs:
         for preset in PRESETS:
             rec.section(f"compare {preset}", compare, preset, dev, gen, args.reps)

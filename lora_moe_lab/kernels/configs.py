@@ -23,6 +23,8 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    w_desc: bool = False  # weight tiles through a TMA descriptor (kernels/fused_moe.py), where w allows it
+    even: bool = True  # predicate-free loads where K, N are tile multiples; False only to measure the masked loads
 
 
 @dataclass(frozen=True)

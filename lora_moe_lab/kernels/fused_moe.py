@@ -11,8 +11,12 @@ block belongs to the same expert, so the whole tile is one dense matmul against 
 weights: the gather happens on the activation side only. Padding rows carry the sentinel id
 num_pairs and are masked out of loads and stores.
 """
+import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import runtime
 
 from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
                      check_tensor, num_pairs_of, stages_for)
@@ -58,8 +62,9 @@ def fused_moe_kernel(
     stride_xm, stride_xk,
     stride_we, stride_wn, stride_wk,
     stride_om, stride_on,
+    w_desc,  # TMA descriptor of w viewed as (E * N, K), block (BLOCK_N, BLOCK_K); read only when W_DESC
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    GATHER: tl.constexpr, HAS_RW: tl.constexpr,
+    GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
 ):
     # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
     # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
@@ -86,11 +91,24 @@ def fused_moe_kernel(
     # w tile loaded as (BLOCK_K, BLOCK_N) so the dot needs no transpose.
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
 
+    # EVEN_K / EVEN_N (K, N multiples of the tile): no K or N predicates on the loads at all.
+    # W_DESC: the weight tile comes through the Tensor Memory Accelerator (one TMA copy per tile,
+    # issued by one thread, no address registers); rows past this expert's N belong to the next
+    # expert or lie past the end (zero-filled) and only feed output columns that are never stored.
+    w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)  # TMA coordinates are 32-bit (tma_ok checks E * N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
-        xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=valid[:, None], other=0.0)
+        else:
+            xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if W_DESC:
+            wt = w_desc.load([w_row, k0]).T
+        elif EVEN_K and EVEN_N:
+            wt = tl.load(w_ptrs)
+        else:
+            wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, wt, acc)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
@@ -126,6 +144,17 @@ def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe
     return N, K, num_pairs, bm
 
 
+def tma_ok(w) -> bool:
+    """Whether w can be read through a TMA descriptor: a contiguous (E, N, K) tensor whose rows are
+    16-byte multiples at a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper);
+    the interpreter runs descriptors too."""
+    aligned = (w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
+               and w.shape[0] * w.shape[1] < 2 ** 31)
+    if runtime.interpreter():
+        return aligned
+    return aligned and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
+
+
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None):
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
@@ -142,12 +171,15 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
+    use_desc = cfg.w_desc and tma_ok(w)
+    w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
+        EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         num_warps=cfg.num_warps, num_stages=stages,
     )
     return out

@@ -50,10 +50,13 @@ def check_table(table: dict, where: str = "tile table") -> dict:
             raise ValueError(f"{where}: bucket {b}: block_m must be 16, 32, 64 or 128, got {e.get('block_m')!r}")
         for op in ("gate_up", "down"):
             tile = e.get(op)
-            if not isinstance(tile, dict) or set(tile) != set(GEMM_KEYS):
-                raise ValueError(f"{where}: bucket {b}: {op} must hold exactly {GEMM_KEYS}, got {tile!r}")
-            if any(not isinstance(v, int) or v <= 0 for v in tile.values()):
+            if not isinstance(tile, dict) or set(tile) - {"w_desc"} != set(GEMM_KEYS):
+                raise ValueError(f"{where}: bucket {b}: {op} must hold exactly {GEMM_KEYS} (and optionally "
+                                 f"w_desc), got {tile!r}")
+            if any(not isinstance(tile[k], int) or tile[k] <= 0 for k in GEMM_KEYS):
                 raise ValueError(f"{where}: bucket {b}: {op} values must be positive ints, got {tile}")
+            if not isinstance(tile.get("w_desc", False), bool):
+                raise ValueError(f"{where}: bucket {b}: {op} w_desc must be true or false, got {tile['w_desc']!r}")
     return table
 
 

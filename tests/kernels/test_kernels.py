@@ -74,6 +74,24 @@ def test_moe_gemm_block_sizes_and_grouping():
                    config=GemmConfig(block_n=16, block_k=16, group_m=2, num_warps=4, num_stages=1))
 
 
+@pytest.mark.parametrize("w_desc", [False, True])
+@pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw", [
+    (9, 64, 64, 8, 2, True, False),  # EVEN_K and EVEN_N: no predicates on the loads
+    (7, 40, 48, 8, 2, False, True),  # K, N past the last full tile: the descriptor zero-fills K, N spills over
+    (5, 64, 40, 3, 2, True, True),  # the last expert's N spill reads past the end of w (zero-filled)
+])
+def test_moe_gemm_tma_and_even_tiles(M, K, N, E, top_k, gather, with_rw, w_desc):
+    # The weight tile through a TMA descriptor (w viewed as (E * N, K)) and the unpredicated loads.
+    check_moe_gemm(M * 31 + K + N, M, K, N, E, top_k, gather, with_rw, torch.float32,
+                   config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc))
+
+
+def test_tma_ok_needs_aligned_contiguous_rows():
+    assert fused_moe.tma_ok(torch.zeros(2, 8, 16, device=DEV))
+    assert not fused_moe.tma_ok(torch.zeros(2, 8, 16, device=DEV).transpose(1, 2))
+    assert not fused_moe.tma_ok(torch.zeros(2, 8, 5, device=DEV))  # 20-byte rows
+
+
 # ------------------------------------------------------------------------------------------------
 # LoRA delta
 # ------------------------------------------------------------------------------------------------
@@ -239,7 +257,8 @@ def test_moe_gemm_random(data):
     E, top_k, M = _draw_routing(data, 9)
     K = data.draw(st.integers(1, 80), label="K")
     N = data.draw(st.integers(1, 70), label="N")
-    gather, with_rw, bm, dtype, cfg = _draw_launch(data, [None, GemmConfig(16, 16, 2, 4, 1)])
+    gather, with_rw, bm, dtype, cfg = _draw_launch(data, [None, GemmConfig(16, 16, 2, 4, 1),
+                                                          GemmConfig(16, 16, 2, 4, 1, w_desc=True)])
     check_moe_gemm(data.draw(st.integers(0, 2 ** 30), label="seed"), M, K, N, E, top_k, gather, with_rw,
                    dtype, bm=bm, config=cfg)
 
