@@ -5,7 +5,7 @@
     ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
         --log-file DIR/ncu_raw.csv \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum \\
         python scripts/record_kernels_base.py --out DIR --ncu-run      # one launch per target, counted
     python scripts/record_kernels_base.py --out DIR --ncu-parse DIR/ncu_raw.csv   # -> kernels_base_ncu.csv
 
@@ -80,15 +80,17 @@ VLLM_H200 = {
 
 
 def tile_str(bm, t) -> str:
-    return f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}"
+    return f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}" + ("/tma" if len(t) > 5 and t[5] else "")
 
 
 def as_config(t) -> GemmConfig:
-    return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4])
+    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages[, w_desc]) -> GemmConfig."""
+    return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4],
+                      w_desc=bool(t[5]) if len(t) > 5 else False)
 
 
 def as_tuple(c: GemmConfig) -> tuple:
-    return (c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
+    return (c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, c.w_desc)
 
 
 def block_ms(M: int, k: int, E: int) -> list[int]:
@@ -264,7 +266,7 @@ def compare(preset, dev, gen, reps):
 
 
 # ------------------------------------------------------------------------------------------------
-VARIANTS = {"masked": dict(even=False), "even": dict(), "even_tma": dict(w_desc=True)}
+VARIANTS = {"masked": dict(even=False, w_desc=False), "even": dict(w_desc=False), "even_tma": dict(w_desc=True)}
 
 
 def variants(preset, dev, gen, reps):
@@ -324,6 +326,8 @@ def add_tma_choice(out):
 # ------------------------------------------------------------------------------------------------
 def ncu_run(out, dev, gen):
     """One launch per target between cudaProfilerStart/Stop (warm-ups and alignments outside)."""
+    from dataclasses import replace
+
     from lora_moe_lab.instruments.recorders.kernel_cases import S, RANK
     from lora_moe_lab.kernels.configs import lora_block_m
     from lora_moe_lab.kernels.fused_moe_lora import lora_delta
@@ -335,11 +339,13 @@ def ncu_run(out, dev, gen):
             c = Case(preset, M, dev, gen)
             for op in ("gate_up", "down"):
                 arms = arms_of(c, preset, M, op)
-                for a in ("table", "rules"):
-                    bm, t = arms[a]
-                    launches.append(c.fn(op, bm, as_config(t)))
+                picks = [("table", *arms["table"], {}), ("rules", *arms["rules"], {})]
+                if M >= 1024:  # the table's tile as the kernel was before the EVEN flags and TMA
+                    picks.append(("table_masked", *arms["table"], dict(even=False, w_desc=False)))
+                for a, bm, t, kw in picks:
+                    launches.append(c.fn(op, bm, replace(as_config(t), **kw)))
                     targets.append(dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"base_{op}", arm=a,
-                                        tile=tile_str(bm, t), flops=c.flops(op), cls=c))
+                                        tile=tile_str(bm, t) + ("/masked" if kw else ""), flops=c.flops(op), cls=c))
         c = Case(preset, 8192, dev, gen)
         E, K, I, k = c.E, c.K, c.I, c.k
         bml = lora_block_m(8192, k, E, S)
@@ -392,6 +398,7 @@ NCU_COLS = {  # our column -> ncu raw metric
     "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
     "registers": "launch__registers_per_thread",
+    "instructions": "smsp__inst_executed.sum",
 }
 # ncu prints scaled units unless --print-units base; either way each value is brought to bytes and ns
 UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}
