@@ -1,0 +1,120 @@
+"""Readers of the base MoE GEMM recordings (scripts/record_kernels_base.py) and of the peers' carried figures.
+
+    run = load_base_run()                 # data/kernels/base_run3_*: sweep, variants, compare (+ ncu counters)
+    run.compare, run.variants, run.ncu    # tidy DataFrames
+    versus_peers(run)                     # the table's kernel against vLLM's tuned kernel (carried figures)
+    base_sessions()                       # the headline (table vs rules) in each device session, and between them
+
+The peers' base-GEMM figures (`data/kernels/peers_base_carried.csv`) come from a side-by-side run of
+vLLM's Triton fused_moe_kernel with its own H200 tables against this lab's kernel as it was then
+(the `lab_rules` rows), carried from the issue that asked for this comparison; no script here ran
+vLLM. Two ratios are therefore given: `direct` (their time over ours, two different runs) and
+`bridged`, which keeps every ratio inside one run: their time over the lab's kernel of that run
+(the same run), times the lab's old kernel over the table's kernel (this lab's run, paired).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ...provenance import label as _label
+from ...provenance import normalize_meta
+from .stats import between_sessions
+
+KERNELS_DIR = Path(__file__).resolve().parents[3] / "data" / "kernels"
+BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
+BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
+PEERS_BASE = "peers_base_carried.csv"
+
+
+@dataclass
+class BaseRun:
+    rows: pd.DataFrame
+    meta: dict
+    ncu: pd.DataFrame | None
+    name: str
+
+    @property
+    def label(self) -> str:
+        return _label(self.meta)
+
+    def section(self, name: str) -> pd.DataFrame:
+        s = self.rows[self.rows["section"] == name].copy()
+        if s.empty:
+            raise ValueError(f"{self.name} has no section {name!r}; it has {sorted(self.rows['section'].unique())}")
+        s["M"] = s["M"].astype(int)
+        return s
+
+    @property
+    def compare(self) -> pd.DataFrame:
+        return self.section("compare")
+
+    @property
+    def variants(self) -> pd.DataFrame:
+        return self.section("variants")
+
+
+def load_base_run(name: str = BASE_RUN, path: str | Path | None = None) -> BaseRun:
+    d = Path(path) if path is not None else KERNELS_DIR
+    f = d / f"{name}_kernels_base.csv"
+    if not f.exists():
+        raise FileNotFoundError(f"no recording at {f}: scripts/record_kernels_base.py writes it on a GPU")
+    meta = normalize_meta(json.loads((d / f"{name}_kernels_base.meta.json").read_text()))
+    nf = d / f"{name}_kernels_base_ncu.csv"
+    return BaseRun(pd.read_csv(f), meta, pd.read_csv(nf) if nf.exists() else None, name)
+
+
+def load_peers(path: str | Path | None = None) -> pd.DataFrame:
+    f = Path(path) if path is not None else KERNELS_DIR / PEERS_BASE
+    if not f.exists():
+        raise FileNotFoundError(f"no carried figures at {f}")
+    return pd.read_csv(f)
+
+
+def versus_peers(run: BaseRun | None = None, peers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (preset, op, M): the table's kernel (µs), vLLM's tuned kernel (carried µs), `direct` =
+    vLLM / table, `bridged` = (vLLM / lab_rules, one carried run) x (rules / table, this run, paired,
+    with its 95 % interval carried through), and whether each passes 1.0 and 1.15."""
+    run = run or load_base_run()
+    p = peers if peers is not None else load_peers()
+    c = run.compare.set_index(["preset", "op", "M"])
+    v = p[p.engine == "vllm_tuned"].set_index(["preset", "op", "M"]).time_us
+    old = p[p.engine == "lab_rules"].set_index(["preset", "op", "M"]).time_us
+    rows = []
+    for key in c.index:
+        if key not in v.index:
+            continue
+        r = c.loc[key]
+        carried = v[key] / old[key]
+        rows.append(dict(preset=key[0], op=key[1], M=key[2], table_us=r.table_us, table_tile=r.table_tile,
+                         vllm_us=v[key], lab_then_us=old[key], rules_now_us=r.rules_us,
+                         direct=v[key] / r.table_us, bridged=carried * r.rules_over_table,
+                         bridged_lo=carried * r.rules_over_table_lo, bridged_hi=carried * r.rules_over_table_hi,
+                         stable=bool(r.stable)))
+    out = pd.DataFrame(rows)
+    out["ge_1"] = (out.direct >= 1.0) & (out.bridged >= 1.0)
+    out["ge_1_15"] = (out.direct >= 1.15) & (out.bridged >= 1.15)
+    return out
+
+
+def base_sessions(path: str | Path | None = None) -> pd.DataFrame:
+    """The table's gain over the rules per (preset, op, M) in each device session (the canonical run
+    and every base_s* session of compare) and between them (stats.between_sessions)."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    runs = [load_base_run(BASE_RUN, d)] + [load_base_run(f.name[:-len("_kernels_base.csv")], d)
+                                           for f in sorted(d.glob(BASE_SESSION_GLOB))]
+    figs = {}
+    for r in runs:
+        for _, x in r.compare.iterrows():
+            figs.setdefault((x.preset, x.op, x.M), []).append(
+                (r.name, x.table_us, (x.rules_over_table, x.rules_over_table_lo, x.rules_over_table_hi)))
+    rows = []
+    for (pre, op, M), got in figs.items():
+        b = between_sessions(*[g[2] for g in got])
+        rows.append(dict(preset=pre, op=op, M=M, sessions=len(got), table_us=[round(g[1], 1) for g in got],
+                         gain_per_session=[round(g[2][0], 3) for g in got], gain=b["estimate"], lo=b["lo"],
+                         hi=b["hi"], agree=b["agree"]))
+    return pd.DataFrame(rows)

@@ -1,0 +1,56 @@
+"""The base-GEMM recordings and their readers: the recording script's every path on the CPU (dry),
+ncu's raw CSV parsed into counters against the byte floor, and the comparison with the carried peers."""
+import csv
+import json
+
+import pytest
+import torch
+from helpers import load_script
+
+from lora_moe_lab.instruments.analysers import base_gemm
+from lora_moe_lab.instruments.recorders import harness
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
+                    "recording itself runs (scripts/record_kernels_base.py)")
+def test_dry_run_writes_every_section(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "_DRY", False)  # restored after: the dry run switches the harness to dry
+    monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)  # the dry run stubs it
+    rb = load_script("record_kernels_base")
+    rb.main(["--out", str(tmp_path), "--dry", "--reps", "10"])
+    rows = list(csv.DictReader(open(tmp_path / "kernels_base.csv")))
+    assert {r["section"] for r in rows} == {"sweep", "variants", "compare"}
+    assert json.loads((tmp_path / "kernels_base.meta.json").read_text())["errors"] == []
+
+
+def test_ncu_parse_matches_targets_in_launch_order(tmp_path):
+    rb = load_script("record_kernels_base")
+    head = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+            "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+            "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"]
+    units = ["", "", "usecond", "Mbyte", "byte", "inst", "inst"]
+    data = [["0", "fused_moe_kernel", "10", "3", "1000000", "2.0", "5.0"],
+            ["1", "fused_moe_lora_kernel", "20", "4", "0", "7.0", "1.0"]]
+    with open(tmp_path / "raw.csv", "w", newline="") as fh:
+        fh.write("==PROF== Connected to process\n")
+        w = csv.writer(fh, quoting=csv.QUOTE_ALL)
+        for r in [head, units, *data]:
+            w.writerow(r)
+    targets = [dict(kernel="fused_moe_kernel", preset="p", M=1, op="base_gate_up", arm="table", byte_floor=4e6),
+               dict(kernel="fused_moe_lora_kernel", preset="p", M=1, op="lora_down", arm="table", byte_floor=8e6)]
+    (tmp_path / "targets.json").write_text(json.dumps(targets))
+    f = rb.ncu_parse(str(tmp_path / "raw.csv"), str(tmp_path))
+    got = list(csv.DictReader(open(f)))
+    assert float(got[0]["duration_us"]) == 10.0 and float(got[0]["dram_bytes_over_floor"]) == 1.0
+    assert got[0]["top_stall"] == "barrier" and got[1]["top_stall"] == "wait"
+    assert float(got[1]["dram_bytes_over_floor"]) == 0.5
+
+
+def test_recorded_run_against_the_peers():
+    run = base_gemm.load_base_run()
+    v = base_gemm.versus_peers(run)
+    assert len(v) == 28  # 2 presets x 2 GEMMs x 7 sizes
+    assert (v.direct > 0).all() and (v.bridged_lo <= v.bridged).all() and (v.bridged <= v.bridged_hi).all()
+    assert {"table", "rules", "table_masked"} <= set(run.ncu.arm)
+    s = base_gemm.base_sessions()
+    assert (s.sessions >= 1).all() and (s.lo <= s.hi).all()

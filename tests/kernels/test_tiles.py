@@ -1,0 +1,62 @@
+"""The tuned tile tables (kernels/tiles.py): the committed files are well formed, a lookup falls back
+to the rules where no table applies, and a malformed table is an error naming the file and bucket."""
+import json
+
+import pytest
+
+from lora_moe_lab.kernels import configs, tiles
+
+
+def test_committed_tables_are_well_formed_and_cover_both_presets():
+    files = sorted(tiles.TABLE_DIR.glob("*.json"))
+    assert {f.name for f in files} >= {"NVIDIA_H200_E128_H2048_I768.json", "NVIDIA_H200_E128_H2048_I192.json"}
+    for f in files:
+        t = tiles.check_table(json.loads(f.read_text()), str(f))
+        assert f.name == tiles.file_name(t["gpu"], t["num_experts"], t["hidden"], t["intermediate"])
+        assert "record_kernels_base.py" in t["source"]
+
+
+def test_entry_takes_the_largest_swept_bucket_below():
+    t = {"buckets": {"1": "one", "16": "sixteen", "1024": "k"}}
+    assert tiles._entry(t, 1) == "one" and tiles._entry(t, 8) == "one" and tiles._entry(t, 512) == "sixteen"
+    assert tiles._entry(t, 16384) == "k"
+
+
+def test_lookup_falls_back_to_the_rules(monkeypatch):
+    monkeypatch.setattr(tiles, "gpu_name", lambda: "NVIDIA H200")
+    assert tiles.lookup(128, None, None, 16) is None  # no layer shape given: the rules decide
+    assert tiles.lookup(64, 2048, 768, 16) is None  # no file for 64 experts
+    e = tiles.lookup(128, 2048, 768, 8192)
+    assert e["block_m"] in (16, 32, 64, 128)
+    tile = tiles.gemm_tile(128, 1536, 2048, 8192, e["block_m"])  # gate_up of qwen3-30b-a3b
+    assert tile == e["gate_up"]
+    assert tiles.gemm_tile(128, 1536, 2048, 8192, 999) is None  # another alignment's BLOCK_M: the rules
+    monkeypatch.setattr(tiles, "gpu_name", lambda: "Some Other GPU")
+    assert tiles.lookup(128, 2048, 768, 8192) is None
+    tiles._tables_of.cache_clear()
+    assert tiles.gemm_tile(128, 1536, 2048, 8192, 128) is None
+    tiles._tables_of.cache_clear()
+
+
+def test_configs_use_the_rules_without_a_table(monkeypatch):
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)
+    monkeypatch.setattr(tiles, "gpu_name", lambda: None)  # a CPU machine: no GPU name, no table
+    assert configs.moe_block_m(8192, 8, 128, 2048, 768) == configs.rule_block_m(8192, 8, 128)
+    assert configs.gemm_config(8192, 128, 1536, 2048, 128) == configs.rule_gemm_config(128)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({}, "missing key 'gpu'"),
+    ({"buckets": {"3": {}}}, "not a power of two"),
+    ({"buckets": {"4": {"block_m": 48}}}, "block_m must be"),
+    ({"buckets": {"4": {"block_m": 16, "gate_up": {"block_n": 64}}}}, "gate_up must hold exactly"),
+    ({"buckets": {"4": {"block_m": 16, "gate_up": dict(block_n=64, block_k=0, group_m=1, num_warps=4, num_stages=2),
+                        "down": {}}}}, "positive ints"),
+])
+def test_malformed_tables_are_named_errors(bad, match):
+    base = dict(gpu="G", num_experts=8, hidden=64, intermediate=32, buckets={"1": {}})
+    base.update(bad)
+    if not bad:
+        base.pop("gpu")
+    with pytest.raises(ValueError, match=match):
+        tiles.check_table(base, "t.json")
