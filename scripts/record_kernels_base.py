@@ -18,7 +18,8 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            tables DIR/tile_tables/<GPU>_E.._H.._I...json (kernels/tiles.py reads them).
   variants the table's tile in three builds: every load predicated, predicate-free loads (K, N tile
            multiples), and the weight tile through a TMA descriptor; the tables get w_desc where TMA won.
-  compare  the table against the rules it replaces (kernels/configs.py: rule_block_m, rule_gemm_config)
+  compare  the table against the rules it replaces (kernels/configs.py: rule_block_m, rule_gemm_config;
+           `rules_masked`: the rules' tiles with every load predicated, the kernel the peers' run measured)
            and against the public vLLM H200 table's tiles on this kernel, interleaved and paired:
            --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
            percentile-bootstrap 95 % interval.
@@ -80,13 +81,15 @@ VLLM_H200 = {
 
 
 def tile_str(bm, t) -> str:
-    return f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}" + ("/tma" if len(t) > 5 and t[5] else "")
+    return (f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}" + ("/tma" if len(t) > 5 and t[5] else "")
+            + ("/masked" if len(t) > 6 and t[6] == "masked" else ""))
 
 
 def as_config(t) -> GemmConfig:
-    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages[, w_desc]) -> GemmConfig."""
+    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages[, w_desc[, "masked"]]) -> GemmConfig; "masked": every load
+    predicated, the kernel as it was before the EVEN flags (the peers' carried run measured that one)."""
     return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4],
-                      w_desc=bool(t[5]) if len(t) > 5 else False)
+                      w_desc=bool(t[5]) if len(t) > 5 else False, even=not (len(t) > 6 and t[6] == "masked"))
 
 
 def as_tuple(c: GemmConfig) -> tuple:
@@ -224,8 +227,9 @@ def arms_of(c, preset, M, op):
     n, kk = (2 * c.I, c.K) if op == "gate_up" else (c.K, c.I)
     tab = configs.gemm_config(M, bm_tab, n, kk, c.E)
     bm_rule = rule_block_m(M, c.k, c.E)
-    return dict(table=(bm_tab, as_tuple(tab)), rules=(bm_rule, as_tuple(rule_gemm_config(bm_rule))),
-                vllm_tiles=vllm_tile(preset, M))
+    rules = as_tuple(rule_gemm_config(bm_rule))
+    return dict(table=(bm_tab, as_tuple(tab)), rules=(bm_rule, rules), vllm_tiles=vllm_tile(preset, M),
+                rules_masked=(bm_rule, rules + ("masked",)))
 
 
 def compare(preset, dev, gen, reps):
@@ -249,13 +253,16 @@ def compare(preset, dev, gen, reps):
             med = {a: float(torch.tensor(v).median()) for a, v in s.items()}
             r_rules = bootstrap_paired(s["rules"], s["table"], "ratio_of_medians")
             r_vllm = bootstrap_paired(s["vllm_tiles"], s["table"], "ratio_of_medians")
+            r_masked = bootstrap_paired(s["rules_masked"], s["table"], "ratio_of_medians")
             row(section="compare", preset=preset, op=op, M=M, reps=reps, kept=len(s["table"]), stable=wc.stable,
                 warmup=wc.note,
                 table_tile=tile_str(*arms["table"]), rules_tile=tile_str(*arms["rules"]),
                 vllm_tile=tile_str(*arms["vllm_tiles"]), table_us=med["table"], rules_us=med["rules"],
                 vllm_tiles_us=med["vllm_tiles"], rules_over_table=r_rules[0], rules_over_table_lo=r_rules[1],
                 rules_over_table_hi=r_rules[2], vllm_tiles_over_table=r_vllm[0], vllm_tiles_over_table_lo=r_vllm[1],
-                vllm_tiles_over_table_hi=r_vllm[2], table_tflops=c.flops(op) / (med["table"] * 1e-6) / 1e12,
+                vllm_tiles_over_table_hi=r_vllm[2], rules_masked_us=med["rules_masked"],
+                rules_masked_over_table=r_masked[0], rules_masked_over_table_lo=r_masked[1],
+                rules_masked_over_table_hi=r_masked[2], table_tflops=c.flops(op) / (med["table"] * 1e-6) / 1e12,
                 interval=METHOD_BOOT)
             log(f"compare {preset} {op} M={M}: table {med['table']:.1f} us, rules {med['rules']:.1f} "
                 f"({r_rules[0]:.3f} [{r_rules[1]:.3f}, {r_rules[2]:.3f}]), vllm tiles {med['vllm_tiles']:.1f} "

@@ -111,3 +111,27 @@ def share_floor_figure(table, target: float = 0.25, title: str = "LoRA's share o
     fig.update_layout(title=title, barmode="group", height=380, plot_bgcolor="white",
                       legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def counters_figure(ncu, title: str = "Nsight Compute: DRAM bytes against the byte floor, and the tensor pipe"):
+    """Two panels from a base-GEMM recording's ncu rows (analysers.base_gemm: BaseRun.ncu): each kernel's
+    DRAM bytes read + written over its byte floor, and the share of the time its tensor pipe was busy."""
+    from plotly.subplots import make_subplots
+
+    d = ncu.copy()
+    d["kernel"] = d["preset"].str.replace("qwen3-30b-a3b", "q3") + " " + d["op"] + " M=" + d["M"].astype(str)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("DRAM bytes / byte floor", "tensor pipe busy (%)"),
+                        horizontal_spacing=0.12)
+    colours = {"table": "#1f77b4", "rules": "#ff7f0e", "table_masked": "#2ca02c"}
+    for arm, g in d.groupby("arm", sort=False):
+        c = colours.get(arm, "#7f7f7f")
+        fig.add_trace(go.Bar(x=g["kernel"], y=g["dram_bytes_over_floor"], name=arm, marker_color=c), row=1, col=1)
+        fig.add_trace(go.Bar(x=g["kernel"], y=g["tensor_pipe_pct"], name=arm, marker_color=c, showlegend=False),
+                      row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#d62728", row=1, col=1)
+    for col, ytitle in ((1, "bytes moved / floor"), (2, "% of the kernel's time")):
+        fig.update_xaxes(title_text="kernel (preset, GEMM or delta, tokens)", tickangle=45, row=1, col=col)
+        fig.update_yaxes(title_text=ytitle, row=1, col=col)
+    fig.update_layout(title=title, barmode="group", height=480, plot_bgcolor="white",
+                      legend=dict(title="tile", orientation="h", y=1.12))
+    return fig
