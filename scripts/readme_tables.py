@@ -917,7 +917,7 @@ def kernels_base_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
     run = bg.load_base_run()
-    v = bg.versus_peers(run)
+    v = bg.versus_peers()  # through the latest session that timed the carried run's own kernel
     ses = bg.base_sessions().set_index(["preset", "op", "M"])
     Ms = sorted(v.M.unique())
     out = [f"The base GEMM (`kernels/fused_moe.py`) with the tuned tile tables (`kernels/tile_tables/`, written by "
@@ -931,7 +931,8 @@ def kernels_base_block() -> str:
            "| preset, GEMM | " + " | ".join(f"M={m}" for m in Ms) + " |", "| --- |" + " ---: |" * len(Ms)]
     for (pre, op), g in v.groupby(["preset", "op"], sort=False):
         g = g.set_index("M")
-        out.append(f"| {pre} {op}: table (µs) | " + " | ".join(f"{g.loc[m, 'table_us']:.1f}" for m in Ms) + " |")
+        out.append(f"| {pre} {op}: table (µs, {v.run.iloc[0]}) | "
+                   + " | ".join(f"{g.loc[m, 'table_us']:.1f}" for m in Ms) + " |")
         gs = ses.sort_index().loc[(pre, op)]
         out.append("| gain over the rules | " + " | ".join(
             f"{gs.loc[m, 'gain']:.2f}× [{gs.loc[m, 'lo']:.2f}, {gs.loc[m, 'hi']:.2f}]"

@@ -51,6 +51,7 @@ from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, rule_block_m, rule_gemm_config
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.model.graphs import GraphForward
+from lora_moe_lab.provenance import repo_relative
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 SWEEP_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -506,11 +507,11 @@ def main(argv=None):
             rec.section(f"sweep {preset}", sweep, preset, dev, gen, args.sweep_reps)
             log(f"[sweep {preset} done at {time.time() - t0:.0f}s]")
         if not harness.is_dry():
-            rec.meta["tile_tables"] = write_tables(args.out, rec.meta)
+            rec.meta["tile_tables"] = repo_relative(write_tables(args.out, rec.meta))
     tdir = args.tables or (args.out if "sweep" in secs else None)
     if tdir and not harness.is_dry():
         use_tables(os.path.join(tdir, "tile_tables"))
-    rec.meta["tile_table_dir"] = str(tiles.TABLE_DIR)
+    rec.meta["tile_table_dir"] = repo_relative(str(tiles.TABLE_DIR))
     if "variants" in secs:
         for preset in PRESETS:
             rec.section(f"variants {preset}", variants, preset, dev, gen, args.reps)
