@@ -69,9 +69,17 @@ def run_tests(build: Path, extra: list[str], timeout: int) -> dict:
         out, rc = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw), f"timeout after {timeout} s"
     res = dict(seconds=round(time.time() - t0, 1), returncode=rc, tail=out.strip().splitlines()[-40:],
                scope=f"pytest {' '.join(extra)}" if extra else "whole suite", **junit_counts(xml))
+    if isinstance(rc, str):  # killed at the timeout: no XML, so the counts are not a result
+        res.update(incomplete=True, seen_failed=progress_failures(res["tail"]))
     say(f"pytest: {res['passed']} passed, {res['failed']} failed, {res['errors']} errors, {res['skipped']} skipped "
         f"in {res['seconds']:.0f} s")
     return res
+
+
+def progress_failures(tail: list[str]) -> int:
+    """F and E marks in pytest's -q progress lines (those ending in '[ NN%]', and a last partial one)."""
+    marks = [ln for ln in tail if ln and set(ln.split(" [")[0]) <= set(".FEsxX")]
+    return sum(ln.split(" [")[0].count("F") + ln.split(" [")[0].count("E") for ln in marks)
 
 
 def junit_counts(xml: Path) -> dict:
@@ -143,7 +151,11 @@ def write_log(out: Path, doc: dict) -> Path:
               f"{t['errors']} errors, "
               f"{t['skipped']} skipped in {t['seconds']:.0f} s (exit {t['returncode']})"]
         L += [f"  {f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v) for f, c in sorted(t["per_file"].items())]
-        L += ["  FAILED " + f for f in t["failures"]] + ["", "-- pytest's last lines:"] + t["tail"] + [""]
+        L += ["  FAILED " + f for f in t["failures"]]
+        if t.get("incomplete"):
+            L += [f"  DID NOT FINISH ({t['returncode']}): the counts above are not a result; "
+                  f"{t['seen_failed']} failure mark(s) in the progress lines, unnamed (no JUnit XML)"]
+        L += ["", "-- pytest's last lines:"] + t["tail"] + [""]
     n = doc.get("notebooks")
     if n:
         L += [f"== notebooks live (notebooks/params/gpu.yaml): {n['passed']} passed, {n['failed']} failed in "
@@ -152,7 +164,8 @@ def write_log(out: Path, doc: dict) -> Path:
             L += [f"  {r['notebook']}: {r['status']}, {r['seconds']:.0f} s, executed {r['bytes'] / 1e3:.0f} kB"
                   f"{'' if r['within_1MB'] else ' (OVER 1 MB)'}" + (f"; {r['error']}" if r["error"] else "")]
             L += [f"    | {l}" for l in r["lesson"]]
-    total = (t["failed"] + t["errors"] if t else 0) + (n["failed"] + len(n["over_1MB"]) if n else 0)
+    total = ((t["failed"] + t["errors"] + (max(1, t["seen_failed"]) if t.get("incomplete") else 0) if t else 0)
+             + (n["failed"] + len(n["over_1MB"]) if n else 0))
     L += ["", f"== {'0 failed' if not total else f'{total} FAILED'}"
           + ("" if t and n
              else f" (this log holds only: {', '.join(k for k in ('tests', 'notebooks') if doc.get(k))})")]
@@ -213,7 +226,8 @@ def main(argv=None) -> int:
     say(f"log: {log}")
     print(log.read_text().splitlines()[-1])
     t, n = doc.get("tests") or {}, doc.get("notebooks") or {}
-    return 1 if (t.get("failed") or t.get("errors") or n.get("failed") or n.get("over_1MB")) else 0
+    return 1 if (t.get("failed") or t.get("errors") or t.get("incomplete") or n.get("failed")
+                 or n.get("over_1MB")) else 0
 
 
 if __name__ == "__main__":
