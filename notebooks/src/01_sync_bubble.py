@@ -186,6 +186,10 @@ for row in tbl.itertuples(index=False):
         v.check()
 for row in tbl.itertuples(index=False):  # on a GPU: the host's launch cost (CPU: the torch ops compute on the host)
     if LIVE and "launch_always_over_cpu_flag" in tbl and timing_active == 0:
+        if not np.isfinite(row.launch_always_over_cpu_flag):  # the point's repetitions never settled
+            print(f"M={row.tokens}: launch_always / cpu_flag: the repetitions never settled (unstable): no figure, "
+                  "not averaged; run again with more repetitions.")
+            continue
         per_layer = (row.launch_always_ms - row.cpu_flag_ms) * 1e3 / num_layers
         print(f"M={row.tokens}: launch_always / cpu_flag {row.launch_always_over_cpu_flag:.3f} "
               f"[{row.launch_always_lo:.3f}, {row.launch_always_hi:.3f}]: no adapter is active, so cpu_flag launches "
