@@ -20,33 +20,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...provenance import label as _label
 from ...provenance import normalize_meta
+from .recordings import KERNELS_DIR, KernelRun
 from .stats import between_sessions
 
-KERNELS_DIR = Path(__file__).resolve().parents[3] / "data" / "kernels"
 BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
 BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
 PEERS_BASE = "peers_base_carried.csv"
 
 
 @dataclass
-class BaseRun:
-    rows: pd.DataFrame
-    meta: dict
-    ncu: pd.DataFrame | None
-    name: str
+class BaseRun(KernelRun):
+    """One run of scripts/record_kernels_base.py (KernelRun's rows, meta, name, section, label) and its
+    ncu counters, where the run has them."""
 
-    @property
-    def label(self) -> str:
-        return _label(self.meta)
-
-    def section(self, name: str) -> pd.DataFrame:
-        s = self.rows[self.rows["section"] == name].copy()
-        if s.empty:
-            raise ValueError(f"{self.name} has no section {name!r}; it has {sorted(self.rows['section'].unique())}")
-        s["M"] = s["M"].astype(int)
-        return s
+    ncu: pd.DataFrame | None = None
 
     @property
     def compare(self) -> pd.DataFrame:
@@ -64,7 +52,7 @@ def load_base_run(name: str = BASE_RUN, path: str | Path | None = None) -> BaseR
         raise FileNotFoundError(f"no recording at {f}: scripts/record_kernels_base.py writes it on a GPU")
     meta = normalize_meta(json.loads((d / f"{name}_kernels_base.meta.json").read_text()))
     nf = d / f"{name}_kernels_base_ncu.csv"
-    return BaseRun(pd.read_csv(f), meta, pd.read_csv(nf) if nf.exists() else None, name)
+    return BaseRun(pd.read_csv(f), meta, name, pd.read_csv(nf) if nf.exists() else None)
 
 
 def load_peers(path: str | Path | None = None) -> pd.DataFrame:
