@@ -134,8 +134,12 @@ class Case:
         return lambda: moe_gemm(self.h, self.w2, al, self.k, self.down, routed_weights=self.rw, gather=False,
                                 config=cfg)
 
+    def nk(self, op):
+        """(N, K) of the GEMM: gate_up (2 * intermediate, hidden), down (hidden, intermediate)."""
+        return (2 * self.I, self.K) if op == "gate_up" else (self.K, self.I)
+
     def flops(self, op):
-        n, kk = (2 * self.I, self.K) if op == "gate_up" else (self.K, self.I)
+        n, kk = self.nk(op)
         return 2 * self.M * self.k * n * kk
 
 
@@ -225,8 +229,7 @@ def vllm_tile(preset, M):
 def arms_of(c, preset, M, op):
     """arm -> (block_m, tile tuple): the table (as configs.py reads it), the rules, the vLLM table's."""
     bm_tab = configs.moe_block_m(M, c.k, c.E, c.K, c.I)
-    n, kk = (2 * c.I, c.K) if op == "gate_up" else (c.K, c.I)
-    tab = configs.gemm_config(M, bm_tab, n, kk, c.E)
+    tab = configs.gemm_config(M, bm_tab, *c.nk(op), c.E)
     bm_rule = rule_block_m(M, c.k, c.E)
     rules = as_tuple(rule_gemm_config(bm_rule))
     return dict(table=(bm_tab, as_tuple(tab)), rules=(bm_rule, rules), vllm_tiles=vllm_tile(preset, M),
@@ -387,7 +390,7 @@ def ncu_run(out, dev, gen):
     for t in targets:
         if "cls" in t:
             c = t.pop("cls")
-            n, kk = (2 * c.I, c.K) if t["op"] == "base_gate_up" else (c.K, c.I)
+            n, kk = c.nk(t["op"][len("base_"):])
             used = int(torch.unique(c.ids).numel())
             rows_in = c.M if t["op"] == "base_gate_up" else c.M * c.k
             t["byte_floor"] = used * n * kk * 2 + rows_in * kk * 2 + c.M * c.k * n * 2
@@ -529,7 +532,6 @@ def main(argv=None):
 def use_tables(path):
     """Point kernels/tiles.py at freshly written tables (the sweep's), so compare measures them."""
     tiles.TABLE_DIR = type(tiles.TABLE_DIR)(path)
-    tiles.load.cache_clear()
     tiles._tables_of.cache_clear()
 
 

@@ -17,7 +17,6 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
-
 from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
                      check_tensor, num_pairs_of, stages_for)
 from .configs import GemmConfig, gemm_config

@@ -60,16 +60,9 @@ def check_table(table: dict, where: str = "tile table") -> dict:
     return table
 
 
-@functools.lru_cache(maxsize=None)
-def load(gpu: str, num_experts: int, hidden: int, intermediate: int) -> dict | None:
-    f = TABLE_DIR / file_name(gpu, num_experts, hidden, intermediate)
-    if not f.exists():
-        return None
-    return check_table(json.loads(f.read_text()), str(f))
-
-
 @functools.lru_cache(maxsize=1)
 def _tables_of(gpu: str) -> tuple[dict, ...]:
+    """Every table of this GPU, read and checked once per process."""
     prefix = gpu.replace(" ", "_") + "_E"
     return tuple(check_table(json.loads(f.read_text()), str(f))
                  for f in sorted(TABLE_DIR.glob(prefix + "*.json")))
@@ -86,7 +79,8 @@ def lookup(num_experts: int, hidden: int | None, intermediate: int | None, bucke
     gpu = gpu_name()
     if gpu is None or hidden is None or intermediate is None:
         return None
-    table = load(gpu, num_experts, hidden, intermediate)
+    shape = (num_experts, hidden, intermediate)
+    table = next((t for t in _tables_of(gpu) if (t["num_experts"], t["hidden"], t["intermediate"]) == shape), None)
     return _entry(table, bucket) if table else None
 
 

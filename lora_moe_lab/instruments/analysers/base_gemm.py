@@ -2,7 +2,7 @@
 
     run = load_base_run()                 # data/kernels/base_run3_*: sweep, variants, compare (+ ncu counters)
     run.compare, run.variants, run.ncu    # tidy DataFrames
-    versus_peers(run)                     # the table's kernel against vLLM's tuned kernel (carried figures)
+    versus_peers()                        # the table's kernel against vLLM's tuned kernel (carried figures)
     base_sessions()                       # the headline (table vs rules) in each device session, and between them
 
 The peers' base-GEMM figures (`data/kernels/peers_base_carried.csv`) come from a side-by-side run of
@@ -10,7 +10,8 @@ vLLM's Triton fused_moe_kernel with its own H200 tables against this lab's kerne
 (the `lab_rules` rows), carried from the issue that asked for this comparison; no script here ran
 vLLM. Two ratios are therefore given: `direct` (their time over ours, two different runs) and
 `bridged`, which keeps every ratio inside one run: their time over the lab's kernel of that run
-(the same run), times the lab's old kernel over the table's kernel (this lab's run, paired).
+(the same run), times that old kernel over the table's kernel (this lab's run, paired: the
+`rules_masked` arm, the rules' tiles with every load predicated, as the carried run had them).
 """
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ def load_peers(path: str | Path | None = None) -> pd.DataFrame:
 
 def versus_peers(run: BaseRun | None = None, peers: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the table's kernel (µs), vLLM's tuned kernel (carried µs), `direct` =
-    vLLM / table, `bridged` = (vLLM / lab_rules, one carried run) x (rules / table, this run, paired,
-    with its 95 % interval carried through), and whether each passes 1.0 and 1.15."""
+    vLLM / table, `bridged` = (vLLM / lab_rules, one carried run) x (lab kernel / table, this run,
+    paired, with its 95 % interval carried through; `bridge_arm` says which arm: rules_masked where
+    the run has it, else rules), and whether each passes 1.0 and 1.15. `run`: default `bridge_run()`."""
     run = run or bridge_run()
     p = peers if peers is not None else load_peers()
     masked = "rules_masked_over_table" in run.compare  # the kernel the carried run measured, in this run

@@ -558,9 +558,11 @@ def audit(
         if profile:
             s.profile(lambda: fn(*args, **kw))
             n_calls += 1
-    # overhead: the audit's wall time beyond what the same number of plain calls would take
+    # overhead: the audit's wall time beyond the forward's own calls. The warm-up calls are plain calls
+    # and count as what they took (a cold process compiles its kernels in the first one: not the
+    # audit's cost); each audited call is charged the fastest plain call.
     one = min(plain) if plain else min(s.rep.call_ms) / 1e3
-    s.rep.overhead_s = time.perf_counter() - t_start - n_calls * one
+    s.rep.overhead_s = time.perf_counter() - t_start - sum(plain) - (n_calls - warmup) * one
     return s.rep
 
 
