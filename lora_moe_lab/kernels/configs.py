@@ -232,11 +232,26 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 # store) is used for these (op, token bucket) pairs only; everywhere else the base GEMM and the
 # separate delta run. Filled from the H200 recording of scripts/record_kernels_fused.py.
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+# The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
+# expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the
+# epilogue. Filled from the H200 recording of scripts/record_kernels_fused.py (its `fold` section).
+FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+
+
+def _bucket_in(table: dict, op: str, num_tokens: int) -> bool:
+    if op not in table:
+        raise ValueError(f"op must be one of {sorted(table)}, got {op!r}")
+    return token_bucket(num_tokens) in table[op]
+
+
+def use_folded_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
+    """Whether the MoE layer runs `op` ("gate_up" or "down") as the folded LoRA GEMM (shrink kernel +
+    base GEMM with the expand in its K loop); from static shapes only (capture-safe)."""
+    return _bucket_in(FOLDED_LORA_TOKENS, op, num_tokens)
 
 
 def use_fused_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
-    """Whether the MoE layer runs `op` ("gate_up" or "down") as one GEMM with the LoRA delta in its
-    epilogue; from static shapes only (capture-safe)."""
-    if op not in FUSED_LORA_TOKENS:
-        raise ValueError(f"op must be one of {sorted(FUSED_LORA_TOKENS)}, got {op!r}")
-    return token_bucket(num_tokens) in FUSED_LORA_TOKENS[op]
+    """Whether the MoE layer runs `op` ("gate_up" or "down") as one GEMM with the LoRA delta inside,
+    folded or in its epilogue; from static shapes only (capture-safe)."""
+    return (use_folded_lora(op, num_tokens, top_k, num_experts, N, K)
+            or _bucket_in(FUSED_LORA_TOKENS, op, num_tokens))

@@ -11,6 +11,8 @@ block belongs to the same expert, so the whole tile is one dense matmul against 
 weights: the gather happens on the activation side only. Padding rows carry the sentinel id
 num_pairs and are masked out of loads and stores.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -42,10 +44,41 @@ def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
     return tl.where(valid, pair, 0).to(tl.int64), valid
 
 
+@triton.jit
+def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr,
+                   enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
+                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr):
+    """The LoRA expand as extra K iterations of the base GEMM: for each LoRA row l with a live adapter
+    that some pair of this tile uses, acc += t_l @ B[p, slot(l), expert].T, one dot of depth BLOCK_R,
+    where t_l is the shrink of the pairs of row l (the other pairs masked to 0: their loads move no
+    bytes). A row no pair of the tile uses costs two scalar loads and a reduction, no MMA; with every
+    adapter disabled the tile is the plain GEMM plus L such checks. Pairs without a live adapter get
+    exact zeros added (0 * finite B), so their output is the plain GEMM's bit for bit."""
+    lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
+    p_n = offs_n // NS  # the slice (gate / up) of each column
+    p0 = (pid_n * BLOCK_N) // NS  # the tile's first column's slice
+    for l in range(0, L):
+        here = valid & (lrow == l)
+        live = (tl.load(lora_ids_ptr + l) >= 0) & (tl.load(enabled_ptr + l) != 0)
+        if live & (tl.max(here.to(tl.int32), 0) > 0):
+            slot = tl.maximum(tl.load(lora_ids_ptr + l), 0).to(tl.int64)
+            b_base = b_ptr + slot * stride_bs + expert * stride_be
+            for q in tl.static_range(2 if STRADDLE else 1):  # a tile across the gate/up boundary: both slices
+                p = p0 + q
+                tt = tl.load(t_ptr + pair[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
+                             mask=here[:, None] & (p < P), other=0.0)
+                bt = tl.load(b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn + offs_r[:, None] * stride_br,
+                             mask=r_ok[:, None] & (n_ok & (p_n == p))[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
+                acc = tl.dot(tt, bt, acc)
+    return acc
+
+
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
 # specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
 # at any M then covers all M, and CUDA-graph capture never triggers a compile.
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "L"])
 def fused_moe_kernel(
     x_ptr,  # (rows, K): activations, rows = M (GATHER) or M*top_k
     w_ptr,  # (E, N, K): expert weights, one (N, K) matrix per expert
@@ -62,8 +95,15 @@ def fused_moe_kernel(
     stride_we, stride_wn, stride_wk,
     stride_om, stride_on,
     w_desc,  # TMA descriptor of w viewed as (E * N, K), block (BLOCK_N, BLOCK_K); read only when W_DESC
+    # ---- the folded LoRA expand (read only when LORA; kernels/fused_moe_lora_folded.py) ----
+    t_ptr,  # (M*top_k, P, BLOCK_R) the shrink of each pair with a live adapter (its own adapter's A)
+    b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
+    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
+    R, L, NS,
+    stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
+    LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
 ):
     # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
     # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
@@ -112,6 +152,10 @@ def fused_moe_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
 
+    if LORA:
+        acc = _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, b_ptr, mapping_ptr,
+                             lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs,
+                             stride_be, stride_bn, stride_br, BLOCK_N, BLOCK_R, P, STRADDLE)
     if HAS_RW:
         rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         acc = acc * rw[:, None]
@@ -154,10 +198,23 @@ def tma_ok(w) -> bool:
     return aligned and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
 
 
-def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None):
+class Folded(NamedTuple):
+    """The folded LoRA expand's operands (kernels/fused_moe_lora_folded.py checks and builds them):
+    t (M*top_k, P, BLOCK_R) the pairs' shrink, lora_b (P, S, E, N/P, R), the (M,) token -> LoRA row
+    mapping and the (L,) weight slot / enabled of each row."""
+    t: torch.Tensor
+    lora_b: torch.Tensor
+    mapping: torch.Tensor
+    lora_ids: torch.Tensor
+    enabled: torch.Tensor
+
+
+def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
+             lora: Folded | None = None):
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
+    lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling.
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -172,13 +229,22 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
                         BASE_SMEM_BUDGET)
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
+    if lora is None:  # dummy pointers and strides, never read
+        fold, fold_ints, fold_kw = (out,) * 5, (0,) * 10, {}
+    else:
+        b = lora.lora_b
+        P, R, L = b.shape[0], b.shape[4], lora.lora_ids.shape[0]
+        fold = (lora.t, b, lora.mapping, lora.lora_ids, lora.enabled)
+        fold_ints = (R, L, N // P, lora.t.stride(0), lora.t.stride(1), *b.stride())
+        fold_kw = dict(LORA=True, BLOCK_R=lora.t.shape[2], P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
+        *fold, *fold_ints,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
-        num_warps=cfg.num_warps, num_stages=stages,
+        num_warps=cfg.num_warps, num_stages=stages, **fold_kw,
     )
     return out

@@ -119,6 +119,30 @@ def fused_moe_lora_epilogue_kernel(
 LAST_EPILOGUE_LAUNCH: dict = {}  # grid and tiles of the last launch (benchmarks, notebooks)
 
 
+def check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled,
+                           routed_weights, gather, what):
+    """The checks of a base GEMM with the LoRA delta inside (this file's and kernels/fused_moe_lora_folded.py's);
+    returns (N, K, num_pairs, block_m, P, R, L)."""
+    N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what)
+    dev = x.device
+    for nm, t in (("lora_a", lora_a), ("lora_b", lora_b)):
+        check_tensor(nm, t, 5, (x.dtype,), dev)
+    P, S, E, R, Ka = lora_a.shape
+    if P not in (1, 2) or N % P or Ka != K or E != w.shape[0] or lora_b.shape != (P, S, E, N // P, R):
+        raise ValueError(f"{what}: lora_a (P, S, E, r, K)={tuple(lora_a.shape)} and lora_b (P, S, E, N/P, r)="
+                         f"{tuple(lora_b.shape)} must match w (E, N, K)={tuple(w.shape)} with P 1 or 2")
+    M = num_pairs // top_k
+    for nm, t in (("token_lora_mapping", token_lora_mapping), ("lora_ids", lora_ids),
+                  ("adapter_enabled", adapter_enabled)):
+        check_tensor(nm, t, 1, (torch.int32,), dev)
+    L = lora_ids.shape[0]
+    if token_lora_mapping.shape != (M,) or adapter_enabled.shape != (L,) or not 1 <= L <= S:
+        raise ValueError(f"{what}: token_lora_mapping must be (M,)=({M},) and lora_ids / adapter_enabled (L,) "
+                         f"with 1 <= L <= S={S}; got {tuple(token_lora_mapping.shape)}, {tuple(lora_ids.shape)}, "
+                         f"{tuple(adapter_enabled.shape)}")
+    return N, K, num_pairs, bm, P, R, L
+
+
 def moe_gemm_lora(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                   routed_weights=None, gather=True, config: GemmConfig | None = None):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight): the base GEMM (`moe_gemm`, same
@@ -128,23 +152,10 @@ def moe_gemm_lora(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, l
     0) or 1 (down); token_lora_mapping (M,) int32 LoRA row per token (-1: none); lora_ids /
     adapter_enabled (L,) int32 per row (weight slot or -1; 0 = disabled). Fully writes `out`.
     """
-    N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, "moe_gemm_lora")
-    dev = x.device
-    for nm, t in (("lora_a", lora_a), ("lora_b", lora_b)):
-        check_tensor(nm, t, 5, (x.dtype,), dev)
-    P, S, E, R, Ka = lora_a.shape
-    if P not in (1, 2) or N % P or Ka != K or E != w.shape[0] or lora_b.shape != (P, S, E, N // P, R):
-        raise ValueError(f"moe_gemm_lora: lora_a (P, S, E, r, K)={tuple(lora_a.shape)} and lora_b (P, S, E, N/P, r)="
-                         f"{tuple(lora_b.shape)} must match w (E, N, K)={tuple(w.shape)} with P 1 or 2")
+    N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
+                                                          token_lora_mapping, lora_ids, adapter_enabled,
+                                                          routed_weights, gather, "moe_gemm_lora")
     M = num_pairs // top_k
-    for nm, t in (("token_lora_mapping", token_lora_mapping), ("lora_ids", lora_ids),
-                  ("adapter_enabled", adapter_enabled)):
-        check_tensor(nm, t, 1, (torch.int32,), dev)
-    L = lora_ids.shape[0]
-    if token_lora_mapping.shape != (M,) or adapter_enabled.shape != (L,) or not 1 <= L <= S:
-        raise ValueError(f"moe_gemm_lora: token_lora_mapping must be (M,)=({M},) and lora_ids / adapter_enabled (L,) "
-                         f"with 1 <= L <= S={S}; got {tuple(token_lora_mapping.shape)}, {tuple(lora_ids.shape)}, "
-                         f"{tuple(adapter_enabled.shape)}")
     if R == 0:  # nothing to add; decided from the static shape
         return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
     cfg = config or gemm_config(M, bm, N, K, w.shape[0])

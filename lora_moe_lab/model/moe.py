@@ -75,20 +75,26 @@ class LoRAHook:
         self.topk_ids = None  # set instead of `align` on the decode path
 
     def fuses(self, op: str, M: int, top_k: int, N: int, K: int) -> bool:
-        """Whether `op` runs inside the base GEMM's epilogue (`backend.use_fused_lora`, static shapes)."""
+        """Whether `op` runs inside the base GEMM, folded or in its epilogue (`backend.use_fused_lora`)."""
         return self.backend.use_fused_lora(op, M, top_k, self.E, N, K)
 
+    def _gemm(self, op, M, w, top_k):
+        """The backend's base GEMM with the delta inside for `op`: folded into its K loop or in its epilogue."""
+        b = self.backend
+        folded = b.use_folded_lora(op, M, top_k, self.E, w.shape[1], w.shape[2])
+        return b.moe_gemm_lora_folded if folded else b.moe_gemm_lora
+
     def gemm_gate_up(self, x, w13, align, top_k, out):
-        """The base gate_up GEMM with this hook's delta in its epilogue (no alignment of its own)."""
+        """The base gate_up GEMM with this hook's delta inside (no alignment of its own)."""
         i, w = self.info, self.info.weights
-        return self.backend.moe_gemm_lora(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b, i.token_lora_mapping,
-                                          i.lora_ids, i.adapter_enabled, gather=True)
+        return self._gemm("gate_up", x.shape[0], w13, top_k)(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b,
+                                                      i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True)
 
     def gemm_down(self, act, w2, align, top_k, out, topk_w):
         i, w = self.info, self.info.weights
-        return self.backend.moe_gemm_lora(act, w2, align, top_k, out, w.down_a[None], w.down_b[None],
-                                          i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
-                                          routed_weights=topk_w, gather=False)
+        return self._gemm("down", act.shape[0] // top_k, w2, top_k)(act, w2, align, top_k, out, w.down_a[None], w.down_b[None],
+                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
+                                                   routed_weights=topk_w, gather=False)
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
         M, k = topk_ids.shape

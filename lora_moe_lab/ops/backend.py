@@ -70,6 +70,18 @@ class Backend(ABC):
         return False
 
     @staticmethod
+    def use_folded_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
+        """Whether `op` runs as the folded LoRA GEMM (`moe_gemm_lora_folded`): a shrink kernel, then the
+        base GEMM with the expand in its K loop; from static shapes. No by default."""
+        return False
+
+    @staticmethod
+    def moe_gemm_lora_folded(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
+                             adapter_enabled, *, routed_weights=None, gather=True):
+        """`moe_gemm_lora`'s result, computed as a shrink kernel + the base GEMM with the expand folded in."""
+        raise NotImplementedError("this backend has no folded LoRA GEMM (use_folded_lora answers False)")
+
+    @staticmethod
     def moe_gemm_lora(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
                       adapter_enabled, *, routed_weights=None, gather=True):
         """moe_gemm with the LoRA delta of each pair's LoRA row added before the store; fully writes out."""

@@ -12,10 +12,11 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.align import moe_align
 from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
-                               moe_block_m, use_decode_path, use_fused_lora)
+                               moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
 from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
+from ..kernels.fused_moe_lora_folded import moe_gemm_lora_folded
 from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
@@ -32,6 +33,8 @@ class TritonBackend(Backend):
     use_decode_path = staticmethod(use_decode_path)
     moe_gemm_lora = staticmethod(moe_gemm_lora)  # the base GEMM with the delta in its epilogue
     use_fused_lora = staticmethod(use_fused_lora)  # ... at the sizes where it won (kernels/configs.py)
+    moe_gemm_lora_folded = staticmethod(moe_gemm_lora_folded)  # a shrink kernel + the expand in the K loop
+    use_folded_lora = staticmethod(use_folded_lora)
     lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
@@ -89,11 +92,20 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        gather=False, config=c)),
         ]
-        if use_fused_lora("gate_up", M, k, E, 2 * I, K):
+        fold13, fold2 = use_folded_lora("gate_up", M, k, E, 2 * I, K), use_folded_lora("down", M, k, E, K, I)
+        if fold13:
+            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora_folded(
+                x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
+                config=c)))
+        if fold2:
+            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora_folded(
+                h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
+                routed_weights=rw, gather=False, config=c)))
+        if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
             jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
                 config=c)))
-        if use_fused_lora("down", M, k, E, K, I):
+        if use_fused_lora("down", M, k, E, K, I) and not fold2:
             jobs.append(("fused2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
                 routed_weights=rw, gather=False, config=c)))

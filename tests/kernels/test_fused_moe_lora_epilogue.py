@@ -1,4 +1,5 @@
-"""The base GEMM with the LoRA delta in its epilogue (kernels/fused_moe_lora_epilogue.py) against
+"""The base GEMM with the LoRA delta inside, both ways: in its epilogue (kernels/fused_moe_lora_epilogue.py)
+and folded into its K loop after a shrink kernel (kernels/fused_moe_lora_folded.py), against
 float64: out = base (+ delta for pairs of tokens with a live adapter) (* routed weight).
 
 Interpreter on CPU (tiny shapes, fp32 < 1e-5, fp16 < 2e-2), unchanged on CUDA (bf16 added). `out`
@@ -12,16 +13,19 @@ from test_lora_decode import I32, make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import block_r
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
+from lora_moe_lab.kernels.fused_moe_lora_folded import LAST_FOLDED_LAUNCH, moe_gemm_lora_folded
 from lora_moe_lab.ops.reference import ref_moe_gemm, tolerance
 from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded}
 
 
-def run_fused(c, dtype, E, top_k, P, N, bm=16):
+def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora):
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     g = torch.Generator().manual_seed(7)
     w = (torch.randn(E, P * N, c["x"].shape[1], generator=g) * c["x"].shape[1] ** -0.5).to(dtype)
@@ -30,8 +34,12 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16):
     base = torch.full((c["ids"].numel(), P * N), float("nan"), dtype=dtype, device=DEV)
     moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"])
     out = torch.full_like(base, float("nan"))
-    res = moe_gemm_lora(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
-                        routed_weights=rw, gather=c["gather"])
+    kw = {}
+    if impl is moe_gemm_lora_folded:  # the intermediate NaN-poisoned: a row the shrink skips must never be read
+        kw["shrink_out"] = torch.full((base.shape[0], P, block_r(c["a"].shape[3])), float("nan"), dtype=dtype,
+                                      device=DEV)
+    res = impl(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
+               routed_weights=rw, gather=c["gather"], **kw)
     assert res is out
     out, base = out.cpu(), base.cpu()
     # the LoRA reference's b is (P, S, E, N, r): the kernel's B of slice p covers columns [p*N, (p+1)*N)
@@ -47,6 +55,7 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16):
     return codes
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", [
     # M, K, N (per slice), E, top_k, S, L, R, P, extra
@@ -54,20 +63,39 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16):
     (6, 33, 17, 4, 2, 3, 2, 5, 1, dict(gather=False, with_rw=True)),  # down: routed weights, odd K/N
     (3, 32, 32, 5, 2, 2, 2, 24, 2, {}),  # gate_up, every tile inside one slice
 ])
-def test_fused_epilogue_matches_reference(case, dtype):
+def test_fused_epilogue_matches_reference(case, dtype, impl):
     M, K, N, E, top_k, S, L, R, P, extra = case
-    codes = run_fused(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P, N)
+    codes = run_fused(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P, N,
+                      impl=IMPLS[impl])
     assert (codes == 0).any() and (codes != 0).any()  # both kinds of row were checked
 
 
-def test_fused_epilogue_nothing_live_is_the_plain_gemm():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
     c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[0, -1, 1, 1], enabled=[0, 0])
-    codes = run_fused(c, torch.float32, 4, 2, 2, 16)
+    codes = run_fused(c, torch.float32, 4, 2, 2, 16, impl=IMPLS[impl])
     assert (codes != 0).all()
-    assert LAST_EPILOGUE_LAUNCH["lora_columns"] == 2 * 16  # L_POW2 * BLOCK_R
+    last = LAST_EPILOGUE_LAUNCH["lora_columns"] if impl == "epilogue" else LAST_FOLDED_LAUNCH["shrink_columns"]
+    assert last == 2 * 16  # L_POW2 * BLOCK_R
 
 
-def test_fused_epilogue_errors():
+@pytest.mark.parametrize("bm", [16, 32, 64])
+def test_folded_random_blocks_and_ranks(bm):
+    """The folded path on fresh random cases per BLOCK_M: many LoRA rows per block, a rank below BLOCK_R,
+    rows without adapter, a disabled row and an empty slot, gate_up and down."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(100 * bm + seed)
+        M, K, N = (int(v) for v in torch.randint(12, 40, (3,), generator=g))
+        P, gather = (2, True) if seed % 2 == 0 else (1, False)
+        c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
+                      lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, impl=moe_gemm_lora_folded)
+        assert (codes == 0).any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_epilogue_errors(impl):
+    moe_gemm_lora = IMPLS[impl]  # noqa: F811 - the checks are shared, so both raise the same errors
     c = make_case(1, 2, 16, 8, 4, 2, 2, 2, 4, 2)
     x, a, b, ids = (c[k].to(DEV) for k in ("x", "a", "b", "ids"))
     w = torch.randn(4, 16, 16, device=DEV)

@@ -1,7 +1,7 @@
 """The MoE layer's choice of LoRA path (model/moe.py: LoRAHook): at decode sizes the deltas run
 straight from topk_ids and the per-token row mapping (no alignment), above the bound over the
-per-adapter alignment; where the table says so, a delta runs inside the base GEMM's epilogue
-(kernels/fused_moe_lora_epilogue.py). All give the float64 model's output; the choice reads static
+per-adapter alignment; where the tables say so, a delta runs inside the base GEMM: in its epilogue
+(kernels/fused_moe_lora_epilogue.py) or folded into its K loop (kernels/fused_moe_lora_folded.py). All give the float64 model's output; the choice reads static
 shapes only."""
 import pytest
 import torch
@@ -23,12 +23,16 @@ def _lab(device):
 ALL = frozenset(2 ** i for i in range(15))
 
 
-@pytest.mark.parametrize("bound,fused", [(0, ()), (10 ** 6, ()),  # 0: always aligned; huge: always the decode path
-                                         (0, ("gate_up",)), (10 ** 6, ("down",)), (0, ("gate_up", "down"))])
-def test_both_paths_match_the_reference(bound, fused, device, monkeypatch):
+@pytest.mark.parametrize("bound,fused,folded", [
+    (0, (), ()), (10 ** 6, (), ()),  # 0: always aligned; huge: always the decode path
+    (0, ("gate_up",), ()), (10 ** 6, ("down",), ()), (0, ("gate_up", "down"), ()),  # the epilogue
+    (0, (), ("gate_up", "down")), (0, ("gate_up",), ("down",)), (10 ** 6, ("down",), ("gate_up",))])  # folded
+def test_both_paths_match_the_reference(bound, fused, folded, device, monkeypatch):
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
     monkeypatch.setattr(configs, "FUSED_LORA_TOKENS",
                         {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS",
+                        {op: ALL if op in folded else frozenset() for op in ("gate_up", "down")})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=1)
