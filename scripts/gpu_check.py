@@ -5,21 +5,44 @@ notebooks/params/gpu.yaml, and a log with metadata in data/gpu_tests/ (data/gpu_
     PYTHONPATH=. python3 scripts/gpu_check.py --what tests        # only the pytest suite
     PYTHONPATH=. python3 scripts/gpu_check.py --what notebooks    # only the notebooks
     PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT    # notebook packages from wheels first
-    ... --what notebooks --merge data/gpu_tests/gpu_check_<commit>.json  # add to the tests' log of that commit
 
-Writes gpu_check_<commit>.log (readable) and gpu_check_<commit>.json (the same figures) in --out:
-commit, date, GPU, driver, torch/triton/CUDA versions; pytest's passed/failed/skipped counts, in
-all and per test file, with every failure named; per notebook its status, seconds, executed size
-(the 1 MB rule) and the lines its `lesson` cells printed. Running `--what tests` and then
-`--what notebooks` at one commit fills one log: each part replaces its own section. A tree copied
-without .git names its commit through GIT_COMMIT (and GIT_DIRTY=0/1), as every recording does.
-Exit status: 0 when nothing failed.
+Writes gpu_check_<commit>.log (readable) and gpu_check_<commit>.json (the same figures) in --out
+(<commit>: its first 7 characters): commit, date, GPU, driver, torch/triton/CUDA versions; pytest's
+passed/failed/skipped counts, in all and per test file, with every failure named; per notebook its
+status, seconds, executed size (the 1 MB rule) and the lines its `lesson` cells printed. A tree
+copied without .git names its commit through GIT_COMMIT (and GIT_DIRTY=0/1), as every recording does.
+
+In parts, one log. The whole suite does not fit one 10-minute device call: run it as pytest parts,
+then the notebooks, each call given the JSON of the call before with --merge (without --merge, a
+--what tests/notebooks run merges into the JSON of its commit already in --out, if any). Each
+`--what tests` run is one pytest part, keyed by its --pytest-args; the log keeps every part (its
+args, counts, seconds, exit, whether it finished, where and when it ran), the total over the parts
+and the notebooks. A part run again with the same args, or a part that runs every file an earlier
+one ran, replaces that one. The three calls, each writing to a fresh $OUT from which the caller
+copies the JSON back into the tree as prev/ before the next call:
+
+    export GIT_COMMIT=<sha> GIT_DIRTY=0     # the same for every call (a tree without .git)
+    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args "--ignore=tests/nb"
+    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args tests/nb \\
+        --merge prev/gpu_check_<commit>.json
+    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what notebooks \\
+        --merge prev/gpu_check_<commit>.json
+
+--merge refuses (exit 2, naming both) a JSON of another commit, or of another dirty state: the parts
+must have tested one tree. The parts cover the whole suite when together they run every test file
+under tests/ (a part without args does; so do `--ignore=tests/nb` and `tests/nb` together); a part
+that selects tests inside files (-k, -m, --deselect, node ids, --lf ...) counts for none of them.
+Otherwise the log says NOT THE WHOLE SUITE and names the files no part ran.
+Exit status: 0 when nothing failed (and the pytest parts, if any, are the whole suite); 1 when a
+test, a part (did not finish, or exited non-zero with no failure named) or a notebook failed; 2 with
+no GPU, or a refused merge; 3 when nothing failed but the pytest parts are not the whole suite (yet).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -56,7 +79,7 @@ def missing_modules() -> list[str]:
 
 
 def run_tests(build: Path, extra: list[str], timeout: int) -> dict:
-    """pytest over the whole suite; counts from its JUnit XML, per test file and in all."""
+    """pytest over the suite (a part of it with `extra`); counts from its JUnit XML, per test file and in all."""
     xml = build / "pytest.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
     say("pytest: " + " ".join(cmd[1:]))
@@ -68,7 +91,7 @@ def run_tests(build: Path, extra: list[str], timeout: int) -> dict:
         raw = e.stdout or ""
         out, rc = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw), f"timeout after {timeout} s"
     res = dict(seconds=round(time.time() - t0, 1), returncode=rc, tail=out.strip().splitlines()[-40:],
-               scope=f"pytest {' '.join(extra)}" if extra else "whole suite", **junit_counts(xml))
+               args=list(extra), scope=scope_of(extra), **junit_counts(xml))
     if isinstance(rc, str):  # killed at the timeout: no XML, so the counts are not a result
         res.update(incomplete=True, seen_failed=progress_failures(res["tail"]))
     say(f"pytest: {res['passed']} passed, {res['failed']} failed, {res['errors']} errors, {res['skipped']} skipped "
@@ -101,6 +124,165 @@ def junit_counts(xml: Path) -> dict:
         tot[kind] += 1
         per.setdefault(f, dict(passed=0, failed=0, errors=0, skipped=0))[kind] += 1
     return dict(tot, per_file=per, failures=failures)
+
+
+def scope_of(args: list[str]) -> str:
+    return f"pytest {' '.join(args)}" if args else "whole suite"
+
+
+# pytest options that select tests inside files (a part with one runs none of its files for sure), and the
+# options whose value may come as the next word (so that word is not a path)
+SELECTING = {"-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip",
+             "--co", "--collect-only", "--collectonly", "--ignore-glob", "--pyargs"}
+TAKES_VALUE = {"-k", "-m", "-p", "-W", "-n", "-o", "-c", "-r", "--tb", "--timeout", "--maxfail", "--deselect",
+               "--ignore", "--ignore-glob", "--rootdir", "--junitxml", "--junit-xml", "--durations", "--basetemp",
+               "--confcutdir", "--import-mode", "--log-level", "--capture", "--color", "--override-ini",
+               "--config-file", "--numprocesses", "--dist", "--hypothesis-profile", "--hypothesis-seed",
+               "--hypothesis-verbosity", "--timeout-method"}
+
+
+def suite_files(root: Path = ROOT) -> set[Path]:
+    """The suite: every test file pytest collects under tests/ (pyproject's testpaths)."""
+    return {f for f in (root / "tests").rglob("*.py") if (f.name.startswith("test_") or f.name.endswith("_test.py"))
+            and not any(d.startswith(".") or d == "__pycache__" for d in f.relative_to(root).parts)}
+
+
+def selection(args: list[str], root: Path = ROOT) -> tuple[set[Path], set[Path], list[str]]:
+    """The test files a part's pytest args reach, those of them it runs entirely, and why not all (if so)."""
+    paths, nodes, ignores, why = [], [], [], []
+    words = iter(args)
+    for w in words:
+        if w.startswith("-"):
+            opt, eq, val = w.partition("=") if w.startswith("--") else (w[:2], "", w[2:])
+            if opt in SELECTING and opt not in why:
+                why.append(opt)
+            if opt in TAKES_VALUE and not eq and not val:
+                val = next(words, "")
+            if opt == "--ignore":
+                ignores.append(Path(os.path.normpath(root / val)))
+        elif "::" in w:
+            nodes.append(Path(os.path.normpath(root / w.split("::")[0])))
+            if "node ids" not in why:
+                why.append("node ids")
+        else:
+            paths.append(Path(os.path.normpath(root / w)))
+    if not paths and not nodes:
+        paths = [root / "tests"]
+
+    def under(f: Path, bases: list[Path]) -> bool:
+        return any(f == b or b in f.parents for b in bases)
+
+    files = {f for f in suite_files(root) if not under(f, ignores)}
+    reached = {f for f in files if under(f, paths + nodes)}
+    return reached, (set() if why else {f for f in files if under(f, paths)}), why
+
+
+def test_parts(t: dict) -> list[dict]:
+    """The pytest parts of a JSON's "tests" section (one written before there were parts is one part)."""
+    if "parts" in t:
+        return t["parts"]
+    args = t.get("args")
+    if args is None:  # older JSON: the args only in the scope
+        sc = t.get("scope", "whole suite")
+        args = shlex.split(sc[len("pytest "):]) if sc.startswith("pytest ") else []
+    return [dict(t, args=args, scope=scope_of(args))]
+
+
+def add_part(tests: dict | None, new: dict, root: Path = ROOT) -> dict:
+    """`tests` with the pytest part `new` added: an earlier part with the same args, or whose every file
+    `new` runs, is replaced (named in "replaced")."""
+    parts = test_parts(tests) if tests else []
+    done = selection(new["args"], root)[1]
+    keep, gone = [], list((tests or {}).get("replaced", []))
+    for p in parts:
+        reached = selection(p["args"], root)[0]
+        if p["args"] == new["args"] or (reached and reached <= done):
+            gone.append(f"{p['scope']} (by {new['scope']})")
+        else:
+            keep.append(p)
+    return combine(keep + [new], gone, root)
+
+
+def part_failures(p: dict) -> int:
+    """What a part counts as failed: its failures and errors; one that did not finish at least 1; one that
+    exited non-zero with nothing failed (a usage error, no test collected, an interrupt) 1."""
+    n = p["failed"] + p["errors"]
+    if p.get("incomplete"):
+        return n + max(1, p.get("seen_failed", 0))
+    return n + (1 if p.get("returncode") not in (0, None) and not n else 0)
+
+
+def combine(parts: list[dict], replaced: list[str] | None = None, root: Path = ROOT) -> dict:
+    """The "tests" section: the parts, their total, and whether together they are the whole suite."""
+    suite = suite_files(root)
+    runs, partial = [], []
+    for p in parts:
+        reached, done, why = selection(p["args"], root)
+        runs.append(done)
+        if why:
+            partial.append(f"{p['scope']} ({', '.join(why)})")
+    done_all = set().union(*runs)
+    missing = sorted(f.relative_to(root).as_posix() for f in suite - done_all)
+    twice = sorted(f.relative_to(root).as_posix() for f in done_all if sum(f in r for r in runs) > 1)
+    per: dict = {}
+    for p in parts:
+        for f, c in p.get("per_file", {}).items():
+            for k, v in c.items():
+                per.setdefault(f, dict(passed=0, failed=0, errors=0, skipped=0))[k] += v
+    tot = {k: sum(p[k] for p in parts) for k in ("passed", "failed", "errors", "skipped")}
+    return dict(tot, seconds=round(sum(p["seconds"] for p in parts), 1), scope=" + ".join(p["scope"] for p in parts),
+                returncodes=[p["returncode"] for p in parts], incomplete=any(p.get("incomplete") for p in parts),
+                seen_failed=sum(p.get("seen_failed", 0) for p in parts), per_file=per,
+                failures=[f for p in parts for f in p["failures"]], parts=parts, replaced=list(replaced or []),
+                coverage=dict(whole_suite=bool(suite) and not missing, files=len(suite), missing=missing,
+                              partial=partial, in_two_parts=twice))
+
+
+def short_list(files: list[str], root: Path = ROOT, most: int = 12) -> str:
+    """Missing test files; a folder all of whose test files are missing is named once ("tests/nb/")."""
+    suite = [f.relative_to(root).as_posix() for f in suite_files(root)]
+    gone, names = set(files), []
+    for f in sorted(files):
+        name, parts = f, f.split("/")
+        for i in range(2, len(parts)):  # tests/X/, tests/X/Y/, ...: the highest one missing entirely
+            d = "/".join(parts[:i]) + "/"
+            if all(s in gone for s in suite if s.startswith(d)):
+                name = d
+                break
+        if name not in names:
+            names.append(name)
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def tally(doc: dict) -> tuple[int, bool | None]:
+    """What failed in all, and whether the pytest parts are the whole suite (None: no tests in this log)."""
+    t, n = doc.get("tests"), doc.get("notebooks")
+    bad = sum(part_failures(p) for p in test_parts(t)) if t else 0
+    bad += n["failed"] + len(n["over_1MB"]) if n else 0
+    return bad, (t["coverage"]["whole_suite"] if t else None)
+
+
+class MergeRefused(Exception):
+    pass
+
+
+def check_same_tree(prev: dict, meta: dict, where: str) -> None:
+    """The parts of one log must have tested one tree: the same commit, dirty state and dirty files."""
+    pm = prev.get("meta", {})
+    a, b = pm.get("commit") or "", meta.get("commit") or ""
+    same = bool(a and b) and (a.startswith(b) or b.startswith(a)) and min(len(a), len(b)) >= 7
+    if not same or pm.get("dirty") != meta.get("dirty") or pm.get("dirty_files") != meta.get("dirty_files"):
+        raise MergeRefused(
+            f"refusing to merge: {where} is of commit {a or '? (none recorded)'} (dirty {pm.get('dirty')}"
+            f"{', files ' + ' '.join(pm['dirty_files']) if pm.get('dirty_files') else ''}), this run is of commit "
+            f"{b or '? (set GIT_COMMIT)'} (dirty {meta.get('dirty')}"
+            f"{', files ' + ' '.join(meta['dirty_files']) if meta.get('dirty_files') else ''}): the parts of one log "
+            "must test one tree (give every call the same GIT_COMMIT and GIT_DIRTY, or start afresh without --merge)")
+
+
+def ran(meta: dict, command: str) -> dict:
+    """Where and when a part ran, for its line in the log."""
+    return dict({k: meta.get(k) for k in ("commit", "dirty", "date", "gpu", "driver")}, command=command)
 
 
 def lesson_lines(executed: Path) -> list[str]:
@@ -140,6 +322,24 @@ def run_notebooks(build: Path, only: list[str] | None) -> dict:
                 over_1MB=[r["notebook"] for r in recs if not r["within_1MB"]])
 
 
+def part_lines(t: dict, label: str = "") -> list[str]:
+    """A pytest part in the log: its counts, per test file, its failures, and pytest's last lines."""
+    L = [f"== pytest{label} ({t.get('scope', 'whole suite')}): {t['passed']} passed, {t['failed']} failed, "
+         f"{t['errors']} errors, {t['skipped']} skipped in {t['seconds']:.0f} s (exit {t['returncode']})"]
+    r = t.get("ran")
+    if label and r:
+        L += [f"  ran {r.get('date')} on {r.get('gpu')}, driver {r.get('driver') or '?'}: {r.get('command')}"]
+    L += [f"  {f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v) for f, c in sorted(t["per_file"].items())]
+    L += ["  FAILED " + f for f in t["failures"]]
+    if t.get("incomplete"):
+        L += [f"  DID NOT FINISH ({t['returncode']}): the counts above are not a result; "
+              f"{t['seen_failed']} failure mark(s) in the progress lines, unnamed (no JUnit XML)"]
+    elif part_failures(t) > t["failed"] + t["errors"]:
+        L += [f"  EXIT {t['returncode']} with no failure named (usage error, no test collected, interrupted?): "
+              "counted as 1 failure"]
+    return L + ["", "-- pytest's last lines:"] + t["tail"] + [""]
+
+
 def write_log(out: Path, doc: dict) -> Path:
     m = doc["meta"]
     L = [f"GPU check at commit {m.get('commit') or '?'}{' (dirty tree)' if m.get('dirty') else ''}, {m.get('date')}",
@@ -147,28 +347,42 @@ def write_log(out: Path, doc: dict) -> Path:
          f"triton {m.get('triton')}, python {m.get('python')}", f"command: {doc['command']}", ""]
     t = doc.get("tests")
     if t:
-        L += [f"== pytest ({t.get('scope', 'whole suite')}): {t['passed']} passed, {t['failed']} failed, "
-              f"{t['errors']} errors, "
-              f"{t['skipped']} skipped in {t['seconds']:.0f} s (exit {t['returncode']})"]
-        L += [f"  {f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v) for f, c in sorted(t["per_file"].items())]
-        L += ["  FAILED " + f for f in t["failures"]]
-        if t.get("incomplete"):
-            L += [f"  DID NOT FINISH ({t['returncode']}): the counts above are not a result; "
-                  f"{t['seen_failed']} failure mark(s) in the progress lines, unnamed (no JUnit XML)"]
-        L += ["", "-- pytest's last lines:"] + t["tail"] + [""]
+        t = doc["tests"] = combine(test_parts(t), t.get("replaced"))
+        parts, c = t["parts"], t["coverage"]
+        for k, p in enumerate(parts, 1):
+            L += part_lines(p, f" part {k} of {len(parts)}" if len(parts) > 1 else "")
+        if len(parts) > 1:
+            L += [f"== pytest, total over the {len(parts)} parts ({t['scope']}): {t['passed']} passed, "
+                  f"{t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped in {t['seconds']:.0f} s"
+                  + (f"; {sum(map(part_failures, parts))} counted as failed" if sum(map(part_failures, parts))
+                     > t["failed"] + t["errors"] else "")]
+        L += ["  replaced by a later part: " + r for r in t["replaced"]]
+        if not c["whole_suite"]:
+            L += [f"  NOT THE WHOLE SUITE: {len(c['missing'])} of the {c['files']} test files were run by no part: "
+                  f"{short_list(c['missing'])}"]
+        elif len(parts) > 1:
+            L += [f"  the parts together are the whole suite ({c['files']} test files)"]
+        L += [f"  only some tests of its files (counts for none of them): {s}" for s in c["partial"]]
+        if c["in_two_parts"]:
+            L += [f"  run by more than one part (counted once per part): {short_list(c['in_two_parts'])}"]
+        L += [""] if len(parts) > 1 or not c["whole_suite"] else []
     n = doc.get("notebooks")
     if n:
         L += [f"== notebooks live (notebooks/params/gpu.yaml): {n['passed']} passed, {n['failed']} failed in "
               f"{n['seconds']:.0f} s; over 1 MB: {', '.join(n['over_1MB']) or 'none'}"]
+        r = n.get("ran")
+        if r and t:
+            L += [f"  ran {r.get('date')} on {r.get('gpu')}, driver {r.get('driver') or '?'}: {r.get('command')}"]
         for r in n["notebooks"]:
             L += [f"  {r['notebook']}: {r['status']}, {r['seconds']:.0f} s, executed {r['bytes'] / 1e3:.0f} kB"
                   f"{'' if r['within_1MB'] else ' (OVER 1 MB)'}" + (f"; {r['error']}" if r["error"] else "")]
             L += [f"    | {l}" for l in r["lesson"]]
-    total = ((t["failed"] + t["errors"] + (max(1, t["seen_failed"]) if t.get("incomplete") else 0) if t else 0)
-             + (n["failed"] + len(n["over_1MB"]) if n else 0))
-    L += ["", f"== {'0 failed' if not total else f'{total} FAILED'}"
-          + ("" if t and n
-             else f" (this log holds only: {', '.join(k for k in ('tests', 'notebooks') if doc.get(k))})")]
+    bad, whole = tally(doc)
+    held = [k for k in ("tests", "notebooks") if doc.get(k)]
+    L += ["", f"== {'0 failed' if not bad else f'{bad} FAILED'}"
+          + ("" if whole is not False else f", and NOT THE WHOLE SUITE: the pytest parts ({t['scope']}) leave out "
+             f"{short_list(t['coverage']['missing'])}")
+          + ("" if len(held) == 2 else f" (this log holds only: {', '.join(held)})")]
     name = f"gpu_check_{(m.get('commit') or 'unknown')[:7]}"
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     log = out / f"{name}.log"
@@ -186,12 +400,19 @@ def main(argv=None) -> int:
     ap.add_argument("--wheels", default=None, help="install the notebook packages from this folder of wheels first "
                     "(a machine without network), e.g. .whl")
     ap.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 01 04 (default: all)")
-    ap.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. '-x' (default: none)")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments as one string, e.g. tests/nb or -x: "
+                    "one pytest part, keyed by them (default: none, the whole suite)")
     ap.add_argument("--test-timeout", type=int, default=480, help="seconds for the whole pytest run (default: 480)")
-    ap.add_argument("--merge", default=None, help="an earlier gpu_check_<commit>.json of the same commit whose other "
-                    "part (tests or notebooks) this run's log keeps (default: the one in --out, if any)")
+    ap.add_argument("--merge", default=None, metavar="PREVIOUS_JSON", help="the gpu_check_<commit>.json of an "
+                    "earlier call at the same commit (and dirty state; else refused, exit 2): this run's log keeps "
+                    "its pytest parts and notebooks, and adds or replaces its own (default, except with --what all: "
+                    "the one in --out, if any)")
     ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to try the script; the log says cpu)")
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    words = []  # "--pytest-args -x" as "--pytest-args=-x": argparse takes a value that starts with '-' for an option
+    for w in argv:
+        words[-1:] = [f"--pytest-args={w}"] if words[-1:] == ["--pytest-args"] else words[-1:] + [w]
+    a = ap.parse_args(words)
     sys.path.insert(0, str(ROOT))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     if a.wheels:
@@ -213,21 +434,31 @@ def main(argv=None) -> int:
     say(f"commit {meta.get('commit') or '? (set GIT_COMMIT)'}, {meta['gpu']}, driver {meta.get('driver') or '?'}, "
         f"torch {meta['torch']}, triton {meta['triton']}")
     prev = Path(a.merge) if a.merge else out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}.json"
-    doc = json.loads(prev.read_text()) if prev.exists() and a.what != "all" else {}
-    if doc and doc.get("meta", {}).get("commit") != meta.get("commit"):
-        say(f"{prev} is of commit {doc.get('meta', {}).get('commit')}, not this one: not merged")
-        doc = {}
-    doc.update(meta=meta, command=" ".join([Path(sys.executable).name] + sys.argv), missing=miss)
+    if a.merge and not prev.is_file():
+        say(f"ERROR: --merge {prev}: no such file")
+        return 2
+    doc = json.loads(prev.read_text()) if prev.is_file() and (a.merge or a.what != "all") else {}
+    try:
+        if doc:
+            check_same_tree(doc, meta, str(prev))
+    except MergeRefused as e:
+        say(f"ERROR: {e}")
+        return 2
+    if doc:
+        had = [f"pytest part ({p['scope']})" for p in test_parts(doc["tests"])] if doc.get("tests") else []
+        say(f"merging into {prev}: {', '.join(had + (['notebooks'] if doc.get('notebooks') else []))}")
+    command = " ".join([Path(sys.executable).name, "scripts/gpu_check.py", shlex.join(argv)])
+    doc.update(meta=meta, command=command, missing=miss)
     if a.what in ("all", "tests"):
-        doc["tests"] = run_tests(build, a.pytest_args.split(), a.test_timeout)
+        part = dict(run_tests(build, shlex.split(a.pytest_args), a.test_timeout), ran=ran(meta, command))
+        doc["tests"] = add_part(doc.get("tests"), part)
     if a.what in ("all", "notebooks"):
-        doc["notebooks"] = run_notebooks(build / "notebooks", a.only)
+        doc["notebooks"] = dict(run_notebooks(build / "notebooks", a.only), ran=ran(meta, command))
     log = write_log(out, doc)
     say(f"log: {log}")
     print(log.read_text().splitlines()[-1])
-    t, n = doc.get("tests") or {}, doc.get("notebooks") or {}
-    return 1 if (t.get("failed") or t.get("errors") or t.get("incomplete") or n.get("failed")
-                 or n.get("over_1MB")) else 0
+    bad, whole = tally(doc)
+    return 1 if bad else 3 if whole is False else 0
 
 
 if __name__ == "__main__":

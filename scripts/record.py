@@ -32,6 +32,7 @@ RECORDINGS = {
     "kernels_decode": ("kernels", "nvidia-h200", "<= 420 s (--budget-s)", []),
     "kernels_expand": ("kernels", "nvidia-h200", "<= 400 s (--budget-s)", []),
     "kernels_fused": ("kernels", "nvidia-h200", "<= 360 s (--budget-s)", []),
+    "kernels_fold": ("kernels", "nvidia-h200", "~5 min: check, kernels, layer; then the ncu pass (docstring)", []),
     "production": ("production", "nvidia-h200", "< 10 min a session (--session s1, s2)", ["--session", "s1"]),
     "production_tp": ("production", "nvidia-h200-x2", "~8.5 min (--stage full)", ["--stage", "full"]),
     "tp_emulation": ("tp_emulation", "nvidia-h200", "~5-6 min a session (--session s1, s2), then --summarize on a CPU",

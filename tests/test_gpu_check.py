@@ -1,10 +1,15 @@
 """scripts/gpu_check.py without a GPU: JUnit counts per file, the lesson lines of an executed
-notebook, one log filled by two parts, the refusal to run on a CPU, `make gpu-check`'s python."""
+notebook, one log filled by two parts, the refusal to run on a CPU, `make gpu-check`'s python; the
+three-call recipe (two pytest parts and the notebooks, merged with --merge) with pytest faked, the
+refusal to merge another commit's JSON, and the verdict on parts that are not the whole suite."""
 import importlib.util
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 import nbformat
 
@@ -70,3 +75,136 @@ def test_make_gpu_check_takes_the_python_it_is_given():
     r = subprocess.run(["make", "-n", "gpu-check", "PY=python3", "GPU_CHECK_ARGS=--what tests"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0 and "python3 scripts/gpu_check.py --what tests" in r.stdout and "PYTHONPATH=" in r.stdout
+
+
+# --- pytest in parts, merged with --merge (pytest and the notebooks faked: their XML and records) ---------------
+
+def case(cls, name, body=""):
+    return f'<testcase classname="{cls}" name="{name}">{body}</testcase>'
+
+
+PART_XML = {  # what the fake pytest reports for each part, by the part's first path
+    "tests/nb": [case("tests.nb.test_lessons", "t1"), case("tests.nb.test_report", "t2")],
+    "rest": [case("tests.kernels.test_k", "t3"), case("tests.test_lint", "t4"),
+             case("tests.sim.test_s", "t5", '<skipped message="no gpu"/>')],
+}
+NBS = dict(seconds=5.0, passed=1, failed=0, over_1MB=[], notebooks=[dict(
+    notebook="01_x", status="passed", seconds=5.0, bytes=2000, within_1MB=True, error="", lesson=["M=4096: ok"])])
+
+
+@pytest.fixture
+def fake_gpu_machine(monkeypatch):
+    """main() in-process at commit abc1234def (clean), with pytest and the notebooks faked; `calls` lists the
+    pytest command lines; a part whose args include 'tests/nb/test_lessons.py' runs past its timeout."""
+    monkeypatch.setenv("GIT_COMMIT", "abc1234def")
+    monkeypatch.setenv("GIT_DIRTY", "0")
+    monkeypatch.delenv("GIT_DIRTY_FILES", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    calls = []
+
+    def run(cmd, timeout=None, **kw):
+        calls.append(cmd)
+        if "tests/nb/test_lessons.py" in cmd:
+            raise subprocess.TimeoutExpired(cmd, timeout, output="..F.")
+        xml = Path(next(w for w in cmd if w.startswith("--junitxml=")).split("=", 1)[1])
+        cases = PART_XML["tests/nb" if "tests/nb" in cmd else "rest"]
+        xml.write_text("<testsuites><testsuite>" + "".join(cases) + "</testsuite></testsuites>")
+        return subprocess.CompletedProcess(cmd, 0, f"{len(cases)} passed\n", "")
+
+    monkeypatch.setattr(gc, "subprocess", types.SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(gc, "run_notebooks", lambda build, only: json.loads(json.dumps(NBS)))
+    return calls
+
+
+def gpu_check(tmp_path, out, *args):
+    return gc.main(["--allow-cpu", "--out", str(tmp_path / out), "--build", str(tmp_path / "build"), *args])
+
+
+def test_three_calls_fill_one_log(tmp_path, fake_gpu_machine):
+    """The recipe: each call writes to a fresh folder, given the JSON of the call before with --merge."""
+    assert gpu_check(tmp_path, "o1", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
+    first = (tmp_path / "o1" / "gpu_check_abc1234.log").read_text()
+    assert "NOT THE WHOLE SUITE" in first.splitlines()[-1] and "leave out tests/nb/ " in first.splitlines()[-1]
+    assert gpu_check(tmp_path, "o2", "--what", "tests", "--pytest-args", "tests/nb",
+                     "--merge", str(tmp_path / "o1" / "gpu_check_abc1234.json")) == 0
+    assert gpu_check(tmp_path, "o3", "--what", "notebooks",
+                     "--merge", str(tmp_path / "o2" / "gpu_check_abc1234.json")) == 0
+    assert [c[-1] for c in fake_gpu_machine] == ["--ignore=tests/nb", "tests/nb"]
+    doc = json.loads((tmp_path / "o3" / "gpu_check_abc1234.json").read_text())
+    t = doc["tests"]
+    assert [p["args"] for p in t["parts"]] == [["--ignore=tests/nb"], ["tests/nb"]]
+    assert [(p["passed"], p["skipped"], p["returncode"], p["ran"]["commit"]) for p in t["parts"]] == [
+        (2, 1, 0, "abc1234def"), (2, 0, 0, "abc1234def")]
+    assert (t["passed"], t["failed"], t["errors"], t["skipped"]) == (4, 0, 0, 1) and not t["incomplete"]
+    assert t["coverage"]["whole_suite"] and not t["coverage"]["missing"] and doc["notebooks"]["passed"] == 1
+    text = (tmp_path / "o3" / "gpu_check_abc1234.log").read_text()
+    assert ("== pytest part 1 of 2 (pytest --ignore=tests/nb): 2 passed" in text
+            and "== pytest part 2 of 2 (pytest tests/nb): 2 passed" in text
+            and "== pytest, total over the 2 parts (pytest --ignore=tests/nb + pytest tests/nb): 4 passed" in text
+            and "the parts together are the whole suite" in text and "    | M=4096: ok" in text
+            and "--merge" in text and text.endswith("== 0 failed\n"))
+
+
+def test_a_part_that_did_not_finish_fails_the_merged_log(tmp_path, fake_gpu_machine):
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb") == 0  # merged from --out
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb/test_lessons.py") == 1
+    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234.json").read_text())
+    assert [p["scope"] for p in doc["tests"]["parts"]] == [
+        "pytest --ignore=tests/nb", "pytest tests/nb", "pytest tests/nb/test_lessons.py"]
+    assert doc["tests"]["incomplete"] and doc["tests"]["coverage"]["in_two_parts"] == ["tests/nb/test_lessons.py"]
+    text = (tmp_path / "o" / "gpu_check_abc1234.log").read_text()
+    assert "DID NOT FINISH (timeout after 480 s)" in text
+    assert text.endswith("== 1 FAILED (this log holds only: tests)\n")
+    # the same part run again replaces it; a part that runs all of tests/nb replaces both tests/nb parts
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "-x tests/nb") == 0
+    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234.json").read_text())
+    assert [p["scope"] for p in doc["tests"]["parts"]] == ["pytest --ignore=tests/nb", "pytest -x tests/nb"]
+    assert doc["tests"]["replaced"] == ["pytest tests/nb (by pytest -x tests/nb)",
+                                        "pytest tests/nb/test_lessons.py (by pytest -x tests/nb)"]
+
+
+def test_refuses_to_merge_another_commit(tmp_path, fake_gpu_machine, capsys):
+    prev = tmp_path / "prev.json"
+    prev.write_text(json.dumps(dict(meta=dict(commit="1111111aaaa", dirty=False), command="...", notebooks=NBS)))
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(prev)) == 2
+    said = capsys.readouterr().out
+    assert ("refusing to merge" in said and "commit 1111111aaaa" in said and "commit abc1234def" in said
+            and not fake_gpu_machine and not (tmp_path / "o" / "gpu_check_abc1234.json").exists())
+    assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(tmp_path / "none.json")) == 2
+    assert "no such file" in capsys.readouterr().out
+    ok = dict(commit="abc1234", dirty=False)  # a short GIT_COMMIT of the same commit merges
+    gc.check_same_tree(dict(meta=ok), dict(commit="abc1234def", dirty=False), "prev.json")
+    for other in (dict(ok, dirty=True), dict(ok, commit=""), dict(ok, dirty_files=["x.py"])):
+        with pytest.raises(gc.MergeRefused, match="refusing to merge: prev.json is of commit"):
+            gc.check_same_tree(dict(meta=other), dict(commit="abc1234def", dirty=False), "prev.json")
+
+
+def part(args, **kw):
+    return dict(dict(args=args, scope=gc.scope_of(args), passed=3, failed=0, errors=0, skipped=0, seconds=10.0,
+                     returncode=0, per_file={}, failures=[], tail=[]), **kw)
+
+
+def test_parts_that_are_not_the_whole_suite_fail_the_verdict(tmp_path):
+    meta = dict(commit="abc1234def", date="2026-12-01T10:00:00Z", gpu="NVIDIA H200", dirty=False)
+    for later, partial in ((["tests/kernels"], None),
+                           (["-k", "lessons", "tests/nb"], "pytest -k lessons tests/nb (-k)"),
+                           (["tests/nb/test_lessons.py::t"], "pytest tests/nb/test_lessons.py::t (node ids)")):
+        t = gc.add_part(gc.add_part(None, part(["--ignore=tests/nb"])), part(later))
+        doc = dict(meta=meta, command="...", tests=t, notebooks=NBS)
+        assert gc.tally(doc) == (0, False)
+        text = gc.write_log(tmp_path, doc).read_text()
+        last = text.splitlines()[-1]
+        assert last.startswith("== 0 failed, and NOT THE WHOLE SUITE") and last.endswith("leave out tests/nb/")
+        assert "  NOT THE WHOLE SUITE: 3 of the " in text
+        assert (partial is None) == ("only some tests of its files" not in text)
+        assert partial is None or f"only some tests of its files (counts for none of them): {partial}" in text
+    whole = gc.add_part(gc.add_part(None, part(["tests/nb"])), part(["--ignore", "tests/nb", "-p", "no:x"]))
+    assert whole["coverage"]["whole_suite"] and gc.tally(dict(tests=whole)) == (0, True)
+    assert gc.add_part(None, part([]))["coverage"]["whole_suite"]
+    # a part that exited non-zero with nothing failed (a usage error) is a failure; an older JSON's one part
+    assert gc.tally(dict(tests=gc.add_part(None, part([], returncode=4)))) == (1, True)
+    old = dict(part([]), scope="pytest --ignore=tests/nb")
+    del old["args"]
+    assert [p["args"] for p in gc.test_parts(old)] == [["--ignore=tests/nb"]]

@@ -69,7 +69,8 @@ def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, 
                 p = p0 + q
                 tt = tl.load(t_ptr + pair[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
                              mask=here[:, None] & (p < P), other=0.0)
-                bt = tl.load(b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn + offs_r[:, None] * stride_br,
+                b_ptrs = b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn + offs_r[:, None] * stride_br
+                bt = tl.load(b_ptrs,
                              mask=r_ok[:, None] & (n_ok & (p_n == p))[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
                 acc = tl.dot(tt, bt, acc)
     return acc

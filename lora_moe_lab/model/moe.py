@@ -92,9 +92,9 @@ class LoRAHook:
 
     def gemm_down(self, act, w2, align, top_k, out, topk_w):
         i, w = self.info, self.info.weights
-        return self._gemm("down", act.shape[0] // top_k, w2, top_k)(act, w2, align, top_k, out, w.down_a[None], w.down_b[None],
-                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
-                                                   routed_weights=topk_w, gather=False)
+        gemm = self._gemm("down", act.shape[0] // top_k, w2, top_k)
+        return gemm(act, w2, align, top_k, out, w.down_a[None], w.down_b[None], i.token_lora_mapping, i.lora_ids,
+                    i.adapter_enabled, routed_weights=topk_w, gather=False)
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
         M, k = topk_ids.shape

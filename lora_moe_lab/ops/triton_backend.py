@@ -94,7 +94,8 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         ]
         fold13, fold2 = use_folded_lora("gate_up", M, k, E, 2 * I, K), use_folded_lora("down", M, k, E, K, I)
         if fold13:
-            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora_folded(
+            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
+                         lambda c, al=al: moe_gemm_lora_folded(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
                 config=c)))
         if fold2:

@@ -1,8 +1,8 @@
 """The MoE layer's choice of LoRA path (model/moe.py: LoRAHook): at decode sizes the deltas run
 straight from topk_ids and the per-token row mapping (no alignment), above the bound over the
 per-adapter alignment; where the tables say so, a delta runs inside the base GEMM: in its epilogue
-(kernels/fused_moe_lora_epilogue.py) or folded into its K loop (kernels/fused_moe_lora_folded.py). All give the float64 model's output; the choice reads static
-shapes only."""
+(kernels/fused_moe_lora_epilogue.py) or folded into its K loop (kernels/fused_moe_lora_folded.py).
+All give the float64 model's output; the choice reads static shapes only."""
 import pytest
 import torch
 from helpers import fp32_tol, rel_err

@@ -1,0 +1,392 @@
+"""data/kernels/fold_*: the LoRA path folded into the base GEMM (kernels/fused_moe_lora_folded.py) against
+the base GEMM and today's separate deltas, its differential, and the base GEMM's TMA / predicate-free builds'.
+
+    python scripts/record_kernels_fold.py --out DIR [--sections check,kernels,layer] [--reps 20] [--cases 1000]
+    python scripts/record_kernels_fold.py --out DIR --ncu-run     # under ncu (the command of record_kernels_base)
+
+Sections (rows of DIR/kernels_fold.csv, metadata DIR/kernels_fold.meta.json; bf16, rank 32, 4 adapters,
+top-8 of 128 experts from softmax-topk of random logits, CUDA-graph replays, alignment outside the
+timed region):
+  check    `--cases` random cases of the folded GEMM and `--cases` of the base GEMM's builds (TMA weight
+           tiles, predicate-free loads, masked loads) against float64, plus the presets' shapes at
+           M = 1..8192; `out` and the shrink's intermediate NaN-poisoned; rows of pairs without a live
+           adapter compared bit for bit with the plain GEMM. Few distinct tiles, so few compiles.
+  kernels  per preset, op and M: the base GEMM (the tile table), base + today's separate delta (the decode
+           kernel at <= DECODE_MAX_PAIRS pairs, else the aligned kernel; the LoRA alignment is its own arm),
+           the folded path (shrink + GEMM), the folded path with every adapter disabled, and the folded GEMM
+           alone with every adapter disabled. Interleaved, `--reps` paired repetitions after a warm-up
+           checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
+  layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
+           folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
+           disabled); interleaved rounds; LoRA's share of the layer per round, its median and bootstrap 95 %.
+  --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from lora_moe_lab.config import LoRAConfig, get_shape
+from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
+from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import kernel_cases as kc
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, log, route, row
+from lora_moe_lab.instruments.recorders.timing import time_interleaved
+from lora_moe_lab.kernels import configs
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import GemmConfig, block_r, lora_block_m, lora_down_config, moe_block_m
+from lora_moe_lab.kernels.fused_moe import Folded, moe_gemm
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
+from lora_moe_lab.kernels.lora_decode import lora_delta_decode
+from lora_moe_lab.model.graphs import GraphForward
+from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from lora_moe_lab.model.moe import LoRAHook, MoELayer
+from lora_moe_lab.ops import get_backend
+from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
+from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
+from lora_moe_lab.ops.reference import rel, tolerance
+from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
+
+S, RANK, BF = kc.S, kc.RANK, kc.BF
+KERNEL_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
+LAYER_M = (256, 1024, 4096, 8192, 16384)
+CHECK_M = (1, 16, 256, 2048, 8192)
+# The differential's tiles: few, so that 1000 cases compile a few dozen binaries (N and K are run-time).
+DIFF_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(128, 64, 8, 4, 3, w_desc=True),
+              GemmConfig(64, 128, 1, 4, 2, w_desc=True), GemmConfig(64, 64, 8, 4, 3, even=False))
+
+
+def _bits(t):
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+# ------------------------------------------------------------------------------------------------
+def check(dev, gen, n_cases):
+    fails = _check_presets(dev, gen)
+    rng, g = random.Random(2), torch.Generator(device=dev).manual_seed(2)
+    worst, f_fold = {}, 0
+    for i in range(n_cases):  # the folded GEMM, random shapes
+        err, same = _fold_case(rng, g, dev, i)
+        worst["folded"] = max(worst.get("folded", 0.0), err)
+        f_fold += not (err < tolerance(BF, dev) and same)
+    f_base = 0
+    for i in range(n_cases):  # the base GEMM's builds
+        err, tile = _base_case(rng, g, dev, i)
+        worst[tile] = max(worst.get(tile, 0.0), err)
+        f_base += not err < tolerance(BF, dev)
+    row(section="check", op="random_folded", cases=n_cases, failures=f_fold, worst=worst["folded"])
+    row(section="check", op="random_base", cases=n_cases, failures=f_base,
+        worst=max(v for k, v in worst.items() if k != "folded"), tiles=str(sorted(k for k in worst if k != "folded")))
+    log(f"check: presets {fails} failures; folded {n_cases} random cases, {f_fold} failures "
+        f"(worst {worst['folded']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
+
+
+def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None):
+    """One folded launch on NaN-poisoned `out` and intermediate, beside the plain GEMM: (out, base)."""
+    n = al_pairs(x, k, gather)
+    base = torch.full((n, w.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
+    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
+    out = torch.full_like(base, float("nan"))
+    t = torch.full((n, a.shape[0], block_r(a.shape[3])), float("nan"), dtype=x.dtype, device=x.device)
+    moe_gemm_lora_folded(x, w, al, k, out, a, b, mapping, lids, en, routed_weights=rw, gather=gather, config=cfg,
+                         shrink_out=t)
+    return out, base
+
+
+def al_pairs(x, k, gather):
+    return x.shape[0] * k if gather else x.shape[0]
+
+
+def _verdict(out, base, ref, live):
+    same = torch.equal(_bits(out[~live]), _bits(base[~live]))
+    return (rel(out.double(), ref) if torch.isfinite(out).all() else float("inf")), same
+
+
+def _check_presets(dev, gen):
+    lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # row 3 empty
+    en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # row 1 disabled
+    fails = 0
+    for preset in kc.PRESETS:
+        sh = get_shape(preset)
+        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+        for M in CHECK_M:
+            x = torch.randn(M, K, generator=gen, device=dev).to(BF)
+            h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
+            rw, ids = route(M, E, k, gen, dev)
+            mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+            al = moe_align(ids, E, moe_block_m(M, k, E, K, I))  # the table's tiles, TMA where it won
+            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True),
+                                                ("down", h, w2, a2, b2, rw, False)):
+                d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
+                out, base = _fold_run(xin, w, al, k, a, b, mapping, lids, en, r, gather)
+                err, same = _verdict(out, base, ref_gemm(xin, w, ids, k, r, gather) + d, live)
+                ok = err < tolerance(BF, dev) and same
+                fails += not ok
+                row(section="check", preset=preset, op=op, M=M, block_m=al.block_m, rel_err=err,
+                    adapterless_rows_bitwise=same, ok=ok)
+            log(f"check {preset} M={M}: " + " ".join(f"{r['op']} {r['rel_err']:.1e}{'' if r['ok'] else ' FAIL'}"
+                                                     for r in ROWS[-2:]))
+    return fails
+
+
+def _fold_case(rng, g, dev, i):
+    P, gather = (2, True) if i % 2 == 0 else (1, False)
+    M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
+    L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
+    K, N = rng.choice((64, 128, 192)), rng.choice((64, 96))  # N per slice: 96 puts a 64-wide tile across slices
+    cfg = DIFF_TILES[i % 2]
+
+    def rnd(*s_, std=1.0):
+        return (torch.randn(*s_, generator=g, device=dev) * std).to(BF)
+
+    x, w = rnd(M if gather else M * k, K), rnd(E, P * N, K, std=K ** -0.5)
+    a, b = rnd(P, S, E, R, K, std=K ** -0.5), rnd(P, S, E, N, R, std=R ** -0.5)
+    rw, ids = route(M, E, k, g, dev)
+    rw = None if gather else rw
+    mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
+    lids = torch.tensor([rng.choice(list(range(S)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
+    en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
+    d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
+    d, live = d.to(dev), (codes == 0).to(dev)
+    al = moe_align(ids, E, bm)
+    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg)
+    return _verdict(out, base, ref_gemm(x, w, ids, k, rw, gather) + d, live)
+
+
+def _base_case(rng, g, dev, i):
+    cfg = DIFF_TILES[i % len(DIFF_TILES)]
+    gather = i % 3 != 0
+    M, E, bm = rng.randint(1, 300), rng.choice((4, 16)), rng.choice((16, 64))
+    k = rng.randint(1, min(8, E))
+    even = i % 2 == 0  # K, N tile multiples (predicate-free loads) or not (K a multiple of 8: TMA rows stay aligned)
+    K = rng.choice((128, 256)) if even else rng.choice((72, 200))
+    N = rng.choice((128, 256)) if even else rng.choice((40, 136))
+    x = torch.randn(M if gather else M * k, K, generator=g, device=dev).to(BF)
+    w = (torch.randn(E, N, K, generator=g, device=dev) * K ** -0.5).to(BF)
+    rw, ids = route(M, E, k, g, dev)
+    rw = rw if i % 4 == 1 else None
+    out = torch.full((M * k, N), float("nan"), dtype=BF, device=dev)
+    moe_gemm(x, w, moe_align(ids, E, bm), k, out, routed_weights=rw, gather=gather, config=cfg)
+    err = rel(out.double(), ref_gemm(x, w, ids, k, rw, gather)) if torch.isfinite(out).all() else float("inf")
+    tile = f"bn{cfg.block_n}/bk{cfg.block_k}" + ("/tma" if cfg.w_desc else "") + ("" if cfg.even else "/masked")
+    return err, tile
+
+
+# ------------------------------------------------------------------------------------------------
+def kernels(preset, dev, gen, reps):
+    sh = get_shape(preset)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+    w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)
+    on, off = torch.ones_like(lids), torch.zeros_like(lids)
+    for M in KERNEL_M:
+        n_sets = 8 if M <= 64 else 4 if M <= 1024 else 1  # rotating sets keep small-M weights out of a hot L2
+        n_sets = 1 if harness.is_dry() else n_sets
+        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
+        for s in sets:
+            s["al"] = moe_align(s["ids"], E, bm)
+            s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+        inner = 4 if M <= 256 and not harness.is_dry() else 1
+        for op in ("gate_up", "down"):
+            gu = op == "gate_up"
+            w, a, b = (w13, a13, b13) if gu else (w2, a2, b2)
+            X = "x" if gu else "act"
+            O = "inter" if gu else "down"
+            for s in sets:  # the folded GEMM alone reads a shrink computed once, outside the timed region
+                s["rw_op"] = None if gu else s["rw"]
+                s["t"] = torch.zeros(M * k, a.shape[0], block_r(RANK), dtype=BF, device=dev)
+                lora_shrink(s[X], a, s["al"], k, s["slot"], lids, on, s["t"], gather=gu)
+
+            def base(s):
+                moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu)
+
+            def delta(s):
+                if dec:
+                    lora_delta_decode(s[X], a, b, s["ids"], s["slot"], lids, on, s[O], routed_weights=s["rw_op"],
+                                      gather=gu)
+                else:
+                    lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
+                               **({} if gu else dict(config=cfg2)))
+
+            def folded(s, en):
+                moe_gemm_lora_folded(s[X], w, s["al"], k, s[O], a, b, s["slot"], lids, en, routed_weights=s["rw_op"],
+                                     gather=gu)
+
+            def gemm_off(s):
+                moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                         lora=Folded(s["t"], b, s["slot"], lids, off))
+
+            arms = {"base": base, "separate": lambda s: (base(s), delta(s)), "folded": lambda s: folded(s, on),
+                    "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off}
+            if not dec:
+                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            med, s_, wc = _interleave(arms, sets, inner, reps)
+            r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians") for nm in ("folded_off", "gemm_off")}
+            fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
+            dsep = bootstrap_paired(s_["separate"], s_["base"], "median_diff")
+            dfold = bootstrap_paired(s_["folded"], s_["base"], "median_diff")
+            row(section="kernels", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
+                reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
+                **{f"{nm}_us": v for nm, v in med.items()},
+                delta_separate_us=dsep[0], delta_separate_lo=dsep[1], delta_separate_hi=dsep[2],
+                delta_folded_us=dfold[0], delta_folded_lo=dfold[1], delta_folded_hi=dfold[2],
+                folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
+                **{f"{nm}_over_base{sfx}": r[nm][j] for nm in r for j, sfx in enumerate(("", "_lo", "_hi"))},
+                interval=METHOD_BOOT)
+            log(f"kernels {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  +sep {dsep[0]:7.1f}  +folded "
+                f"{dfold[0]:7.1f} [{dfold[1]:.1f}, {dfold[2]:.1f}]  folded/sep {fs[0]:.3f} [{fs[1]:.3f}, {fs[2]:.3f}]"
+                f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
+                f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
+        sets = None
+        torch.cuda.empty_cache()
+
+
+def _interleave(arms, sets, inner, reps):
+    """Each arm as one CUDA graph of `inner` passes over the sets; interleaved replays; per-call samples
+    with the warm-up drop (checked over every arm) applied to all: (medians, kept samples, check)."""
+    graphs = {}
+    for nm, f in arms.items():
+        body = (lambda f=f: [f(s) for _ in range(inner) for s in sets])
+        graphs[nm] = body if harness.is_dry() else GraphForward(body, warmup=2).replay
+    for g in graphs.values():
+        g()
+    got = time_interleaved(graphs, reps=reps)
+    per = {nm: [v / (inner * len(sets)) for v in t.samples_us] for nm, t in got.items()}
+    wc = warmup_check(per)
+    kept = {nm: v[wc.dropped:] for nm, v in per.items()}
+    return {nm: float(torch.tensor(v).median()) for nm, v in kept.items()}, kept, wc
+
+
+# ------------------------------------------------------------------------------------------------
+def layer(preset, dev, reps):
+    sh = get_shape(preset)
+    backend = get_backend("triton", dev)
+    lay = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
+    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
+    for i in range(S):
+        pool.load(f"a{i}", rank=RANK, seed=i)
+    all_ops = {op: frozenset(2 ** i for i in range(15)) for op in ("gate_up", "down")}
+    none_ops = {op: frozenset() for op in ("gate_up", "down")}
+    for M in LAYER_M:
+        x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
+        arms = {}
+        for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
+                                    ("folded_all", "all", all_ops), ("folded_none", "none", all_ops)):
+            hooks = []
+            if adapters is not None:
+                names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
+                info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
+                                                                            dev), RANK)
+                hooks = [LoRAHook(info, backend, sh.num_experts)]
+            f = (lambda h=hooks, t=table: _with_table(t, lambda: lay(x, h, backend)))
+            arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
+        for g in arms.values():
+            g()
+        got = time_interleaved(arms, reps=reps)
+        per = {nm: t.samples_us for nm, t in got.items()}
+        wc = warmup_check(per)
+        s_ = {nm: v[wc.dropped:] for nm, v in per.items()}
+        sh_ = {nm: bootstrap_paired(s_[nm], s_["base"], "median_change_pct") for nm in arms if nm != "base"}
+        fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
+        row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
+            **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
+            **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
+            folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
+            interval=METHOD_BOOT)
+        log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
+            + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
+            + f"  {wc.note}")
+    torch.cuda.empty_cache()
+
+
+def _with_table(table, fn):
+    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (the layer reads it at each call)."""
+    keep = configs.FOLDED_LORA_TOKENS
+    configs.FOLDED_LORA_TOKENS = table
+    try:
+        return fn()
+    finally:
+        configs.FOLDED_LORA_TOKENS = keep
+
+
+# ------------------------------------------------------------------------------------------------
+def ncu_run(dev, gen):
+    """One launch of the folded path (shrink, then GEMM) per preset and GEMM at M=8192, all 4 adapters live."""
+    M = 8192
+    for preset in kc.PRESETS:
+        sh = get_shape(preset)
+        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+        s = kc.make_set(sh, M, dev, gen)
+        al = moe_align(s["ids"], E, moe_block_m(M, k, E, K, I))
+        lids = torch.arange(S, dtype=torch.int32, device=dev)
+        on = torch.ones_like(lids)
+        jobs = [lambda: moe_gemm_lora_folded(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on),
+                lambda: moe_gemm_lora_folded(s["act"], w2, al, k, s["down"], a2, b2, s["slot"], lids, on,
+                                             routed_weights=s["rw"], gather=False)]
+        for j in jobs:  # compile and warm outside the profiled range
+            j()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for j in jobs:
+            j()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        log(f"ncu targets {preset} M={M}: folded gate_up (shrink, gemm), folded down (shrink, gemm)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="check,kernels,layer", help="default: check,kernels,layer")
+    ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
+    ap.add_argument("--cases", type=int, default=1000, help="random cases per differential (default 1000)")
+    ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
+    ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
+    args = ap.parse_args(argv)
+    dev = _dry() if args.dry else torch.device("cuda")
+    if args.dry:
+        args.cases, args.reps = min(args.cases, 4), 10
+    gen = torch.Generator(device=dev).manual_seed(0)
+    if args.ncu_run:
+        return ncu_run(dev, gen)
+    rec = Recorder("kernels_fold", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
+                                                         kernel_m=KERNEL_M, layer_m=LAYER_M,
+                                                         decode_max_pairs=configs.DECODE_MAX_PAIRS))
+    secs = args.sections.split(",")
+    t0 = time.time()
+    if "check" in secs:
+        rec.section("check", check, dev, gen, args.cases)
+        log(f"[check done at {time.time() - t0:.0f}s]")
+    for sec, fn, extra in (("kernels", kernels, (gen,)), ("layer", layer, ())):
+        if sec in secs:
+            for preset in kc.PRESETS:
+                rec.section(f"{sec} {preset}", fn, preset, dev, *extra, args.reps)
+                log(f"[{sec} {preset} done at {time.time() - t0:.0f}s]")
+    rec.write()
+
+
+def _dry():
+    global KERNEL_M, LAYER_M, CHECK_M, BF
+    harness.set_dry()
+    kc.set_tiny()
+    KERNEL_M, LAYER_M, CHECK_M, BF = (1, 16), (16,), (1, 16), torch.float32
+    torch.cuda.synchronize = lambda *a: None
+    return torch.device("cpu")
+
+
+if __name__ == "__main__":
+    main()
