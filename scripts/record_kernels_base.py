@@ -423,9 +423,12 @@ def _num(v):
         return float("nan")
 
 
-def ncu_parse(raw_csv, out):
+KERNEL_NAMES = ("lora_shrink_kernel", "fused_moe_lora_kernel", "fused_moe_kernel")  # matched in this order
+
+
+def ncu_parse(raw_csv, out, stem="kernels_base_ncu"):
     """ncu's raw CSV (one row per profiled kernel, a units row after the header) + targets.json ->
-    kernels_base_ncu.csv: DRAM bytes against the byte floor, throughput, occupancy, top stall reasons."""
+    <stem>.csv: DRAM bytes against the byte floor, throughput, occupancy, top stall reasons."""
     with open(raw_csv) as fh:
         lines = [ln for ln in fh if ln.startswith('"')]  # ncu's own log lines ("==PROF==") are not CSV
     rows = list(csv.DictReader(lines))
@@ -434,7 +437,7 @@ def ncu_parse(raw_csv, out):
     by_kernel = {}
     for r in rows:
         name = r.get("Kernel Name", "")
-        key = "fused_moe_lora_kernel" if "lora" in name else "fused_moe_kernel" if "fused_moe_kernel" in name else None
+        key = next((k for k in KERNEL_NAMES if k in name), None)
         if key:
             by_kernel.setdefault(key, []).append(r)
     seen = {}
@@ -458,7 +461,7 @@ def ncu_parse(raw_csv, out):
         rec["dram_bytes_over_floor"] = (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / rec["byte_floor"]
         recs.append(rec)
     keys = list(dict.fromkeys(k for r in recs for k in r))
-    f = os.path.join(out, "kernels_base_ncu.csv")
+    f = os.path.join(out, f"{stem}.csv")
     with open(f, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
@@ -488,10 +491,11 @@ def main(argv=None):
     ap.add_argument("--tables", help="read the tile tables from DIR/tile_tables (compare in a later session)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
     ap.add_argument("--ncu-parse", metavar="RAW_CSV", help="ncu's raw CSV -> kernels_base_ncu.csv (CPU is fine)")
+    ap.add_argument("--ncu-stem", default="kernels_base_ncu", help="the parsed CSV's name (default kernels_base_ncu)")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
     if args.ncu_parse:
-        return ncu_parse(args.ncu_parse, args.out)
+        return ncu_parse(args.ncu_parse, args.out, args.ncu_stem)
     dev = torch.device("cuda")
     if args.dry or not torch.cuda.is_available():
         dev = _dry()

@@ -24,6 +24,8 @@ timed region):
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import time
 
@@ -321,9 +323,11 @@ def _with_table(table, fn):
 
 
 # ------------------------------------------------------------------------------------------------
-def ncu_run(dev, gen):
-    """One launch of the folded path (shrink, then GEMM) per preset and GEMM at M=8192, all 4 adapters live."""
+def ncu_run(out, dev, gen):
+    """One launch of the folded path (shrink, then GEMM) per preset and GEMM at M=8192, all 4 adapters live;
+    DIR/targets.json names each launch for `record_kernels_base.py --ncu-parse RAW --ncu-stem kernels_fold_ncu`."""
     M = 8192
+    targets = []
     for preset in kc.PRESETS:
         sh = get_shape(preset)
         K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
@@ -345,7 +349,23 @@ def ncu_run(dev, gen):
             j()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
+        # Byte floors: what each kernel must move at least (bf16): its used weights once, its inputs once,
+        # its outputs once. used: the (expert) and (slot, expert) pairs the routing touches.
+        n_pairs = M * k
+        used_e = int(torch.unique(s["ids"]).numel())
+        used_se = int(torch.unique(s["slot"].long().repeat_interleave(k) * E + s["ids"].flatten().long()).numel())
+        br = block_r(RANK)
+        for op, N, Kin, P, rows_in in (("gate_up", 2 * I, K, 2, M), ("down", K, I, 1, n_pairs)):
+            shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
+            gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
+                    + n_pairs * P * br * 2 + used_se * N * RANK * 2)
+            targets += [dict(kernel="lora_shrink_kernel", preset=preset, M=M, op=f"shrink_{op}", arm="folded",
+                             tile="", byte_floor=shrink),
+                        dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm="folded",
+                             tile="", byte_floor=gemm)]
         log(f"ncu targets {preset} M={M}: folded gate_up (shrink, gemm), folded down (shrink, gemm)")
+    with open(os.path.join(out, "targets.json"), "w") as fh:
+        json.dump(targets, fh, indent=1)
 
 
 def main(argv=None):
@@ -362,7 +382,8 @@ def main(argv=None):
         args.cases, args.reps = min(args.cases, 4), 10
     gen = torch.Generator(device=dev).manual_seed(0)
     if args.ncu_run:
-        return ncu_run(dev, gen)
+        os.makedirs(args.out, exist_ok=True)
+        return ncu_run(args.out, dev, gen)
     rec = Recorder("kernels_fold", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                          kernel_m=KERNEL_M, layer_m=LAYER_M,
                                                          decode_max_pairs=configs.DECODE_MAX_PAIRS))

@@ -234,7 +234,8 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
 # expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the
-# epilogue. Filled from the H200 recording of scripts/record_kernels_fused.py (its `fold` section).
+# epilogue. Empty: on the H200 it lost to the separate deltas at every size measured
+# (data/kernels/fold_s1_*, scripts/record_kernels_fold.py; docs/kernels.md says why).
 FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 
 
