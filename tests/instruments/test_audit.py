@@ -137,16 +137,23 @@ def test_report_on_cpu_is_marked_and_not_estimated():
 
 def test_overhead_leaves_out_a_slow_first_warmup_call():
     # A cold process compiles its kernels in the first call: that is the forward's time, not the audit's.
-    calls = []
+    # Judged against the same audit of a forward without the slow call, measured after a throwaway audit:
+    # on a GPU machine the first audit of a process also pays the profiler's start-up (seconds of CUPTI).
+    def forward(slow_first):
+        calls = []
 
-    def fn(x):
-        calls.append(1)
-        if len(calls) == 1:
-            time.sleep(0.5)
-        return x + 1
+        def fn(x):
+            calls.append(1)
+            if slow_first and len(calls) == 1:
+                time.sleep(1.0)
+            return x + 1
+        return fn, calls
 
+    audit(forward(False)[0], torch.ones(4), warmup=2, reps=2)
+    base = audit(forward(False)[0], torch.ones(4), warmup=2, reps=2).overhead_s
+    fn, calls = forward(True)
     rep = audit(fn, torch.ones(4), warmup=2, reps=2)
-    assert len(calls) >= 4 and rep.overhead_s < 0.4
+    assert len(calls) >= 4 and rep.overhead_s < base + 0.5, (rep.overhead_s, base)
 
 
 def test_context_manager_form():
