@@ -974,6 +974,62 @@ def kernels_base_block() -> str:
     return "\n".join(out)
 
 
+def kernels_fold_block() -> str:
+    """Issue 24: the LoRA path folded into the base GEMM against the separate deltas (this lab's run,
+    paired), LoRA's share of the two GEMMs both ways, the differential and the counters."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    run = bg.load_fold_run()
+    t, sh = bg.fold_table(run), bg.gemm_share(run).set_index(["preset", "M"])
+    rnd, pre = bg.fold_check()
+    Ms = sorted(t.M.unique())
+    out = [f"The folded LoRA path (`kernels/fused_moe_lora_folded.py`: a shrink kernel, then the base GEMM with the "
+           "expand as extra K iterations) against the base GEMM + the separate delta "
+           f"(`scripts/record_kernels_fold.py`, "
+           f"`data/kernels/{run.name}_*`, {run.label}; the meta's commit is stale, the tree was 14ef141: "
+           "data/kernels/README.md): bf16, rank 32, 4 adapters all live, every token with one, CUDA-graph replay, "
+           "20 interleaved paired repetitions, percentile bootstrap 95 %. One device session.", "",
+           "| preset, GEMM | " + " | ".join(f"M={m}" for m in Ms) + " |", "| --- |" + " ---: |" * len(Ms)]
+    for (p_, op), g in t.groupby(["preset", "op"], sort=False):
+        g = g.set_index("M")
+        out.append(f"| {p_} {op}: base GEMM (µs) | " + " | ".join(f"{g.loc[m, 'base_us']:.1f}" for m in Ms) + " |")
+        out.append("| delta: separate / folded (µs) | " + " | ".join(
+            f"{g.loc[m, 'delta_separate_us']:.1f} / {g.loc[m, 'delta_folded_us']:.1f}" for m in Ms) + " |")
+        out.append("| folded / separate | " + " | ".join(
+            f"{g.loc[m, 'folded_over_separate']:.2f} [{g.loc[m, 'folded_over_separate_lo']:.2f}, "
+            f"{g.loc[m, 'folded_over_separate_hi']:.2f}]" for m in Ms) + " |")
+        out.append("| folded GEMM, all disabled / base | " + " | ".join(
+            f"{g.loc[m, 'gemm_off_over_base']:.2f}" + ("" if g.loc[m, "stable"] else " (unstable)") for m in Ms)
+            + " |")
+    for p_ in t.preset.unique():
+        out.append(f"| {p_}: LoRA's share of the two GEMMs, separate / folded | " + " | ".join(
+            f"{100 * sh.loc[(p_, m), 'separate_share']:.0f} / {100 * sh.loc[(p_, m), 'folded_share']:.0f} %"
+            for m in Ms) + " |")
+    wins = int((t.folded_over_separate_hi < 1.0).sum())
+    c = bg.fold_counters(run).set_index(["preset", "op"])
+    q, q4 = "qwen3-30b-a3b", "qwen3-30b-a3b-tp4"
+    out += ["", f"- The folded path is faster than the separate deltas at {wins} of {len(t)} points, so "
+                "`kernels/configs.py: FOLDED_LORA_TOKENS` is empty and the layer keeps the separate deltas.",
+            "- Correct against float64: " + ", ".join(
+                f"{int(r.cases)} random cases of the {'folded GEMM' if r.op == 'random_folded' else 'base GEMM builds'}"
+                f" ({int(r.failures)} failures)" for r in rnd.itertuples())
+            + f", {len(pre)} cases of the folded path at the presets' shapes "
+            f"({int((~pre.ok.astype(bool)).sum())} failures); rows without a live adapter bit for bit the plain "
+            f"GEMM's (`data/kernels/{bg.FOLD_RUN}check_*`).",
+            "- Counters (ncu, M=8192, one launch each): registers per thread "
+            f"{c.loc[(q, 'plain_gate_up'), 'registers']:.0f}"
+            f" → {c.loc[(q, 'folded_gate_up'), 'registers']:.0f} (qwen3 gate_up, plain → folded), "
+            f"{c.loc[(q4, 'plain_gate_up'), 'registers']:.0f} → {c.loc[(q4, 'folded_gate_up'), 'registers']:.0f} "
+            f"(TP=4 gate_up, achieved occupancy {c.loc[(q4, 'plain_gate_up'), 'achieved_occupancy_pct']:.0f} → "
+            f"{c.loc[(q4, 'folded_gate_up'), 'achieved_occupancy_pct']:.0f} %); the shrink at "
+            f"{c.loc[(q, 'shrink_gate_up'), 'registers']:.0f} registers with the tensor pipe "
+            f"{c.loc[(q, 'shrink_gate_up'), 'tensor_pipe_pct']:.0f} % busy (it computes every LoRA row's columns "
+            "and keeps one row's). docs/kernels.md says what would change the verdict.",
+            "- LoRA's share of the whole layer, folded against separate, is not measured: the recording's layer "
+            "section failed on a CUDA error (data/kernels/README.md)."]
+    return "\n".join(out)
+
+
 def kernels_base_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
@@ -990,7 +1046,7 @@ BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, 
           "simulator": simulator_block, "simulator-check": simulator_check_block,
           "graphs": graphs_block, "tp4": tp4_block, "tp4-headline": tp4_headline_block,
           "lab-headline": lab_headline_block, "kernels-base": kernels_base_block,
-          "kernels-base-headline": kernels_base_headline_block}
+          "kernels-base-headline": kernels_base_headline_block, "kernels-fold": kernels_fold_block}
 
 
 def pending_note(name: str) -> str:

@@ -54,3 +54,32 @@ def test_recorded_run_against_the_peers():
     assert {"table", "rules", "table_masked"} <= set(run.ncu.arm)
     s = base_gemm.base_sessions()
     assert (s.sessions >= 1).all() and (s.lo <= s.hi).all()
+
+
+def test_fold_readers_agree_with_the_recording():
+    t = base_gemm.fold_table()
+    assert len(t) == 28 and set(t.op) == {"gate_up", "down"}
+    sh = base_gemm.gemm_share().set_index(["preset", "M"])
+    row = t[(t.preset == "qwen3-30b-a3b") & (t.M == 8192)]
+    want = row.delta_separate_us.sum() / row.base_us.sum()
+    assert sh.loc[("qwen3-30b-a3b", 8192), "separate_share"] == pytest.approx(want)
+    rnd, pre = base_gemm.fold_check()
+    assert set(rnd.op) == {"random_folded", "random_base"} and (rnd.cases >= 1000).all() and len(pre) == 20
+    c = base_gemm.fold_counters()
+    assert {"plain_gate_up", "folded_gate_up", "shrink_down"} <= set(c.op)  # the plain GEMM beside the folded
+
+
+def test_ncu_parse_names_the_shrink_kernel(tmp_path):
+    rb = load_script("record_kernels_base")
+    with open(tmp_path / "raw.csv", "w", newline="") as fh:
+        w = csv.writer(fh, quoting=csv.QUOTE_ALL)
+        for r in [["ID", "Kernel Name", "gpu__time_duration.sum"], ["", "", "nsecond"],
+                  ["0", "lora_shrink_kernel", "1000"], ["1", "fused_moe_kernel", "3000"]]:
+            w.writerow(r)
+    targets = [dict(kernel="lora_shrink_kernel", preset="p", M=1, op="shrink_down", arm="folded", byte_floor=1),
+               dict(kernel="fused_moe_kernel", preset="p", M=1, op="folded_down", arm="folded", byte_floor=1)]
+    (tmp_path / "targets.json").write_text(json.dumps(targets))
+    f = rb.ncu_parse(str(tmp_path / "raw.csv"), str(tmp_path), "kernels_fold_ncu")
+    rows = list(csv.DictReader(open(f)))
+    assert f.endswith("kernels_fold_ncu.csv") and [r["op"] for r in rows] == ["shrink_down", "folded_down"]
+    assert [float(r["duration_us"]) for r in rows] == [1.0, 3.0]

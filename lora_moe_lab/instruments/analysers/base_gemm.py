@@ -4,6 +4,9 @@
     run.compare, run.variants, run.ncu    # tidy DataFrames
     versus_peers()                        # the table's kernel against vLLM's tuned kernel (carried figures)
     base_sessions()                       # the headline (table vs rules) in each device session, and between them
+    fold = load_fold_run()                # data/kernels/fold_s1_*: the LoRA path folded into the base GEMM
+    fold_table(fold), gemm_share(fold)    # folded against the separate deltas; LoRA's share of the two GEMMs
+    fold_counters(fold)                   # the folded GEMM's ncu counters beside the plain GEMM's (base_run3)
 
 The peers' base-GEMM figures (`data/kernels/peers_base_carried.csv`) come from a side-by-side run of
 vLLM's Triton fused_moe_kernel with its own H200 tables against this lab's kernel as it was then
@@ -28,6 +31,7 @@ from .stats import between_sessions
 BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
 BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
 PEERS_BASE = "peers_base_carried.csv"
+FOLD_RUN = "fold_s1"  # scripts/record_kernels_fold.py: the kernels section (+ ncu); its differential is fold_s1check
 
 
 @dataclass
@@ -46,13 +50,13 @@ class BaseRun(KernelRun):
         return self.section("variants")
 
 
-def load_base_run(name: str = BASE_RUN, path: str | Path | None = None) -> BaseRun:
+def load_base_run(name: str = BASE_RUN, path: str | Path | None = None, stem: str = "kernels_base") -> BaseRun:
     d = Path(path) if path is not None else KERNELS_DIR
-    f = d / f"{name}_kernels_base.csv"
+    f = d / f"{name}_{stem}.csv"
     if not f.exists():
-        raise FileNotFoundError(f"no recording at {f}: scripts/record_kernels_base.py writes it on a GPU")
-    meta = normalize_meta(json.loads((d / f"{name}_kernels_base.meta.json").read_text()))
-    nf = d / f"{name}_kernels_base_ncu.csv"
+        raise FileNotFoundError(f"no recording at {f}: scripts/record_{stem}.py writes it on a GPU")
+    meta = normalize_meta(json.loads((d / f"{name}_{stem}.meta.json").read_text()))
+    nf = d / f"{name}_{stem}_ncu.csv"
     return BaseRun(pd.read_csv(f), meta, name, pd.read_csv(nf) if nf.exists() else None)
 
 
@@ -123,3 +127,56 @@ def base_sessions(path: str | Path | None = None) -> pd.DataFrame:
                          gain_per_session=[round(g[2][0], 3) for g in got], gain=b["estimate"], lo=b["lo"],
                          hi=b["hi"], agree=b["agree"]))
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# The LoRA path folded into the base GEMM (scripts/record_kernels_fold.py)
+# ------------------------------------------------------------------------------------------------
+def load_fold_run(name: str = FOLD_RUN, path: str | Path | None = None) -> BaseRun:
+    """A run of scripts/record_kernels_fold.py: `section("kernels")`, `section("check")` where it has one
+    (the differential is its own run, FOLD_RUN + "check"), and `ncu`."""
+    return load_base_run(name, path, stem="kernels_fold")
+
+
+def fold_check(name: str = FOLD_RUN + "check", path: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The folded path's differential: (random-case rows: cases, failures, worst; preset rows: M, rel_err, ok)."""
+    rows = load_fold_run(name, path).rows
+    rows = rows[rows.section == "check"]
+    rnd = rows.op.astype(str).str.startswith("random")
+    return rows[rnd].reset_index(drop=True), rows[~rnd].reset_index(drop=True)
+
+
+def fold_table(run: BaseRun | None = None) -> pd.DataFrame:
+    """Per (preset, op, M): the base GEMM, the separate and folded deltas (µs, the folded one with its
+    95 % interval), folded / separate and the folded GEMM with every adapter disabled over the base
+    (both paired ratios with their intervals), and whether the point's repetitions were stable."""
+    k = (run or load_fold_run()).section("kernels")
+    cols = ["preset", "op", "M", "base_us", "delta_separate_us", "delta_folded_us", "delta_folded_lo",
+            "delta_folded_hi", "folded_over_separate", "folded_over_separate_lo", "folded_over_separate_hi",
+            "gemm_off_over_base", "gemm_off_over_base_lo", "gemm_off_over_base_hi", "folded_off_over_base",
+            "stable"]
+    return k[cols].reset_index(drop=True)
+
+
+def gemm_share(run: BaseRun | None = None) -> pd.DataFrame:
+    """Per (preset, M): LoRA's share of the layer's two GEMMs, (gate_up delta + down delta) over
+    (gate_up + down base GEMM), for the separate deltas and the folded path (medians of the paired
+    repetitions; the GEMMs only: router, alignment, SiLU and the top-k sum are not in it)."""
+    t = fold_table(run)
+    g = t.groupby(["preset", "M"], sort=False)[["base_us", "delta_separate_us", "delta_folded_us"]].sum()
+    g["separate_share"] = g.delta_separate_us / g.base_us
+    g["folded_share"] = g.delta_folded_us / g.base_us
+    return g.reset_index()
+
+
+def fold_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: int = 8192) -> pd.DataFrame:
+    """The folded path's kernels under ncu at M (shrink and GEMM, both presets and GEMMs) beside the
+    plain GEMM at the same tile (the canonical base run's `table` arm): registers, achieved occupancy,
+    tensor pipe, DRAM, top stall. Counters of one profiled launch each, never a timing."""
+    run, base = run or load_fold_run(), base or load_base_run()
+    cols = ["preset", "op", "kernel", "registers", "achieved_occupancy_pct", "tensor_pipe_pct", "dram_pct_peak",
+            "dram_bytes_over_floor", "top_stall"]
+    f = run.ncu[run.ncu.M == M][cols].copy()
+    b = base.ncu[(base.ncu.M == M) & (base.ncu.arm == "table") & base.ncu.op.str.startswith("base_")][cols].copy()
+    b["op"] = "plain_" + b.op.str[len("base_"):]
+    return pd.concat([b, f]).sort_values(["preset", "op"]).reset_index(drop=True)
