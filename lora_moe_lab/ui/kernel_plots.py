@@ -135,3 +135,20 @@ def counters_figure(ncu, title: str = "Nsight Compute: DRAM bytes against the by
     fig.update_layout(title=title, barmode="group", height=480, plot_bgcolor="white",
                       legend=dict(title="tile", orientation="h", y=1.12))
     return fig
+
+
+def fold_figure(t, title: str = "The folded LoRA path against the separate deltas (H200, paired, 95 %)"):
+    """folded / separate per M for each (preset, GEMM), with its bootstrap interval, from
+    analysers.base_gemm.fold_table: above 1 the separate deltas are faster."""
+    fig = go.Figure()
+    for (pre, op), g in t.groupby(["preset", "op"], sort=False):
+        g = g.sort_values("M")
+        fig.add_trace(go.Scatter(
+            x=g["M"], y=g["folded_over_separate"], mode="markers+lines",
+            name=f"{pre.replace('qwen3-30b-a3b', 'q3')} {op}",
+            error_y=dict(type="data", symmetric=False, array=g["folded_over_separate_hi"] - g["folded_over_separate"],
+                         arrayminus=g["folded_over_separate"] - g["folded_over_separate_lo"])))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    fig.update_layout(title=title, xaxis_title="tokens per batch (M)", xaxis_type="log",
+                      yaxis_title="(base + folded delta) / (base + separate delta)", height=420, plot_bgcolor="white")
+    return fig

@@ -463,7 +463,7 @@ share_floor_figure(sf).show()
 
 # %%
 from lora_moe_lab.instruments.analysers import base_gemm
-from lora_moe_lab.ui.kernel_plots import counters_figure
+from lora_moe_lab.ui.kernel_plots import counters_figure, fold_figure
 
 base_run = base_gemm.load_base_run()
 vs = base_gemm.versus_peers()
@@ -483,3 +483,27 @@ vs.pivot_table(index=["preset", "op"], columns="M", values="direct").round(2)
 # %%
 (base_run.ncu[["preset", "op", "M", "arm", "tile", "duration_us", "dram_pct_peak", "tensor_pipe_pct",
                "dram_bytes_over_floor", "achieved_occupancy_pct", "l2_hit_pct", "top_stall"]].round(2))
+
+# %% [markdown]
+# ## The LoRA path folded into the base GEMM: measured, not used (recorded on the H200)
+# A shrink kernel writes each pair's rank-R intermediate, and the base GEMM adds the expand to its
+# fp32 accumulator as extra K iterations: one BLOCK_R-deep dot per live LoRA row present in the
+# tile. The delta then never reads or writes the output on its own. Below is the recording
+# (`scripts/record_kernels_fold.py`). Each point is the whole GEMM with its delta, folded over
+# separate, paired. Above 1, the separate kernels win. Then the counters that say why.
+
+# %%
+fold = base_gemm.load_fold_run()
+ft = base_gemm.fold_table(fold)
+print(f"recorded: {fold.label} (the tree of 14ef141; data/kernels/README.md); "
+      f"folded faster at {int((ft.folded_over_separate_hi < 1).sum())} of {len(ft)} points")
+fold_figure(ft).show()
+base_gemm.fold_counters(fold).round(1)
+
+# %% [markdown]
+# **Reading it.** The folded GEMM carries the expand's registers even when it skips every row:
+# compare `registers` of `plain_*` and `folded_*` above. At TP=4 gate_up that costs one program per
+# SM (the achieved occupancy halves). The shrink computes all LoRA rows' columns and keeps its own
+# row's, so it sits at the register limit with a busy tensor pipe. `docs/kernels.md` lists what
+# would change the verdict: an alignment sorted by LoRA row inside each expert, and a shrink of
+# its own rank only.
