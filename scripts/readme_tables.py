@@ -1030,6 +1030,16 @@ def kernels_fold_block() -> str:
     return "\n".join(out)
 
 
+def kernels_fold_headline_block() -> str:
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    t = bg.fold_table()
+    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct, but "
+            f"{t.folded_over_separate.min():.2f}–{t.folded_over_separate.max():.2f}× the time of the base GEMM with "
+            f"the separate delta, slower at {int((t.folded_over_separate_lo > 1).sum())} of {len(t)} points, so the "
+            "layer keeps the separate deltas. `docs/results.md`, block kernels-fold.")
+
+
 def kernels_base_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
@@ -1046,7 +1056,8 @@ BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, 
           "simulator": simulator_block, "simulator-check": simulator_check_block,
           "graphs": graphs_block, "tp4": tp4_block, "tp4-headline": tp4_headline_block,
           "lab-headline": lab_headline_block, "kernels-base": kernels_base_block,
-          "kernels-base-headline": kernels_base_headline_block, "kernels-fold": kernels_fold_block}
+          "kernels-base-headline": kernels_base_headline_block, "kernels-fold": kernels_fold_block,
+          "kernels-fold-headline": kernels_fold_headline_block}
 
 
 def pending_note(name: str) -> str:
