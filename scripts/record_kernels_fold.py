@@ -115,8 +115,7 @@ def _check_presets(dev, gen):
     for preset in kc.PRESETS:
         sh = get_shape(preset)
         K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        w13, w2 = kc.base_weights(sh, dev, gen)
         a13, b13, a2, b2 = kc.weights(sh, dev, gen)
         for M in CHECK_M:
             x = torch.randn(M, K, generator=gen, device=dev).to(BF)
@@ -185,8 +184,7 @@ def _base_case(rng, g, dev, i):
 def kernels(preset, dev, gen, reps):
     sh = get_shape(preset)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-    w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+    w13, w2 = kc.base_weights(sh, dev, gen)
     a13, b13, a2, b2 = kc.weights(sh, dev, gen)
     lids = torch.arange(S, dtype=torch.int32, device=dev)
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
@@ -331,8 +329,7 @@ def ncu_run(out, dev, gen):
     for preset in kc.PRESETS:
         sh = get_shape(preset)
         K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        w13, w2 = kc.base_weights(sh, dev, gen)
         a13, b13, a2, b2 = kc.weights(sh, dev, gen)
         s = kc.make_set(sh, M, dev, gen)
         al = moe_align(s["ids"], E, moe_block_m(M, k, E, K, I))

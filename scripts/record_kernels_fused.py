@@ -66,8 +66,7 @@ def fused_check(dev, gen, n_random):
     for preset in kc.PRESETS:  # the presets' shapes, bf16
         sh = get_shape(preset)
         K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-        w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-        w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+        w13, w2 = kc.base_weights(sh, dev, gen)
         a13, b13, a2, b2 = kc.weights(sh, dev, gen)
         for M in CHECK_M:
             x = torch.randn(M, K, generator=gen, device=dev).to(BF)
@@ -119,8 +118,7 @@ def fused_check(dev, gen, n_random):
 def time_fused(preset, dev, gen, deadline):
     sh = get_shape(preset)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w13 = (torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-    w2 = (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+    w13, w2 = kc.base_weights(sh, dev, gen)
     a13, b13, a2, b2 = kc.weights(sh, dev, gen)
     lids = torch.arange(S, dtype=torch.int32, device=dev)  # row s holds slot s, every row enabled (on) or none
     on, off = torch.ones_like(lids), torch.zeros_like(lids)

@@ -83,3 +83,16 @@ def test_ncu_parse_names_the_shrink_kernel(tmp_path):
     rows = list(csv.DictReader(open(f)))
     assert f.endswith("kernels_fold_ncu.csv") and [r["op"] for r in rows] == ["shrink_down", "folded_down"]
     assert [float(r["duration_us"]) for r in rows] == [1.0, 3.0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
+                    "recording itself runs (scripts/record_kernels_fold.py)")
+def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "_DRY", False)
+    monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
+    rf = load_script("record_kernels_fold")
+    rf.main(["--out", str(tmp_path), "--dry", "--sections", "check"])
+    rows = [r for r in csv.DictReader(open(tmp_path / "kernels_fold.csv")) if r["section"] == "check"]
+    rnd = [r for r in rows if r["op"].startswith("random")]
+    assert len(rnd) == 2 and all(r["failures"] == "0" for r in rnd)
+    assert all(r["ok"] == "True" for r in rows if not r["op"].startswith("random"))

@@ -108,6 +108,13 @@ def differential(dev, n_cases, seed=0):
         log(f"  FAIL {f}")
 
 
+def base_weights(sh, dev, gen):
+    """The base MoE weights at a preset's shapes: w13 (E, 2I, K) and w2 (E, K, I), drawn in that order."""
+    K, I, E = sh.hidden, sh.intermediate, sh.num_experts
+    return ((torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF),
+            (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF))
+
+
 def weights(sh, dev, gen):
     K, I, E = sh.hidden, sh.intermediate, sh.num_experts
 
