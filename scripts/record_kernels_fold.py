@@ -13,8 +13,9 @@ timed region):
            adapter compared bit for bit with the plain GEMM. Few distinct tiles, so few compiles.
   kernels  per preset, op and M: the base GEMM (the tile table), base + today's separate delta (the decode
            kernel at <= DECODE_MAX_PAIRS pairs, else the aligned kernel; the LoRA alignment is its own arm),
-           the folded path (shrink + GEMM), the folded path with every adapter disabled, and the folded GEMM
-           alone with every adapter disabled. Interleaved, `--reps` paired repetitions after a warm-up
+           the folded path (shrink + GEMM; the intermediate and B through TMA where they allow it), the same
+           with pointer loads in the expand (`folded_ptr`), the folded path with every adapter disabled, and
+           the folded GEMM alone with every adapter disabled. Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
@@ -87,15 +88,17 @@ def check(dev, gen, n_cases):
         f"(worst {worst['folded']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
 
 
-def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None):
-    """One folded launch on NaN-poisoned `out` and intermediate, beside the plain GEMM: (out, base)."""
+def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True):
+    """One folded launch on NaN-poisoned `out` and intermediate, beside the plain GEMM: (out, base).
+    desc: t and B through TMA descriptors where they allow it, else pointer loads."""
     n = al_pairs(x, k, gather)
     base = torch.full((n, w.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
     moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
     out = torch.full_like(base, float("nan"))
-    t = torch.full((n, a.shape[0], block_r(a.shape[3])), float("nan"), dtype=x.dtype, device=x.device)
+    t = torch.full((al.sorted_token_ids.shape[1], a.shape[0], block_r(a.shape[3])), float("nan"), dtype=x.dtype,
+                   device=x.device)
     moe_gemm_lora_folded(x, w, al, k, out, a, b, mapping, lids, en, routed_weights=rw, gather=gather, config=cfg,
-                         shrink_out=t)
+                         shrink_out=t, fold_desc=desc)
     return out, base
 
 
@@ -157,7 +160,7 @@ def _fold_case(rng, g, dev, i):
     d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
     d, live = d.to(dev), (codes == 0).to(dev)
     al = moe_align(ids, E, bm)
-    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg)
+    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=i % 4 < 2)
     return _verdict(out, base, ref_gemm(x, w, ids, k, rw, gather) + d, live)
 
 
@@ -205,7 +208,7 @@ def kernels(preset, dev, gen, reps):
             O = "inter" if gu else "down"
             for s in sets:  # the folded GEMM alone reads a shrink computed once, outside the timed region
                 s["rw_op"] = None if gu else s["rw"]
-                s["t"] = torch.zeros(M * k, a.shape[0], block_r(RANK), dtype=BF, device=dev)
+                s["t"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], block_r(RANK), dtype=BF, device=dev)
                 lora_shrink(s[X], a, s["al"], k, s["slot"], lids, on, s["t"], gather=gu)
 
             def base(s):
@@ -219,21 +222,23 @@ def kernels(preset, dev, gen, reps):
                     lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
                                **({} if gu else dict(config=cfg2)))
 
-            def folded(s, en):
+            def folded(s, en, desc=True):
                 moe_gemm_lora_folded(s[X], w, s["al"], k, s[O], a, b, s["slot"], lids, en, routed_weights=s["rw_op"],
-                                     gather=gu)
+                                     gather=gu, fold_desc=desc)
 
             def gemm_off(s):
                 moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         lora=Folded(s["t"], b, s["slot"], lids, off))
+                         lora=Folded(s["t"], b, s["slot"], lids, off, True))
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)), "folded": lambda s: folded(s, on),
-                    "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off}
+                    "folded_ptr": lambda s: folded(s, on, False), "folded_off": lambda s: folded(s, off),
+                    "gemm_off": gemm_off}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             med, s_, wc = _interleave(arms, sets, inner, reps)
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians") for nm in ("folded_off", "gemm_off")}
             fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
+            fp = bootstrap_paired(s_["folded"], s_["folded_ptr"], "ratio_of_medians")  # TMA expand / pointer expand
             dsep = bootstrap_paired(s_["separate"], s_["base"], "median_diff")
             dfold = bootstrap_paired(s_["folded"], s_["base"], "median_diff")
             row(section="kernels", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
@@ -242,6 +247,7 @@ def kernels(preset, dev, gen, reps):
                 delta_separate_us=dsep[0], delta_separate_lo=dsep[1], delta_separate_hi=dsep[2],
                 delta_folded_us=dfold[0], delta_folded_lo=dfold[1], delta_folded_hi=dfold[2],
                 folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
+                folded_over_ptr=fp[0], folded_over_ptr_lo=fp[1], folded_over_ptr_hi=fp[2],
                 **{f"{nm}_over_base{sfx}": r[nm][j] for nm in r for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
             log(f"kernels {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  +sep {dsep[0]:7.1f}  +folded "

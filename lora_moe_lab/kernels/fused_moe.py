@@ -45,16 +45,23 @@ def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr,
+def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_m, pid_n, top_k, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr,
                    enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
-                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr):
+                   t_desc, b_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr,
+                   STRADDLE: tl.constexpr, FOLD_DESC: tl.constexpr):
     """The LoRA expand as extra K iterations of the base GEMM: for each LoRA row l with a live adapter
     that some pair of this tile uses, acc += t_l @ B[p, slot(l), expert].T, one dot of depth BLOCK_R,
     where t_l is the shrink of the pairs of row l (the other pairs masked to 0: their loads move no
     bytes). A row no pair of the tile uses costs two scalar loads and a reduction, no MMA; with every
     adapter disabled the tile is the plain GEMM plus L such checks. Pairs without a live adapter get
-    exact zeros added (0 * finite B), so their output is the plain GEMM's bit for bit."""
+    exact zeros added (0 * finite B), so their output is the plain GEMM's bit for bit.
+
+    t holds the shrink in the alignment's order (row pid_m * BLOCK_M + m: the tile's rows are one dense
+    box). FOLD_DESC: t and B come through TMA descriptors (t as (EM, P * BLOCK_R), B as (P*S*E*NS, R)),
+    so no (BLOCK_M, BLOCK_R) or (BLOCK_R, BLOCK_N) tensor of 64-bit addresses is live beside the
+    accumulator; rows of other LoRA rows, other slices and columns past R are zeroed after the load."""
     lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
     p_n = offs_n // NS  # the slice (gate / up) of each column
@@ -67,11 +74,22 @@ def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, 
             b_base = b_ptr + slot * stride_bs + expert * stride_be
             for q in tl.static_range(2 if STRADDLE else 1):  # a tile across the gate/up boundary: both slices
                 p = p0 + q
-                tt = tl.load(t_ptr + pair[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
-                             mask=here[:, None] & (p < P), other=0.0)
-                b_ptrs = b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn + offs_r[:, None] * stride_br
-                bt = tl.load(b_ptrs,
-                             mask=r_ok[:, None] & (n_ok & (p_n == p))[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
+                cols = n_ok & (p_n == p)
+                if FOLD_DESC:
+                    t_box = t_desc.load([(pid_m * BLOCK_M).to(tl.int32), (p * BLOCK_R).to(tl.int32)])
+                    tt = tl.where((here & (p < P))[:, None], t_box, 0.0).to(t_box.dtype)
+                    # B's rows of (slice p, slot, expert) start at this row of the (P*S*E*NS, R) view; a tile
+                    # across the slice boundary reads the neighbours' rows too, and they are masked out.
+                    b_row = ((p * stride_bp + slot * stride_bs + expert * stride_be) // stride_bn
+                             + pid_n * BLOCK_N - p * NS)
+                    b_box = b_desc.load([b_row.to(tl.int32), 0]).T  # (BLOCK_R, BLOCK_N) = B.T
+                    bt = tl.where(cols[None, :], b_box, 0.0).to(b_box.dtype)
+                else:
+                    tt = tl.load(t_ptr + offs_m[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
+                                 mask=here[:, None] & (p < P), other=0.0)
+                    b_ptrs = (b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn
+                              + offs_r[:, None] * stride_br)
+                    bt = tl.load(b_ptrs, mask=r_ok[:, None] & cols[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
                 acc = tl.dot(tt, bt, acc)
     return acc
 
@@ -102,9 +120,11 @@ def fused_moe_kernel(
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
     R, L, NS,
     stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
+    t_desc, b_desc,  # TMA descriptors of t (EM, P * BLOCK_R) and B (P*S*E*NS, R); read only when FOLD_DESC
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
+    FOLD_DESC: tl.constexpr = False,
 ):
     # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
     # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
@@ -154,9 +174,10 @@ def fused_moe_kernel(
         w_ptrs += BLOCK_K * stride_wk
 
     if LORA:
-        acc = _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_n, top_k, t_ptr, b_ptr, mapping_ptr,
+        acc = _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_m, pid_n, top_k, t_ptr, b_ptr, mapping_ptr,
                              lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs,
-                             stride_be, stride_bn, stride_br, BLOCK_N, BLOCK_R, P, STRADDLE)
+                             stride_be, stride_bn, stride_br, t_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE,
+                             FOLD_DESC)
     if HAS_RW:
         rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         acc = acc * rw[:, None]
@@ -201,13 +222,26 @@ def tma_ok(w) -> bool:
 
 class Folded(NamedTuple):
     """The folded LoRA expand's operands (kernels/fused_moe_lora_folded.py checks and builds them):
-    t (M*top_k, P, BLOCK_R) the pairs' shrink, lora_b (P, S, E, N/P, R), the (M,) token -> LoRA row
-    mapping and the (L,) weight slot / enabled of each row."""
+    t (EM, P, BLOCK_R) the shrink in the alignment's order, lora_b (P, S, E, N/P, R), the (M,) token ->
+    LoRA row mapping and the (L,) weight slot / enabled of each row; desc: read t and B through TMA
+    descriptors where they allow it (`fold_tma_ok`)."""
     t: torch.Tensor
     lora_b: torch.Tensor
     mapping: torch.Tensor
     lora_ids: torch.Tensor
     enabled: torch.Tensor
+    desc: bool = False
+
+
+def fold_tma_ok(t, b) -> bool:
+    """Whether the folded expand may read t (EM, P, BLOCK_R) and B (P, S, E, NS, R) through TMA: both
+    contiguous at 16-byte aligned bases, B's rows (R elements) a 16-byte multiple, 32-bit coordinates;
+    on compute capability 9 or newer, or the interpreter."""
+    ok = (t.is_contiguous() and b.is_contiguous() and t.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+          and (b.shape[4] * b.element_size()) % 16 == 0 and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
+    if runtime.interpreter():
+        return ok
+    return ok and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -231,18 +265,21 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
-        fold, fold_ints, fold_kw = (out,) * 5, (0,) * 10, {}
+        fold, fold_ints, fold_descs, fold_kw = (out,) * 5, (0,) * 10, (out, out), {}
     else:
-        b = lora.lora_b
-        P, R, L = b.shape[0], b.shape[4], lora.lora_ids.shape[0]
-        fold = (lora.t, b, lora.mapping, lora.lora_ids, lora.enabled)
-        fold_ints = (R, L, N // P, lora.t.stride(0), lora.t.stride(1), *b.stride())
-        fold_kw = dict(LORA=True, BLOCK_R=lora.t.shape[2], P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0)
+        b, t = lora.lora_b, lora.t
+        P, R, L, BR = b.shape[0], b.shape[4], lora.lora_ids.shape[0], t.shape[2]
+        fold = (t, b, lora.mapping, lora.lora_ids, lora.enabled)
+        fold_ints = (R, L, N // P, t.stride(0), t.stride(1), *b.stride())
+        desc = lora.desc and fold_tma_ok(t, b)
+        fold_descs = ((TensorDescriptor.from_tensor(t.view(t.shape[0], P * BR), [bm, BR]),
+                       TensorDescriptor.from_tensor(b.view(-1, R), [cfg.block_n, BR])) if desc else (out, out))
+        fold_kw = dict(LORA=True, BLOCK_R=BR, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, FOLD_DESC=desc)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
-        *fold, *fold_ints,
+        *fold, *fold_ints, *fold_descs,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .common import pow2, stages_for
 from .configs import GemmConfig, block_r
-from .fused_moe import Folded, block_pairs, moe_gemm
+from .fused_moe import Folded, block_pairs, fold_tma_ok, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 LAST_FOLDED_LAUNCH: dict = {}  # the last launch's shrink grid and tiles (benchmarks, notebooks)
@@ -38,7 +38,7 @@ LAST_FOLDED_LAUNCH: dict = {}  # the last launch's shrink grid and tiles (benchm
 def lora_shrink_kernel(
     x_ptr,  # (rows, K) activations, rows = M (GATHER) or M*top_k
     a_ptr,  # (P, S, E, R, K) LoRA A
-    t_ptr,  # (M*top_k, P, BLOCK_R) out: each pair's shrink by its own row's A (rows with a live adapter only)
+    t_ptr,  # (EM, P, BLOCK_R) out, in the alignment's order: each pair's shrink by its own row's A (live rows only)
     sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
     K, R, L, num_pairs, top_k,
@@ -89,18 +89,19 @@ def lora_shrink_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     # The intermediate is kept in the weights' dtype, as the matrix units take it (the separate kernel
     # casts its register tile the same way); columns past the rank hold exact zeros.
-    tl.store(t_ptr + pair[:, None] * stride_tm + p * stride_tp + offs_r[None, :], own.to(t_ptr.dtype.element_ty),
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the pair's place in the alignment: the GEMM's tile is one box
+    tl.store(t_ptr + rows[:, None] * stride_tm + p * stride_tp + offs_r[None, :], own.to(t_ptr.dtype.element_ty),
              mask=row_on[:, None])
 
 
 def lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, *, gather=True,
                 block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
-    """t[pair, p, :r] = x[row(pair)] @ A[p, slot(pair), expert(pair)].T for the pairs whose token has a live
-    adapter (other rows of t are left as they are); t (M*top_k, P, BLOCK_R), BLOCK_R = block_r(r).
-    Inputs as `moe_gemm_lora_folded` (checked there)."""
+    """t[i, p, :r] = x[row(pair)] @ A[p, slot(pair), expert(pair)].T for the pair at place i of the alignment
+    (sorted_token_ids[0, i]) whose token has a live adapter (other rows of t are left as they are); t (EM, P,
+    BLOCK_R), BLOCK_R = block_r(r). Inputs as `moe_gemm_lora_folded` (checked there)."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
-    num_pairs = t.shape[0]
+    num_pairs = token_lora_mapping.shape[0] * top_k
     bm = align.block_m
     br, lp = t.shape[2], pow2(L)
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
@@ -119,25 +120,29 @@ def lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_e
 
 
 def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
-                         routed_weights=None, gather=True, config: GemmConfig | None = None, shrink_out=None):
+                         routed_weights=None, gather=True, config: GemmConfig | None = None, shrink_out=None,
+                         fold_desc: bool = True):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments,
     same result), computed as the shrink kernel + the base GEMM with the expand in its K loop. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit.
-    shrink_out: an optional (M*top_k, P, BLOCK_R) buffer for the intermediate (else one is allocated)."""
+    shrink_out: an optional (EM, P, BLOCK_R) buffer for the intermediate, in the alignment's order (else one is
+    allocated). fold_desc: the GEMM reads the intermediate and B through TMA descriptors where they allow it
+    (`fused_moe.fold_tma_ok`); False: pointer loads (the build data/kernels/fold_s1 measured)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_folded")
     if R == 0:  # nothing to add; decided from the static shape
         return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
-    shape = (num_pairs, P, block_r(R))
+    shape = (align.sorted_token_ids.shape[1], P, block_r(R))
     if shrink_out is None:
         t = torch.empty(shape, dtype=x.dtype, device=x.device)
     elif shrink_out.shape != shape or shrink_out.dtype != x.dtype or not shrink_out.is_contiguous():
-        raise ValueError(f"shrink_out must be a contiguous {x.dtype} tensor of shape (M*top_k, P, BLOCK_R)={shape}, "
+        raise ValueError(f"shrink_out must be a contiguous {x.dtype} tensor of shape (EM, P, BLOCK_R)={shape}, "
                          f"got {shrink_out.dtype} {tuple(shrink_out.shape)}")
     else:
         t = shrink_out
     lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, gather=gather)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             lora=Folded(t, lora_b, token_lora_mapping, lora_ids, adapter_enabled))
+             lora=Folded(t, lora_b, token_lora_mapping, lora_ids, adapter_enabled, fold_desc))
+    LAST_FOLDED_LAUNCH.update(fold_desc=fold_desc and fold_tma_ok(t, lora_b))
     return out

@@ -6,6 +6,8 @@ Interpreter on CPU (tiny shapes, fp32 < 1e-5, fp16 < 2e-2), unchanged on CUDA (b
 starts NaN-poisoned (every row must be written); rows of pairs without a live adapter must equal
 the plain base GEMM (`moe_gemm`, same tiles) bit for bit.
 """
+import functools
+
 import pytest
 import torch
 from helpers import rel_err
@@ -22,7 +24,8 @@ from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
-IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded}
+IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: t and B through TMA where allowed
+         "folded_ptr": functools.partial(moe_gemm_lora_folded, fold_desc=False)}
 
 
 def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora):
@@ -35,9 +38,10 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora):
     moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"])
     out = torch.full_like(base, float("nan"))
     kw = {}
-    if impl is moe_gemm_lora_folded:  # the intermediate NaN-poisoned: a row the shrink skips must never be read
-        kw["shrink_out"] = torch.full((base.shape[0], P, block_r(c["a"].shape[3])), float("nan"), dtype=dtype,
-                                      device=DEV)
+    if getattr(impl, "func", impl) is moe_gemm_lora_folded:  # the intermediate NaN-poisoned: a row the shrink
+        # skips (padding, pairs without a live adapter) must never reach the output
+        kw["shrink_out"] = torch.full((al.sorted_token_ids.shape[1], P, block_r(c["a"].shape[3])), float("nan"),
+                                      dtype=dtype, device=DEV)
     res = impl(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
                routed_weights=rw, gather=c["gather"], **kw)
     assert res is out
@@ -76,11 +80,14 @@ def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
     codes = run_fused(c, torch.float32, 4, 2, 2, 16, impl=IMPLS[impl])
     assert (codes != 0).all()
     last = LAST_EPILOGUE_LAUNCH["lora_columns"] if impl == "epilogue" else LAST_FOLDED_LAUNCH["shrink_columns"]
+    if impl != "epilogue":
+        assert LAST_FOLDED_LAUNCH["fold_desc"] == (impl == "folded")  # R=8 bf16/fp32 rows: TMA-able
     assert last == 2 * 16  # L_POW2 * BLOCK_R
 
 
+@pytest.mark.parametrize("desc", [True, False])
 @pytest.mark.parametrize("bm", [16, 32, 64])
-def test_folded_random_blocks_and_ranks(bm):
+def test_folded_random_blocks_and_ranks(bm, desc):
     """The folded path on fresh random cases per BLOCK_M: many LoRA rows per block, a rank below BLOCK_R,
     rows without adapter, a disabled row and an empty slot, gate_up and down."""
     for seed in range(3):
@@ -89,7 +96,8 @@ def test_folded_random_blocks_and_ranks(bm):
         P, gather = (2, True) if seed % 2 == 0 else (1, False)
         c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
                       lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
-        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, impl=moe_gemm_lora_folded)
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm,
+                          impl=functools.partial(moe_gemm_lora_folded, fold_desc=desc))
         assert (codes == 0).any()
 
 
