@@ -10,7 +10,8 @@ Why fold. The separate delta (kernels/fused_moe_lora.py) reads and writes `out` 
 large M its down delta is a read-add-write stream of M*top_k*hidden elements, bound by HBM. Here the
 delta is added in the GEMM's fp32 accumulator before its one store, so LoRA moves only its own
 bytes: x once more for the shrink (from L2 for gate_up, where 8 pairs share a token row), the tiny
-(M*top_k, P, BLOCK_R) intermediate t, and A and B. Its compute is BLOCK_R-deep dots: one per LoRA
+(EM, P, BLOCK_R) intermediate t (in the alignment's order: row i belongs to the pair at place i),
+and A and B. Its compute is BLOCK_R-deep dots: one per LoRA
 row present in a tile, against a base K of hidden (gate_up) or intermediate (down).
 
 The shrink runs over the base GEMM's alignment (blocks of one expert, no per-adapter alignment).
@@ -20,7 +21,10 @@ of its own row. Columns of rows no pair of the block uses, and every column past
 nothing. A block with no live adapter returns after its metadata loads, and so does every block
 of an all-disabled launch: under CUDA-graph capture both kernels launch unconditionally, and the
 GPU decides (the zero-cost guard). The shrink writes only the rows of pairs with a live adapter;
-the GEMM never reads another row of t.
+the GEMM masks every other row of t to zero.
+
+Measured on the H200 (data/kernels/fold_s1_*, docs/kernels.md): slower than the separate deltas at
+every size, so the layer does not use it (configs.FOLDED_LORA_TOKENS is empty).
 """
 import torch
 import triton
