@@ -14,8 +14,10 @@ timed region):
   kernels  per preset, op and M: the base GEMM (the tile table), base + today's separate delta (the decode
            kernel at <= DECODE_MAX_PAIRS pairs, else the aligned kernel; the LoRA alignment is its own arm),
            the folded path (shrink + GEMM; the intermediate and B through TMA where they allow it), the same
-           with pointer loads in the expand (`folded_ptr`), the folded path with every adapter disabled, and
-           the folded GEMM alone with every adapter disabled. Interleaved, `--reps` paired repetitions after a warm-up
+           with pointer loads in the expand (`folded_ptr`), the folded path on an alignment ordered by LoRA
+           row with the per-row shrink (`folded_rows`; `base_ordered`: the base GEMM on that alignment), the
+           folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled.
+           Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
@@ -198,6 +200,7 @@ def kernels(preset, dev, gen, reps):
         bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
         for s in sets:
             s["al"] = moe_align(s["ids"], E, bm)
+            s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])  # pairs ordered by LoRA row per expert
             s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
         cfg2 = lora_down_config(M, k, E, S, bml, K, I)
         inner = 4 if M <= 256 and not harness.is_dry() else 1
@@ -222,23 +225,26 @@ def kernels(preset, dev, gen, reps):
                     lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
                                **({} if gu else dict(config=cfg2)))
 
-            def folded(s, en, desc=True):
-                moe_gemm_lora_folded(s[X], w, s["al"], k, s[O], a, b, s["slot"], lids, en, routed_weights=s["rw_op"],
-                                     gather=gu, fold_desc=desc)
+            def folded(s, en, desc=True, rows=False):
+                moe_gemm_lora_folded(s[X], w, s["al_ord" if rows else "al"], k, s[O], a, b, s["slot"], lids, en,
+                                     routed_weights=s["rw_op"], gather=gu, fold_desc=desc, shrink_per_row=rows)
 
             def gemm_off(s):
                 moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
                          lora=Folded(s["t"], b, s["slot"], lids, off, True))
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)), "folded": lambda s: folded(s, on),
-                    "folded_ptr": lambda s: folded(s, on, False), "folded_off": lambda s: folded(s, off),
-                    "gemm_off": gemm_off}
+                    "folded_ptr": lambda s: folded(s, on, False), "folded_rows": lambda s: folded(s, on, rows=True),
+                    "base_ordered": lambda s: moe_gemm(s[X], w, s["al_ord"], k, s[O], routed_weights=s["rw_op"],
+                                                       gather=gu),
+                    "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             med, s_, wc = _interleave(arms, sets, inner, reps)
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians") for nm in ("folded_off", "gemm_off")}
             fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
             fp = bootstrap_paired(s_["folded"], s_["folded_ptr"], "ratio_of_medians")  # TMA expand / pointer expand
+            fr = bootstrap_paired(s_["folded_rows"], s_["separate"], "ratio_of_medians")  # ordered, per-row shrink
             dsep = bootstrap_paired(s_["separate"], s_["base"], "median_diff")
             dfold = bootstrap_paired(s_["folded"], s_["base"], "median_diff")
             row(section="kernels", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
@@ -248,10 +254,13 @@ def kernels(preset, dev, gen, reps):
                 delta_folded_us=dfold[0], delta_folded_lo=dfold[1], delta_folded_hi=dfold[2],
                 folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
                 folded_over_ptr=fp[0], folded_over_ptr_lo=fp[1], folded_over_ptr_hi=fp[2],
+                folded_rows_over_separate=fr[0], folded_rows_over_separate_lo=fr[1],
+                folded_rows_over_separate_hi=fr[2],
                 **{f"{nm}_over_base{sfx}": r[nm][j] for nm in r for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
             log(f"kernels {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  +sep {dsep[0]:7.1f}  +folded "
                 f"{dfold[0]:7.1f} [{dfold[1]:.1f}, {dfold[2]:.1f}]  folded/sep {fs[0]:.3f} [{fs[1]:.3f}, {fs[2]:.3f}]"
+                f"  tma/ptr {fp[0]:.3f}  rows/sep {fr[0]:.3f} [{fr[1]:.3f}, {fr[2]:.3f}]"
                 f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
         sets = None

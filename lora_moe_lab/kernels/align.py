@@ -10,6 +10,11 @@ the data - so the whole path can be captured in a CUDA graph, and nothing is rea
     num_tokens_post_padded (S,) int32
 
 A token whose slot is -1 (request without adapter) belongs to no slot.
+
+`order_by` (M,) int32 (the folded LoRA path's LoRA row per token, -1 first) orders the pairs inside each
+expert group by that key (stable: token order within one key) without changing anything else: the same
+padding, expert_ids and num_tokens_post_padded as without it, so the base GEMM's blocks are the same;
+a block then spans few LoRA rows. The torch implementation does it (the Triton one has no such key).
 """
 from __future__ import annotations
 
@@ -48,17 +53,22 @@ def _geometry(topk_ids, token_slot, num_experts: int, block_m: int):
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-              token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
-    """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0."""
-    if TRITON_ON_CUDA and topk_ids.is_cuda:
+              token_slot: torch.Tensor | None = None, num_slots: int = 1,
+              order_by: torch.Tensor | None = None) -> Alignment:
+    """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0. order_by:
+    see the module docstring (torch implementation on every device)."""
+    if TRITON_ON_CUDA and topk_ids.is_cuda and order_by is None:
         return moe_align_triton(topk_ids, num_experts, block_m, token_slot, num_slots)
-    return moe_align_torch(topk_ids, num_experts, block_m, token_slot, num_slots)
+    return moe_align_torch(topk_ids, num_experts, block_m, token_slot, num_slots, order_by)
 
 
 def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-                    token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
+                    token_slot: torch.Tensor | None = None, num_slots: int = 1,
+                    order_by: torch.Tensor | None = None) -> Alignment:
     """The torch implementation (sync-free, static shapes; CPU and reference)."""
     M, k, n, EM, nb = _geometry(topk_ids, token_slot, num_experts, block_m)
+    if order_by is not None and (order_by.shape != (M,) or order_by.dtype != torch.int32):
+        raise ValueError(f"order_by must be an int32 ({M},) tensor, got {order_by.dtype} {tuple(order_by.shape)}")
     dev, S, E, BM = topk_ids.device, num_slots, num_experts, block_m
     expert = topk_ids.reshape(-1).long()
     if token_slot is None:
@@ -73,8 +83,15 @@ def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     ends = padded.cumsum(dim=1)  # (S, E): padded end of each expert's group in its slot's row
     starts = ends - padded
     ntpp = ends[:, -1]
-    # Rank of each pair inside its (slot, expert) group: a stable sort keeps token order.
-    sorted_key, order = torch.sort(key, stable=True)
+    # Rank of each pair inside its (slot, expert) group: a stable sort keeps token order. With order_by
+    # the sort key also carries the pair's sub-key below the group key (same groups, ordered inside).
+    if order_by is None:
+        sorted_key, order = torch.sort(key, stable=True)
+    else:
+        sub_key = order_by.long().repeat_interleave(k) + 1  # -1 (no row) -> 0: those pairs first
+        span = 1 << 16  # above every sub-key (LoRA rows number far fewer); key * span stays in int64
+        _, order = torch.sort(key * span + sub_key.clamp(0, span - 1), stable=True)
+        sorted_key = key[order]
     group_first = counts.cumsum(0) - counts  # first sorted position of each key
     rank = torch.empty_like(order)
     rank.scatter_(0, order, torch.arange(n, device=dev) - group_first[sorted_key])

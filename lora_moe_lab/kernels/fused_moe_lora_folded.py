@@ -48,7 +48,7 @@ def lora_shrink_kernel(
     K, R, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_tm, stride_tp,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, L_POW2: tl.constexpr,
-    GATHER: tl.constexpr,
+    GATHER: tl.constexpr, PER_ROW: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     p = tl.program_id(1)  # the slice
@@ -74,9 +74,17 @@ def lora_shrink_kernel(
     row_on = tl.max(hit.to(tl.int32), axis=1) > 0  # pairs with a live adapter
     if tl.max(row_on.to(tl.int32), 0) == 0:  # nothing live in this block (every block, all disabled)
         return
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the pair's place in the alignment: the GEMM's tile is one box
+    offs_r = tl.arange(0, BLOCK_R)
+    if PER_ROW:  # one K loop per LoRA row present: R columns of MMA per pair (few rows per block when the
+        # alignment is ordered by LoRA row, `moe_align(order_by=)`), an accumulator of BLOCK_R columns
+        _shrink_rows(x_ptr, a_ptr, t_ptr, row, valid, lrow, expert, p, lora_ids_ptr, enabled_ptr, rows, K, R, L,
+                     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_tm,
+                     stride_tp, BLOCK_M, BLOCK_K, BLOCK_R)
+        return
     use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading
     slot = tl.maximum(lid, 0).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
     a_ptrs = (a_ptr + p * stride_ap + slot[None, :] * stride_as + expert * stride_ae + c_r[None, :] * stride_ar
               + offs_k[:, None] * stride_ak)  # (BLOCK_K, C): the A.T tiles of every row side by side
@@ -90,19 +98,47 @@ def lora_shrink_kernel(
         a_ptrs += BLOCK_K * stride_ak
     # Each pair's own row: the other rows' columns zeroed, then the L_POW2 groups summed (one is non-zero).
     own = tl.sum(tl.reshape(tl.where(hit, t, 0.0), (BLOCK_M, L_POW2, BLOCK_R)), axis=1)
-    offs_r = tl.arange(0, BLOCK_R)
     # The intermediate is kept in the weights' dtype, as the matrix units take it (the separate kernel
     # casts its register tile the same way); columns past the rank hold exact zeros.
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # the pair's place in the alignment: the GEMM's tile is one box
     tl.store(t_ptr + rows[:, None] * stride_tm + p * stride_tp + offs_r[None, :], own.to(t_ptr.dtype.element_ty),
              mask=row_on[:, None])
 
 
+@triton.jit
+def _shrink_rows(x_ptr, a_ptr, t_ptr, row, valid, lrow, expert, p, lora_ids_ptr, enabled_ptr, rows, K, R, L,
+                 stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_tm, stride_tp,
+                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The block's shrink one live LoRA row at a time: x tiles of that row's pairs only (the others load
+    nothing), against that slot's A tile; each row's result stored for its own pairs."""
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
+    for l in range(0, L):
+        here = valid & (lrow == l)
+        live = (tl.load(lora_ids_ptr + l) >= 0) & (tl.load(enabled_ptr + l) != 0)
+        if live & (tl.max(here.to(tl.int32), 0) > 0):
+            slot = tl.maximum(tl.load(lora_ids_ptr + l), 0).to(tl.int64)
+            x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
+            a_ptrs = (a_ptr + p * stride_ap + slot * stride_as + expert * stride_ae + offs_r[None, :] * stride_ar
+                      + offs_k[:, None] * stride_ak)  # (BLOCK_K, BLOCK_R) = A.T tile
+            t = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                k_ok = offs_k < K - k0
+                xt = tl.load(x_ptrs, mask=here[:, None] & k_ok[None, :], other=0.0)
+                at = tl.load(a_ptrs, mask=k_ok[:, None] & r_ok[None, :], other=0.0)
+                t = tl.dot(xt, at, t)
+                x_ptrs += BLOCK_K * stride_xk
+                a_ptrs += BLOCK_K * stride_ak
+            tl.store(t_ptr + rows[:, None] * stride_tm + p * stride_tp + offs_r[None, :], t.to(t_ptr.dtype.element_ty),
+                     mask=here[:, None])
+
+
 def lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, *, gather=True,
-                block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
+                block_k: int = 64, num_warps: int = 4, num_stages: int = 3, per_row: bool = False):
     """t[i, p, :r] = x[row(pair)] @ A[p, slot(pair), expert(pair)].T for the pair at place i of the alignment
     (sorted_token_ids[0, i]) whose token has a live adapter (other rows of t are left as they are); t (EM, P,
-    BLOCK_R), BLOCK_R = block_r(r). Inputs as `moe_gemm_lora_folded` (checked there)."""
+    BLOCK_R), BLOCK_R = block_r(r). Inputs as `moe_gemm_lora_folded` (checked there). per_row: one K loop
+    per LoRA row present in a block (R columns of MMA per pair) instead of all rows side by side."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
@@ -110,28 +146,30 @@ def lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_e
     br, lp = t.shape[2], pow2(L)
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
-    stages = stages_for(num_stages, (bm * bk + bk * lp * br) * x.element_size())
+    stages = stages_for(num_stages, (bm * bk + bk * (1 if per_row else lp) * br) * x.element_size())
     lora_shrink_kernel[(nb_launch, P)](
         x, lora_a, t, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), t.stride(0), t.stride(1),
-        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, L_POW2=lp, GATHER=bool(gather),
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, L_POW2=lp, GATHER=bool(gather), PER_ROW=bool(per_row),
         num_warps=num_warps, num_stages=stages,
     )
     LAST_FOLDED_LAUNCH.update(shrink_programs=nb_launch * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, L_POW2=lp,
-                              shrink_columns=lp * br, shrink_stages=stages)
+                              shrink_columns=br if per_row else lp * br, shrink_stages=stages, shrink_per_row=per_row)
     return t
 
 
 def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, shrink_out=None,
-                         fold_desc: bool = True):
+                         fold_desc: bool = True, shrink_per_row: bool = False):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments,
     same result), computed as the shrink kernel + the base GEMM with the expand in its K loop. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit.
     shrink_out: an optional (EM, P, BLOCK_R) buffer for the intermediate, in the alignment's order (else one is
     allocated). fold_desc: the GEMM reads the intermediate and B through TMA descriptors where they allow it
-    (`fused_moe.fold_tma_ok`); False: pointer loads (the build data/kernels/fold_s1 measured)."""
+    (`fused_moe.fold_tma_ok`); False: pointer loads (the build data/kernels/fold_s1 measured).
+    shrink_per_row: the shrink loops over the LoRA rows present in each block (`lora_shrink(per_row=)`), for
+    an alignment ordered by LoRA row (`moe_align(order_by=token_lora_mapping)`)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_folded")
@@ -145,7 +183,8 @@ def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
                          f"got {shrink_out.dtype} {tuple(shrink_out.shape)}")
     else:
         t = shrink_out
-    lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, gather=gather)
+    lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, gather=gather,
+                per_row=shrink_per_row)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
              lora=Folded(t, lora_b, token_lora_mapping, lora_ids, adapter_enabled, fold_desc))
     LAST_FOLDED_LAUNCH.update(fold_desc=fold_desc and fold_tma_ok(t, lora_b))

@@ -28,11 +28,11 @@ IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: t
          "folded_ptr": functools.partial(moe_gemm_lora_folded, fold_desc=False)}
 
 
-def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora):
+def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     g = torch.Generator().manual_seed(7)
     w = (torch.randn(E, P * N, c["x"].shape[1], generator=g) * c["x"].shape[1] ** -0.5).to(dtype)
-    al = moe_align(d["ids"], E, bm)
+    al = moe_align(d["ids"], E, bm, order_by=d["mapping"] if order else None)  # order: pairs by LoRA row in a group
     rw = d["rw"]
     base = torch.full((c["ids"].numel(), P * N), float("nan"), dtype=dtype, device=DEV)
     moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"])
@@ -85,9 +85,13 @@ def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
     assert last == 2 * 16  # L_POW2 * BLOCK_R
 
 
-@pytest.mark.parametrize("desc", [True, False])
+FOLD_VARIANTS = {"desc": dict(fold_desc=True), "ptr": dict(fold_desc=False),
+                 "rows_ordered": dict(shrink_per_row=True), "rows_unordered": dict(shrink_per_row=True)}
+
+
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
 @pytest.mark.parametrize("bm", [16, 32, 64])
-def test_folded_random_blocks_and_ranks(bm, desc):
+def test_folded_random_blocks_and_ranks(bm, variant):
     """The folded path on fresh random cases per BLOCK_M: many LoRA rows per block, a rank below BLOCK_R,
     rows without adapter, a disabled row and an empty slot, gate_up and down."""
     for seed in range(3):
@@ -96,8 +100,8 @@ def test_folded_random_blocks_and_ranks(bm, desc):
         P, gather = (2, True) if seed % 2 == 0 else (1, False)
         c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
                       lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
-        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm,
-                          impl=functools.partial(moe_gemm_lora_folded, fold_desc=desc))
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant == "rows_ordered",
+                          impl=functools.partial(moe_gemm_lora_folded, **FOLD_VARIANTS[variant]))
         assert (codes == 0).any()
 
 

@@ -461,6 +461,21 @@ def test_alignment_comparison_ignores_order_inside_groups_only():
         assert_same_alignment(a, a._replace(sorted_token_ids=bad))
 
 
+def test_alignment_ordered_by_lora_row_keeps_the_blocks():
+    g = torch.Generator().manual_seed(11)
+    ids = routing(g, 60, 5, 3)
+    rows = torch.randint(-1, 4, (60,), generator=g, dtype=torch.int32)
+    a, b = moe_align(ids.to(DEV), 5, 16), moe_align(ids.to(DEV), 5, 16, order_by=rows.to(DEV))
+    assert_same_alignment(a, b)  # same padding, expert ids and groups: only the order inside a group moves
+    st, ex = b.sorted_token_ids[0].cpu(), b.expert_ids[0].cpu().repeat_interleave(16)
+    for e in range(5):
+        pairs = st[(ex == e) & (st < 180)]
+        key = rows[pairs // 3].long() * 1000 + pairs  # by row, then token order within a row
+        assert torch.equal(key, key.sort().values), f"expert {e}: not ordered by (LoRA row, pair)"
+    with pytest.raises(ValueError, match="order_by must be an int32"):
+        moe_align(ids.to(DEV), 5, 16, order_by=rows.long().to(DEV))
+
+
 @settings(HYP, max_examples=30 if not CUDA else 10)
 @given(data=st.data())
 def test_triton_alignment_matches_torch(data):
