@@ -7,7 +7,8 @@ the base GEMM and today's separate deltas, its differential, and the base GEMM's
 Sections (rows of DIR/kernels_fold.csv, metadata DIR/kernels_fold.meta.json; bf16, rank 32, 4 adapters,
 top-8 of 128 experts from softmax-topk of random logits, CUDA-graph replays, alignment outside the
 timed region):
-  check    `--cases` random cases of the folded GEMM and `--cases` of the base GEMM's builds (TMA weight
+  check    `--cases` random cases of the folded GEMM (its three builds in turn: TMA expand, pointer expand,
+           ordered alignment + per-row shrink) and `--cases` of the base GEMM's builds (TMA weight
            tiles, predicate-free loads, masked loads) against float64, plus the presets' shapes at
            M = 1..8192; `out` and the shrink's intermediate NaN-poisoned; rows of pairs without a live
            adapter compared bit for bit with the plain GEMM. Few distinct tiles, so few compiles.
@@ -90,9 +91,9 @@ def check(dev, gen, n_cases):
         f"(worst {worst['folded']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
 
 
-def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True):
+def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
     """One folded launch on NaN-poisoned `out` and intermediate, beside the plain GEMM: (out, base).
-    desc: t and B through TMA descriptors where they allow it, else pointer loads."""
+    desc: t and B through TMA descriptors where they allow it, else pointer loads; rows: the per-row shrink."""
     n = al_pairs(x, k, gather)
     base = torch.full((n, w.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
     moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
@@ -100,7 +101,7 @@ def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=T
     t = torch.full((al.sorted_token_ids.shape[1], a.shape[0], block_r(a.shape[3])), float("nan"), dtype=x.dtype,
                    device=x.device)
     moe_gemm_lora_folded(x, w, al, k, out, a, b, mapping, lids, en, routed_weights=rw, gather=gather, config=cfg,
-                         shrink_out=t, fold_desc=desc)
+                         shrink_out=t, fold_desc=desc, shrink_per_row=rows)
     return out, base
 
 
@@ -161,8 +162,9 @@ def _fold_case(rng, g, dev, i):
     en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
     d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
     d, live = d.to(dev), (codes == 0).to(dev)
-    al = moe_align(ids, E, bm)
-    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=i % 4 < 2)
+    v = i % 3  # 0: TMA expand, 1: pointer expand, 2: the alignment ordered by LoRA row and the per-row shrink
+    al = moe_align(ids, E, bm, order_by=mapping if v == 2 else None)
+    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=v != 1, rows=v == 2)
     return _verdict(out, base, ref_gemm(x, w, ids, k, rw, gather) + d, live)
 
 
