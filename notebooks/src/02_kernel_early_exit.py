@@ -501,9 +501,9 @@ fold_figure(ft).show()
 base_gemm.fold_counters(fold).round(1)
 
 # %% [markdown]
-# **Reading it.** The folded GEMM carries the expand's registers even when it skips every row:
-# compare `registers` of `plain_*` and `folded_*` above. At TP=4 gate_up that costs one program per
+# **Reading it.** In the build recorded (pointer loads in the expand), the folded GEMM carries the
+# expand's registers even when it skips every row: compare `registers` of `plain_*` and `folded_*` above. At TP=4 gate_up that costs one program per
 # SM (the achieved occupancy halves). The shrink computes all LoRA rows' columns and keeps its own
 # row's, so it sits at the register limit with a busy tensor pipe. `docs/kernels.md` lists what
-# would change the verdict: an alignment sorted by LoRA row inside each expert, and a shrink of
-# its own rank only.
+# would change the verdict (an alignment ordered by LoRA row inside each expert, a shrink of its
+# own rank, the expand's operands through TMA): built since, not yet timed on a GPU.
