@@ -120,3 +120,18 @@ def test_fused_epilogue_errors(impl):
         moe_gemm_lora(x, w, al, 2, out, a, b, torch.zeros(3, device=DEV, **I32), lid, en)
     with pytest.raises(TypeError, match="lora_ids must have dtype int32"):
         moe_gemm_lora(x, w, al, 2, out, a, b, m, lid.long(), en)
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="counts device syncs: a CPU tensor's .item() is none")
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
+def test_folded_path_has_no_host_sync(variant, sync_check):
+    """The folded path (its alignment included) decides nothing on the host from device values: it is
+    launched the same under CUDA-graph capture."""
+    c = make_case(5, 9, 40, 24, 6, 3, 4, 3, 16, 2)
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    w = torch.randn(6, 48, 40, device=DEV) * 40 ** -0.5
+    out = torch.empty(27, 48, device=DEV)
+    with sync_check():
+        al = moe_align(d["ids"], 6, 16, order_by=d["mapping"] if variant == "rows_ordered" else None)
+        moe_gemm_lora_folded(d["x"], w, al, 3, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
+                             **FOLD_VARIANTS[variant])
