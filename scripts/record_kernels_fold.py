@@ -39,7 +39,7 @@ from lora_moe_lab.config import LoRAConfig, get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, log, route, row
+from lora_moe_lab.instruments.recorders.harness import Recorder, log, route, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
@@ -52,7 +52,6 @@ from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from lora_moe_lab.model.moe import LoRAHook, MoELayer
 from lora_moe_lab.ops import get_backend
-from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
 from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
@@ -115,31 +114,16 @@ def _verdict(out, base, ref, live):
 
 
 def _check_presets(dev, gen):
-    lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # row 3 empty
-    en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # row 1 disabled
     fails = 0
-    for preset in kc.PRESETS:
-        sh = get_shape(preset)
-        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-        w13, w2 = kc.base_weights(sh, dev, gen)
-        a13, b13, a2, b2 = kc.weights(sh, dev, gen)
-        for M in CHECK_M:
-            x = torch.randn(M, K, generator=gen, device=dev).to(BF)
-            h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
-            rw, ids = route(M, E, k, gen, dev)
-            mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
-            al = moe_align(ids, E, moe_block_m(M, k, E, K, I))  # the table's tiles, TMA where it won
-            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True),
-                                                ("down", h, w2, a2, b2, rw, False)):
-                d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
-                out, base = _fold_run(xin, w, al, k, a, b, mapping, lids, en, r, gather)
-                err, same = _verdict(out, base, ref_gemm(xin, w, ids, k, r, gather) + d, live)
-                ok = err < tolerance(BF, dev) and same
-                fails += not ok
-                row(section="check", preset=preset, op=op, M=M, block_m=al.block_m, rel_err=err,
-                    adapterless_rows_bitwise=same, ok=ok)
-            log(f"check {preset} M={M}: " + " ".join(f"{r['op']} {r['rel_err']:.1e}{'' if r['ok'] else ' FAIL'}"
-                                                     for r in ROWS[-2:]))
+    for c in kc.preset_lora_cases(dev, gen, CHECK_M, table=True):  # the table's tiles, TMA where it won
+        out, base = _fold_run(c["x"], c["w"], c["align"], c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
+                              c["rw"], c["gather"])
+        err, same = _verdict(out, base, c["ref"], c["live"])
+        ok = err < tolerance(BF, dev) and same
+        fails += not ok
+        row(section="check", preset=c["preset"], op=c["op"], M=c["M"], block_m=c["align"].block_m, rel_err=err,
+            adapterless_rows_bitwise=same, ok=ok)
+        log(f"check {c['preset']} {c['op']} M={c['M']}: {err:.1e}{'' if ok else ' FAIL'}")
     return fails
 
 

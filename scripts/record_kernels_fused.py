@@ -34,7 +34,6 @@ from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
-from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
 
@@ -60,32 +59,15 @@ def al_pairs(x, k, gather):
 
 
 def fused_check(dev, gen, n_random):
-    lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)  # row 3 empty
-    en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)  # row 1 disabled
     fails = 0
-    for preset in kc.PRESETS:  # the presets' shapes, bf16
-        sh = get_shape(preset)
-        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-        w13, w2 = kc.base_weights(sh, dev, gen)
-        a13, b13, a2, b2 = kc.weights(sh, dev, gen)
-        for M in CHECK_M:
-            x = torch.randn(M, K, generator=gen, device=dev).to(BF)
-            h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
-            rw, ids = route(M, E, k, gen, dev)
-            mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
-            al = moe_align(ids, E, moe_block_m(M, k, E))
-            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True),
-                                                ("down", h, w2, a2, b2, rw, False)):
-                d, live = ref_lora(xin, a, b, ids, mapping, lids, en, k, r, gather)
-                err, same = _fused_case(xin, w, al, k, a, b, mapping, lids, en, r, gather,
-                                        (ref_gemm(xin, w, ids, k, r, gather) + d, live))
-                ok = err < tolerance(BF, dev) and same
-                fails += not ok
-                row(section="fused_check", preset=preset, op=op, M=M, dtype="bfloat16", block_m=al.block_m,
-                    rel_err=err, adapterless_rows_bitwise=same, ok=ok)
-            log(f"fused check {preset} M={M}: " + " ".join(f"{r['op']} {r['rel_err']:.1e}{'' if r['ok'] else ' FAIL'}"
-                                                          for r in ROWS[-2:]))
-        w13 = w2 = a13 = b13 = a2 = b2 = None  # frees the buffers before the next M
+    for c in kc.preset_lora_cases(dev, gen, CHECK_M, table=False):  # the presets' shapes, bf16, the rules' tiles
+        err, same = _fused_case(c["x"], c["w"], c["align"], c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
+                                c["rw"], c["gather"], (c["ref"], c["live"]))
+        ok = err < tolerance(BF, dev) and same
+        fails += not ok
+        row(section="fused_check", preset=c["preset"], op=c["op"], M=c["M"], dtype="bfloat16",
+            block_m=c["align"].block_m, rel_err=err, adapterless_rows_bitwise=same, ok=ok)
+        log(f"fused check {c['preset']} {c['op']} M={c['M']}: {err:.1e}{'' if ok else ' FAIL'}")
     rng, g = random.Random(1), torch.Generator(device=dev).manual_seed(1)
     worst = {}
     for i in range(n_random):  # small random shapes through every BLOCK_M (and so every tile) of the table

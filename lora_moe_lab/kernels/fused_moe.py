@@ -115,7 +115,7 @@ def fused_moe_kernel(
     stride_om, stride_on,
     w_desc,  # TMA descriptor of w viewed as (E * N, K), block (BLOCK_N, BLOCK_K); read only when W_DESC
     # ---- the folded LoRA expand (read only when LORA; kernels/fused_moe_lora_folded.py) ----
-    t_ptr,  # (M*top_k, P, BLOCK_R) the shrink of each pair with a live adapter (its own adapter's A)
+    t_ptr,  # (EM, P, BLOCK_R) the shrink of each pair with a live adapter, in the alignment's order
     b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
     R, L, NS,
@@ -213,11 +213,13 @@ def tma_ok(w) -> bool:
     """Whether w can be read through a TMA descriptor: a contiguous (E, N, K) tensor whose rows are
     16-byte multiples at a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper);
     the interpreter runs descriptors too."""
-    aligned = (w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0
-               and w.shape[0] * w.shape[1] < 2 ** 31)
-    if runtime.interpreter():
-        return aligned
-    return aligned and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
+    return _tma_device(w) and ((w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0
+                                and w.data_ptr() % 16 == 0 and w.shape[0] * w.shape[1] < 2 ** 31))
+
+
+def _tma_device(t) -> bool:
+    """Whether t's device runs TMA descriptors: the interpreter, or a GPU of compute capability >= 9."""
+    return runtime.interpreter() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
 
 class Folded(NamedTuple):
@@ -237,11 +239,9 @@ def fold_tma_ok(t, b) -> bool:
     """Whether the folded expand may read t (EM, P, BLOCK_R) and B (P, S, E, NS, R) through TMA: both
     contiguous at 16-byte aligned bases, B's rows (R elements) a 16-byte multiple, 32-bit coordinates;
     on compute capability 9 or newer, or the interpreter."""
-    ok = (t.is_contiguous() and b.is_contiguous() and t.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
-          and (b.shape[4] * b.element_size()) % 16 == 0 and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
-    if runtime.interpreter():
-        return ok
-    return ok and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+    return _tma_device(t) and (t.is_contiguous() and b.is_contiguous() and t.data_ptr() % 16 == 0
+                               and b.data_ptr() % 16 == 0 and (b.shape[4] * b.element_size()) % 16 == 0
+                               and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,

@@ -25,7 +25,7 @@ from ...kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
 from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from ...model.moe import LoRAHook, MoELayer
 from ...ops import get_backend
-from ...ops.reference import tolerance
+from ...ops.reference import ref_lora_delta_grouped, ref_moe_gemm_grouped, tolerance
 from ...ops.reference_rows import ref_lora_delta_rows
 from .harness import ROWS, graph_time_us, log, route, row
 
@@ -113,6 +113,34 @@ def base_weights(sh, dev, gen):
     K, I, E = sh.hidden, sh.intermediate, sh.num_experts
     return ((torch.randn(E, 2 * I, K, generator=gen, device=dev) * K ** -0.5).to(BF),
             (torch.randn(E, K, I, generator=gen, device=dev) * I ** -0.5).to(BF))
+
+
+def preset_lora_cases(dev, gen, check_m, *, table: bool):
+    """The base GEMM with a LoRA delta at the presets' shapes (bf16), for checks of a fused kernel: per
+    preset, M in `check_m` and GEMM, a dict of its inputs (x, w, a, b, rw, gather, ids, mapping, lids, en,
+    top_k k, the base alignment `align`: the tuned table's BLOCK_M when `table`, else the rules') and
+    its float64 reference `ref` with `live`, the pairs whose token has a live adapter. LoRA rows: 0 and 2
+    live, 1 disabled, 3 without a slot; tokens on every row and on none."""
+    lids = torch.tensor([0, 1, 2, -1], dtype=torch.int32, device=dev)
+    en = torch.tensor([1, 0, 1, 1], dtype=torch.int32, device=dev)
+    for preset in PRESETS:
+        sh = get_shape(preset)
+        K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+        w13, w2 = base_weights(sh, dev, gen)
+        a13, b13, a2, b2 = weights(sh, dev, gen)
+        for M in check_m:
+            x = torch.randn(M, K, generator=gen, device=dev).to(BF)
+            h = torch.randn(M * k, I, generator=gen, device=dev).to(BF)
+            rw, ids = route(M, E, k, gen, dev)
+            mapping = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+            bm = configs.moe_block_m(M, k, E, K, I) if table else configs.moe_block_m(M, k, E)
+            al = moe_align(ids, E, bm)
+            for op, xin, w, a, b, r, gather in (("gate_up", x, w13, a13, b13, None, True),
+                                                ("down", h, w2, a2, b2, rw, False)):
+                d, live = ref_lora_delta_grouped(xin, a, b, ids, mapping, lids, en, k, r, gather)
+                yield dict(preset=preset, M=M, op=op, x=xin, w=w, a=a, b=b, rw=r, gather=gather, ids=ids, k=k,
+                           mapping=mapping, lids=lids, en=en, align=al,
+                           ref=ref_moe_gemm_grouped(xin, w, ids, k, r, gather) + d, live=live)
 
 
 def weights(sh, dev, gen):
