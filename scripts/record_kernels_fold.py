@@ -23,7 +23,8 @@ timed region):
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled); interleaved rounds; LoRA's share of the layer per round, its median and bootstrap 95 %.
-  --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs).
+  --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
+           each build: TMA expand, pointer expand, ordered alignment + per-row shrink.
 """
 from __future__ import annotations
 
@@ -323,7 +324,8 @@ def _with_table(table, fn):
 
 # ------------------------------------------------------------------------------------------------
 def ncu_run(out, dev, gen):
-    """One launch of the folded path (shrink, then GEMM) per preset and GEMM at M=8192, all 4 adapters live;
+    """One launch of the folded path (shrink, then GEMM) per build, preset and GEMM at M=8192, all 4 adapters live
+    (builds: TMA expand, pointer expand, ordered alignment + per-row shrink);
     DIR/targets.json names each launch for `record_kernels_base.py --ncu-parse RAW --ncu-stem kernels_fold_ncu`."""
     M = 8192
     targets = []
@@ -336,9 +338,16 @@ def ncu_run(out, dev, gen):
         al = moe_align(s["ids"], E, moe_block_m(M, k, E, K, I))
         lids = torch.arange(S, dtype=torch.int32, device=dev)
         on = torch.ones_like(lids)
-        jobs = [lambda: moe_gemm_lora_folded(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on),
-                lambda: moe_gemm_lora_folded(s["act"], w2, al, k, s["down"], a2, b2, s["slot"], lids, on,
-                                             routed_weights=s["rw"], gather=False)]
+        al_ord = moe_align(s["ids"], E, al.block_m, order_by=s["slot"])
+        builds = {"folded": dict(), "folded_ptr": dict(fold_desc=False),  # TMA expand, pointer expand,
+                  "folded_rows": dict(shrink_per_row=True)}               # ordered alignment + per-row shrink
+        jobs = []
+        for arm, kw in builds.items():
+            a_ = al_ord if arm == "folded_rows" else al
+            jobs += [lambda a_=a_, kw=kw: moe_gemm_lora_folded(s["x"], w13, a_, k, s["inter"], a13, b13, s["slot"],
+                                                               lids, on, **kw),
+                     lambda a_=a_, kw=kw: moe_gemm_lora_folded(s["act"], w2, a_, k, s["down"], a2, b2, s["slot"],
+                                                               lids, on, routed_weights=s["rw"], gather=False, **kw)]
         for j in jobs:  # compile and warm outside the profiled range
             j()
         torch.cuda.synchronize()
@@ -353,15 +362,16 @@ def ncu_run(out, dev, gen):
         used_e = int(torch.unique(s["ids"]).numel())
         used_se = int(torch.unique(s["slot"].long().repeat_interleave(k) * E + s["ids"].flatten().long()).numel())
         br = block_r(RANK)
-        for op, N, Kin, P, rows_in in (("gate_up", 2 * I, K, 2, M), ("down", K, I, 1, n_pairs)):
-            shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
-            gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
-                    + n_pairs * P * br * 2 + used_se * N * RANK * 2)
-            targets += [dict(kernel="lora_shrink_kernel", preset=preset, M=M, op=f"shrink_{op}", arm="folded",
-                             tile="", byte_floor=shrink),
-                        dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm="folded",
-                             tile="", byte_floor=gemm)]
-        log(f"ncu targets {preset} M={M}: folded gate_up (shrink, gemm), folded down (shrink, gemm)")
+        for arm in builds:  # the launch order of `jobs`: per build, gate_up then down, each shrink then GEMM
+            for op, N, Kin, P, rows_in in (("gate_up", 2 * I, K, 2, M), ("down", K, I, 1, n_pairs)):
+                shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
+                gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
+                        + n_pairs * P * br * 2 + used_se * N * RANK * 2)
+                targets += [dict(kernel="lora_shrink_kernel", preset=preset, M=M, op=f"shrink_{op}", arm=arm,
+                                 tile="", byte_floor=shrink),
+                            dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm=arm,
+                                 tile="", byte_floor=gemm)]
+        log(f"ncu targets {preset} M={M}: {', '.join(builds)}: gate_up (shrink, gemm), down (shrink, gemm)")
     with open(os.path.join(out, "targets.json"), "w") as fh:
         json.dump(targets, fh, indent=1)
 

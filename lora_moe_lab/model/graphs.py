@@ -30,7 +30,8 @@ def capture(fn, warmup: int = 2, pool=None, launch_all: bool = True):
     `capture_mode()`, so every guard records the LoRA kernels unconditionally and none syncs;
     `launch_all=False` leaves the host's decision to `fn` (a no-LoRA graph: `cpu_flag` on a batch
     without adapters records no LoRA kernel). `pool`: a graph memory pool shared with other graphs
-    (torch.cuda.graph_pool_handle()). Keep the output: it holds the graph's output memory alive."""
+    (torch.cuda.graph_pool_handle()). Keep the output: it holds the graph's output memory alive; and keep
+    `fn`: the tensors it closes over are read at their capture-time addresses by every replay."""
     _need_cuda()
     with runtime.capture_mode(launch_all):
         side = torch.cuda.Stream()
@@ -135,6 +136,10 @@ class GraphForward:
 
     def __init__(self, fn, warmup: int = 2):
         self.graph, self.out = capture(fn, warmup)
+        # The graph holds raw device addresses, not tensors: every tensor `fn` closes over (a batch's
+        # metadata, a hook's LoRAInfo) must outlive the graph. Keep `fn`, or the caching allocator hands
+        # that memory to the next allocation and the replay reads whatever lands there.
+        self.fn = fn
         torch.cuda.synchronize()
 
     def replay(self):

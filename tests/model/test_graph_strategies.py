@@ -140,3 +140,42 @@ def test_the_strategies_are_a_registry_and_no_name_means_two_things():
             GS.register_strategy(type("Other", (GS.OneGraph,), {"name": "test_always_one"}))
     finally:
         GS._REGISTRY.pop("test_always_one")
+
+
+def test_graph_forward_keeps_what_its_callable_closes_over(monkeypatch):
+    """A graph reads device addresses, not tensors: GraphForward must keep `fn` (and so every tensor it
+    closes over) alive, or the allocator reuses that memory and a replay reads someone else's data."""
+    import gc
+    import weakref
+
+    from lora_moe_lab.model import graphs
+
+    monkeypatch.setattr(graphs, "capture", lambda fn, warmup: (object(), fn()))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def make():
+        meta = torch.arange(8)
+        return weakref.ref(meta), graphs.GraphForward(lambda: meta + 1)
+
+    ref, g = make()
+    gc.collect()
+    assert ref() is not None, "GraphForward dropped its callable: the captured graph would read freed memory"
+    del g
+    gc.collect()
+    assert ref() is None
+
+
+@gpu_only
+def test_graph_forward_replays_after_its_callable_goes_out_of_scope():
+    """On a GPU: the metadata a graph reads is created inside a helper and nothing but the closure holds
+    it; fresh allocations after capture must not change what the replay computes."""
+    from lora_moe_lab.model.graphs import GraphForward
+
+    def make():
+        ids = torch.arange(4096, device="cuda")
+        return GraphForward(lambda: ids * 2)
+
+    g = make()
+    junk = [torch.full((4096,), -7, dtype=torch.int64, device="cuda") for _ in range(16)]
+    assert torch.equal(g.replay(), torch.arange(4096, device="cuda") * 2), "the replay read reused memory"
+    del junk
