@@ -7,8 +7,8 @@ the base GEMM and today's separate deltas, its differential, and the base GEMM's
 Sections (rows of DIR/kernels_fold.csv, metadata DIR/kernels_fold.meta.json; bf16, rank 32, 4 adapters,
 top-8 of 128 experts from softmax-topk of random logits, CUDA-graph replays, alignment outside the
 timed region):
-  check    `--cases` random cases of the folded GEMM (its three builds in turn: TMA expand, pointer expand,
-           ordered alignment + per-row shrink) and `--cases` of the base GEMM's builds (TMA weight
+  check    `--cases` random cases of the folded GEMM (its four builds in turn: TMA expand, pointer expand, and
+           ordered alignment + per-row shrink with either expand) and `--cases` of the base GEMM's builds (TMA weight
            tiles, predicate-free loads, masked loads) against float64, plus the presets' shapes at
            M = 1..8192; `out` and the shrink's intermediate NaN-poisoned; rows of pairs without a live
            adapter compared bit for bit with the plain GEMM. Few distinct tiles, so few compiles.
@@ -17,12 +17,16 @@ timed region):
            the folded path (shrink + GEMM; the intermediate and B through TMA where they allow it), the same
            with pointer loads in the expand (`folded_ptr`), the folded path on an alignment ordered by LoRA
            row with the per-row shrink (`folded_rows`; `base_ordered`: the base GEMM on that alignment), the
-           folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled.
+           folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled; and
+           the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer expand), enabled, disabled
+           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`).
            Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
-           disabled); interleaved rounds; LoRA's share of the layer per round, its median and bootstrap 95 %.
+           disabled), LoRA all active with the committed table's picks (`picked_all`; the layer's own build:
+           configs.FOLDED_ORDER_BY_ROW); interleaved rounds; LoRA's share of the layer per round, its median
+           and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink.
 """
@@ -117,14 +121,18 @@ def _verdict(out, base, ref, live):
 def _check_presets(dev, gen):
     fails = 0
     for c in kc.preset_lora_cases(dev, gen, CHECK_M, table=True):  # the table's tiles, TMA where it won
-        out, base = _fold_run(c["x"], c["w"], c["align"], c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
-                              c["rw"], c["gather"])
-        err, same = _verdict(out, base, c["ref"], c["live"])
-        ok = err < tolerance(BF, dev) and same
-        fails += not ok
-        row(section="check", preset=c["preset"], op=c["op"], M=c["M"], block_m=c["align"].block_m, rel_err=err,
-            adapterless_rows_bitwise=same, ok=ok)
-        log(f"check {c['preset']} {c['op']} M={c['M']}: {err:.1e}{'' if ok else ' FAIL'}")
+        E = c["w"].shape[0]
+        for build in ("tma", "layer"):  # layer: ordered alignment, per-row shrink, pointer expand
+            lay = build == "layer"
+            al = moe_align(c["ids"], E, c["align"].block_m, order_by=c["mapping"]) if lay else c["align"]
+            out, base = _fold_run(c["x"], c["w"], al, c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
+                                  c["rw"], c["gather"], desc=not lay, rows=lay)
+            err, same = _verdict(out, base, c["ref"], c["live"])
+            ok = err < tolerance(BF, dev) and same
+            fails += not ok
+            row(section="check", preset=c["preset"], op=c["op"], M=c["M"], block_m=c["align"].block_m, build=build,
+                rel_err=err, adapterless_rows_bitwise=same, ok=ok)
+            log(f"check {c['preset']} {c['op']} M={c['M']} {build}: {err:.1e}{'' if ok else ' FAIL'}")
     return fails
 
 
@@ -147,9 +155,11 @@ def _fold_case(rng, g, dev, i):
     en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
     d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
     d, live = d.to(dev), (codes == 0).to(dev)
-    v = i % 3  # 0: TMA expand, 1: pointer expand, 2: the alignment ordered by LoRA row and the per-row shrink
-    al = moe_align(ids, E, bm, order_by=mapping if v == 2 else None)
-    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=v != 1, rows=v == 2)
+    # 0: TMA expand, 1: pointer expand, 2 and 3: the alignment ordered by LoRA row and the per-row shrink, with the
+    # TMA expand (2) and the pointer expand (3: the layer's build)
+    v = i % 4
+    al = moe_align(ids, E, bm, order_by=mapping if v >= 2 else None)
+    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=v in (0, 2), rows=v >= 2)
     return _verdict(out, base, ref_gemm(x, w, ids, k, rw, gather) + d, live)
 
 
@@ -216,19 +226,26 @@ def kernels(preset, dev, gen, reps):
                 moe_gemm_lora_folded(s[X], w, s["al_ord" if rows else "al"], k, s[O], a, b, s["slot"], lids, en,
                                      routed_weights=s["rw_op"], gather=gu, fold_desc=desc, shrink_per_row=rows)
 
-            def gemm_off(s):
-                moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         lora=Folded(s["t"], b, s["slot"], lids, off, True))
+            def gemm_off(s, rows=False):  # rows: the layer's build (ordered alignment, pointer expand)
+                moe_gemm(s[X], w, s["al_ord" if rows else "al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                         lora=Folded(s["t"], b, s["slot"], lids, off, not rows))
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)), "folded": lambda s: folded(s, on),
                     "folded_ptr": lambda s: folded(s, on, False), "folded_rows": lambda s: folded(s, on, rows=True),
                     "base_ordered": lambda s: moe_gemm(s[X], w, s["al_ord"], k, s[O], routed_weights=s["rw_op"],
                                                        gather=gu),
-                    "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off}
+                    "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off,
+                    # the layer's build (configs.FOLDED_ORDER_BY_ROW): ordered alignment, per-row shrink, pointer
+                    # expand; with every adapter enabled, disabled, and its GEMM alone disabled
+                    "rows_ptr": lambda s: folded(s, on, False, True), "rows_ptr_off": lambda s: folded(s, off, False, True),
+                    "gemm_rows_off": lambda s: gemm_off(s, True)}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             med, s_, wc = _interleave(arms, sets, inner, reps)
-            r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians") for nm in ("folded_off", "gemm_off")}
+            r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians")
+                 for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off")}
+            rp = bootstrap_paired(s_["rows_ptr"], s_["separate"], "ratio_of_medians")  # the layer's build / separate
+            drp = bootstrap_paired(s_["rows_ptr"], s_["base"], "median_diff")
             fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
             fp = bootstrap_paired(s_["folded"], s_["folded_ptr"], "ratio_of_medians")  # TMA expand / pointer expand
             fr = bootstrap_paired(s_["folded_rows"], s_["separate"], "ratio_of_medians")  # ordered, per-row shrink
@@ -243,11 +260,15 @@ def kernels(preset, dev, gen, reps):
                 folded_over_ptr=fp[0], folded_over_ptr_lo=fp[1], folded_over_ptr_hi=fp[2],
                 folded_rows_over_separate=fr[0], folded_rows_over_separate_lo=fr[1],
                 folded_rows_over_separate_hi=fr[2],
+                rows_ptr_over_separate=rp[0], rows_ptr_over_separate_lo=rp[1], rows_ptr_over_separate_hi=rp[2],
+                delta_rows_ptr_us=drp[0], delta_rows_ptr_lo=drp[1], delta_rows_ptr_hi=drp[2],
                 **{f"{nm}_over_base{sfx}": r[nm][j] for nm in r for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
             log(f"kernels {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  +sep {dsep[0]:7.1f}  +folded "
                 f"{dfold[0]:7.1f} [{dfold[1]:.1f}, {dfold[2]:.1f}]  folded/sep {fs[0]:.3f} [{fs[1]:.3f}, {fs[2]:.3f}]"
                 f"  tma/ptr {fp[0]:.3f}  rows/sep {fr[0]:.3f} [{fr[1]:.3f}, {fr[2]:.3f}]"
+                f"  rows_ptr/sep {rp[0]:.3f} [{rp[1]:.3f}, {rp[2]:.3f}]  rows_ptr_off/base {r['rows_ptr_off'][0]:.3f}"
+                f"  gemm_rows_off/base {r['gemm_rows_off'][0]:.3f}"
                 f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
         sets = None
@@ -284,7 +305,8 @@ def layer(preset, dev, reps):
         x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
         arms = {}
         for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
-                                    ("folded_all", "all", all_ops), ("folded_none", "none", all_ops)):
+                                    ("folded_all", "all", all_ops), ("folded_none", "none", all_ops),
+                                    ("picked_all", "all", None)):  # None: the committed table decides
             hooks = []
             if adapters is not None:
                 names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
@@ -301,10 +323,12 @@ def layer(preset, dev, reps):
         s_ = {nm: v[wc.dropped:] for nm, v in per.items()}
         sh_ = {nm: bootstrap_paired(s_[nm], s_["base"], "median_change_pct") for nm in arms if nm != "base"}
         fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
+        ps = bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians")
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
             folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
+            picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
@@ -313,9 +337,10 @@ def layer(preset, dev, reps):
 
 
 def _with_table(table, fn):
-    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (the layer reads it at each call)."""
+    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (None: the committed table; the layer reads it at
+    each call)."""
     keep = configs.FOLDED_LORA_TOKENS
-    configs.FOLDED_LORA_TOKENS = table
+    configs.FOLDED_LORA_TOKENS = keep if table is None else table
     try:
         return fn()
     finally:

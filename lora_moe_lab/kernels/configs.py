@@ -237,6 +237,11 @@ FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # epilogue. Empty: on the H200 it lost to the separate deltas at every size measured
 # (data/kernels/fold_s1_*, scripts/record_kernels_fold.py; docs/kernels.md says why).
 FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+# The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
+# expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
+# columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,
+# M = 8192): the folded GEMM 804 against 914 us on the pair-order alignment (qwen3 gate_up, ncu).
+FOLDED_ORDER_BY_ROW = True
 
 
 def _bucket_in(table: dict, op: str, num_tokens: int) -> bool:

@@ -161,13 +161,14 @@ def lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_e
 
 def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, shrink_out=None,
-                         fold_desc: bool = True, shrink_per_row: bool = False):
+                         fold_desc: bool = False, shrink_per_row: bool = False):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments,
     same result), computed as the shrink kernel + the base GEMM with the expand in its K loop. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit.
     shrink_out: an optional (EM, P, BLOCK_R) buffer for the intermediate, in the alignment's order (else one is
     allocated). fold_desc: the GEMM reads the intermediate and B through TMA descriptors where they allow it
-    (`fused_moe.fold_tma_ok`); False: pointer loads (the build data/kernels/fold_s1 measured).
+    (`fused_moe.fold_tma_ok`). Off by default: on the H200 (data/kernels/fold_s2) the TMA build was 1.01-2.06x
+    slower than pointer loads at all 28 points, with 12-21 % more instructions and about as many registers.
     shrink_per_row: the shrink loops over the LoRA rows present in each block (`lora_shrink(per_row=)`), for
     an alignment ordered by LoRA row (`moe_align(order_by=token_lora_mapping)`)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,

@@ -78,11 +78,22 @@ class LoRAHook:
         """Whether `op` runs inside the base GEMM, folded or in its epilogue (`backend.use_fused_lora`)."""
         return self.backend.use_fused_lora(op, M, top_k, self.E, N, K)
 
+    def _folds(self, op, M, top_k, N, K) -> bool:
+        return self.backend.use_folded_lora(op, M, top_k, self.E, N, K)
+
+    def fold_order(self, M: int, top_k: int, hidden: int, inter: int):
+        """The per-token LoRA row to order the layer's alignment by (`moe_align(order_by=)`), when this hook
+        folds an op and the backend takes the per-row build; else None (static shapes decide: capture-safe)."""
+        folds = self._folds("gate_up", M, top_k, 2 * inter, hidden) or self._folds("down", M, top_k, hidden, inter)
+        return self.info.token_lora_mapping if folds and self.backend.folded_order_by_row() else None
+
     def _gemm(self, op, M, w, top_k):
         """The backend's base GEMM with the delta inside for `op`: folded into its K loop or in its epilogue."""
         b = self.backend
-        folded = b.use_folded_lora(op, M, top_k, self.E, w.shape[1], w.shape[2])
-        return b.moe_gemm_lora_folded if folded else b.moe_gemm_lora
+        if not self._folds(op, M, top_k, w.shape[1], w.shape[2]):
+            return b.moe_gemm_lora
+        per_row = b.folded_order_by_row()  # the layer then ordered its alignment by LoRA row (fold_order)
+        return lambda *a, **kw: b.moe_gemm_lora_folded(*a, shrink_per_row=per_row, **kw)
 
     def gemm_gate_up(self, x, w13, align, top_k, out):
         """The base gate_up GEMM with this hook's delta inside (no alignment of its own)."""
@@ -179,7 +190,10 @@ class MoELayer(torch.nn.Module):
         topk_w, topk_ids = self.route(x)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
-        align = backend.align(topk_ids, E, backend.block_m(M, k, E, K, I))
+        # Where the first hook folds an op into the base GEMM, the alignment is ordered by LoRA row inside
+        # each expert (same blocks and padding): a tile then spans few LoRA rows.
+        order = hooks[0].fold_order(M, k, K, I) if hooks else None
+        align = backend.align(topk_ids, E, backend.block_m(M, k, E, K, I), order_by=order)
         # The first hook's delta may run inside the base GEMM's epilogue (static shapes decide per op);
         # the others, and any op not fused, run as separate kernels after the GEMM.
         f13 = bool(hooks) and hooks[0].fuses("gate_up", M, k, 2 * I, K)

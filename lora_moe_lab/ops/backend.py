@@ -76,8 +76,13 @@ class Backend(ABC):
         return False
 
     @staticmethod
+    def folded_order_by_row() -> bool:
+        """Where an op is folded: whether the layer orders its alignment by LoRA row (the per-row shrink)."""
+        return False
+
+    @staticmethod
     def moe_gemm_lora_folded(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
-                             adapter_enabled, *, routed_weights=None, gather=True):
+                             adapter_enabled, *, routed_weights=None, gather=True, shrink_per_row=False):
         """`moe_gemm_lora`'s result, computed as a shrink kernel + the base GEMM with the expand folded in."""
         raise NotImplementedError("this backend has no folded LoRA GEMM (use_folded_lora answers False)")
 

@@ -10,6 +10,7 @@ import torch
 
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
+from ..kernels import configs
 from ..kernels.align import moe_align
 from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
                                moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
@@ -35,6 +36,10 @@ class TritonBackend(Backend):
     use_fused_lora = staticmethod(use_fused_lora)  # ... at the sizes where it won (kernels/configs.py)
     moe_gemm_lora_folded = staticmethod(moe_gemm_lora_folded)  # a shrink kernel + the expand in the K loop
     use_folded_lora = staticmethod(use_folded_lora)
+
+    @staticmethod
+    def folded_order_by_row() -> bool:
+        return configs.FOLDED_ORDER_BY_ROW  # read at each call: recordings and tests flip it
     lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
@@ -97,11 +102,11 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
             jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
                          lambda c, al=al: moe_gemm_lora_folded(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
-                config=c)))
+                config=c, shrink_per_row=configs.FOLDED_ORDER_BY_ROW)))
         if fold2:
             jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora_folded(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
-                routed_weights=rw, gather=False, config=c)))
+                routed_weights=rw, gather=False, config=c, shrink_per_row=configs.FOLDED_ORDER_BY_ROW)))
         if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
             jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,

@@ -24,8 +24,8 @@ from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
-IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: t and B through TMA where allowed
-         "folded_ptr": functools.partial(moe_gemm_lora_folded, fold_desc=False)}
+IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: pointer loads in the expand
+         "folded_desc": functools.partial(moe_gemm_lora_folded, fold_desc=True)}  # t and B through TMA if allowed
 
 
 def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
@@ -81,7 +81,7 @@ def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
     assert (codes != 0).all()
     last = LAST_EPILOGUE_LAUNCH["lora_columns"] if impl == "epilogue" else LAST_FOLDED_LAUNCH["shrink_columns"]
     if impl != "epilogue":
-        assert LAST_FOLDED_LAUNCH["fold_desc"] == (impl == "folded")  # R=8 bf16/fp32 rows: TMA-able
+        assert LAST_FOLDED_LAUNCH["fold_desc"] == (impl == "folded_desc")  # R=8 bf16/fp32 rows: TMA-able
     assert last == 2 * 16  # L_POW2 * BLOCK_R
 
 

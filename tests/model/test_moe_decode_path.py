@@ -54,3 +54,37 @@ def test_hook_takes_the_decode_path_from_static_shapes(device):
         ids = torch.zeros(M, k, dtype=torch.int32, device=device)
         hook.prepare(ids)
         assert (hook.align is None) == decode and (hook.topk_ids is ids) == decode  # decode: no alignment
+
+
+@pytest.mark.parametrize("by_row", [True, False])
+def test_folding_orders_the_alignment_by_lora_row(by_row, device, monkeypatch):
+    """Where the first hook folds an op, the layer orders its alignment by LoRA row (per-row build) and the
+    result still matches the reference; with FOLDED_ORDER_BY_ROW off, or nothing folded, it does not."""
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", by_row)
+    lab = _lab(device)
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
+    M, sh = batch.num_tokens, lab.shape
+    assert hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate) is None  # the table folds nothing
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    order = hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate)
+    folds = lab.model.backend.use_folded_lora("down", M, sh.top_k, sh.num_experts, sh.hidden, sh.intermediate)
+    assert (order is tensors.token_lora_mapping) == (folds and by_row)
+    x = lab.random_input(M, seed=2)
+    seen, align = [], lab.model.backend.align  # the layer's own alignment passes order_by; a hook's does not
+
+    def spy(*a, **kw):
+        if "order_by" in kw:
+            seen.append(kw["order_by"])
+        return align(*a, **kw)
+
+    monkeypatch.setattr(type(lab.model.backend), "align", staticmethod(spy))  # model.backend: a new instance
+    lab.model.routing_log = []
+    y = lab.model(x, batch, tensors, guard="launch_always")
+    assert len(seen) == 2 and all((o is tensors.token_lora_mapping) == (folds and by_row) for o in seen)
+    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
+                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
+    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
+    lab.model.routing_log = None
+    assert rel_err(y, want) < fp32_tol(device)
