@@ -237,7 +237,8 @@ def kernels(preset, dev, gen, reps):
                     "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off,
                     # the layer's build (configs.FOLDED_ORDER_BY_ROW): ordered alignment, per-row shrink, pointer
                     # expand; with every adapter enabled, disabled, and its GEMM alone disabled
-                    "rows_ptr": lambda s: folded(s, on, False, True), "rows_ptr_off": lambda s: folded(s, off, False, True),
+                    "rows_ptr": lambda s: folded(s, on, False, True),
+                    "rows_ptr_off": lambda s: folded(s, off, False, True),
                     "gemm_rows_off": lambda s: gemm_off(s, True)}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
