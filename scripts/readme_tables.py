@@ -976,68 +976,117 @@ def kernels_base_block() -> str:
 
 def kernels_fold_block() -> str:
     """Issue 24: the LoRA path folded into the base GEMM against the separate deltas (this lab's run,
-    paired), LoRA's share of the two GEMMs both ways, the differential and the counters."""
+    paired), the layer's build, LoRA's share of the two GEMMs and of the layer, the sessions, the
+    differential and the counters."""
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
     run = bg.load_fold_run()
     t, sh = bg.fold_table(run), bg.gemm_share(run).set_index(["preset", "M"])
+    lay, ses = bg.fold_layer(run), bg.fold_sessions()
     rnd, pre = bg.fold_check()
     Ms = sorted(t.M.unique())
+
+    def ci(g, m, col, f=".2f"):
+        return f"{g.loc[m, col]:{f}} [{g.loc[m, col + '_lo']:{f}}, {g.loc[m, col + '_hi']:{f}}]"
+
     out = [f"The folded LoRA path (`kernels/fused_moe_lora_folded.py`: a shrink kernel, then the base GEMM with the "
            "expand as extra K iterations) against the base GEMM + the separate delta "
-           f"(`scripts/record_kernels_fold.py`, "
-           f"`data/kernels/{run.name}_*`, {run.label}; the meta's commit is stale, the tree was 14ef141: "
-           "data/kernels/README.md): bf16, rank 32, 4 adapters all live, every token with one, CUDA-graph replay, "
-           "20 interleaved paired repetitions, percentile bootstrap 95 %. One device session.", "",
+           f"(`scripts/record_kernels_fold.py`, `data/kernels/{run.name}_*`, {run.label}): bf16, rank 32, 4 adapters "
+           "all live, every token with one, CUDA-graph replay, 20 interleaved paired repetitions, percentile "
+           "bootstrap 95 %. `folded`: the base alignment, all LoRA rows side by side in the shrink, the expand's "
+           "operands through TMA. `rows_ptr`, the layer's build (`configs.FOLDED_ORDER_BY_ROW`): the alignment "
+           "ordered by LoRA row inside each expert, the per-row shrink, pointer loads in the expand.", "",
            "| preset, GEMM | " + " | ".join(f"M={m}" for m in Ms) + " |", "| --- |" + " ---: |" * len(Ms)]
     for (p_, op), g in t.groupby(["preset", "op"], sort=False):
         g = g.set_index("M")
         out.append(f"| {p_} {op}: base GEMM (µs) | " + " | ".join(f"{g.loc[m, 'base_us']:.1f}" for m in Ms) + " |")
-        out.append("| delta: separate / folded (µs) | " + " | ".join(
-            f"{g.loc[m, 'delta_separate_us']:.1f} / {g.loc[m, 'delta_folded_us']:.1f}" for m in Ms) + " |")
-        out.append("| folded / separate | " + " | ".join(
-            f"{g.loc[m, 'folded_over_separate']:.2f} [{g.loc[m, 'folded_over_separate_lo']:.2f}, "
-            f"{g.loc[m, 'folded_over_separate_hi']:.2f}]" for m in Ms) + " |")
-        out.append("| folded GEMM, all disabled / base | " + " | ".join(
-            f"{g.loc[m, 'gemm_off_over_base']:.2f}" + ("" if g.loc[m, "stable"] else " (unstable)") for m in Ms)
+        out.append("| delta: separate / folded / rows_ptr (µs) | " + " | ".join(
+            f"{g.loc[m, 'delta_separate_us']:.1f} / {g.loc[m, 'delta_folded_us']:.1f} / "
+            f"{g.loc[m, 'delta_rows_ptr_us']:.1f}" for m in Ms) + " |")
+        out.append("| folded / separate | " + " | ".join(ci(g, m, "folded_over_separate") for m in Ms) + " |")
+        out.append("| rows_ptr / separate | " + " | ".join(ci(g, m, "rows_ptr_over_separate") for m in Ms) + " |")
+        out.append("| rows_ptr GEMM, all disabled / base | " + " | ".join(
+            f"{g.loc[m, 'gemm_rows_off_over_base']:.2f}" + ("" if g.loc[m, "stable"] else " (unstable)") for m in Ms)
             + " |")
     for p_ in t.preset.unique():
         out.append(f"| {p_}: LoRA's share of the two GEMMs, separate / folded | " + " | ".join(
             f"{100 * sh.loc[(p_, m), 'separate_share']:.0f} / {100 * sh.loc[(p_, m), 'folded_share']:.0f} %"
             for m in Ms) + " |")
+    LM = sorted(lay.M.unique())
+    out += ["", "LoRA's share of one whole MoE layer (router, alignment, both GEMMs, SiLU, top-k sum; graph replay; "
+                "median of the paired per-round shares, bootstrap 95 %), all adapters live unless named:", "",
+            "| preset, LoRA path | " + " | ".join(f"M={m}" for m in LM) + " |", "| --- |" + " ---: |" * len(LM)]
+    for p_, g in lay.groupby("preset", sort=False):
+        g = g.set_index("M")
+        for nm, what in (("separate_all", "separate deltas"), ("folded_all", "both GEMMs folded"),
+                         ("folded_none", "both folded, every adapter disabled"),
+                         ("down_folded", "down GEMM folded"), ("picked_all", "the table's pick")):
+            if g[f"{nm}_share_pct"].notna().all():
+                out.append(f"| {p_}: {what} | " + " | ".join(f"{ci(g, m, f'{nm}_share_pct', '.1f')} %" for m in LM)
+                           + " |")
     wins = int((t.folded_over_separate_hi < 1.0).sum())
-    c = bg.fold_counters(run).set_index(["preset", "op"])
+    rwins = t[t.rows_ptr_over_separate_hi < 1.0]
+    c = bg.fold_counters().set_index(["preset", "op", "arm"])
     q, q4 = "qwen3-30b-a3b", "qwen3-30b-a3b-tp4"
-    out += ["", f"- The folded path is faster than the separate deltas at {wins} of {len(t)} points, so "
-                "`kernels/configs.py: FOLDED_LORA_TOKENS` is empty and the layer keeps the separate deltas.",
+    two = ses[ses.sessions.map(len) > 1]
+    out += ["", f"- `folded` is faster than the separate deltas at {wins} of {len(t)} points; the layer's build "
+                f"at {len(rwins)}: " + (", ".join(f"{r.preset} {r.op} M={r.M}" for r in rwins.itertuples()) or "none")
+            + ". " + _fold_layer_verdict(lay),
+            f"- Device sessions ({', '.join(bg.FOLD_SESSIONS)}): {len(two)} figures recorded in more than one, "
+            f"{int(two.agree.sum())} with overlapping intervals; the largest spread between sessions: " + "; ".join(
+                f"{fig} {g.spread.max():.3f} ({g.loc[g.spread.idxmax(), 'preset']} {g.loc[g.spread.idxmax(), 'op']} "
+                f"M={g.loc[g.spread.idxmax(), 'M']})" for fig, g in two.groupby("figure", sort=False))
+            + ". `analysers.base_gemm.fold_sessions()` lists each.",
             "- Correct against float64: " + ", ".join(
                 f"{int(r.cases)} random cases of the {'folded GEMM' if r.op == 'random_folded' else 'base GEMM builds'}"
                 f" ({int(r.failures)} failures)" for r in rnd.itertuples())
             + f", {len(pre)} cases of the folded path at the presets' shapes "
             f"({int((~pre.ok.astype(bool)).sum())} failures); rows without a live adapter bit for bit the plain "
-            f"GEMM's (`data/kernels/{bg.FOLD_RUN}check_*`).",
-            "- Counters (ncu, M=8192, one launch each): registers per thread "
-            f"{c.loc[(q, 'plain_gate_up'), 'registers']:.0f}"
-            f" → {c.loc[(q, 'folded_gate_up'), 'registers']:.0f} (qwen3 gate_up, plain → folded), "
-            f"{c.loc[(q4, 'plain_gate_up'), 'registers']:.0f} → {c.loc[(q4, 'folded_gate_up'), 'registers']:.0f} "
-            f"(TP=4 gate_up, achieved occupancy {c.loc[(q4, 'plain_gate_up'), 'achieved_occupancy_pct']:.0f} → "
-            f"{c.loc[(q4, 'folded_gate_up'), 'achieved_occupancy_pct']:.0f} %); the shrink at "
-            f"{c.loc[(q, 'shrink_gate_up'), 'registers']:.0f} registers with the tensor pipe "
-            f"{c.loc[(q, 'shrink_gate_up'), 'tensor_pipe_pct']:.0f} % busy (it computes every LoRA row's columns "
-            "and keeps one row's). docs/kernels.md says what would change the verdict.",
-            "- LoRA's share of the whole layer, folded against separate, is not measured: the recording's layer "
-            "section failed on a CUDA error (data/kernels/README.md)."]
+            f"GEMM's (`data/kernels/{run.name}_*`, section check).",
+            f"- Counters (ncu, M=8192, one launch each, `data/kernels/{bg.FOLD_NCU_RUN}_kernels_fold_ncu.csv`): "
+            "registers per thread, plain → folded GEMM, "
+            f"{c.loc[(q, 'plain_gate_up', 'plain'), 'registers']:.0f} → "
+            f"{c.loc[(q, 'folded_gate_up', 'folded_ptr'), 'registers']:.0f} (qwen3 gate_up), "
+            f"{c.loc[(q4, 'plain_gate_up', 'plain'), 'registers']:.0f} → "
+            f"{c.loc[(q4, 'folded_gate_up', 'folded_ptr'), 'registers']:.0f} (TP=4 gate_up, achieved occupancy "
+            f"{c.loc[(q4, 'plain_gate_up', 'plain'), 'achieved_occupancy_pct']:.0f} → "
+            f"{c.loc[(q4, 'folded_gate_up', 'folded_ptr'), 'achieved_occupancy_pct']:.0f} %). The TMA expand: "
+            f"{c.loc[(q, 'folded_gate_up', 'folded'), 'registers']:.0f} registers against "
+            f"{c.loc[(q, 'folded_gate_up', 'folded_ptr'), 'registers']:.0f} for pointer loads, with "
+            f"{c.loc[(q, 'folded_gate_up', 'folded'), 'instructions'] / c.loc[(q, 'folded_gate_up', 'folded_ptr'), 'instructions']:.2f}× "  # noqa: E501
+            "the instructions (qwen3 gate_up). The per-row shrink: "
+            f"{c.loc[(q, 'shrink_gate_up', 'folded_rows'), 'registers']:.0f} registers against "
+            f"{c.loc[(q, 'shrink_gate_up', 'folded'), 'registers']:.0f}, DRAM bytes "
+            f"{c.loc[(q, 'shrink_gate_up', 'folded_rows'), 'dram_bytes_over_floor']:.2f}× its floor against "
+            f"{c.loc[(q, 'shrink_gate_up', 'folded'), 'dram_bytes_over_floor']:.2f}× (x read once per row present). "
+            "docs/kernels.md reads them."]
     return "\n".join(out)
+
+
+def _fold_layer_verdict(lay) -> str:
+    """Why the layer's table folds what it folds, from the layer section's arms."""
+    if lay.down_folded_over_separate.isna().all():
+        return ("`kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing; this run did not time the layer with "
+                "the down GEMM alone folded.")
+    w = lay[lay.down_folded_over_separate_hi < 1.0]
+    return ("In the layer, the down GEMM alone folded (ordered alignment, torch) over the separate deltas: "
+            + ", ".join(f"{r.preset} M={r.M} {r.down_folded_over_separate:.3f} [{r.down_folded_over_separate_lo:.3f}, "
+                        f"{r.down_folded_over_separate_hi:.3f}]" for r in lay.itertuples())
+            + f"; faster at {len(w)} of {len(lay)} sizes. `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing.")
 
 
 def kernels_fold_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
-    t = bg.fold_table()
-    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct, but "
-            f"{t.folded_over_separate.min():.2f}–{t.folded_over_separate.max():.2f}× the time of the base GEMM with "
-            f"the separate delta, slower at {int((t.folded_over_separate_lo > 1).sum())} of {len(t)} points, so the "
-            "layer keeps the separate deltas. `docs/results.md`, block kernels-fold.")
+    t, lay = bg.fold_table(), bg.fold_layer()
+    big = lay[lay.M >= 1024]
+    sep = {p_: g.separate_all_share_pct for p_, g in big.groupby("preset", sort=False)}
+    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; the "
+            f"layer's build beats the separate delta only on the down GEMM at large M "
+            f"({t.rows_ptr_over_separate.min():.2f}–{t[t.op == 'down'].query('M >= 4096').rows_ptr_over_separate.max():.2f}×"  # noqa: E501
+            f" at M ≥ 4096), and the layer keeps the separate deltas. LoRA's share of the layer at M ≥ 1024: "
+            + ", ".join(f"{p_} {v.min():.0f}–{v.max():.0f} %" for p_, v in sep.items())
+            + ". `docs/results.md`, block kernels-fold.")
 
 
 def kernels_base_headline_block() -> str:

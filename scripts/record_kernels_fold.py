@@ -19,14 +19,16 @@ timed region):
            row with the per-row shrink (`folded_rows`; `base_ordered`: the base GEMM on that alignment), the
            folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled; and
            the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer expand), enabled, disabled
-           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`).
+           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`); the base alignment as the layer builds
+           it (`align`, Triton) and ordered by LoRA row (`align_ordered`, torch: the layer's folded build needs it).
            Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
-           disabled), LoRA all active with the committed table's picks (`picked_all`; the layer's own build:
-           configs.FOLDED_ORDER_BY_ROW); interleaved rounds; LoRA's share of the layer per round, its median
-           and bootstrap 95 %.
+           disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
+           table's picks (`picked_all`); folded means the layer's build (configs.FOLDED_ORDER_BY_ROW: the
+           alignment ordered by LoRA row, the per-row shrink, the pointer expand); interleaved rounds;
+           LoRA's share of the layer per round, its median and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink.
 """
@@ -242,6 +244,10 @@ def kernels(preset, dev, gen, reps):
                     "gemm_rows_off": lambda s: gemm_off(s, True)}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            # the base GEMM's alignment as the layer builds it: Triton, and ordered by LoRA row (torch), the
+            # price of the layer's folded build
+            arms["align"] = lambda s: moe_align(s["ids"], E, bm)
+            arms["align_ordered"] = lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])
             med, s_, wc = _interleave(arms, sets, inner, reps)
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians")
                  for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off")}
@@ -269,7 +275,8 @@ def kernels(preset, dev, gen, reps):
                 f"{dfold[0]:7.1f} [{dfold[1]:.1f}, {dfold[2]:.1f}]  folded/sep {fs[0]:.3f} [{fs[1]:.3f}, {fs[2]:.3f}]"
                 f"  tma/ptr {fp[0]:.3f}  rows/sep {fr[0]:.3f} [{fr[1]:.3f}, {fr[2]:.3f}]"
                 f"  rows_ptr/sep {rp[0]:.3f} [{rp[1]:.3f}, {rp[2]:.3f}]  rows_ptr_off/base {r['rows_ptr_off'][0]:.3f}"
-                f"  gemm_rows_off/base {r['gemm_rows_off'][0]:.3f}"
+                f"  gemm_rows_off/base {r['gemm_rows_off'][0]:.3f}  align {med['align']:.1f} ordered "
+                f"{med['align_ordered']:.1f} us"
                 f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
         sets = None
@@ -302,11 +309,13 @@ def layer(preset, dev, reps):
         pool.load(f"a{i}", rank=RANK, seed=i)
     all_ops = {op: frozenset(2 ** i for i in range(15)) for op in ("gate_up", "down")}
     none_ops = {op: frozenset() for op in ("gate_up", "down")}
+    down_ops = {"gate_up": frozenset(), "down": all_ops["down"]}  # the layer's build wins the down GEMM alone
     for M in LAYER_M:
         x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
         arms = {}
         for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
                                     ("folded_all", "all", all_ops), ("folded_none", "none", all_ops),
+                                    ("down_folded", "all", down_ops),
                                     ("picked_all", "all", None)):  # None: the committed table decides
             hooks = []
             if adapters is not None:
@@ -325,15 +334,17 @@ def layer(preset, dev, reps):
         sh_ = {nm: bootstrap_paired(s_[nm], s_["base"], "median_change_pct") for nm in arms if nm != "base"}
         fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
         ps = bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians")
+        dn = bootstrap_paired(s_["down_folded"], s_["separate_all"], "ratio_of_medians")
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
             folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
             picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
+            down_folded_over_separate=dn[0], down_folded_over_separate_lo=dn[1], down_folded_over_separate_hi=dn[2],
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
-            + f"  {wc.note}")
+            + f"  down_folded/separate {dn[0]:.3f} [{dn[1]:.3f}, {dn[2]:.3f}]  {wc.note}")
     torch.cuda.empty_cache()
 
 

@@ -485,25 +485,60 @@ vs.pivot_table(index=["preset", "op"], columns="M", values="direct").round(2)
                "dram_bytes_over_floor", "achieved_occupancy_pct", "l2_hit_pct", "top_stall"]].round(2))
 
 # %% [markdown]
-# ## The LoRA path folded into the base GEMM: measured, not used (recorded on the H200)
+# ## The LoRA path folded into the base GEMM (recorded on the H200)
 # A shrink kernel writes each pair's rank-R intermediate, and the base GEMM adds the expand to its
 # fp32 accumulator as extra K iterations: one BLOCK_R-deep dot per live LoRA row present in the
 # tile. The delta then never reads or writes the output on its own. Below is the recording
-# (`scripts/record_kernels_fold.py`). Each point is the whole GEMM with its delta, folded over
-# separate, paired. Above 1, the separate kernels win. Then the counters that say why.
+# (`scripts/record_kernels_fold.py`): each point is the whole GEMM with its delta, folded over
+# separate, paired; above 1 the separate kernels win. Two builds: `folded` (the alignment as the
+# base GEMM has it, every LoRA row side by side in the shrink, the expand's operands through TMA)
+# and the layer's build `rows_ptr` (the alignment ordered by LoRA row inside each expert, a shrink
+# of one row's rank at a time, pointer loads in the expand).
 
 # %%
 fold = base_gemm.load_fold_run()
 ft = base_gemm.fold_table(fold)
-print(f"recorded: {fold.label} (the tree of 14ef141; data/kernels/README.md); "
-      f"folded faster at {int((ft.folded_over_separate_hi < 1).sum())} of {len(ft)} points")
+print(f"recorded: {fold.label}; faster than the separate deltas (interval below 1): folded at "
+      f"{int((ft.folded_over_separate_hi < 1).sum())} of {len(ft)} points, the layer's build at "
+      f"{int((ft.rows_ptr_over_separate_hi < 1).sum())} ({', '.join(sorted(set(ft[ft.rows_ptr_over_separate_hi < 1].op)))})")
 fold_figure(ft).show()
-base_gemm.fold_counters(fold).round(1)
+ft[["preset", "op", "M", "folded_over_separate", "rows_ptr_over_separate", "rows_ptr_over_separate_lo",
+    "rows_ptr_over_separate_hi", "gemm_rows_off_over_base"]].round(3)
 
 # %% [markdown]
-# **Reading it.** In the build recorded (pointer loads in the expand), the folded GEMM carries the
-# expand's registers even when it skips every row: compare `registers` of `plain_*` and `folded_*` above. At TP=4 gate_up that costs one program per
-# SM (the achieved occupancy halves). The shrink computes all LoRA rows' columns and keeps its own
-# row's, so it sits at the register limit with a busy tensor pipe. `docs/kernels.md` lists what
-# would change the verdict (an alignment ordered by LoRA row inside each expert, a shrink of its
-# own rank, the expand's operands through TMA): built since, not yet timed on a GPU.
+# The same GEMMs in a whole MoE layer, captured as a CUDA graph and replayed: LoRA's share of the
+# layer's time with the separate deltas, with both GEMMs folded, with every adapter disabled on
+# the folded path (what a graph pays when no request has an adapter), and as the layer's table picks.
+
+# %%
+lay = base_gemm.fold_layer(fold)
+wins = lay[lay.down_folded_over_separate_hi < 1]
+print("the down GEMM alone folded beats the separate deltas in the layer at: "
+      + (", ".join(f"{r.preset} M={r.M}" for r in wins.itertuples()) or "no size this run recorded"))
+lay[["preset", "M", "base_us", "separate_all_share_pct", "folded_all_share_pct", "folded_none_share_pct",
+     "down_folded_share_pct", "picked_all_share_pct", "picked_over_separate"]].round(2)
+
+# %% [markdown]
+# And the counters (Nsight Compute, one launch each at M = 8192, never a timing) of the three
+# folded builds beside the plain GEMM at the same tile:
+
+# %%
+fc = base_gemm.fold_counters()
+fc.round(2)
+
+# %% [markdown]
+# **Reading it.** The cells above print every figure named here.
+# - **Where the layer's build wins:** only the down GEMM, and only at large M, where one tile of
+#   the ordered alignment spans one or two LoRA rows and the expand's extra depth is one R instead
+#   of four. The gate_up GEMM loses at every M: its folded GEMM carries the expand's registers and
+#   instructions (`registers`, `instructions` of `plain_gate_up` against `folded_gate_up`), and at
+#   TP=4 that halves the programs per SM (`achieved_occupancy_pct`).
+# - **TMA for the expand's operands lost:** compare `folded` and `folded_ptr` in the counters:
+#   about as many registers, more instructions, a less busy tensor pipe.
+# - **The per-row shrink** drops from 255 to 167 registers and gains occupancy, but reads x once
+#   per row present (`dram_bytes_over_floor` of `shrink_gate_up`).
+# - **In the layer,** the ordered alignment is a torch sort of a few dozen small kernels, where the
+#   base alignment is four Triton launches, and the layer pays it on every folded forward: see
+#   `folded_none_share_pct`, all of it the price of launching and skipping. Where folding the down
+#   GEMM alone still wins in the layer (the line printed above the table), the table could fold it;
+#   `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing yet, so `picked_all` is the separate deltas.

@@ -64,9 +64,21 @@ def test_fold_readers_agree_with_the_recording():
     want = row.delta_separate_us.sum() / row.base_us.sum()
     assert sh.loc[("qwen3-30b-a3b", 8192), "separate_share"] == pytest.approx(want)
     rnd, pre = base_gemm.fold_check()
-    assert set(rnd.op) == {"random_folded", "random_base"} and (rnd.cases >= 1000).all() and len(pre) == 20
+    assert set(rnd.op) == {"random_folded", "random_base"} and (rnd.cases >= 1000).all()
+    assert len(pre) == 40 and set(pre.build) == {"tma", "layer"} and pre.ok.astype(bool).all()
     c = base_gemm.fold_counters()
     assert {"plain_gate_up", "folded_gate_up", "shrink_down"} <= set(c.op)  # the plain GEMM beside the folded
+    assert {"plain", "folded", "folded_ptr", "folded_rows"} == set(c.arm)
+
+
+def test_fold_layer_and_sessions():
+    lay = base_gemm.fold_layer()
+    assert len(lay) == 10 and (lay.separate_all_share_pct_lo <= lay.separate_all_share_pct_hi).all()
+    s = base_gemm.fold_sessions()
+    two = s[s.sessions.map(len) > 1]
+    assert len(two) > 0 and (two.lo <= two.estimate).all() and (two.estimate <= two.hi).all()
+    rnd, pre = base_gemm.fold_check("fold_s1")  # an older run: its differential is its own run
+    assert (rnd.cases >= 1000).all() and len(pre) == 20
 
 
 def test_ncu_parse_names_the_shrink_kernel(tmp_path):

@@ -4,9 +4,11 @@
     run.compare, run.variants, run.ncu    # tidy DataFrames
     versus_peers()                        # the table's kernel against vLLM's tuned kernel (carried figures)
     base_sessions()                       # the headline (table vs rules) in each device session, and between them
-    fold = load_fold_run()                # data/kernels/fold_s1_*: the LoRA path folded into the base GEMM
+    fold = load_fold_run()                # data/kernels/fold_s3_*: the LoRA path folded into the base GEMM
     fold_table(fold), gemm_share(fold)    # folded against the separate deltas; LoRA's share of the two GEMMs
-    fold_counters(fold)                   # the folded GEMM's ncu counters beside the plain GEMM's (base_run3)
+    fold_layer(fold)                      # LoRA's share of the whole MoE layer: separate, folded, the table's pick
+    fold_sessions()                       # the fold headlines in each device session, and between them
+    fold_counters()                       # the folded builds' ncu counters (fold_s2) beside the plain GEMM's
 
 The peers' base-GEMM figures (`data/kernels/peers_base_carried.csv`) come from a side-by-side run of
 vLLM's Triton fused_moe_kernel with its own H200 tables against this lab's kernel as it was then
@@ -31,7 +33,12 @@ from .stats import between_sessions
 BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
 BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
 PEERS_BASE = "peers_base_carried.csv"
-FOLD_RUN = "fold_s1"  # scripts/record_kernels_fold.py: the kernels section (+ ncu); its differential is fold_s1check
+# scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
+# differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
+# of the three folded builds; fold_s3 on time the layer's build (rows_ptr) and the layer's own pick (picked_all).
+FOLD_RUN = "fold_s3"
+FOLD_NCU_RUN = "fold_s2"
+FOLD_SESSIONS = ("fold_s2", "fold_s3")  # device sessions of the same script and arms (rows_ptr from fold_s3)
 
 
 @dataclass
@@ -138,24 +145,74 @@ def load_fold_run(name: str = FOLD_RUN, path: str | Path | None = None) -> BaseR
     return load_base_run(name, path, stem="kernels_fold")
 
 
-def fold_check(name: str = FOLD_RUN + "check", path: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The folded path's differential: (random-case rows: cases, failures, worst; preset rows: M, rel_err, ok)."""
+def fold_check(name: str = FOLD_RUN, path: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The folded path's differential: (random-case rows: cases, failures, worst; preset rows: M, rel_err, ok).
+    From the run's own check section, else its separate differential run (name + "check", as fold_s1)."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    if not (d / f"{name}_kernels_fold.csv").exists() or "check" not in set(load_fold_run(name, path).rows.section):
+        name = name + "check"
     rows = load_fold_run(name, path).rows
     rows = rows[rows.section == "check"]
     rnd = rows.op.astype(str).str.startswith("random")
     return rows[rnd].reset_index(drop=True), rows[~rnd].reset_index(drop=True)
 
 
+def _ci(name: str) -> list[str]:
+    return [name, f"{name}_lo", f"{name}_hi"]
+
+
 def fold_table(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the base GEMM, the separate and folded deltas (µs, the folded one with its
     95 % interval), folded / separate and the folded GEMM with every adapter disabled over the base
-    (both paired ratios with their intervals), and whether the point's repetitions were stable."""
+    (both paired ratios with their intervals), and whether the point's repetitions were stable. Where the
+    run has them (fold_s3 on): the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer
+    expand) over separate, its delta and its GEMM with every adapter disabled over the base; the base
+    alignment (Triton) and the one ordered by LoRA row (torch) in µs. Columns a run lacks are NaN."""
     k = (run or load_fold_run()).section("kernels")
-    cols = ["preset", "op", "M", "base_us", "delta_separate_us", "delta_folded_us", "delta_folded_lo",
-            "delta_folded_hi", "folded_over_separate", "folded_over_separate_lo", "folded_over_separate_hi",
-            "gemm_off_over_base", "gemm_off_over_base_lo", "gemm_off_over_base_hi", "folded_off_over_base",
-            "stable"]
-    return k[cols].reset_index(drop=True)
+    cols = (["preset", "op", "M", "base_us", "delta_separate_us", "delta_folded_us", "delta_folded_lo",
+             "delta_folded_hi"] + _ci("folded_over_separate") + _ci("gemm_off_over_base")
+            + ["folded_off_over_base", "folded_over_ptr"] + _ci("rows_ptr_over_separate")
+            + ["delta_rows_ptr_us", "delta_rows_ptr_lo", "delta_rows_ptr_hi"] + _ci("gemm_rows_off_over_base")
+            + ["rows_ptr_off_over_base", "align_us", "align_ordered_us", "stable"])
+    return k.reindex(columns=cols).reset_index(drop=True)
+
+
+def fold_layer(run: BaseRun | None = None) -> pd.DataFrame:
+    """Per (preset, M): one MoE layer's time without LoRA (µs) and LoRA's share of it (%, median of the
+    paired per-round shares, bootstrap 95 %) with the separate deltas, folded everywhere, folded with every
+    adapter disabled, only the down GEMM folded (`down_folded`, fold_s4 on) and as the committed table picks
+    (`picked_all`, fold_s3 on); folded, down_folded and picked over separate (paired ratios). Columns a run
+    lacks are NaN."""
+    k = (run or load_fold_run()).section("layer")
+    cols = ["preset", "M", "base_us"]
+    for nm in ("separate_all", "folded_all", "folded_none", "down_folded", "picked_all"):
+        cols += _ci(f"{nm}_share_pct")
+    cols += _ci("folded_over_separate") + _ci("down_folded_over_separate") + _ci("picked_over_separate") + ["stable"]
+    return k.reindex(columns=cols).reset_index(drop=True)
+
+
+def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The fold headlines per (figure, preset, op, M) in each device session that has them and between them
+    (stats.between_sessions: mean of the estimates, union of the intervals, `agree`): folded / separate and
+    the layer's build / separate (kernels), LoRA's share of the layer with the separate deltas and as picked."""
+    figs = {}
+    for name in names:
+        run = load_fold_run(name, path)
+        t, lay = fold_table(run), fold_layer(run)
+        for col, df, op in (("folded_over_separate", t, True), ("rows_ptr_over_separate", t, True),
+                            ("separate_all_share_pct", lay, False), ("picked_all_share_pct", lay, False),
+                            ("down_folded_over_separate", lay, False)):
+            for _, x in df.iterrows():
+                if x[col] == x[col]:
+                    key = (col, x.preset, x.op if op else "layer", int(x.M))
+                    figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
+    rows = []
+    for (col, pre, op, M), got in figs.items():
+        b = between_sessions(*[g[1] for g in got])
+        rows.append(dict(figure=col, preset=pre, op=op, M=M, sessions=[g[0] for g in got],
+                         per_session=[round(float(g[1][0]), 3) for g in got], estimate=b["estimate"], lo=b["lo"],
+                         hi=b["hi"], spread=b["spread"], agree=b["agree"]))
+    return pd.DataFrame(rows)
 
 
 def gemm_share(run: BaseRun | None = None) -> pd.DataFrame:
@@ -170,13 +227,15 @@ def gemm_share(run: BaseRun | None = None) -> pd.DataFrame:
 
 
 def fold_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: int = 8192) -> pd.DataFrame:
-    """The folded path's kernels under ncu at M (shrink and GEMM, both presets and GEMMs) beside the
+    """The folded path's kernels under ncu at M (shrink and GEMM per build: `folded` TMA expand, `folded_ptr`
+    pointer expand, `folded_rows` ordered alignment + per-row shrink; both presets and GEMMs) beside the
     plain GEMM at the same tile (the canonical base run's `table` arm): registers, achieved occupancy,
-    tensor pipe, DRAM, top stall. Counters of one profiled launch each, never a timing."""
-    run, base = run or load_fold_run(), base or load_base_run()
-    cols = ["preset", "op", "kernel", "registers", "achieved_occupancy_pct", "tensor_pipe_pct", "dram_pct_peak",
-            "dram_bytes_over_floor", "top_stall"]
-    f = run.ncu[run.ncu.M == M][cols].copy()
-    b = base.ncu[(base.ncu.M == M) & (base.ncu.arm == "table") & base.ncu.op.str.startswith("base_")][cols].copy()
-    b["op"] = "plain_" + b.op.str[len("base_"):]
-    return pd.concat([b, f]).sort_values(["preset", "op"]).reset_index(drop=True)
+    tensor pipe, DRAM, instructions, top stall. Counters of one profiled launch each, never a timing."""
+    run, base = run or load_fold_run(FOLD_NCU_RUN), base or load_base_run()
+    cols = ["preset", "op", "arm", "kernel", "duration_us", "registers", "achieved_occupancy_pct", "tensor_pipe_pct",
+            "dram_pct_peak", "dram_bytes_over_floor", "instructions", "top_stall"]
+    f = run.ncu[run.ncu.M == M].reindex(columns=cols)
+    b = base.ncu[(base.ncu.M == M) & (base.ncu.arm == "table") & base.ncu.op.str.startswith("base_")]
+    b = b.reindex(columns=cols)
+    b["op"], b["arm"] = "plain_" + b.op.str[len("base_"):], "plain"
+    return pd.concat([b, f]).sort_values(["preset", "op", "arm"]).reset_index(drop=True)
