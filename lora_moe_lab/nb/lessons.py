@@ -113,6 +113,13 @@ def _iv(lo, hi, fmt="{:.0f}") -> str:
     return "[" + fmt.format(lo) + ", " + fmt.format(hi) + "]"
 
 
+def needs_retime(row, min_tokens: int | None, *, gpu: bool = True) -> bool:
+    """Whether a live point has no figure where the lesson must hold: its repetitions never settled (GPU clocks
+    still moving), so the notebook times it once more, with twice the repetitions, before the verdict."""
+    return bool(gpu and min_tokens is not None and int(row["tokens"]) >= min_tokens
+                and not np.isfinite(row["us_per_sync"]))
+
+
 def guard_verdict(row, min_tokens: int, *, gpu: bool = True) -> Verdict:
     """Whether sync must be slower than cpu_flag at this point, whether it is, and why, in words
     that quote the row's numbers. On a CPU nothing must hold: there is no device queue to drain."""

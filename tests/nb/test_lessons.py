@@ -51,6 +51,15 @@ def test_a_live_contradiction_raises_with_its_numbers():
     assert not L.guard_verdict(row, 128, gpu=False).must_hold  # a CPU never asserts a GPU bubble
 
 
+def test_an_unsettled_must_hold_point_is_timed_again():
+    """No figure (the repetitions never settled) where the lesson must hold: time again; elsewhere, or with a
+    figure, or on a CPU, or with no recording to say where it must hold: do not."""
+    row = {"tokens": 128, "us_per_sync": float("nan")}
+    assert L.needs_retime(row, 128)
+    assert not L.needs_retime(row, 256) and not L.needs_retime(row, None) and not L.needs_retime(row, 128, gpu=False)
+    assert not L.needs_retime({"tokens": 128, "us_per_sync": 117.0}, 128)
+
+
 def test_lesson_min_tokens_reads_the_recording():
     p = load_guards().paired("sync", "cpu_flag")
     m = L.lesson_min_tokens(p)
