@@ -12,9 +12,11 @@ the data - so the whole path can be captured in a CUDA graph, and nothing is rea
 A token whose slot is -1 (request without adapter) belongs to no slot.
 
 `order_by` (M,) int32 (the folded LoRA path's LoRA row per token, -1 first) orders the pairs inside each
-expert group by that key (stable: token order within one key) without changing anything else: the same
-padding, expert_ids and num_tokens_post_padded as without it, so the base GEMM's blocks are the same;
-a block then spans few LoRA rows. The torch implementation does it (the Triton one has no such key).
+expert group by that key without changing anything else: the same padding, expert_ids and
+num_tokens_post_padded as without it, so the base GEMM's blocks are the same; a block then spans few
+LoRA rows. Both implementations do it. The torch one keeps token order within one key (a stable sort);
+the Triton one counts per (group, key) instead of per group, one more small launch, and keys from
+ORDER_KEYS - 2 up share its last run (still a valid alignment, only less ordered).
 """
 from __future__ import annotations
 
@@ -57,9 +59,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
               order_by: torch.Tensor | None = None) -> Alignment:
     """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0. order_by:
     see the module docstring (torch implementation on every device)."""
-    if TRITON_ON_CUDA and topk_ids.is_cuda and order_by is None:
-        return moe_align_triton(topk_ids, num_experts, block_m, token_slot, num_slots)
+    if TRITON_ON_CUDA and topk_ids.is_cuda:
+        return moe_align_triton(topk_ids, num_experts, block_m, token_slot, num_slots, order_by)
     return moe_align_torch(topk_ids, num_experts, block_m, token_slot, num_slots, order_by)
+
+
+def _check_order_by(order_by, M: int) -> None:
+    if order_by is not None and (order_by.shape != (M,) or order_by.dtype != torch.int32):
+        raise ValueError(f"order_by must be an int32 ({M},) tensor, got {order_by.dtype} {tuple(order_by.shape)}")
 
 
 def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
@@ -67,8 +74,7 @@ def moe_align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                     order_by: torch.Tensor | None = None) -> Alignment:
     """The torch implementation (sync-free, static shapes; CPU and reference)."""
     M, k, n, EM, nb = _geometry(topk_ids, token_slot, num_experts, block_m)
-    if order_by is not None and (order_by.shape != (M,) or order_by.dtype != torch.int32):
-        raise ValueError(f"order_by must be an int32 ({M},) tensor, got {order_by.dtype} {tuple(order_by.shape)}")
+    _check_order_by(order_by, M)
     dev, S, E, BM = topk_ids.device, num_slots, num_experts, block_m
     expert = topk_ids.reshape(-1).long()
     if token_slot is None:
@@ -141,6 +147,37 @@ def _align_count_kernel(topk_ids_ptr, token_slot_ptr, counts_ptr, rank_ptr, n, t
 
 
 @triton.jit
+def _align_count_ordered_kernel(topk_ids_ptr, token_slot_ptr, order_ptr, sub_counts_ptr, rank_ptr, n, top_k, E,
+                                NK: tl.constexpr, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
+    # As _align_count_kernel, one counter per (group, key): sub_counts[(slot * E + expert) * NK + key] += 1,
+    # key = order_by[token] + 1 clamped to [0, NK); the value before the increment is the pair's rank in its run.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    e, s, ok = _pair_block(topk_ids_ptr, token_slot_ptr, offs, n, top_k, HAS_SLOT, BLOCK)
+    key = _order_key(order_ptr, offs, ok, top_k, NK)
+    r = tl.atomic_add(sub_counts_ptr + (s * E + e) * NK + key, tl.full([BLOCK], 1, tl.int32), mask=ok)
+    tl.store(rank_ptr + offs, r, mask=ok)
+
+
+@triton.jit
+def _order_key(order_ptr, offs, ok, top_k, NK: tl.constexpr):
+    key = tl.load(order_ptr + offs // top_k, mask=ok, other=-1) + 1  # -1 (no LoRA row) -> 0: those pairs first
+    return tl.minimum(tl.maximum(key, 0), NK - 1)
+
+
+@triton.jit
+def _align_key_offsets_kernel(sub_counts_ptr, counts_ptr, G, NK: tl.constexpr, BLOCK_G: tl.constexpr):
+    # Per group: its size (counts[g], what the layout kernel pads) and where each key's run starts inside it
+    # (an exclusive prefix sum over the NK keys, written over the counts it was read from).
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    mg = g < G
+    j = tl.arange(0, NK)
+    p = sub_counts_ptr + g[:, None] * NK + j[None, :]
+    c = tl.load(p, mask=mg[:, None], other=0)
+    tl.store(p, tl.cumsum(c, 1) - c, mask=mg[:, None])
+    tl.store(counts_ptr + g, tl.sum(c, 1), mask=mg)
+
+
+@triton.jit
 def _align_layout_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr, n, E, EM, nb,
                          chunk, chunk_nb, BM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
     # Program (slot, part): padded group offsets of the slot (a prefix sum over E counts, cheap
@@ -171,25 +208,35 @@ def _align_layout_kernel(counts_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, ntp
 
 @triton.jit
 def _align_scatter_kernel(topk_ids_ptr, token_slot_ptr, rank_ptr, starts_ptr, sorted_ptr, n, top_k, E, EM,
-                          HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
+                          order_ptr, key_start_ptr, HAS_SLOT: tl.constexpr, ORDERED: tl.constexpr,
+                          NK: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     e, s, ok = _pair_block(topk_ids_ptr, token_slot_ptr, offs, n, top_k, HAS_SLOT, BLOCK)
     r = tl.load(rank_ptr + offs, mask=ok, other=0)
+    if ORDERED:  # the pair's place: its group's start + its key's run start in the group + its rank in the run
+        key = _order_key(order_ptr, offs, ok, top_k, NK)
+        r += tl.load(key_start_ptr + (s * E + e) * NK + key, mask=ok, other=0)
     start = tl.load(starts_ptr + s * E + e, mask=ok, other=0)
     tl.store(sorted_ptr + s.to(tl.int64) * EM + start + r, offs, mask=ok)
 
 
+ORDER_KEYS = 64  # per-(group, key) counters of the ordered Triton alignment: LoRA rows -1 .. 61 get a run each
+
+
 def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-                     token_slot: torch.Tensor | None = None, num_slots: int = 1) -> Alignment:
-    """`moe_align` in three Triton kernels (plus one memset); same shapes, no host sync."""
+                     token_slot: torch.Tensor | None = None, num_slots: int = 1,
+                     order_by: torch.Tensor | None = None) -> Alignment:
+    """`moe_align` in three Triton kernels (plus one memset; with order_by four); same shapes, no host sync."""
     M, k, n, EM, nb = _geometry(topk_ids, token_slot, num_experts, block_m)
+    _check_order_by(order_by, M)
     dev, S, E, BM = topk_ids.device, num_slots, num_experts, block_m
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     if token_slot is not None:
         slot = token_slot.to(torch.int32).contiguous()
     else:
         slot = ids  # dummy pointer, never read
-    counts = torch.zeros(S * E, dtype=torch.int32, device=dev)
+    ordered, NK = order_by is not None, ORDER_KEYS
+    counts = (torch.empty if ordered else torch.zeros)(S * E, dtype=torch.int32, device=dev)  # ordered: summed
     rank = torch.empty(max(n, 1), dtype=torch.int32, device=dev)
     starts = torch.empty(S * E, dtype=torch.int32, device=dev)
     sorted_ids = torch.empty(S, EM, dtype=torch.int32, device=dev)
@@ -197,7 +244,16 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     ntpp = torch.empty(S, dtype=torch.int32, device=dev)
     BLOCK = 256
     has_slot = token_slot is not None
-    _align_count_kernel[(triton.cdiv(n, BLOCK),)](ids, slot, counts, rank, n, k, E, HAS_SLOT=has_slot, BLOCK=BLOCK)
+    if ordered:
+        order = order_by.contiguous()
+        key_start = torch.zeros(S * E * NK, dtype=torch.int32, device=dev)  # counts per (group, key), then starts
+        _align_count_ordered_kernel[(triton.cdiv(n, BLOCK),)](ids, slot, order, key_start, rank, n, k, E, NK=NK,
+                                                              HAS_SLOT=has_slot, BLOCK=BLOCK)
+        _align_key_offsets_kernel[(triton.cdiv(S * E, 16),)](key_start, counts, S * E, NK=NK, BLOCK_G=16)
+    else:
+        order = key_start = ids  # dummy pointers, never read
+        _align_count_kernel[(triton.cdiv(n, BLOCK),)](ids, slot, counts, rank, n, k, E, HAS_SLOT=has_slot,
+                                                      BLOCK=BLOCK)
     parts = max(1, min(64, triton.cdiv(EM, 4 * BLOCK)))
     chunk = triton.cdiv(triton.cdiv(EM, parts), BLOCK) * BLOCK
     block_e = max(16, triton.next_power_of_2(E))
@@ -206,6 +262,7 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int,
     chunk_nb = triton.cdiv(triton.cdiv(nb, parts), fill_block) * fill_block
     _align_layout_kernel[(S, parts)](counts, starts, sorted_ids, expert_ids, ntpp, n, E, EM, nb, chunk, chunk_nb,
                                      BM=BM, BLOCK_E=block_e, BLOCK=fill_block)
-    _align_scatter_kernel[(triton.cdiv(n, BLOCK),)](ids, slot, rank, starts, sorted_ids, n, k, E, EM,
-                                                    HAS_SLOT=has_slot, BLOCK=BLOCK)
+    _align_scatter_kernel[(triton.cdiv(n, BLOCK),)](ids, slot, rank, starts, sorted_ids, n, k, E, EM, order,
+                                                    key_start, HAS_SLOT=has_slot, ORDERED=ordered, NK=NK,
+                                                    BLOCK=BLOCK)
     return Alignment(sorted_ids, expert_ids, ntpp, BM)

@@ -462,10 +462,13 @@ def test_alignment_comparison_ignores_order_inside_groups_only():
 
 
 def test_alignment_ordered_by_lora_row_keeps_the_blocks():
+    """The torch alignment with order_by: same blocks, pairs by (LoRA row, token) inside a group (a stable
+    sort; the Triton one orders by row only: test_triton_alignment_ordered_by_lora_row)."""
+    from lora_moe_lab.kernels.align import moe_align_torch
     g = torch.Generator().manual_seed(11)
     ids = routing(g, 60, 5, 3)
     rows = torch.randint(-1, 4, (60,), generator=g, dtype=torch.int32)
-    a, b = moe_align(ids.to(DEV), 5, 16), moe_align(ids.to(DEV), 5, 16, order_by=rows.to(DEV))
+    a, b = moe_align(ids.to(DEV), 5, 16), moe_align_torch(ids.to(DEV), 5, 16, order_by=rows.to(DEV))
     assert_same_alignment(a, b)  # same padding, expert ids and groups: only the order inside a group moves
     st, ex = b.sorted_token_ids[0].cpu(), b.expert_ids[0].cpu().repeat_interleave(16)
     for e in range(5):
@@ -474,6 +477,37 @@ def test_alignment_ordered_by_lora_row_keeps_the_blocks():
         assert torch.equal(key, key.sort().values), f"expert {e}: not ordered by (LoRA row, pair)"
     with pytest.raises(ValueError, match="order_by must be an int32"):
         moe_align(ids.to(DEV), 5, 16, order_by=rows.long().to(DEV))
+
+
+@settings(HYP, max_examples=20 if not CUDA else 10)
+@given(data=st.data())
+def test_triton_alignment_ordered_by_lora_row(data):
+    """The Triton alignment with order_by: the torch one's blocks, padding, expert ids and groups, and inside
+    each (slot, expert) group the pairs by LoRA row (-1 first); rows past ORDER_KEYS - 2 share the last run."""
+    from lora_moe_lab.kernels.align import ORDER_KEYS, moe_align_torch, moe_align_triton
+    E = data.draw(st.integers(1, 24), label="E")
+    k = data.draw(st.integers(1, min(E, 8)), label="top_k")
+    M = data.draw(st.integers(1, 40), label="M")
+    S = data.draw(st.integers(1, 3), label="S")
+    L = data.draw(st.sampled_from([1, 4, ORDER_KEYS + 3]), label="lora rows")
+    bm = data.draw(st.sampled_from([16, 32]), label="bm")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2 ** 30), label="seed"))
+    ids = routing(g, M, k, E).to(DEV)
+    slot = torch.randint(-1, S, (M,), generator=g).int().to(DEV) if data.draw(st.booleans(), label="slots") else None
+    rows = torch.randint(-1, L, (M,), generator=g, dtype=torch.int32).to(DEV)
+    S_ = S if slot is not None else 1
+    want = moe_align_torch(ids, E, bm, slot, S_, order_by=rows)
+    got = moe_align_triton(ids, E, bm, slot, S_, order_by=rows)
+    assert_same_alignment(want, got)
+    key = (rows.cpu().long() + 1).clamp(max=ORDER_KEYS - 1)  # the Triton alignment's run per token
+    for s_ in range(S_):
+        st_, ex = got.sorted_token_ids[s_].cpu().long(), got.expert_ids[s_].cpu().repeat_interleave(bm)
+        for e in range(E):
+            pairs = st_[(ex == e) & (st_ < M * k)]
+            kk = key[pairs // k]
+            assert torch.equal(kk, kk.sort().values), f"slot {s_} expert {e}: pairs not ordered by LoRA row"
+    with pytest.raises(ValueError, match="order_by must be an int32"):
+        moe_align_triton(ids, E, bm, order_by=rows.long())
 
 
 @settings(HYP, max_examples=30 if not CUDA else 10)
