@@ -234,9 +234,10 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
 # expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the
-# epilogue. Empty: on the H200 its layer build wins only the down GEMM at M >= 4096 (0.82-0.96x the
-# separate delta, data/kernels/fold_s3_*), and in the layer the ordered alignment it needs is a torch
-# sort (scripts/record_kernels_fold.py, section layer; docs/kernels.md says why).
+# epilogue. Empty: on the H200 its layer build wins only the down GEMM at M >= 4096 (0.81-0.97x the
+# separate delta, data/kernels/fold_s3_*, fold_s4_*), and in the layer the ordered alignment it needed
+# (then a torch sort, 76-244 us) cost more than that: the layer with the down GEMM folded was 1.015-1.571x
+# (fold_s4, section layer). The Triton alignment orders too since; not yet timed (docs/kernels.md).
 FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R

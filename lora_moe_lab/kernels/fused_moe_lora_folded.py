@@ -23,10 +23,11 @@ of an all-disabled launch: under CUDA-graph capture both kernels launch uncondit
 GPU decides (the zero-cost guard). The shrink writes only the rows of pairs with a live adapter;
 the GEMM masks every other row of t to zero.
 
-Measured on the H200 (data/kernels/fold_s2_*, fold_s3_*; docs/kernels.md): on the base alignment it is
-slower than the separate deltas at every size. The layer's build (an alignment ordered by LoRA row,
-`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only, and the
-layer pays the ordered alignment (torch) on top, so configs.FOLDED_LORA_TOKENS folds nothing.
+Measured on the H200 (data/kernels/fold_s2_* .. fold_s4_*; docs/kernels.md): on the base alignment it
+is slower than the separate deltas at every size. The layer's build (an alignment ordered by LoRA row,
+`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only, and as
+recorded the layer paid the ordered alignment (then torch) on top, so configs.FOLDED_LORA_TOKENS folds
+nothing.
 """
 import torch
 import triton

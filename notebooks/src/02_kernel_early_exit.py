@@ -503,7 +503,7 @@ print(f"recorded: {fold.label}; faster than the separate deltas (interval below 
       f"{int((ft.rows_ptr_over_separate_hi < 1).sum())} ({', '.join(sorted(set(ft[ft.rows_ptr_over_separate_hi < 1].op)))})")
 fold_figure(ft).show()
 ft[["preset", "op", "M", "folded_over_separate", "rows_ptr_over_separate", "rows_ptr_over_separate_lo",
-    "rows_ptr_over_separate_hi", "gemm_rows_off_over_base"]].round(3)
+    "rows_ptr_over_separate_hi", "gemm_rows_off_over_base", "align_us", "align_ordered_us"]].round(3)
 
 # %% [markdown]
 # The same GEMMs in a whole MoE layer, captured as a CUDA graph and replayed: LoRA's share of the
@@ -537,8 +537,10 @@ fc.round(2)
 #   about as many registers, more instructions, a less busy tensor pipe.
 # - **The per-row shrink** drops from 255 to 167 registers and gains occupancy, but reads x once
 #   per row present (`dram_bytes_over_floor` of `shrink_gate_up`).
-# - **In the layer,** the ordered alignment is a torch sort of a few dozen small kernels, where the
-#   base alignment is four Triton launches, and the layer pays it on every folded forward: see
-#   `folded_none_share_pct`, all of it the price of launching and skipping. Where folding the down
+# - **In the layer,** the recorded ordered alignment was a torch sort of a few dozen small kernels,
+#   where the base alignment is four Triton launches (`align_us`, `align_ordered_us` in the
+#   recording), and the layer paid it on every folded forward: see `folded_none_share_pct`, all of it
+#   the price of launching and skipping. The Triton alignment orders by LoRA row too since; the next
+#   recording times it. Where folding the down
 #   GEMM alone still wins in the layer (the line printed above the table), the table could fold it;
 #   `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing yet, so `picked_all` is the separate deltas.

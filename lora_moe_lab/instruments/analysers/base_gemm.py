@@ -4,7 +4,7 @@
     run.compare, run.variants, run.ncu    # tidy DataFrames
     versus_peers()                        # the table's kernel against vLLM's tuned kernel (carried figures)
     base_sessions()                       # the headline (table vs rules) in each device session, and between them
-    fold = load_fold_run()                # data/kernels/fold_s3_*: the LoRA path folded into the base GEMM
+    fold = load_fold_run()                # data/kernels/fold_s4_*: the LoRA path folded into the base GEMM
     fold_table(fold), gemm_share(fold)    # folded against the separate deltas; LoRA's share of the two GEMMs
     fold_layer(fold)                      # LoRA's share of the whole MoE layer: separate, folded, the table's pick
     fold_sessions()                       # the fold headlines in each device session, and between them
@@ -35,10 +35,12 @@ BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compa
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
-# of the three folded builds; fold_s3 on time the layer's build (rows_ptr) and the layer's own pick (picked_all).
-FOLD_RUN = "fold_s3"
+# of the three folded builds; fold_s3 on time the layer's build (rows_ptr) and the layer's own pick (picked_all);
+# fold_s4 (kernels and layer only) adds the two alignments side by side and the layer with the down GEMM folded.
+FOLD_RUN = "fold_s4"
+FOLD_CHECK_RUN = "fold_s3"  # the latest differential (fold_s4 ran no check section)
 FOLD_NCU_RUN = "fold_s2"
-FOLD_SESSIONS = ("fold_s2", "fold_s3")  # device sessions of the same script and arms (rows_ptr from fold_s3)
+FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4")  # device sessions of the same script (rows_ptr from fold_s3 on)
 
 
 @dataclass
@@ -145,7 +147,7 @@ def load_fold_run(name: str = FOLD_RUN, path: str | Path | None = None) -> BaseR
     return load_base_run(name, path, stem="kernels_fold")
 
 
-def fold_check(name: str = FOLD_RUN, path: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fold_check(name: str = FOLD_CHECK_RUN, path: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The folded path's differential: (random-case rows: cases, failures, worst; preset rows: M, rel_err, ok).
     From the run's own check section, else its separate differential run (name + "check", as fold_s1)."""
     d = Path(path) if path is not None else KERNELS_DIR
