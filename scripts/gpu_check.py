@@ -25,8 +25,13 @@ copies the JSON back into the tree as prev/ before the next call:
     PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args "--ignore=tests/nb"
     PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args tests/nb \\
         --merge prev/gpu_check_<commit>.json
-    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what notebooks \\
+    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what notebooks --notebooks-tar \\
         --merge prev/gpu_check_<commit>.json
+
+Give the notebooks a call of their own (about 4 minutes on an H200), and carry the wheels folder to every
+call. The log is rewritten after every notebook, so a call that ends midway keeps the notebooks that ran
+(the rest are named NOT RUN YET and count as failed); --notebooks-tar brings the executed copies back in one
+file.
 
 --merge refuses (exit 2, naming both) a JSON of another commit, or of another dirty state: the parts
 must have tested one tree. The parts cover the whole suite when together they run every test file
@@ -45,6 +50,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -303,23 +309,34 @@ def lesson_lines(executed: Path) -> list[str]:
     return lines
 
 
-def run_notebooks(build: Path, only: list[str] | None) -> dict:
+def notebook_summary(recs: list[dict], build: Path, t0: float, pending: list[str]) -> dict:
+    """The notebooks' part of the log: per notebook its record, the 1 MB rule and its lesson lines; `pending`:
+    the notebooks not run yet (a log written midway, or a run cut short), counted as failed."""
+    for r in recs:
+        r["within_1MB"] = 0 < r["bytes"] <= LIMIT_BYTES
+        r["lesson"] = lesson_lines(build / f"{r['notebook']}.ipynb")
+    return dict(seconds=round(time.time() - t0, 1), notebooks=recs, pending=pending,
+                passed=sum(r["status"] == "passed" for r in recs),
+                failed=sum(r["status"] != "passed" for r in recs) + len(pending),
+                over_1MB=[r["notebook"] for r in recs if not r["within_1MB"]])
+
+
+def run_notebooks(build: Path, only: list[str] | None, after=None) -> dict:
+    """Every notebook live with the GPU parameters; after(summary) runs after each one with the notebooks
+    still to run as `pending` (main writes the log there, so a device call cut short keeps what ran)."""
     from lora_moe_lab.nb import runner
 
     nbs = runner.notebooks(only)
     say(f"notebooks live with notebooks/params/gpu.yaml: {', '.join(p.stem for p in nbs)}")
     t0 = time.time()
-    recs = runner.run_all(nbs, build, "gpu", keep_going=True)
+    names = [p.stem for p in nbs]
+    each = None if after is None else (lambda recs: after(notebook_summary(recs, build, t0, names[len(recs):])))
+    recs = runner.run_all(nbs, build, "gpu", keep_going=True, on_each=each)
     try:
         runner.html_report([build / p.name for p in nbs if (build / p.name).exists()], build)
     except Exception as e:  # noqa: BLE001 - the report is a convenience here; the check is the notebooks
         say(f"HTML report failed: {type(e).__name__}: {e}")
-    for r in recs:
-        r["within_1MB"] = 0 < r["bytes"] <= LIMIT_BYTES
-        r["lesson"] = lesson_lines(build / f"{r['notebook']}.ipynb")
-    return dict(seconds=round(time.time() - t0, 1), notebooks=recs,
-                passed=sum(r["status"] == "passed" for r in recs), failed=sum(r["status"] != "passed" for r in recs),
-                over_1MB=[r["notebook"] for r in recs if not r["within_1MB"]])
+    return notebook_summary(recs, build, t0, [])
 
 
 def part_lines(t: dict, label: str = "") -> list[str]:
@@ -377,6 +394,8 @@ def write_log(out: Path, doc: dict) -> Path:
             L += [f"  {r['notebook']}: {r['status']}, {r['seconds']:.0f} s, executed {r['bytes'] / 1e3:.0f} kB"
                   f"{'' if r['within_1MB'] else ' (OVER 1 MB)'}" + (f"; {r['error']}" if r["error"] else "")]
             L += [f"    | {l}" for l in r["lesson"]]
+        if n.get("pending"):
+            L += [f"  NOT RUN YET (counted as failed; a log written before they ran): {', '.join(n['pending'])}"]
     bad, whole = tally(doc)
     held = [k for k in ("tests", "notebooks") if doc.get(k)]
     L += ["", f"== {'0 failed' if not bad else f'{bad} FAILED'}"
@@ -407,6 +426,8 @@ def main(argv=None) -> int:
                     "earlier call at the same commit (and dirty state; else refused, exit 2): this run's log keeps "
                     "its pytest parts and notebooks, and adds or replaces its own (default, except with --what all: "
                     "the one in --out, if any)")
+    ap.add_argument("--notebooks-tar", action="store_true", help="also write the executed notebooks as one "
+                    "gpu_check_<commit>_notebooks.tar.gz in --out (a device call returns few files; default: off)")
     ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU (to try the script; the log says cpu)")
     argv = list(sys.argv[1:] if argv is None else argv)
     words = []  # "--pytest-args -x" as "--pytest-args=-x": argparse takes a value that starts with '-' for an option
@@ -453,7 +474,19 @@ def main(argv=None) -> int:
         part = dict(run_tests(build, shlex.split(a.pytest_args), a.test_timeout), ran=ran(meta, command))
         doc["tests"] = add_part(doc.get("tests"), part)
     if a.what in ("all", "notebooks"):
-        doc["notebooks"] = dict(run_notebooks(build / "notebooks", a.only), ran=ran(meta, command))
+        def partial(summary):  # the log after every notebook: a call cut short keeps what ran
+            doc["notebooks"] = dict(summary, ran=ran(meta, command))
+            write_log(out, doc)
+
+        doc["notebooks"] = dict(run_notebooks(build / "notebooks", a.only, after=partial), ran=ran(meta, command))
+        if a.notebooks_tar:
+            tar = out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}_notebooks.tar.gz"
+            with tarfile.open(tar, "w:gz") as tf:
+                for r in doc["notebooks"]["notebooks"]:
+                    f = build / "notebooks" / f"{r['notebook']}.ipynb"
+                    if f.exists():
+                        tf.add(f, arcname=f.name)
+            say(f"executed notebooks: {tar}")
     log = write_log(out, doc)
     say(f"log: {log}")
     print(log.read_text().splitlines()[-1])

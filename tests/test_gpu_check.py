@@ -113,7 +113,7 @@ def fake_gpu_machine(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, f"{len(cases)} passed\n", "")
 
     monkeypatch.setattr(gc, "subprocess", types.SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired))
-    monkeypatch.setattr(gc, "run_notebooks", lambda build, only: json.loads(json.dumps(NBS)))
+    monkeypatch.setattr(gc, "run_notebooks", lambda build, only, after=None: json.loads(json.dumps(NBS)))
     return calls
 
 
@@ -208,3 +208,37 @@ def test_parts_that_are_not_the_whole_suite_fail_the_verdict(tmp_path):
     old = dict(part([]), scope="pytest --ignore=tests/nb")
     del old["args"]
     assert [p["args"] for p in gc.test_parts(old)] == [["--ignore=tests/nb"]]
+
+
+def test_a_notebook_run_cut_short_keeps_its_log(tmp_path, fake_gpu_machine, monkeypatch):
+    """The log is written after every notebook: a device call that ends midway (here: killed after the first
+    notebook) leaves the notebooks that ran in the log, and names the rest as not run (counted as failed)."""
+    def cut(build, only, after=None):
+        done = json.loads(json.dumps(NBS))
+        after(dict(done, pending=["02_kernel_early_exit"], failed=done["failed"] + 1))
+        raise KeyboardInterrupt  # the call's time limit
+
+    monkeypatch.setattr(gc, "run_notebooks", cut)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check(tmp_path, "o", "--what", "notebooks")
+    text = (tmp_path / "o" / "gpu_check_abc1234.log").read_text()
+    assert "    | M=4096: ok" in text and "NOT RUN YET (counted as failed" in text and "02_kernel_early_exit" in text
+    assert text.splitlines()[-1].startswith("== 1 FAILED")
+
+
+def test_notebooks_tar_goes_to_out(tmp_path, fake_gpu_machine):
+    assert gpu_check(tmp_path, "o", "--what", "notebooks", "--notebooks-tar") == 0
+    assert (tmp_path / "o" / "gpu_check_abc1234_notebooks.tar.gz").is_file()
+
+
+def test_run_notebooks_reports_after_each_with_the_rest_pending(tmp_path, monkeypatch):
+    from lora_moe_lab.nb import runner
+
+    nbs = [Path(f"{n}.ipynb") for n in ("01_a", "02_b", "03_c")]
+    monkeypatch.setattr(runner, "notebooks", lambda only: nbs)
+    monkeypatch.setattr(runner, "execute", lambda nb, out, params, kind: (out / nb.name).write_text('{"cells": []}'))
+    monkeypatch.setattr(runner, "html_report", lambda files, out: None)
+    seen = []
+    got = gc.run_notebooks(tmp_path, None, after=lambda s: seen.append((s["passed"], s["pending"], s["failed"])))
+    assert seen == [(1, ["02_b", "03_c"], 2), (2, ["03_c"], 1), (3, [], 0)]
+    assert got["passed"] == 3 and got["pending"] == [] and got["failed"] == 0

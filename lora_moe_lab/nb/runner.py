@@ -205,9 +205,10 @@ def lab(port: int) -> None:
     os.execv(sys.executable, args)
 
 
-def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False) -> list[dict]:
+def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False, on_each=None) -> list[dict]:
     """Execute the notebooks in turn; one record each (name, status, seconds, bytes, device, error),
-    also written to out/run.json. Without keep_going the first failure raises."""
+    also written to out/run.json. Without keep_going the first failure raises. on_each(records), when
+    given, runs after every notebook (the GPU check writes its log there: a run cut short keeps what ran)."""
     params = params_for(kind)
     kind = resolve_kind(kind)
     records = []
@@ -230,6 +231,8 @@ def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False) -> 
         big = " (over the 1 MB rule)" if rec["bytes"] > NB_LIMIT_BYTES else ""
         print(f"  {rec['status']} in {rec['seconds']:.1f} s, {rec['bytes'] / 1e3:.0f} kB{big} -> {out / nb.name}"
               + (f"\n  {rec['error']}" if rec["error"] else ""), flush=True)
+        if on_each is not None:
+            on_each(records)
     return records
 
 
