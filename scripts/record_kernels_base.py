@@ -24,8 +24,9 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
            percentile-bootstrap 95 % interval.
   --ncu-run  one launch of each counted target (targets.json): the base GEMMs at M=16 and 8192 with
-           the table's tile and the rules', and the LoRA deltas at M=8192 (rank 32, 4 adapters all
-           enabled), between cudaProfilerStart/Stop so ncu counts only those.
+           the table's tile and the rules', and the LoRA deltas as the layer runs them: the decode kernel at
+           M=16, the aligned kernel at M=1024 and 8192 (rank 32, 4 adapters all enabled), between
+           cudaProfilerStart/Stop so ncu counts only those.
 The candidate tiles include every tile of the vLLM table (its values are public facts: the tile
 numbers only, no code), so the sweep can only match or beat it on this kernel.
 """
@@ -340,8 +341,9 @@ def ncu_run(out, dev, gen):
     from dataclasses import replace
 
     from lora_moe_lab.instruments.recorders.kernel_cases import S, RANK
-    from lora_moe_lab.kernels.configs import lora_block_m
+    from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config
     from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+    from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 
     targets = []
     launches = []
@@ -357,28 +359,41 @@ def ncu_run(out, dev, gen):
                     launches.append(c.fn(op, bm, replace(as_config(t), **kw)))
                     targets.append(dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"base_{op}", arm=a,
                                         tile=tile_str(bm, t) + ("/masked" if kw else ""), flops=c.flops(op), cls=c))
-        c = Case(preset, 8192, dev, gen)
-        E, K, I, k = c.E, c.K, c.I, c.k
-        bml = lora_block_m(8192, k, E, S)
-        slot = torch.randint(0, S, (8192,), generator=gen, device=dev, dtype=torch.int32)
-        al = moe_align(c.ids, E, bml, slot, S)
-        lora_ids = torch.arange(S, dtype=torch.int32, device=dev)
-        enabled = torch.ones(S, dtype=torch.int32, device=dev)
-        a13 = (torch.randn(2, S, E, RANK, K, generator=gen, device=dev) * K ** -0.5).to(BF)
-        b13 = (torch.randn(2, S, E, I, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
-        a2 = (torch.randn(1, S, E, RANK, I, generator=gen, device=dev) * I ** -0.5).to(BF)
-        b2 = (torch.randn(1, S, E, K, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
-        launches.append(lambda c=c, al=al, a13=a13, b13=b13: lora_delta(c.x, a13, b13, al, lora_ids, enabled, k,
-                                                                         c.inter))
-        launches.append(lambda c=c, al=al, a2=a2, b2=b2: lora_delta(c.h, a2, b2, al, lora_ids, enabled, k, c.down,
-                                                                     routed_weights=c.rw, gather=False))
-        used = int(torch.unique(slot.long().repeat_interleave(k) * E + c.ids.flatten().long()).numel())
-        n_pairs = 8192 * k
-        for op, n, kk, P in (("lora_gate_up", I, K, 2), ("lora_down", K, I, 1)):
-            floor = used * P * (RANK * kk + n * RANK) * 2 + (8192 if op == "lora_gate_up" else n_pairs) * kk * 2 \
-                + 2 * n_pairs * P * n * 2
-            targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=8192, op=op, arm="table",
-                                tile="", byte_floor=floor))
+        # The LoRA deltas as the layer runs them: the decode kernel at M = 16 (no alignment), the aligned kernel
+        # at M = 1024 and 8192 (the down delta with its own tile table), every token with one of 4 adapters.
+        for M, path in ((16, "decode"), (1024, "aligned"), (8192, "aligned")):
+            c = Case(preset, M, dev, gen)
+            E, K, I, k = c.E, c.K, c.I, c.k
+            slot = torch.randint(0, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+            lora_ids = torch.arange(S, dtype=torch.int32, device=dev)
+            enabled = torch.ones(S, dtype=torch.int32, device=dev)
+            a13 = (torch.randn(2, S, E, RANK, K, generator=gen, device=dev) * K ** -0.5).to(BF)
+            b13 = (torch.randn(2, S, E, I, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
+            a2 = (torch.randn(1, S, E, RANK, I, generator=gen, device=dev) * I ** -0.5).to(BF)
+            b2 = (torch.randn(1, S, E, K, RANK, generator=gen, device=dev) * RANK ** -0.5).to(BF)
+            if path == "decode":
+                launches.append(lambda c=c, s_=slot, a=a13, b=b13, li=lora_ids, en=enabled: lora_delta_decode(
+                    c.x, a, b, c.ids, s_, li, en, c.inter))
+                launches.append(lambda c=c, s_=slot, a=a2, b=b2, li=lora_ids, en=enabled: lora_delta_decode(
+                    c.h, a, b, c.ids, s_, li, en, c.down, routed_weights=c.rw, gather=False))
+                kernel = "lora_decode_kernel"
+            else:
+                bml = lora_block_m(M, k, E, S)
+                al = moe_align(c.ids, E, bml, slot, S)
+                cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+                launches.append(lambda c=c, al=al, a=a13, b=b13, li=lora_ids, en=enabled: lora_delta(
+                    c.x, a, b, al, li, en, k, c.inter))
+                launches.append(lambda c=c, al=al, a=a2, b=b2, li=lora_ids, en=enabled, cfg2=cfg2: lora_delta(
+                    c.h, a, b, al, li, en, k, c.down, routed_weights=c.rw, gather=False, config=cfg2))
+                kernel = "fused_moe_lora_kernel"
+            used = int(torch.unique(slot.long().repeat_interleave(k) * E + c.ids.flatten().long()).numel())
+            n_pairs = M * k
+            for op, n, kk, P in (("lora_gate_up", I, K, 2), ("lora_down", K, I, 1)):
+                # used A and B slices once, x once per row (gate_up: tokens; down: pairs), out read and written
+                floor = used * P * (RANK * kk + n * RANK) * 2 + (M if op == "lora_gate_up" else n_pairs) * kk * 2 \
+                    + 2 * n_pairs * P * n * 2
+                targets.append(dict(kernel=kernel, preset=preset, M=M, op=op, arm=path if path == "decode" else "table",
+                                    tile="", byte_floor=floor))
     for f in launches:  # compile and warm every target first
         f()
     torch.cuda.synchronize()
@@ -423,7 +438,8 @@ def _num(v):
         return float("nan")
 
 
-KERNEL_NAMES = ("lora_shrink_kernel", "fused_moe_lora_kernel", "fused_moe_kernel")  # matched in this order
+KERNEL_NAMES = ("lora_shrink_kernel", "lora_decode_kernel", "fused_moe_lora_kernel",  # matched in this order
+                "fused_moe_kernel")
 
 
 def ncu_parse(raw_csv, out, stem="kernels_base_ncu"):
