@@ -138,17 +138,22 @@ def counters_figure(ncu, title: str = "Nsight Compute: DRAM bytes against the by
 
 
 def fold_figure(t, title: str = "The folded LoRA path against the separate deltas (H200, paired, 95 %)"):
-    """folded / separate per M for each (preset, GEMM), with its bootstrap interval, from
-    analysers.base_gemm.fold_table: above 1 the separate deltas are faster."""
+    """(base + folded delta) / (base + separate delta) per M for each (preset, GEMM) and build, with its
+    bootstrap interval, from analysers.base_gemm.fold_table: `folded` dotted, the layer's build `rows_ptr`
+    solid where the run has it. Above 1 the separate deltas are faster."""
     fig = go.Figure()
+    builds = [("folded_over_separate", "folded", "dot")]
+    if "rows_ptr_over_separate" in t and t["rows_ptr_over_separate"].notna().any():
+        builds.append(("rows_ptr_over_separate", "rows_ptr", "solid"))
     for (pre, op), g in t.groupby(["preset", "op"], sort=False):
         g = g.sort_values("M")
-        fig.add_trace(go.Scatter(
-            x=g["M"], y=g["folded_over_separate"], mode="markers+lines",
-            name=f"{pre.replace('qwen3-30b-a3b', 'q3')} {op}",
-            error_y=dict(type="data", symmetric=False, array=g["folded_over_separate_hi"] - g["folded_over_separate"],
-                         arrayminus=g["folded_over_separate"] - g["folded_over_separate_lo"])))
+        for col, build, dash in builds:
+            fig.add_trace(go.Scatter(
+                x=g["M"], y=g[col], mode="markers+lines", line=dict(dash=dash),
+                name=f"{pre.replace('qwen3-30b-a3b', 'q3')} {op} {build}",
+                error_y=dict(type="data", symmetric=False, array=g[f"{col}_hi"] - g[col],
+                             arrayminus=g[col] - g[f"{col}_lo"])))
     fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
     fig.update_layout(title=title, xaxis_title="tokens per batch (M)", xaxis_type="log",
-                      yaxis_title="(base + folded delta) / (base + separate delta)", height=420, plot_bgcolor="white")
+                      yaxis_title="(base + folded delta) / (base + separate delta)", height=460, plot_bgcolor="white")
     return fig
