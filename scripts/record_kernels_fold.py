@@ -19,8 +19,10 @@ timed region):
            row with the per-row shrink (`folded_rows`; `base_ordered`: the base GEMM on that alignment), the
            folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled; and
            the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer expand), enabled, disabled
-           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`); the base alignment as the layer builds
-           it (`align`, Triton) and ordered by LoRA row (`align_ordered`, torch: the layer's folded build needs it).
+           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`), and with a register cap of 128
+           (`rows_ptr_cap`: two programs of 8 warps per SM, as the plain GEMM at TP=4 gate_up); the base
+           alignment as the layer builds it (`align`) and ordered by LoRA row (`align_ordered`: the layer's
+           folded build needs it; Triton since ce2b959, the torch sort before).
            Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
@@ -39,6 +41,7 @@ import json
 import os
 import random
 import time
+from dataclasses import replace
 
 import torch
 
@@ -224,9 +227,15 @@ def kernels(preset, dev, gen, reps):
                     lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
                                **({} if gu else dict(config=cfg2)))
 
-            def folded(s, en, desc=True, rows=False):
+            # the GEMM's tile with a register cap of 128 per thread: two programs of 8 warps per SM, the plain
+            # GEMM's occupancy where it has <= 128 registers (TP=4 gate_up: 95, folded 154; ncu, fold_s2)
+            n_op, k_op = (2 * I, K) if gu else (K, I)
+            cap = replace(configs.gemm_config(M, bm, n_op, k_op, E), max_regs=128)
+
+            def folded(s, en, desc=True, rows=False, cfg=None):
                 moe_gemm_lora_folded(s[X], w, s["al_ord" if rows else "al"], k, s[O], a, b, s["slot"], lids, en,
-                                     routed_weights=s["rw_op"], gather=gu, fold_desc=desc, shrink_per_row=rows)
+                                     routed_weights=s["rw_op"], gather=gu, fold_desc=desc, shrink_per_row=rows,
+                                     config=cfg)
 
             def gemm_off(s, rows=False):  # rows: the layer's build (ordered alignment, pointer expand)
                 moe_gemm(s[X], w, s["al_ord" if rows else "al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
@@ -241,7 +250,8 @@ def kernels(preset, dev, gen, reps):
                     # expand; with every adapter enabled, disabled, and its GEMM alone disabled
                     "rows_ptr": lambda s: folded(s, on, False, True),
                     "rows_ptr_off": lambda s: folded(s, off, False, True),
-                    "gemm_rows_off": lambda s: gemm_off(s, True)}
+                    "gemm_rows_off": lambda s: gemm_off(s, True),
+                    "rows_ptr_cap": lambda s: folded(s, on, False, True, cap)}
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             # the base GEMM's alignment as the layer builds it: Triton, and ordered by LoRA row (torch), the
@@ -252,6 +262,7 @@ def kernels(preset, dev, gen, reps):
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians")
                  for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off")}
             rp = bootstrap_paired(s_["rows_ptr"], s_["separate"], "ratio_of_medians")  # the layer's build / separate
+            rc = bootstrap_paired(s_["rows_ptr_cap"], s_["rows_ptr"], "ratio_of_medians")  # register cap 128 / none
             drp = bootstrap_paired(s_["rows_ptr"], s_["base"], "median_diff")
             fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
             fp = bootstrap_paired(s_["folded"], s_["folded_ptr"], "ratio_of_medians")  # TMA expand / pointer expand
@@ -269,14 +280,15 @@ def kernels(preset, dev, gen, reps):
                 folded_rows_over_separate_hi=fr[2],
                 rows_ptr_over_separate=rp[0], rows_ptr_over_separate_lo=rp[1], rows_ptr_over_separate_hi=rp[2],
                 delta_rows_ptr_us=drp[0], delta_rows_ptr_lo=drp[1], delta_rows_ptr_hi=drp[2],
+                cap_over_rows_ptr=rc[0], cap_over_rows_ptr_lo=rc[1], cap_over_rows_ptr_hi=rc[2],
                 **{f"{nm}_over_base{sfx}": r[nm][j] for nm in r for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
             log(f"kernels {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  +sep {dsep[0]:7.1f}  +folded "
                 f"{dfold[0]:7.1f} [{dfold[1]:.1f}, {dfold[2]:.1f}]  folded/sep {fs[0]:.3f} [{fs[1]:.3f}, {fs[2]:.3f}]"
                 f"  tma/ptr {fp[0]:.3f}  rows/sep {fr[0]:.3f} [{fr[1]:.3f}, {fr[2]:.3f}]"
                 f"  rows_ptr/sep {rp[0]:.3f} [{rp[1]:.3f}, {rp[2]:.3f}]  rows_ptr_off/base {r['rows_ptr_off'][0]:.3f}"
-                f"  gemm_rows_off/base {r['gemm_rows_off'][0]:.3f}  align {med['align']:.1f} ordered "
-                f"{med['align_ordered']:.1f} us"
+                f"  gemm_rows_off/base {r['gemm_rows_off'][0]:.3f}  cap128/rows_ptr {rc[0]:.3f}"
+                f"  align {med['align']:.1f} ordered {med['align_ordered']:.1f} us"
                 f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
         sets = None

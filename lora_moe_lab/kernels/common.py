@@ -134,3 +134,8 @@ def check_routed_weights(rw, num_pairs: int, top_k: int, device) -> None:
         raise ValueError(f"routed_weights must be (M, top_k)=({num_pairs // top_k}, {top_k}), got {tuple(rw.shape)}")
 
 
+def reg_cap(max_regs: int) -> dict:
+    """A register cap per thread for ptxas (`maxnreg`) as a launch option, only where one is set and a GPU
+    compiles: registers decide how many programs fit on an SM (65536 per SM: 128 per thread for two programs
+    of 8 warps, or four of 4). Above what the kernel needs it changes nothing; below, ptxas spills."""
+    return {"maxnreg": max_regs} if max_regs and not runtime.interpreter() else {}

@@ -25,6 +25,8 @@ class GemmConfig:
     num_stages: int = 3
     w_desc: bool = False  # weight tiles through a TMA descriptor (kernels/fused_moe.py), where w allows it
     even: bool = True  # predicate-free loads where K, N are tile multiples; False only to measure the masked loads
+    max_regs: int = 0  # register cap per thread (maxnreg, common.reg_cap); 0 = the compiler's choice. Not in the
+    # tile tables: record_kernels_fold times the folded GEMM capped to the plain one's programs per SM
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
-                     check_tensor, num_pairs_of, stages_for)
+                     check_tensor, num_pairs_of, reg_cap, stages_for)
 from .configs import GemmConfig, gemm_config
 
 
@@ -283,6 +283,6 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
-        num_warps=cfg.num_warps, num_stages=stages, **fold_kw,
+        num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **reg_cap(cfg.max_regs),
     )
     return out

@@ -36,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
+from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
-                     check_tensor, num_pairs_of, num_sms, occupancy, pow2, stages_for)
+                     check_tensor, num_pairs_of, num_sms, occupancy, pow2, reg_cap, stages_for)
 from .configs import LoRAKernelConfig, block_r, lora_config
 
 # The exit codes the kernel writes with WRITE_EXIT (the rule itself is in the kernel below and, for
@@ -265,9 +265,7 @@ _RESOURCES: dict = {}  # compiled-kernel key -> registers per thread and shared 
 
 
 def _reg_cap(cfg) -> dict:
-    """A register cap per thread for ptxas (`maxnreg`), only where one is configured and a GPU compiles:
-    registers decide how many programs fit on an SM (65536 per SM: 128 per thread for 4 programs of 4 warps)."""
-    return {"maxnreg": cfg.max_regs} if cfg.max_regs and not runtime.interpreter() else {}
+    return reg_cap(cfg.max_regs)  # common.reg_cap: 128 per thread lets 4 programs of 4 warps share an SM
 
 
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None,

@@ -86,6 +86,15 @@ def test_moe_gemm_tma_and_even_tiles(M, K, N, E, top_k, gather, with_rw, w_desc)
                    config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc))
 
 
+def test_moe_gemm_with_a_register_cap():
+    """max_regs reaches ptxas as maxnreg on a GPU (nothing under the interpreter) and changes no result."""
+    from lora_moe_lab import runtime
+    from lora_moe_lab.kernels.common import reg_cap
+    assert reg_cap(0) == {} and reg_cap(128) == ({} if runtime.interpreter() else {"maxnreg": 128})
+    check_moe_gemm(5, 9, 64, 64, 8, 2, True, True, torch.float32,
+                   config=GemmConfig(block_n=32, block_k=32, group_m=2, num_warps=4, num_stages=2, max_regs=128))
+
+
 def test_tma_ok_needs_aligned_contiguous_rows():
     assert fused_moe.tma_ok(torch.zeros(2, 8, 16, device=DEV))
     assert not fused_moe.tma_ok(torch.zeros(2, 8, 16, device=DEV).transpose(1, 2))

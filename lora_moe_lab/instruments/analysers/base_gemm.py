@@ -169,13 +169,14 @@ def fold_table(run: BaseRun | None = None) -> pd.DataFrame:
     (both paired ratios with their intervals), and whether the point's repetitions were stable. Where the
     run has them (fold_s3 on): the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer
     expand) over separate, its delta and its GEMM with every adapter disabled over the base; the base
-    alignment (Triton) and the one ordered by LoRA row (torch) in µs. Columns a run lacks are NaN."""
+    alignment and the one ordered by LoRA row in µs (fold_s4 on); the layer's build with a register cap of
+    128 over without (`cap_over_rows_ptr`, from the run after fold_s4). Columns a run lacks are NaN."""
     k = (run or load_fold_run()).section("kernels")
     cols = (["preset", "op", "M", "base_us", "delta_separate_us", "delta_folded_us", "delta_folded_lo",
              "delta_folded_hi"] + _ci("folded_over_separate") + _ci("gemm_off_over_base")
             + ["folded_off_over_base", "folded_over_ptr"] + _ci("rows_ptr_over_separate")
             + ["delta_rows_ptr_us", "delta_rows_ptr_lo", "delta_rows_ptr_hi"] + _ci("gemm_rows_off_over_base")
-            + ["rows_ptr_off_over_base", "align_us", "align_ordered_us", "stable"])
+            + ["rows_ptr_off_over_base"] + _ci("cap_over_rows_ptr") + ["align_us", "align_ordered_us", "stable"])
     return k.reindex(columns=cols).reset_index(drop=True)
 
 
