@@ -91,7 +91,7 @@ def main() -> int:
         sh("nvidia-smi -L; nvidia-smi topo -m; python3 -c 'import torch, triton; print(torch.__version__, "
            "triton.__version__, torch.cuda.device_count())'", log)
         if a.stage == "smoke":  # the prefill tests on the GPU: checked_region with sync debug mode on
-            sh(f"{sys.executable} -m pytest -q -x -p no:cacheprovider tests/instruments/test_prefill.py", log)
+            sh(f"{sys.executable} -m pytest -q -x -p no:cacheprovider tests/instruments/recorders/test_prefill.py", log)
         for task in STAGES[a.stage]:
             name, *_, need = task
             left = (deadline - time.monotonic()) / 60

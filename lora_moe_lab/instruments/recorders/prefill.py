@@ -15,8 +15,8 @@ chunk, per guard. What it measures per prefill:
 Why the host must never sync here: with `cpu_flag` the host issues chunk after chunk while the GPU
 is still busy with earlier ones, so the GPU queue never drains. The per-chunk batch metadata is
 built from Python lists (LoRABatchTensors.from_batch: one pinned, non-blocking copy) and the
-per-chunk clock is CUDA events that are only read after the whole prefill. tests/instruments/
-test_prefill.py runs a whole prefill inside `checked_region()` to prove it.
+per-chunk clock is CUDA events that are only read after the whole prefill.
+tests/instruments/recorders/test_prefill.py runs a whole prefill inside `checked_region()` to prove it.
 
 CLI (one CSV row per guard x adapter mode x repetition, a .meta.json beside it, a summary table):
 

@@ -13,7 +13,7 @@ from lora_moe_lab.instruments.analysers.recordings import CHECK_COLUMNS, SAMPLE_
 from lora_moe_lab.model.guards import guard_names
 from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.instruments.recorders.profiling import profile_forwards
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 FIX = os.path.join(HERE, "fixtures")
 ROOT = os.path.dirname(HERE)
 _spec = importlib.util.spec_from_file_location("synth_traces", os.path.join(FIX, "synth_traces.py"))

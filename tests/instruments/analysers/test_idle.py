@@ -10,7 +10,7 @@ from lora_moe_lab.instruments.analysers import idle as I
 from lora_moe_lab.instruments.analysers import trace as T
 from lora_moe_lab.ui import idle_plots as P
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 FIX = os.path.join(HERE, "fixtures")
 TRACES = os.path.join(os.path.dirname(HERE), "data", "traces")
 _spec = importlib.util.spec_from_file_location("synth_traces", os.path.join(FIX, "synth_traces.py"))

@@ -8,7 +8,7 @@ from helpers import load_script
 
 from lora_moe_lab.instruments.analysers import production_runs as PR
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

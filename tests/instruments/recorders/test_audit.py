@@ -256,7 +256,7 @@ def test_profiled_call_analysis_on_a_recorded_shape_trace():
     from lora_moe_lab.instruments.recorders import audit as A
     from lora_moe_lab.instruments.analysers import trace as T
 
-    t = T.load_trace(os.path.join(os.path.dirname(__file__), "..", "fixtures", "model_sync_L4.json.gz"))
+    t = T.load_trace(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "model_sync_L4.json.gz"))
     a = t.annotations
     f0 = t.forwards.sort_values("start_ns").iloc[0]
     layers = a[a["name"].str.startswith("moe_layer") & (a["start_ns"] < f0["end_ns"])].reset_index(drop=True)

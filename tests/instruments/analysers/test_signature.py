@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "fixtures"))
 from synth_traces import hand_trace, model_trace  # noqa: E402
 
 from lora_moe_lab.instruments.analysers import signature as S, trace as T
