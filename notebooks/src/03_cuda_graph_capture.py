@@ -131,6 +131,24 @@ assert (replay.rel_err_vs_eager < 1e-6).all(), replay
 replay
 
 # %% [markdown]
+# **A graph holds addresses, not tensors.** `CapturedForward` keeps its static buffers (`cap.x`,
+# `cap.tensors`) as attributes, and every replay reads them at the addresses they had during capture.
+# Anything a graph reads must outlive it. A buffer that only the captured function referenced is freed
+# when that function goes. The caching allocator then hands its memory to the next tensor, and the
+# replay quietly reads that tensor's data as its token ids and slots. No error is guaranteed, and a
+# memory checker sees nothing, because every address is still allocated, just to someone else. The lab's
+# own recorder hit exactly this (`data/kernels/README.md`, the fold_s1 layer crash), and `GraphForward`
+# now keeps its callable for that reason. The cell below checks that the buffers are owned.
+
+# %%
+if LIVE:
+    owned = {"x": cap.x, "token_lora_mapping": cap.tensors.token_lora_mapping}
+    print("static buffers held by the captured forward:",
+          ", ".join(f"{k} {tuple(v.shape)} at 0x{v.data_ptr():x}" for k, v in owned.items()))
+else:
+    print("no GPU: no graph here; on a GPU this cell prints the static buffers the captured forward holds")
+
+# %% [markdown]
 # ## What replay buys
 # Eager forward per guard vs a graph replay of the same forward, 48 layers, from the canonical
 # guards recording (`data/guards/`, the same one the README and notebooks 01 and 04 read):
