@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab.config import LoRAConfig, get_shape
+from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
@@ -44,9 +44,8 @@ from lora_moe_lab.kernels.empty import flag_exit_kernel
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
-from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from lora_moe_lab.model.moe import LoRAHook, MoELayer
-from lora_moe_lab.ops import get_backend
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import rel, tolerance
 
@@ -247,12 +246,7 @@ def _paired_layer(preset, dev, deadline, Ms, cases, section, reps=31):
     """One MoE layer per case (name -> (adapters per token or None for the base layer, LoRA rows or
     None)), captured once each and replayed interleaved `reps` times; returns per M the per-round
     times per call of each case (us) and writes nothing."""
-    sh = get_shape(preset)
-    backend = get_backend("triton", dev)
-    layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
-    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
-    for i in range(S):
-        pool.load(f"a{i}", rank=RANK, seed=i)
+    sh, backend, layer, pool = kc.lora_layer(preset, dev)
     for M in Ms:
         if time.time() > deadline:
             log(f"  {section} cut at {preset} M={M} (budget)")

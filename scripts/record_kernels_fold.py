@@ -45,7 +45,7 @@ from dataclasses import replace
 
 import torch
 
-from lora_moe_lab.config import LoRAConfig, get_shape
+from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
@@ -59,12 +59,10 @@ from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
-from lora_moe_lab.model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from lora_moe_lab.model.moe import LoRAHook, MoELayer
-from lora_moe_lab.ops import get_backend
+from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
+from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
-from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 KERNEL_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
@@ -147,25 +145,14 @@ def _fold_case(rng, g, dev, i):
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
     K, N = rng.choice((64, 128, 192)), rng.choice((64, 96))  # N per slice: 96 puts a 64-wide tile across slices
     cfg = DIFF_TILES[i % 2]
-
-    def rnd(*s_, std=1.0):
-        return (torch.randn(*s_, generator=g, device=dev) * std).to(BF)
-
-    x, w = rnd(M if gather else M * k, K), rnd(E, P * N, K, std=K ** -0.5)
-    a, b = rnd(P, S, E, R, K, std=K ** -0.5), rnd(P, S, E, N, R, std=R ** -0.5)
-    rw, ids = route(M, E, k, g, dev)
-    rw = None if gather else rw
-    mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
-    lids = torch.tensor([rng.choice(list(range(S)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
-    en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
-    d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
-    d, live = d.to(dev), (codes == 0).to(dev)
+    c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=P, gather=gather)
     # 0: TMA expand, 1: pointer expand, 2 and 3: the alignment ordered by LoRA row and the per-row shrink, with the
     # TMA expand (2) and the pointer expand (3: the layer's build)
     v = i % 4
-    al = moe_align(ids, E, bm, order_by=mapping if v >= 2 else None)
-    out, base = _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg, desc=v in (0, 2), rows=v >= 2)
-    return _verdict(out, base, ref_gemm(x, w, ids, k, rw, gather) + d, live)
+    al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if v >= 2 else None)
+    out, base = _fold_run(c["x"], c["w"], al, k, c["a"], c["b"], c["mapping"], c["lids"], c["en"], c["rw"], gather,
+                          cfg, desc=v in (0, 2), rows=v >= 2)
+    return _verdict(out, base, c["ref"], c["live"])
 
 
 def _base_case(rng, g, dev, i):
@@ -313,12 +300,7 @@ def _interleave(arms, sets, inner, reps):
 
 # ------------------------------------------------------------------------------------------------
 def layer(preset, dev, reps):
-    sh = get_shape(preset)
-    backend = get_backend("triton", dev)
-    lay = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
-    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
-    for i in range(S):
-        pool.load(f"a{i}", rank=RANK, seed=i)
+    sh, backend, lay, pool = kc.lora_layer(preset, dev)
     all_ops = {op: frozenset(2 ** i for i in range(15)) for op in ("gate_up", "down")}
     none_ops = {op: frozenset() for op in ("gate_up", "down")}
     down_ops = {"gate_up": frozenset(), "down": all_ops["down"]}  # the layer's build wins the down GEMM alone

@@ -26,7 +26,7 @@ import torch
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, log_rows, route, row
+from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, log_rows, row
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path
@@ -34,7 +34,6 @@ from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
-from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
@@ -76,19 +75,9 @@ def fused_check(dev, gen, n_random):
         M, E, k, Sn = rng.randint(1, 40), rng.choice((4, 9)), rng.randint(1, 4), rng.randint(1, 4)
         L, R, bm = rng.randint(1, Sn), rng.choice((8, 16, 32)), rng.choice((16, 32, 64, 128))
         K, N = rng.choice((37, 96, 208)), rng.choice((45, 64, 96))
-        rnd = lambda *s_, std=1.0: (torch.randn(*s_, generator=g, device=dev) * std).to(dtype)  # noqa: E731
-        x, w = rnd(M if gather else M * k, K), rnd(E, P * N, K, std=K ** -0.5)
-        a, b = rnd(P, Sn, E, R, K, std=K ** -0.5), rnd(P, Sn, E, N, R, std=R ** -0.5)
-        rw, ids = route(M, E, k, g, dev)
-        rw = None if gather else rw
-        mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
-        lids = torch.tensor([rng.choice(list(range(Sn)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
-        en_ = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
-        d, live = kc.ref_lora_delta_rows(x, a, b, ids, mapping, lids, en_, routed_weights=rw, gather=gather)
-        d, live = d.to(dev), (live == 0).to(dev)
-        al = moe_align(ids, E, bm)
-        err, same = _fused_case(x, w, al, k, a, b, mapping, lids, en_, rw, gather,
-                                (ref_gemm(x, w, ids, k, rw, gather) + d, live))
+        c = kc.random_lora_case(rng, g, dev, dtype, M=M, E=E, k=k, L=L, S=Sn, R=R, K=K, N=N, P=P, gather=gather)
+        err, same = _fused_case(c["x"], c["w"], moe_align(c["ids"], E, bm), k, c["a"], c["b"], c["mapping"],
+                                c["lids"], c["en"], c["rw"], gather, (c["ref"], c["live"]))
         key = str(dtype)[6:]
         worst[key] = max(worst.get(key, 0.0), err)
         fails += not (err < tolerance(dtype, dev) and same)

@@ -151,9 +151,9 @@ def fold_check(name: str = FOLD_CHECK_RUN, path: str | Path | None = None) -> tu
     """The folded path's differential: (random-case rows: cases, failures, worst; preset rows: M, rel_err, ok).
     From the run's own check section, else its separate differential run (name + "check", as fold_s1)."""
     d = Path(path) if path is not None else KERNELS_DIR
-    if not (d / f"{name}_kernels_fold.csv").exists() or "check" not in set(load_fold_run(name, path).rows.section):
-        name = name + "check"
-    rows = load_fold_run(name, path).rows
+    rows = load_fold_run(name, path).rows if (d / f"{name}_kernels_fold.csv").exists() else None
+    if rows is None or not (rows.section == "check").any():
+        rows = load_fold_run(name + "check", path).rows
     rows = rows[rows.section == "check"]
     rnd = rows.op.astype(str).str.startswith("random")
     return rows[rnd].reset_index(drop=True), rows[~rnd].reset_index(drop=True)

@@ -108,6 +108,38 @@ def differential(dev, n_cases, seed=0):
         log(f"  FAIL {f}")
 
 
+def random_lora_case(rng, g, dev, dtype, *, M, E, k, L, S, R, K, N, P, gather) -> dict:
+    """One random case of a GEMM with its LoRA delta (the folded and fused differentials): x, w, A and B of S
+    slots, top-k routing, L LoRA rows (a token on row -1 has no adapter; a row's slot may be -1 and its adapter
+    disabled); `ref` the float64 GEMM + delta, `live` the rows that have a live adapter."""
+    def rnd(*s_, std=1.0):
+        return (torch.randn(*s_, generator=g, device=dev) * std).to(dtype)
+
+    x, w = rnd(M if gather else M * k, K), rnd(E, P * N, K, std=K ** -0.5)
+    a, b = rnd(P, S, E, R, K, std=K ** -0.5), rnd(P, S, E, N, R, std=R ** -0.5)
+    rw, ids = route(M, E, k, g, dev)
+    rw = None if gather else rw
+    mapping = torch.randint(-1, L, (M,), generator=g, device=dev, dtype=torch.int32)
+    lids = torch.tensor([rng.choice(list(range(S)) + [-1]) for _ in range(L)], dtype=torch.int32, device=dev)
+    en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(L)], dtype=torch.int32, device=dev)
+    d, codes = ref_lora_delta_rows(x, a, b, ids, mapping, lids, en, routed_weights=rw, gather=gather)  # rows -> slots
+    ref = ref_moe_gemm_grouped(x, w, ids, k, rw, gather) + d.to(dev)
+    return dict(x=x, w=w, a=a, b=b, rw=rw, ids=ids, mapping=mapping, lids=lids, en=en, ref=ref,
+                live=(codes == 0).to(dev))
+
+
+def lora_layer(preset, dev):
+    """One MoE layer of `preset` (bf16, seeded) on the Triton backend and an adapter pool with S adapters of
+    rank RANK loaded as a0..a{S-1}: (shape, backend, layer, pool)."""
+    sh = get_shape(preset)
+    backend = get_backend("triton", dev)
+    layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
+    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
+    for i in range(S):
+        pool.load(f"a{i}", rank=RANK, seed=i)
+    return sh, backend, layer, pool
+
+
 def base_weights(sh, dev, gen):
     """The base MoE weights at a preset's shapes: w13 (E, 2I, K) and w2 (E, K, I), drawn in that order."""
     K, I, E = sh.hidden, sh.intermediate, sh.num_experts
@@ -272,13 +304,8 @@ def lora_bytes(s, sh, P, N, Kin, gather):
 
 
 def time_layer(preset, dev, deadline):
-    sh = get_shape(preset)
+    sh, backend, layer, pool = lora_layer(preset, dev)
     E, k = sh.num_experts, sh.top_k
-    backend = get_backend("triton", dev)
-    layer = MoELayer(sh, BF, dev, torch.Generator(device=dev).manual_seed(1))
-    pool = AdapterPool(sh, LoRAConfig(max_loras=S, max_rank=RANK), num_layers=1, dtype=BF, device=dev)
-    for i in range(S):
-        pool.load(f"a{i}", rank=RANK, seed=i)
     names = [f"a{i}" for i in range(S)]
     for M in LAYER_M:
         if time.time() > deadline:
