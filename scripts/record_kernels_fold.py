@@ -239,6 +239,8 @@ def kernels(preset, dev, gen, reps):
                     "rows_ptr_off": lambda s: folded(s, off, False, True),
                     "gemm_rows_off": lambda s: gemm_off(s, True),
                     "rows_ptr_cap": lambda s: folded(s, on, False, True, cap)}
+            if not harness.is_dry() and not _compiles(lambda: folded(sets[0], on, False, True, cap)):
+                del arms["rows_ptr_cap"]  # ptxas cannot fit this tile in 128 registers (it says how many it needs)
             if not dec:
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             # the base GEMM's alignment as the layer builds it: Triton, and ordered by LoRA row (torch), the
@@ -249,7 +251,8 @@ def kernels(preset, dev, gen, reps):
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians")
                  for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off")}
             rp = bootstrap_paired(s_["rows_ptr"], s_["separate"], "ratio_of_medians")  # the layer's build / separate
-            rc = bootstrap_paired(s_["rows_ptr_cap"], s_["rows_ptr"], "ratio_of_medians")  # register cap 128 / none
+            rc = (bootstrap_paired(s_["rows_ptr_cap"], s_["rows_ptr"], "ratio_of_medians")  # register cap 128 / none
+                  if "rows_ptr_cap" in s_ else (float("nan"),) * 3)
             drp = bootstrap_paired(s_["rows_ptr"], s_["base"], "median_diff")
             fs = bootstrap_paired(s_["folded"], s_["separate"], "ratio_of_medians")
             fp = bootstrap_paired(s_["folded"], s_["folded_ptr"], "ratio_of_medians")  # TMA expand / pointer expand
@@ -280,6 +283,20 @@ def kernels(preset, dev, gen, reps):
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
         sets = None
         torch.cuda.empty_cache()
+
+
+def _compiles(fn) -> bool:
+    """fn() once; False (and the compiler's reason logged) where ptxas refuses it, e.g. a register cap below
+    what one instruction needs: that arm is left out of the point, not the whole preset."""
+    try:
+        fn()
+        return True
+    except Exception as e:  # triton.runtime.errors.PTXASError; its module moves between Triton releases
+        if "PTXAS" not in type(e).__name__.upper():
+            raise
+        why = next((ln.strip() for ln in str(e).splitlines() if "ptxas fatal" in ln and "C7602" in ln), str(e)[:200])
+        log(f"  left out: {why}")
+        return False
 
 
 def _interleave(arms, sets, inner, reps):

@@ -236,11 +236,12 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
 # expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the
-# epilogue. Empty: on the H200 its layer build wins only the down GEMM at M >= 4096 (0.81-0.97x the
-# separate delta, data/kernels/fold_s3_*, fold_s4_*), and in the layer the ordered alignment it needed
-# (then a torch sort, 76-244 us) cost more than that: the layer with the down GEMM folded was 1.015-1.571x
-# (fold_s4, section layer). The Triton alignment orders too since; not yet timed (docs/kernels.md).
-FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+# epilogue. The down GEMM at M >= 2049 (buckets 4096, 8192, 16384): there the layer with the down GEMM folded
+# beat the separate deltas on both presets in two device sessions, once the alignment ordered by LoRA row
+# ran in Triton (ce2b959; 9.6 against 7.6 us for the plain alignment at M=1) instead of a torch sort
+# (76-244 us). data/kernels/fold_s5_*, fold_s6_*, section layer, `down_folded` / `separate_all`.
+# It loses at M <= 1024 (the per-row shrink reads x once per row present) and on gate_up at every M.
+FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset({4096, 8192, 16384})}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,

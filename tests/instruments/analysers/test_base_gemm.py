@@ -108,3 +108,23 @@ def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
     rnd = [r for r in rows if r["op"].startswith("random")]
     assert len(rnd) == 2 and all(r["failures"] == "0" for r in rnd)
     assert all(r["ok"] == "True" for r in rows if not r["op"].startswith("random"))
+
+
+def test_fold_arm_ptxas_refuses_is_left_out_not_the_preset():
+    """fold_s5: a register cap of 128 did not compile at M >= 1024 (ptxas C7602) and took the rest of the
+    preset's kernel points with it; such an arm is now left out of its point, any other error still raises."""
+    rf = load_script("record_kernels_fold")
+
+    class PTXASError(RuntimeError):
+        pass
+
+    def refuse():
+        raise PTXASError("ptxas fatal   : (C7602) Insufficient registers (128) to compile instruction")
+
+    def broken():
+        raise ValueError("not a compiler refusal")
+
+    assert rf._compiles(lambda: None) is True
+    assert rf._compiles(refuse) is False
+    with pytest.raises(ValueError, match="not a compiler refusal"):
+        rf._compiles(broken)
