@@ -88,3 +88,22 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, device, monkeypatch):
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
     lab.model.routing_log = None
     assert rel_err(y, want) < fp32_tol(device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
+@pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
+def test_folded_down_path_has_no_host_sync(guard, monkeypatch):
+    """The committed table folds the down GEMM at M >= 2049: that path (the Triton alignment ordered by LoRA
+    row, the per-row shrink, the folded GEMM) must stay as sync-free as the separate deltas. Checked region
+    over a whole forward, every M folded so the tiny model takes it."""
+    from lora_moe_lab.instruments.recorders.syncs import checked_region
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    lab = _lab(torch.device("cuda"))
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [40, 7, 33])
+    x = lab.random_input(batch.num_tokens, seed=3)
+    lab.model(x, batch, tensors, guard=guard)  # compile outside the region
+    torch.cuda.synchronize()
+    with checked_region():
+        lab.model(x, batch, tensors, guard=guard)
+    torch.cuda.synchronize()
