@@ -949,7 +949,7 @@ def kernels_base_block() -> str:
                "the rules' tiles with the predicate-free loads, not quite the kernel that run measured")
             + f", and it moved by {100 * (v.lab_now_us / v.lab_then_us - 1).abs().max():.0f} % at most between the two "
             "runs: the reason the bridged ratio is given beside the direct one."]
-    nc = run.ncu
+    nc = bg.load_counters()
     if nc is not None:
         q = nc[(nc.preset == "qwen3-30b-a3b") & (nc.M == 8192)].set_index(["op", "arm"])
 
@@ -971,7 +971,43 @@ def kernels_base_block() -> str:
                 "gathered once per pair, costs no DRAM bytes "
                 f"({c('lora_gate_up', 'table', 'dram_bytes_over_floor'):.2f}× "
                 "a floor that counts x once): the repeats hit L2."]
+        out += ["", _counters_table(bg)]
     return "\n".join(out)
+
+
+def _counters_table(bg) -> str:
+    """Every kernel the layer runs, at its representative sizes, with its counters (issue 24, deliverable 4)."""
+    k = bg.kernel_counters()
+    cs = bg.counter_sessions()
+    lines = [f"Counters per kernel as the layer runs it (ncu, one profiled launch each, `data/kernels/{bg.NCU_RUN}_"
+             "kernels_base_ncu.csv`; `of copy`: DRAM bytes per second over the measured device-to-device copy, "
+             f"{json_copy_gbps():.0f} GB/s; durations under ncu are the counted launch's, not timings; a kernel that "
+             "mostly reads can pass 100 %, since the copy both reads and writes):", "",
+             "| preset | kernel | GEMM | M | µs | DRAM % of peak | of copy | bytes / floor | occupancy % | L2 hit % "
+             "| registers | top stall |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- |"]
+    for r in k.itertuples():
+        kind = "base GEMM" if r.path == "base GEMM" else ("LoRA decode" if "decode" in r.kernel else "LoRA aligned")
+        lines.append(f"| {r.preset} | {kind} | {r.gemm} | {r.M} | {r.duration_us:.1f} | {r.dram_pct_peak:.0f} | "
+                     f"{100 * r.of_copy:.0f} % | {r.dram_bytes_over_floor:.2f} | {r.achieved_occupancy_pct:.0f} | "
+                     f"{r.l2_hit_pct:.0f} | {r.registers:.0f} | `{r.top_stall}` |")
+    same = cs[~cs.op.str.startswith("lora_down")]
+    a, b = bg.BASE_RUN, bg.NCU_RUN
+    d_pct = (same[f"dram_pct_peak_{b}"] - same[f"dram_pct_peak_{a}"]).abs().max()
+    d_floor = (same[f"dram_bytes_over_floor_{b}"] - same[f"dram_bytes_over_floor_{a}"]).abs().max()
+    lines += ["", f"- Two ncu sessions ({a}, {b}) counted {len(cs)} launches alike: DRAM % of peak "
+                  f"within {d_pct:.1f} points and bytes / floor within {d_floor:.3f}"
+                  " where the launch was the same; the LoRA down delta at M=8192 was not: "
+                  f"{bg.BASE_RUN} launched it with the default LoRA config, {bg.NCU_RUN} with the layer's "
+                  "(`configs.lora_down_config`), and the counted "
+                  "launch went from "
+                  + ", ".join(f"{r[f'duration_us_{a}']:.0f} to {r[f'duration_us_{b}']:.0f} µs ({r.preset})"
+                              for _, r in cs[cs.op == "lora_down"].iterrows()) + "."]
+    return "\n".join(lines)
+
+
+def json_copy_gbps() -> float:
+    return json.loads((DATA / "kernels" / "kernels.meta.json").read_text())["copy_gbps"]
 
 
 def kernels_fold_block() -> str:
@@ -1067,16 +1103,22 @@ def kernels_fold_block() -> str:
 
 
 def _fold_layer_verdict(lay) -> str:
-    """Why the layer's table folds what it folds, from the layer section's arms."""
+    """Why the layer's table folds what it folds, from the layer section's arms and the committed table."""
+    from lora_moe_lab.kernels import configs
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    table = ", ".join(f"{op} at buckets {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items() if b) or "nothing"
     if lay.down_folded_over_separate.isna().all():
-        return ("`kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing; this run did not time the layer with "
+        return (f"`kernels/configs.py: FOLDED_LORA_TOKENS` folds {table}; this run did not time the layer with "
                 "the down GEMM alone folded.")
-    w = lay[lay.down_folded_over_separate_hi < 1.0]
-    return ("In the layer, the down GEMM alone folded (the ordered alignment as recorded: the torch sort) over "
-            "the separate deltas: "
-            + ", ".join(f"{r.preset} M={r.M} {r.down_folded_over_separate:.3f} [{r.down_folded_over_separate_lo:.3f}, "
-                        f"{r.down_folded_over_separate_hi:.3f}]" for r in lay.itertuples())
-            + f"; faster at {len(w)} of {len(lay)} sizes. `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing.")
+    ses = bg.fold_sessions(bg.FOLD_LAYER_SESSIONS)
+    dn = ses[ses.figure == "down_folded_over_separate"]
+    w = dn[dn.hi < 1.0]
+    return ("In the layer, the down GEMM alone folded over the separate deltas (the alignment ordered by LoRA row "
+            f"in Triton; sessions {', '.join(bg.FOLD_LAYER_SESSIONS)}, mean and union of the 95 % intervals): "
+            + ", ".join(f"{r.preset} M={r.M} {r.estimate:.3f} [{r.lo:.3f}, {r.hi:.3f}]" for r in dn.itertuples())
+            + f"; faster in every session at {len(w)} of {len(dn)} sizes. `kernels/configs.py: FOLDED_LORA_TOKENS` "
+            f"folds {table}, and `picked_all` is the layer as committed.")
 
 
 def kernels_fold_headline_block() -> str:
@@ -1086,12 +1128,20 @@ def kernels_fold_headline_block() -> str:
     big = ses[(ses.figure == "separate_all_share_pct") & (ses.M >= 1024)]
     n = int(big.sessions.map(len).min())
     rp = ses[(ses.figure == "rows_ptr_over_separate") & (ses.op == "down") & (ses.M >= 4096)]
-    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; the "
-            f"layer's build beats the separate delta only on the down GEMM at large M "
-            f"({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096 over {int(rp.sessions.map(len).min())} sessions), "
-            f"and the layer keeps the separate deltas. LoRA's share of the layer at M ≥ 1024 "
-            f"(separate deltas, the union of the 95 % intervals over {n} device sessions): "
+    now = bg.fold_sessions(bg.FOLD_LAYER_SESSIONS)
+    dn = now[(now.figure == "down_folded_over_separate") & (now.M >= 4096)]
+    pk = now[(now.figure == "down_folded_share_pct") & (now.M >= 4096)]  # the path the table picks there
+    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; it beats "
+            f"the separate delta only on the down GEMM at large M ({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096, "
+            f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions; {dn.lo.min():.3f}–{dn.hi.max():.3f}× the "
+            f"whole layer, {int(dn.sessions.map(len).min())} sessions), so the layer folds the down GEMM there and "
+            "keeps the separate deltas elsewhere. "
+            f"LoRA's share of the layer at M ≥ 1024 with the separate deltas (the union of the 95 % intervals over "
+            f"{n} device sessions): "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in big.groupby("preset", sort=False))
+            + "; as the layer now picks (the down GEMM folded), at M ≥ 4096 over "
+            f"{int(pk.sessions.map(len).min())} sessions: "
+            + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in pk.groupby("preset", sort=False))
             + ". `docs/results.md`, block kernels-fold.")
 
 

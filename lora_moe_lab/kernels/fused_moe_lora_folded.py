@@ -23,11 +23,11 @@ of an all-disabled launch: under CUDA-graph capture both kernels launch uncondit
 GPU decides (the zero-cost guard). The shrink writes only the rows of pairs with a live adapter;
 the GEMM masks every other row of t to zero.
 
-Measured on the H200 (data/kernels/fold_s2_* .. fold_s4_*; docs/kernels.md): on the base alignment it
+Measured on the H200 (data/kernels/fold_s2_* .. fold_s6_*; docs/kernels.md): on the base alignment it
 is slower than the separate deltas at every size. The layer's build (an alignment ordered by LoRA row,
-`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only, and as
-recorded the layer paid the ordered alignment (then torch) on top, so configs.FOLDED_LORA_TOKENS folds
-nothing.
+`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only; with the
+ordered alignment in Triton the whole layer gains there too (fold_s5, fold_s6), so
+configs.FOLDED_LORA_TOKENS folds the down GEMM at those sizes and nothing else.
 """
 import torch
 import triton

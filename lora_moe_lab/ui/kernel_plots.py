@@ -122,7 +122,7 @@ def counters_figure(ncu, title: str = "Nsight Compute: DRAM bytes against the by
     d["kernel"] = d["preset"].str.replace("qwen3-30b-a3b", "q3") + " " + d["op"] + " M=" + d["M"].astype(str)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("DRAM bytes / byte floor", "tensor pipe busy (%)"),
                         horizontal_spacing=0.12)
-    colours = {"table": "#1f77b4", "rules": "#ff7f0e", "table_masked": "#2ca02c"}
+    colours = {"table": "#1f77b4", "rules": "#ff7f0e", "table_masked": "#2ca02c", "decode": "#9467bd"}
     for arm, g in d.groupby("arm", sort=False):
         c = colours.get(arm, "#7f7f7f")
         fig.add_trace(go.Bar(x=g["kernel"], y=g["dram_bytes_over_floor"], name=arm, marker_color=c), row=1, col=1)

@@ -467,9 +467,11 @@ from lora_moe_lab.ui.kernel_plots import counters_figure, fold_figure
 
 base_run = base_gemm.load_base_run()
 vs = base_gemm.versus_peers()
-print(f"recorded: {base_run.label}; bridge through {vs.run.iloc[0]} ({vs.bridge_arm.iloc[0]})")
+ncu = base_gemm.load_counters()  # the base GEMMs and the LoRA deltas as the layer runs them, one ncu session
+print(f"recorded: {base_run.label}; bridge through {vs.run.iloc[0]} ({vs.bridge_arm.iloc[0]}); counters: "
+      f"{base_gemm.NCU_RUN}")
 print(f"at least vLLM's speed by both ratios at {int(vs.ge_1.sum())} of {len(vs)} points")
-counters_figure(base_run.ncu).show()
+counters_figure(ncu).show()
 vs.pivot_table(index=["preset", "op"], columns="M", values="direct").round(2)
 
 # %% [markdown]
@@ -478,11 +480,18 @@ vs.pivot_table(index=["preset", "op"], columns="M", values="direct").round(2)
 # bytes. At M=8192 DRAM is mostly idle and the tensor pipe is the budget: the printed table below
 # shows how much of the time it was busy, and how the TMA weight loads raised it. The LoRA down
 # delta moves its floor's bytes, not more: its scattered output rows cost no extra DRAM traffic;
-# what it lacks is loads in flight (its top stall is waiting on memory, `long_scoreboard`).
+# what it lacks is loads in flight (its top stall is waiting on memory, `long_scoreboard`). The
+# line printed above the table says how far that leaves it from a copy's bandwidth, the ceiling of
+# a stream, and with how many registers a thread: the more registers, the fewer programs per SM.
 
 # %%
-(base_run.ncu[["preset", "op", "M", "arm", "tile", "duration_us", "dram_pct_peak", "tensor_pipe_pct",
-               "dram_bytes_over_floor", "achieved_occupancy_pct", "l2_hit_pct", "top_stall"]].round(2))
+kc = base_gemm.kernel_counters(ncu)
+dn = kc[(kc.path == "LoRA delta") & (kc.gemm == "down") & (kc.M >= 1024)]
+print("LoRA down delta at M >= 1024: " + "; ".join(
+    f"{r.preset} M={r.M} {100 * r.of_copy:.0f} % of copy bandwidth, {r.dram_bytes_over_floor:.2f}x its byte floor, "
+    f"occupancy {r.achieved_occupancy_pct:.0f} %, {r.registers:.0f} registers, top stall {r.top_stall}"
+    for r in dn.itertuples()))
+kc.round(2)
 
 # %% [markdown]
 # ## The LoRA path folded into the base GEMM (recorded on the H200)
@@ -537,10 +546,10 @@ fc.round(2)
 #   about as many registers, more instructions, a less busy tensor pipe.
 # - **The per-row shrink** drops from 255 to 167 registers and gains occupancy, but reads x once
 #   per row present (`dram_bytes_over_floor` of `shrink_gate_up`).
-# - **In the layer,** the recorded ordered alignment was a torch sort of a few dozen small kernels,
-#   where the base alignment is four Triton launches (`align_us`, `align_ordered_us` in the
-#   recording), and the layer paid it on every folded forward: see `folded_none_share_pct`, all of it
-#   the price of launching and skipping. The Triton alignment orders by LoRA row too since; the next
-#   recording times it. Where folding the down
-#   GEMM alone still wins in the layer (the line printed above the table), the table could fold it;
-#   `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing yet, so `picked_all` is the separate deltas.
+# - **In the layer,** the ordered alignment used to be a torch sort of a few dozen small kernels, which
+#   cost more than folding saved (docs/kernels.md); it is a Triton launch now, close to the base
+#   alignment (`align_us`, `align_ordered_us` in the kernel table above). `folded_none_share_pct`
+#   is what a graph pays for launching and skipping with both GEMMs folded.
+# - **What the layer folds:** where the down GEMM alone folded beats the separate deltas (the line
+#   printed above the layer table), in two device sessions, `kernels/configs.py: FOLDED_LORA_TOKENS`
+#   folds it; `picked_all` is the layer as committed, and it matches `down_folded` there.

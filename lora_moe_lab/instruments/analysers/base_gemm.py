@@ -4,11 +4,13 @@
     run.compare, run.variants, run.ncu    # tidy DataFrames
     versus_peers()                        # the table's kernel against vLLM's tuned kernel (carried figures)
     base_sessions()                       # the headline (table vs rules) in each device session, and between them
-    fold = load_fold_run()                # data/kernels/fold_s4_*: the LoRA path folded into the base GEMM
+    fold = load_fold_run()                # data/kernels/fold_s6_*: the LoRA path folded into the base GEMM
     fold_table(fold), gemm_share(fold)    # folded against the separate deltas; LoRA's share of the two GEMMs
     fold_layer(fold)                      # LoRA's share of the whole MoE layer: separate, folded, the table's pick
     fold_sessions()                       # the fold headlines in each device session, and between them
     fold_counters()                       # the folded builds' ncu counters (fold_s2) beside the plain GEMM's
+    load_counters(), kernel_counters()    # ncu counters of the base GEMMs and the LoRA deltas (base_s3), per kernel
+    counter_sessions()                    # the counters both ncu sessions (base_run3, base_s3) read, side by side
 
 The peers' base-GEMM figures (`data/kernels/peers_base_carried.csv`) come from a side-by-side run of
 vLLM's Triton fused_moe_kernel with its own H200 tables against this lab's kernel as it was then
@@ -32,15 +34,28 @@ from .stats import between_sessions
 
 BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
 BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
+# The counters (scripts/record_kernels_base.py --ncu-run under ncu): base_s3 counts the base GEMMs as base_run3 did,
+# and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at M=1024 and 8192.
+NCU_RUN = "base_s3"
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
 # of the three folded builds; fold_s3 on time the layer's build (rows_ptr) and the layer's own pick (picked_all);
-# fold_s4 (kernels and layer only) adds the two alignments side by side and the layer with the down GEMM folded.
-FOLD_RUN = "fold_s4"
-FOLD_CHECK_RUN = "fold_s3"  # the latest differential (fold_s4 ran no check section)
+# fold_s4 adds the two alignments side by side and the layer with the down GEMM folded; fold_s5 and fold_s6 time
+# the Triton ordered alignment (fold_s5's kernel points stop at the first point where a register-capped arm did not
+# compile: qwen3 after M=128, TP=4 after gate_up M=8192; fold_s6 leaves only that arm out) and fold_s6 the
+# committed table's pick.
+FOLD_RUN = "fold_s6"
+FOLD_CHECK_RUN = "fold_s5"  # the latest differential (fold_s6 ran no check section)
 FOLD_NCU_RUN = "fold_s2"
-FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4")  # device sessions of the same script (rows_ptr from fold_s3 on)
+FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6")  # device sessions of one script
+# the sessions whose layer ran the alignment ordered by LoRA row in Triton (ce2b959), as the layer does now: the
+# layer's figures with anything folded are read over these only (fold_s4's layer paid a torch sort instead)
+FOLD_LAYER_SESSIONS = ("fold_s5", "fold_s6")
+# per layer figure, the sessions that ran the same path: `picked_all` is the committed table, which folded nothing
+# before 32fb474 (fold_s6 is the first session after it); a figure is compared only over the sessions named here
+FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_folded_over_separate": FOLD_LAYER_SESSIONS,
+                        "picked_all_share_pct": ("fold_s6",)}
 
 
 @dataclass
@@ -197,14 +212,17 @@ def fold_layer(run: BaseRun | None = None) -> pd.DataFrame:
 def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
     """The fold headlines per (figure, preset, op, M) in each device session that has them and between them
     (stats.between_sessions: mean of the estimates, union of the intervals, `agree`): folded / separate and
-    the layer's build / separate (kernels), LoRA's share of the layer with the separate deltas and as picked."""
+    the layer's build / separate (kernels), LoRA's share of the layer with the separate deltas, with the down
+    GEMM folded and as picked; a layer figure whose path changed between sessions only over FOLD_FIGURE_SESSIONS."""
     figs = {}
     for name in names:
         run = load_fold_run(name, path)
         t, lay = fold_table(run), fold_layer(run)
         for col, df, op in (("folded_over_separate", t, True), ("rows_ptr_over_separate", t, True),
                             ("separate_all_share_pct", lay, False), ("picked_all_share_pct", lay, False),
-                            ("down_folded_over_separate", lay, False)):
+                            ("down_folded_share_pct", lay, False), ("down_folded_over_separate", lay, False)):
+            if name not in FOLD_FIGURE_SESSIONS.get(col, names):
+                continue
             for _, x in df.iterrows():
                 if x[col] == x[col]:
                     key = (col, x.preset, x.op if op else "layer", int(x.M))
@@ -242,3 +260,50 @@ def fold_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: in
     b = b.reindex(columns=cols)
     b["op"], b["arm"] = "plain_" + b.op.str[len("base_"):], "plain"
     return pd.concat([b, f]).sort_values(["preset", "op", "arm"]).reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Counters per kernel (Nsight Compute, one profiled launch each: counters, never a live timing)
+# ------------------------------------------------------------------------------------------------
+def load_counters(name: str = NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
+    """One ncu session's parsed counters (`<name>_kernels_base_ncu.csv`), with each launch's DRAM bytes per
+    second over the canonical run's measured device-to-device copy (`of_copy`: the share of the bandwidth a
+    copy reaches, the ceiling a streaming kernel can approach)."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    f = d / f"{name}_kernels_base_ncu.csv"
+    if not f.exists():
+        raise FileNotFoundError(f"no counters at {f}: scripts/record_kernels_base.py --ncu-run under ncu writes them")
+    c = pd.read_csv(f)
+    copy_gbps = json.loads((KERNELS_DIR / "kernels.meta.json").read_text())["copy_gbps"]
+    c["dram_gbps"] = (c.dram_read_bytes + c.dram_write_bytes) / (c.duration_us * 1e3)
+    c["of_copy"] = c.dram_gbps / copy_gbps
+    return c
+
+
+def kernel_counters(ncu: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per kernel as the layer runs it (the base GEMM with the table's tile, the LoRA delta: decode kernel
+    or aligned kernel) and representative M: DRAM throughput (% of peak, and of copy bandwidth), bytes moved
+    over the byte floor, achieved occupancy, L2 hit rate and the top stall reason."""
+    c = load_counters() if ncu is None else ncu
+    c = c[c.arm.isin(["table", "decode"])].copy()
+    c["kernel"] = c.kernel.where(c.arm != "decode", "lora_decode_kernel")
+    c["path"] = c.op.str.split("_").str[0].map({"base": "base GEMM", "lora": "LoRA delta"})
+    c["gemm"] = c.op.str.split("_", n=1).str[1]
+    cols = ["preset", "path", "gemm", "M", "kernel", "tile", "duration_us", "dram_pct_peak", "of_copy",
+            "dram_bytes_over_floor", "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall"]
+    return c.reindex(columns=cols).sort_values(["preset", "path", "gemm", "M"]).reset_index(drop=True)
+
+
+def counter_sessions(a: str = BASE_RUN, b: str = NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
+    """The launches both ncu sessions counted (same preset, op, M, arm), side by side: duration, DRAM % of
+    peak and bytes over floor in each. Counters of one launch are exact for that launch; the spread between
+    sessions is what a reader should take as their precision."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    key = ["preset", "op", "M", "arm"]
+    x = pd.read_csv(d / f"{a}_kernels_base_ncu.csv")
+    y = pd.read_csv(d / f"{b}_kernels_base_ncu.csv")
+    m = x.merge(y, on=key, suffixes=(f"_{a}", f"_{b}"))
+    keep = key + [f"{v}_{s}" for v in ("duration_us", "dram_pct_peak", "dram_bytes_over_floor") for s in (a, b)]
+    m = m[keep].copy()
+    m["duration_ratio"] = m[f"duration_us_{b}"] / m[f"duration_us_{a}"]
+    return m.reset_index(drop=True)

@@ -79,6 +79,38 @@ def test_fold_layer_and_sessions():
     assert len(two) > 0 and (two.lo <= two.estimate).all() and (two.estimate <= two.hi).all()
     rnd, pre = base_gemm.fold_check("fold_s1")  # an older run: its differential is its own run
     assert (rnd.cases >= 1000).all() and len(pre) == 20
+    # a layer figure whose path changed is compared only over the sessions that ran the same path
+    for fig, names in base_gemm.FOLD_FIGURE_SESSIONS.items():
+        got = s[s.figure == fig]
+        assert len(got) > 0 and got.sessions.map(lambda x: set(x) <= set(names)).all(), fig
+
+
+def test_fold_table_matches_the_committed_fold_table():
+    """configs.FOLDED_LORA_TOKENS folds exactly the sizes where the layer with the down GEMM folded beat the
+    separate deltas in every session that ran today's ordered alignment (a bucket of a timed M)."""
+    from lora_moe_lab.kernels import configs
+    s = base_gemm.fold_sessions(base_gemm.FOLD_LAYER_SESSIONS)
+    dn = s[s.figure == "down_folded_over_separate"]
+    assert dn.sessions.map(len).min() >= 2
+    wins = {configs.token_bucket(int(m)) for m in dn[dn.groupby("M").hi.transform("max") < 1.0].M}
+    loses = {configs.token_bucket(int(m)) for m in dn[dn.lo >= 1.0].M}
+    assert wins and wins <= configs.FOLDED_LORA_TOKENS["down"] and not loses & configs.FOLDED_LORA_TOKENS["down"]
+    assert not configs.FOLDED_LORA_TOKENS["gate_up"]
+
+
+def test_counters_per_kernel():
+    k = base_gemm.kernel_counters()
+    assert {"base GEMM", "LoRA delta"} == set(k.path) and {"lora_decode_kernel", "fused_moe_lora_kernel",
+                                                           "fused_moe_kernel"} == set(k.kernel)
+    assert k[["dram_pct_peak", "of_copy", "achieved_occupancy_pct", "dram_bytes_over_floor"]].notna().all().all()
+    assert k.top_stall.notna().all() and set(k.M) == {16, 1024, 8192}
+    c = base_gemm.load_counters()
+    r = c.iloc[0]
+    assert r.dram_gbps == pytest.approx((r.dram_read_bytes + r.dram_write_bytes) / (r.duration_us * 1e3))
+    cs = base_gemm.counter_sessions()
+    assert len(cs) > 0 and (cs.duration_ratio > 0).all()
+    with pytest.raises(FileNotFoundError, match="ncu-run"):
+        base_gemm.load_counters("no_such_run")
 
 
 def test_ncu_parse_names_the_shrink_kernel(tmp_path):
