@@ -1134,12 +1134,12 @@ def kernels_fold_headline_block() -> str:
     return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; it beats "
             f"the separate delta only on the down GEMM at large M ({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096, "
             f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions; {dn.lo.min():.3f}–{dn.hi.max():.3f}× the "
-            f"whole layer, {int(dn.sessions.map(len).min())} sessions), so the layer folds the down GEMM there and "
-            "keeps the separate deltas elsewhere. "
+            f"whole layer, {int(dn.sessions.map(len).min())} sessions), so the layer folds the down GEMM from M = 2049 "
+            "(the token buckets 4096–16384; 4096 is the smallest size timed) and keeps the separate deltas elsewhere. "
             f"LoRA's share of the layer at M ≥ 1024 with the separate deltas (the union of the 95 % intervals over "
             f"{n} device sessions): "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in big.groupby("preset", sort=False))
-            + "; as the layer now picks (the down GEMM folded), at M ≥ 4096 over "
+            + "; with the down GEMM folded (the `down_folded` arm, the path the layer picks there), at M ≥ 4096 over "
             f"{int(pk.sessions.map(len).min())} sessions: "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in pk.groupby("preset", sort=False))
             + ". `docs/results.md`, block kernels-fold.")

@@ -302,6 +302,9 @@ def run(source: str, transform: str = "none", **kw) -> WhatIf:
             f"unknown bench transformation {transform!r}; known: {', '.join(BENCH_TRANSFORMS)}"
         )
     src = _source(source)
+    if transform == "add_syncs" and src.guard == "sync":
+        raise R.GraphError(f"{source} already syncs at its guard sites: add_syncs puts the guard's syncs on a "
+                           "cpu_flag or launch_always trace (remove_syncs predicts this one without them)")
     a, a_from = host_factor(src.model, src.config, src.guard, src["mode"])
     g = _scaled(_graph(source), a)
     t0 = time.perf_counter()

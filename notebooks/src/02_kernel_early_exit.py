@@ -250,8 +250,7 @@ if LIVE:
     display(costs)
 
 # %% [markdown]
-# The same launches recorded on the H200 (`data/kernels/`), over M and both presets, beside the
-# kernel as it was before the persistent grid (dotted).
+# The same launches recorded on the H200 (`data/kernels/`), over M and both presets.
 
 # %%
 rec, meta = ee.recorded_disabled_launches()
@@ -276,10 +275,11 @@ else:
     display(rec[["kernel", "preset", "M", "programs", "all_disabled_us", "empty_kernel_us", "ratio", "enabled_us"]])
 
 # %% [markdown]
-# When recorded data from an earlier kernel is there (one program per (token block, N share)
-# instead of the persistent grid), the dotted lines show why the grid changed. The cell below
-# reads both kernels' rows: how many programs each launched at each M and what its all-disabled
-# launch cost against an empty kernel. For scale, `enabled_us` is the same launch doing its work
+# The cell below reads the recorded rows: how many programs the persistent grid launched at each M
+# (`split_n`: how many programs share one block's N columns) and what its all-disabled launch cost
+# against an empty kernel. The kernel before the persistent grid (one program per token block and
+# N share) is kept in `data/archive/kernels/`; its all-disabled launch cost several times an empty
+# kernel at large M, which is why the grid changed (`data/kernels/README.md`). For scale, `enabled_us` is the same launch doing its work
 # (all four adapters enabled). At decode sizes the MoE layer itself does not launch this kernel:
 # it takes the decode path (its own grid, the last section), so the small-M rows time the aligned
 # kernel where the layer would not use it.
@@ -303,13 +303,12 @@ for (kernel, pr), g in ([] if rec is None else rec.groupby(["kernel", "preset"],
               f"{DECODE_MAX_PAIRS // k_} at top_k={k_}")
 
 # %% [markdown]
-# **Reading it.** The earlier grid's program count did not simply grow with M: its launch table
-# splits the N columns into more shares at small M (split_n above 1: more parallel work for a small
-# batch), so where split_n is large a small M launches many programs; where split_n is 1 the count
-# follows the token blocks. Whether its all-disabled cost followed the program count, the lines
-# above say per preset. The persistent grid launches a few programs per SM
-# whatever M, each gone after one round of metadata loads, and its all-disabled cost stays within
-# the narrow range printed above.
+# **Reading it.** The persistent grid's program count does not grow with M: at small M its launch
+# table splits each block's N columns into more shares (`split_n` above 1: more parallel work for a
+# small batch), so a small M can launch more programs than a large one; from `split_n` 1 on, the
+# count is a few programs per SM whatever M. Whether the all-disabled cost followed the program
+# count, the lines above say per preset: each program is gone after one round of metadata loads,
+# and the cost stays within the narrow range printed above.
 
 # %% [markdown]
 # ## Why `has_active_lora` defaults to True
@@ -442,7 +441,10 @@ occupancy_figure(sw[sw["preset"] == shown]).show()
 # 10-90 % spread. The grey bar is what the LoRA bytes alone (each used adapter-expert's A and B,
 # x, and the output read and written) would take at the measured copy bandwidth: no tile goes
 # below it. At TP=4 the LoRA weights do not shrink with the intermediate size the way the base
-# weights do, so the floor itself sits above 25 % up to M=2048.
+# weights do, so the floor itself sits above 25 % up to M=2048. This recording is older than the
+# tuned base GEMM of the next section: its base layer is slower (`base`, µs), so the same LoRA
+# time is a smaller share of it. The fold section's layer table, further down, measures the share
+# against today's base, and the two tables differ by that much.
 
 # %%
 sf = final_run.share_floor()

@@ -55,6 +55,8 @@ def test_no_measurement_and_named_errors():
         W.run("moe M=16 cpu_flag eager", "fix_everything")
     with pytest.raises(W.UnknownSourceError, match="no recorded trace named"):
         W.run("moe M=17 cpu_flag eager")
+    with pytest.raises(W.R.GraphError, match="already syncs at its guard sites"):  # not a silent re-synthesis
+        W.run("moe M=4096 sync eager", "add_syncs")
 
 
 def test_replay_tables_hold_the_replayed_forward():
