@@ -1003,6 +1003,13 @@ def _counters_table(bg) -> str:
                   "launch went from "
                   + ", ".join(f"{r[f'duration_us_{a}']:.0f} to {r[f'duration_us_{b}']:.0f} µs ({r.preset})"
                               for _, r in cs[cs.op == "lora_down"].iterrows()) + "."]
+    rep, c = bg.counter_sessions(b, bg.NCU_REPEAT_RUN), bg.NCU_REPEAT_RUN
+    lines.append(f"- A second device session counted the same {len(rep)} launches ({c}, every row of the table above): "
+                 f"DRAM % of peak within {(rep[f'dram_pct_peak_{c}'] - rep[f'dram_pct_peak_{b}']).abs().max():.1f} "
+                 "points, bytes / floor within "
+                 f"{(rep[f'dram_bytes_over_floor_{c}'] - rep[f'dram_bytes_over_floor_{b}']).abs().max():.3f}, the "
+                 f"counted launch's duration {rep.duration_ratio.min():.3f}–{rep.duration_ratio.max():.3f}× "
+                 f"(`analysers.base_gemm.counter_sessions('{b}', '{c}')`).")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compa
 # The counters (scripts/record_kernels_base.py --ncu-run under ncu): base_s3 counts the base GEMMs as base_run3 did,
 # and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at M=1024 and 8192.
 NCU_RUN = "base_s3"
+NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later device session (426609a)
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters

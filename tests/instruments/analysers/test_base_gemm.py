@@ -109,6 +109,8 @@ def test_counters_per_kernel():
     assert r.dram_gbps == pytest.approx((r.dram_read_bytes + r.dram_write_bytes) / (r.duration_us * 1e3))
     cs = base_gemm.counter_sessions()
     assert len(cs) > 0 and (cs.duration_ratio > 0).all()
+    rep = base_gemm.counter_sessions(base_gemm.NCU_RUN, base_gemm.NCU_REPEAT_RUN)  # every launch, counted twice
+    assert len(rep) == len(c) and (rep.duration_ratio.sub(1).abs() < 0.25).all()
     with pytest.raises(FileNotFoundError, match="ncu-run"):
         base_gemm.load_counters("no_such_run")
 
