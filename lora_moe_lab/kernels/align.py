@@ -58,7 +58,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
               token_slot: torch.Tensor | None = None, num_slots: int = 1,
               order_by: torch.Tensor | None = None) -> Alignment:
     """Group (token, k) pairs by (slot, expert). token_slot=None puts every token in slot 0. order_by:
-    see the module docstring (torch implementation on every device)."""
+    see the module docstring (on CUDA the Triton implementation orders too)."""
     if TRITON_ON_CUDA and topk_ids.is_cuda:
         return moe_align_triton(topk_ids, num_experts, block_m, token_slot, num_slots, order_by)
     return moe_align_torch(topk_ids, num_experts, block_m, token_slot, num_slots, order_by)

@@ -264,10 +264,6 @@ LAST_LORA_LAUNCH: dict = {}  # grid and tiles of the last lora_delta launch (ben
 _RESOURCES: dict = {}  # compiled-kernel key -> registers per thread and shared memory bytes (GPU only)
 
 
-def _reg_cap(cfg) -> dict:
-    return reg_cap(cfg.max_regs)  # common.reg_cap: 128 per thread lets 4 programs of 4 warps share an SM
-
-
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None,
                gather=True, exit_codes=None, config: LoRAKernelConfig | None = None):
     """ADD the LoRA delta into `out` in place (see ops/torch_backend.py: lora_delta for the exact contract).
@@ -330,7 +326,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages, **_reg_cap(cfg),
+        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)

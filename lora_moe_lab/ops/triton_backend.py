@@ -36,15 +36,15 @@ class TritonBackend(Backend):
     use_fused_lora = staticmethod(use_fused_lora)  # ... at the sizes where it won (kernels/configs.py)
     moe_gemm_lora_folded = staticmethod(moe_gemm_lora_folded)  # a shrink kernel + the expand in the K loop
     use_folded_lora = staticmethod(use_folded_lora)
-
-    @staticmethod
-    def folded_order_by_row() -> bool:
-        return configs.FOLDED_ORDER_BY_ROW  # read at each call: recordings and tests flip it
     lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
     block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
     lora_block_m = staticmethod(lora_block_m)
     silu_and_mul = staticmethod(silu_and_mul)
     rmsnorm = staticmethod(rmsnorm)
+
+    @staticmethod
+    def folded_order_by_row() -> bool:
+        return configs.FOLDED_ORDER_BY_ROW  # read at each call: recordings and tests flip it
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,15 +98,19 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                                        gather=False, config=c)),
         ]
         fold13, fold2 = use_folded_lora("gate_up", M, k, E, 2 * I, K), use_folded_lora("down", M, k, E, K, I)
+        per_row = configs.FOLDED_ORDER_BY_ROW
+        # where an op folds, the layer aligns ordered by LoRA row (MoELayer: LoRAHook.fold_order): that alignment
+        # is compiled here too, and the folded jobs run on it as the layer does
+        al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al
         if fold13:
             jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
-                         lambda c, al=al: moe_gemm_lora_folded(
+                         lambda c, al=al_f: moe_gemm_lora_folded(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
-                config=c, shrink_per_row=configs.FOLDED_ORDER_BY_ROW)))
+                config=c, shrink_per_row=per_row)))
         if fold2:
-            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora_folded(
+            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: moe_gemm_lora_folded(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
-                routed_weights=rw, gather=False, config=c, shrink_per_row=configs.FOLDED_ORDER_BY_ROW)))
+                routed_weights=rw, gather=False, config=c, shrink_per_row=per_row)))
         if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
             jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,

@@ -386,6 +386,26 @@ def test_launch_plan_matches_the_launch():
     assert 1 <= plan["programs"] <= plan["work_items_max"] and plan["BLOCK_R"] == 16 and plan["persistent"]
 
 
+def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
+    """Where the table folds an op, the layer aligns ordered by LoRA row; warm-up must compile that alignment
+    (on CUDA its own Triton kernels) and run the folded GEMM on it, not on the plain one."""
+    seen = []
+    align = triton_backend.moe_align
+
+    def spy(*a, **kw):
+        seen.append(kw.get("order_by") is not None)
+        return align(*a, **kw)
+
+    monkeypatch.setattr(triton_backend, "moe_align", spy)
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": frozenset({1})})
+    triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
+    assert seen.count(True) == 1  # M=1 folds the down GEMM; M=2 (bucket 2) folds nothing
+    monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", False)
+    seen.clear()
+    triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1,))
+    assert not any(seen)
+
+
 def test_warmup_runs_every_config():
     n = triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     if runtime.interpreter():  # one config per kernel there: 3 base GEMMs, 2 aligned LoRA, 2 decode launches
