@@ -113,11 +113,19 @@ def _iv(lo, hi, fmt="{:.0f}") -> str:
     return "[" + fmt.format(lo) + ", " + fmt.format(hi) + "]"
 
 
-def needs_retime(row, min_tokens: int | None, *, gpu: bool = True) -> bool:
-    """Whether a live point has no figure where the lesson must hold: its repetitions never settled (GPU clocks
-    still moving), so the notebook times it once more, with twice the repetitions, before the verdict."""
-    return bool(gpu and min_tokens is not None and int(row["tokens"]) >= min_tokens
-                and not np.isfinite(row["us_per_sync"]))
+def needs_retime(row, *, gpu: bool = True) -> bool:
+    """Whether a live GPU point has no figure: its repetitions never settled (GPU clocks still moving), so the
+    notebook times it once more, with twice the repetitions, before the verdict. Every such point, not only
+    where the lesson must hold: a host-bound point without a figure explains nothing either. One retry only;
+    a point still unsettled then gets guard_verdict's "no figure" (which fails where the lesson must hold)."""
+    return bool(gpu and not np.isfinite(row["us_per_sync"]))
+
+
+def interval_method(tbl: pd.DataFrame) -> str:
+    """The interval method(s) of a table of points (guard_table, Recording.paired), read from the points that
+    have a figure: an unsettled point's method is blank, and it may be the first row."""
+    methods = [m for m in (tbl["method"] if "method" in tbl else []) if isinstance(m, str) and m]
+    return "; ".join(dict.fromkeys(methods)) or "none: no point settled, so no interval was computed"
 
 
 def guard_verdict(row, min_tokens: int, *, gpu: bool = True) -> Verdict:

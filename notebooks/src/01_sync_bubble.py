@@ -147,9 +147,9 @@ samples = live.time_guards(lab, timing_tokens, reps=timing_reps, warmup=timing_w
 live_rec = live.as_recording(samples, preset=preset, layers=num_layers, tokens=timing_tokens, reps=timing_reps)
 live_label = f"live: {live_rec.label}"
 tbl = lessons.guard_table(live_rec)
-# Where the lesson must hold, a point whose repetitions never settled (GPU clocks still moving) has no
-# figure to check: it is timed once more, with twice the repetitions, before the verdict.
-unsettled = [int(m) for m, u in zip(tbl.tokens, tbl.us_per_sync) if LIVE and m >= min_M and not np.isfinite(u)]
+# A point whose repetitions never settled (GPU clocks still moving) has no figure to check or explain,
+# whatever its regime: it is timed once more, with twice the repetitions, before the verdict.
+unsettled = [int(r.tokens) for _, r in tbl.iterrows() if lessons.needs_retime(r, gpu=LIVE)]
 if unsettled:
     print(f"M={unsettled}: the repetitions never settled; timed again with {2 * timing_reps} repetitions")
     again = live.time_guards(lab, unsettled, reps=2 * timing_reps, warmup=timing_warmup, active=timing_active,
@@ -159,7 +159,7 @@ if unsettled:
     tbl = pd.concat([tbl[~tbl.tokens.isin(unsettled)], tbl2]).sort_values("tokens").reset_index(drop=True)
 print(f"{live_label}: {preset}, {num_layers} layers, {timing_reps} interleaved repetitions per M, timer "
       f"{samples.timer.iloc[0]}, active {timing_active:g}")
-print("method:", tbl["method"].iloc[0])
+print("method:", lessons.interval_method(tbl))  # from the points that settled
 show = ["tokens", "regime", "sync_ms", "cpu_flag_ms", "launch_always_ms", "graph_ms", "eager_over_graph",
         "sync_over_cpu_flag", "sync_lo", "sync_hi", "us_per_sync", "us_per_sync_lo", "us_per_sync_hi", "n"]
 tbl[[c for c in show if c in tbl]].round(3)
@@ -296,8 +296,8 @@ if {"cpu_flag", "launch_always"} <= set(idle.index):
 
 # %%
 lost = rec_lost
-print(f"recorded: {rec.label}; {int(lost.n.min())} repetitions per point at least; method: {lost['method'].iloc[0]}"
-      if "method" in lost else f"recorded: {rec.label}")
+print(f"recorded: {rec.label}; {int(lost.n.min())} repetitions per point at least; "
+      f"method: {lessons.interval_method(lost)}" if "method" in lost else f"recorded: {rec.label}")
 cols = ["preset", "tokens", "active", "t_variant_us", "t_baseline_us", "ratio", "syncs", "us_per_sync",
         "us_per_sync_lo95", "us_per_sync_hi95"]
 lost[cols].rename(columns={"t_variant_us": "sync_us", "t_baseline_us": "cpu_flag_us"}).round(2)

@@ -170,17 +170,16 @@ if LIVE and mode == "eager" and all_guards and panel.last_samples is not None an
     rec_lost = rec.paired("sync", "cpu_flag") if rec is not None else None
     min_M = lessons.lesson_min_tokens(rec_lost, preset, active_fraction) if rec is not None else None
     tbl = lessons.guard_table(live.as_recording(panel.last_samples))
-    print("method:", tbl["method"].iloc[0])
+    if lessons.needs_retime(tbl.iloc[0]):  # a point without a figure: once more, with twice the repetitions
+        print(f"M={int(tbl.tokens.iloc[0])}: the repetitions never settled; timed again with {2 * reps} repetitions")
+        panel.reps = 2 * reps
+        rows = panel.run(blocking=True)
+        panel.reps = reps
+        tbl = lessons.guard_table(live.as_recording(panel.last_samples))
+    print("method:", lessons.interval_method(tbl))
     if min_M is None:
         print("no canonical recording here: nothing says where the lesson must hold; not checked")
     else:
-        if lessons.needs_retime(tbl.iloc[0], min_M):  # a must-hold point without a figure: once more, 2x reps
-            print(f"M={int(tbl.tokens.iloc[0])}: the repetitions never settled; timed again with {2 * reps} "
-                  "repetitions")
-            panel.reps = 2 * reps
-            rows = panel.run(blocking=True)
-            panel.reps = reps
-            tbl = lessons.guard_table(live.as_recording(panel.last_samples))
         v = lessons.guard_verdict(tbl.iloc[0], min_M)
         print(
             f"the recording ({label}): from M={min_M} up every interval lies above zero "

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lora_moe_lab.instruments.analysers import trace
-from lora_moe_lab.instruments.analysers.recordings import Recording, load_guards
+from lora_moe_lab.instruments.analysers.recordings import METHOD_BOOT, Recording, load_guards
 from lora_moe_lab.nb import lessons as L
 from lora_moe_lab.nb import live
 from lora_moe_lab.provenance import DATA
@@ -51,13 +51,33 @@ def test_a_live_contradiction_raises_with_its_numbers():
     assert not L.guard_verdict(row, 128, gpu=False).must_hold  # a CPU never asserts a GPU bubble
 
 
-def test_an_unsettled_must_hold_point_is_timed_again():
-    """No figure (the repetitions never settled) where the lesson must hold: time again; elsewhere, or with a
-    figure, or on a CPU, or with no recording to say where it must hold: do not."""
-    row = {"tokens": 128, "us_per_sync": float("nan")}
-    assert L.needs_retime(row, 128)
-    assert not L.needs_retime(row, 256) and not L.needs_retime(row, None) and not L.needs_retime(row, 128, gpu=False)
-    assert not L.needs_retime({"tokens": 128, "us_per_sync": 117.0}, 128)
+def _unsettled_at_16():
+    """Synthetic GPU timings whose M=16 point never settled (status unstable, as recordings.py marks it), the
+    host-bound point of the live run at 505fd49, beside a settled M=4096."""
+    s = _samples({16: (40_000, 500, 12_000, 2_000), 4096: (63_000, 24_000, 62_500, 500)})
+    return Recording(s.assign(session="", warmup_drift=False, status=np.where(s.tokens == 16, "unstable", "ok")))
+
+
+def test_every_unsettled_point_is_timed_again():
+    """No figure (the repetitions never settled): time again on a GPU, where the lesson must hold and where it
+    need not (the host-bound M=16); with a figure, or on a CPU: do not."""
+    t = L.guard_table(_unsettled_at_16()).set_index("tokens")
+    assert not np.isfinite(t.loc[16, "us_per_sync"])
+    assert L.needs_retime(t.loc[16]) and not L.needs_retime(t.loc[16], gpu=False)
+    assert not L.needs_retime(t.loc[4096])
+    assert L.needs_retime({"tokens": 128, "us_per_sync": float("nan")})  # a must-hold point, as before
+    # the verdict is unchanged: a point still unsettled after the retry fails only where the lesson must hold
+    assert not L.guard_verdict(t.loc[16].to_dict() | {"tokens": 16}, 128).must_hold
+    with pytest.raises(L.LessonError, match="never settled"):
+        L.guard_verdict(t.loc[16].to_dict() | {"tokens": 16}, 16).check()
+
+
+def test_the_method_is_read_from_a_point_that_settled():
+    """The unsettled M=16 comes first and has no method: the line names the settled point's, or says none settled."""
+    t = L.guard_table(_unsettled_at_16())
+    assert t["method"].iloc[0] == "" and L.interval_method(t) == METHOD_BOOT
+    assert L.interval_method(t.iloc[:1]).startswith("none: no point settled")
+    assert L.interval_method(load_guards().paired("sync", "cpu_flag")) == METHOD_BOOT
 
 
 def test_lesson_min_tokens_reads_the_recording():
