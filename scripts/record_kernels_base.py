@@ -23,6 +23,11 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            and against the public vLLM H200 table's tiles on this kernel, interleaved and paired:
            --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
            percentile-bootstrap 95 % interval.
+  persist  the table's tile against persistent builds of it (a static grid of 1 or 2 programs per SM looping
+           over the tiles, with and without Triton's flattened tile + K loop) at M >= 1024, interleaved and
+           paired like compare; the tables take the fastest build whose paired interval lies below 0.99
+           (DIR/tile_tables). persist_check: 1000 random persistent launches against float64 and, bit for
+           bit, against the same tile with a program per tile; every arm at the presets' shapes.
   --ncu-run  one launch of each counted target (targets.json): the base GEMMs at M=16 and 8192 with
            the table's tile and the rules', and the LoRA deltas as the layer runs them: the decode kernel at
            M=16, the aligned kernel at M=1024 and 8192 (rank 32, 4 adapters all enabled), between
@@ -52,7 +57,7 @@ from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, rule_block_m, rule_gemm_config
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.model.graphs import GraphForward
-from lora_moe_lab.provenance import repo_relative
+from lora_moe_lab.provenance import git_commit, repo_relative
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 SWEEP_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -336,6 +341,163 @@ def add_tma_choice(out):
 
 
 # ------------------------------------------------------------------------------------------------
+PERSIST_M = (1024, 4096, 8192, 16384)
+
+
+def cfg_str(bm, cfg: GemmConfig) -> str:
+    return tile_str(bm, as_tuple(cfg)) + (f"/p{cfg.persistent}" if cfg.persistent else "") + \
+        ("/flat" if cfg.flatten else "")
+
+
+def persist_arms(bm, table: GemmConfig, op) -> dict:
+    """arm -> GemmConfig at the table's BLOCK_M: the table's tile, with TMA where it lacks it, in a persistent
+    grid of 1 and 2 programs per SM with and without the flattened loop, and one narrower tile (BLOCK_N 128:
+    a smaller accumulator, so two programs of 8 warps may fit) persistent and flattened."""
+    from dataclasses import replace
+
+    tma = replace(table, w_desc=True)
+    arms = dict(table=table, tma=tma, p1=replace(tma, persistent=1), p1f=replace(tma, persistent=1, flatten=True),
+                p2f=replace(tma, persistent=2, flatten=True))
+    if table.block_n > 128:
+        arms["n128_p2f"] = replace(tma, block_n=128, num_stages=3, persistent=2, flatten=True)
+    else:
+        arms["n256_p1f"] = replace(tma, block_n=256, num_stages=3, persistent=1, flatten=True)
+    if table.w_desc:
+        arms.pop("tma")
+    return arms
+
+
+def persist(preset, dev, gen, reps):
+    """The table's tile against persistent builds of it, interleaved and paired (20 repetitions after a warm-up
+    drift check; percentile bootstrap 95 % of each arm's ratio of medians to the table)."""
+    for M in PERSIST_M:
+        c = Case(preset, M, dev, gen)
+        inner = inner_of(M)
+        for op in ("gate_up", "down"):
+            bm, t = arms_of(c, preset, M, op)["table"]
+            arms = persist_arms(bm, as_config(t), op)
+            fns, errs = {}, {}
+            for a, cfg in arms.items():
+                f = c.fn(op, bm, cfg)
+                try:
+                    fns[a] = f if harness.is_dry() else GraphForward(lambda f=f: [f() for _ in range(inner)],
+                                                                     warmup=3).replay
+                except Exception as exc:  # noqa: BLE001 - a build that does not compile is left out, and said
+                    errs[a] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    runtime.synchronize()
+            got = time_interleaved(fns, reps=reps)
+            samples = {a: [x / inner for x in tm.samples_us] for a, tm in got.items()}
+            wc = warmup_check(samples)
+            s = {a: v[wc.dropped:] for a, v in samples.items()}
+            med = {a: float(torch.tensor(v).median()) for a, v in s.items()}
+            for a in arms:
+                r = bootstrap_paired(s[a], s["table"], "ratio_of_medians") if a in s else (float("nan"),) * 3
+                row(section="persist", preset=preset, op=op, M=M, arm=a, tile=cfg_str(bm, arms[a]),
+                    reps=reps, kept=len(s["table"]), stable=wc.stable, warmup=wc.note,
+                    time_us=med.get(a, float("nan")), over_table=r[0], over_table_lo=r[1], over_table_hi=r[2],
+                    tflops=c.flops(op) / (med[a] * 1e-6) / 1e12 if a in med else float("nan"),
+                    error=errs.get(a, ""), interval=METHOD_BOOT)
+            best = min(med, key=med.get)
+            log(f"persist {preset} {op} M={M}: table {med['table']:.1f} us ({cfg_str(bm, arms['table'])}); "
+                + ", ".join(f"{a} {med[a] / med['table']:.3f}" for a in med if a != "table")
+                + f"; best {best} {wc.note}" + (f"; left out {errs}" if errs else ""))
+        del c
+        torch.cuda.empty_cache()
+
+
+PERSIST_DIFF = (GemmConfig(64, 64, 8, 4, 3, persistent=1), GemmConfig(128, 64, 8, 4, 3, w_desc=True, persistent=2,
+                                                                     flatten=True),
+                GemmConfig(64, 128, 1, 4, 2, w_desc=True, persistent=1, flatten=True),
+                GemmConfig(64, 64, 8, 4, 3, even=False, persistent=2, flatten=True))
+
+
+def persist_check(dev, gen, n_cases):
+    """n_cases random launches of the persistent builds (bf16, NaN-poisoned outputs) against float64, each also
+    bit for bit against the same tile with a program per tile; then the presets' shapes at PERSIST_M with every
+    arm of `persist` against the table's build."""
+    import random
+    from dataclasses import replace
+
+    from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
+    from lora_moe_lab.ops.reference import rel, tolerance
+
+    rng, g = random.Random(3), torch.Generator(device=dev).manual_seed(3)
+    fails, worst = 0, 0.0
+    for i in range(n_cases):
+        cfg = PERSIST_DIFF[i % len(PERSIST_DIFF)]
+        gather = i % 3 != 0
+        M, E, bm = rng.randint(1, 300), rng.choice((4, 16)), rng.choice((16, 64))
+        k = rng.randint(1, min(8, E))
+        even = i % 2 == 0
+        K = rng.choice((128, 256)) if even else rng.choice((72, 200))
+        N = rng.choice((128, 256)) if even else rng.choice((40, 136))
+        x = torch.randn(M if gather else M * k, K, generator=g, device=dev).to(BF)
+        w = (torch.randn(E, N, K, generator=g, device=dev) * K ** -0.5).to(BF)
+        rw, ids = route(M, E, k, g, dev)
+        rw = rw if i % 4 == 1 else None
+        al = moe_align(ids, E, bm)
+        out, one = (torch.full((M * k, N), float("nan"), dtype=BF, device=dev) for _ in range(2))
+        moe_gemm(x, w, al, k, out, routed_weights=rw, gather=gather, config=cfg)
+        moe_gemm(x, w, al, k, one, routed_weights=rw, gather=gather, config=replace(cfg, persistent=0, flatten=False))
+        err = rel(out.double(), ref_gemm(x, w, ids, k, rw, gather)) if torch.isfinite(out).all() else float("inf")
+        same = torch.equal(out.view(torch.int16), one.view(torch.int16))
+        worst = max(worst, err)
+        fails += not (err < tolerance(BF, dev) and same)
+    row(section="persist_check", op="random_persistent", cases=n_cases, failures=fails, worst=worst,
+        tol=tolerance(BF, dev))
+    log(f"persist_check: {n_cases} random persistent launches, {fails} failures (float64 and bit for bit against "
+        f"a program per tile), worst {worst:.1e}")
+    for preset in PRESETS:
+        for M in PERSIST_M[:2] if not harness.is_dry() else (16,):
+            c = Case(preset, M, dev, gen)
+            for op in ("gate_up", "down"):
+                bm, t = arms_of(c, preset, M, op)["table"]
+                outs = {}
+                for a, cfg in persist_arms(bm, as_config(t), op).items():
+                    o = c.inter if op == "gate_up" else c.down
+                    o.fill_(float("nan"))
+                    c.fn(op, bm, cfg)()
+                    outs[a] = o.clone()
+                ref = outs["table"]
+                bad = [a for a, o in outs.items() if not torch.isfinite(o).all()
+                       or rel(o.double(), ref.double()) > tolerance(BF, dev)]
+                same = [a for a, o in outs.items() if torch.equal(o.view(torch.int16), ref.view(torch.int16))]
+                row(section="persist_check", preset=preset, op=op, M=M, arms=",".join(outs), failures=len(bad),
+                    failed=",".join(bad), bitwise_as_table=",".join(same))
+                log(f"persist_check {preset} {op} M={M}: {len(bad)} arms off the table's output {bad}; "
+                    f"bit for bit: {same}")
+            del c
+            torch.cuda.empty_cache()
+
+
+def add_persist_choice(out):
+    """The tables take a persistent arm where it beat the table's tile: the upper bound of its paired ratio
+    below 0.99 with the point free of drift; the fastest such arm. Written to DIR/tile_tables."""
+    for preset in PRESETS:
+        sh = get_shape(preset)
+        src = tiles.TABLE_DIR / tiles.file_name(torch.cuda.get_device_name(), sh.num_experts, sh.hidden,
+                                                sh.intermediate)
+        table = json.load(open(src))
+        for r in ROWS:
+            if r["section"] != "persist" or r["preset"] != preset or r["arm"] != "table":
+                continue
+            cand = [q for q in ROWS if q["section"] == "persist" and q["preset"] == preset and q["M"] == r["M"]
+                    and q["op"] == r["op"] and q["arm"] != "table" and q["stable"] and q["over_table_hi"] < 0.99]
+            if cand:
+                best = min(cand, key=lambda q: q["over_table"])
+                _, tile = parse_tile(best["tile"])
+                tile.update(w_desc="/tma" in best["tile"], persistent=int(re.search(r"/p(\d+)", best["tile"]).group(1))
+                            if "/p" in best["tile"] else 0, flatten="/flat" in best["tile"])
+                table["buckets"][str(r["M"])][r["op"]] = tile
+                log(f"persist choice {preset} {r['op']} M={r['M']}: {best['tile']} ({best['over_table']:.3f} "
+                    f"[{best['over_table_lo']:.3f}, {best['over_table_hi']:.3f}])")
+        table["source"] += f"; persistent builds from the persist section at {git_commit()}"
+        os.makedirs(os.path.join(out, "tile_tables"), exist_ok=True)
+        with open(os.path.join(out, "tile_tables", src.name), "w") as fh:
+            json.dump(table, fh, indent=1)
+
+
+# ------------------------------------------------------------------------------------------------
 def ncu_run(out, dev, gen):
     """One launch per target between cudaProfilerStart/Stop (warm-ups and alignments outside)."""
     from dataclasses import replace
@@ -504,6 +666,7 @@ def main(argv=None):
     ap.add_argument("--sections", default="sweep,variants,compare", help="default: sweep,variants,compare")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions of compare (default 15)")
     ap.add_argument("--sweep-reps", type=int, default=10, help="replays per sweep timing (default 10)")
+    ap.add_argument("--check-cases", type=int, default=1000, help="random launches of persist_check (default 1000)")
     ap.add_argument("--tables", help="read the tile tables from DIR/tile_tables (compare in a later session)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
     ap.add_argument("--ncu-parse", metavar="RAW_CSV", help="ncu's raw CSV -> kernels_base_ncu.csv (CPU is fine)")
@@ -542,6 +705,15 @@ def main(argv=None):
         if not harness.is_dry() and "sweep" in secs:
             add_tma_choice(args.out)
             use_tables(os.path.join(args.out, "tile_tables"))
+    if "persist_check" in secs:
+        rec.section("persist_check", persist_check, dev, gen, args.check_cases)
+        log(f"[persist_check done at {time.time() - t0:.0f}s]")
+    if "persist" in secs:
+        for preset in PRESETS:
+            rec.section(f"persist {preset}", persist, preset, dev, gen, args.reps)
+            log(f"[persist {preset} done at {time.time() - t0:.0f}s]")
+        if not harness.is_dry():
+            add_persist_choice(args.out)
     if "compare" in secs:
         for preset in PRESETS:
             rec.section(f"compare {preset}", compare, preset, dev, gen, args.reps)

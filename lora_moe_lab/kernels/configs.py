@@ -27,6 +27,8 @@ class GemmConfig:
     even: bool = True  # predicate-free loads where K, N are tile multiples; False only to measure the masked loads
     max_regs: int = 0  # register cap per thread (maxnreg, common.reg_cap); 0 = the compiler's choice. Not in the
     # tile tables: record_kernels_fold times the folded GEMM capped to the plain one's programs per SM
+    persistent: int = 0  # programs per SM of a persistent grid looping over the tiles; 0 = one program per tile
+    flatten: bool = False  # persistent only: Triton pipelines the tile loop and the K loop as one loop
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
-                     check_tensor, num_pairs_of, reg_cap, stages_for)
+                     check_tensor, num_pairs_of, num_sms, reg_cap, stages_for)
 from .configs import GemmConfig, gemm_config
 
 
@@ -124,22 +124,59 @@ def fused_moe_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
-    FOLD_DESC: tl.constexpr = False,
+    FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
-    # Program id -> (token block, N tile), grouped so that GROUP_M consecutive token blocks sweep
-    # the same N tiles together; neighbouring blocks usually share an expert, so its weight tiles
-    # are served from L2 instead of HBM.
-    pid_m, pid_n = grouped_tile(tl.program_id(0), N, num_blocks, BLOCK_N, GROUP_M)
+    if PERSIST:
+        # Persistent grid (config `persistent`: programs per SM): a static number of programs, each takes
+        # every nprog-th tile of the busy ones (counted from num_tokens_post_padded on the device, so the
+        # loop bound needs no host read). FLATTEN lets Triton pipeline the tile loop and the K loop as one:
+        # the next tile's loads are issued while this tile's MMAs finish and its store drains, which a
+        # short K (the down GEMM: K = 768, or 192 at TP=4) otherwise leaves exposed once per tile.
+        ntpp = tl.load(ntpp_ptr)
+        busy = tl.minimum(tl.cdiv(ntpp, BLOCK_M), num_blocks)
+        total = busy * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=FLATTEN):
+            pid_m, pid_n = grouped_tile(tile, N, busy, BLOCK_N, GROUP_M)
+            expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+            # expert -1 (a block no expert of this rank owns): every row masked, nothing stored
+            _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, tl.maximum(expert, 0),
+                       expert >= 0, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+                       stride_om, stride_on, w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
+                       stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                       BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
+                       STRADDLE, FOLD_DESC)
+    else:
+        # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
+        # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
+        # its weight tiles are served from L2 instead of HBM.
+        pid_m, pid_n = grouped_tile(tl.program_id(0), N, num_blocks, BLOCK_N, GROUP_M)
+        # Blocks past the padded end hold only sentinels: nothing to compute, nothing to write.
+        ntpp = tl.load(ntpp_ptr)
+        if pid_m * BLOCK_M >= ntpp:
+            return
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        if expert < 0:
+            return
+        _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, N, K, num_pairs,
+                   top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
+                   t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
+                   stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_K, GATHER,
+                   HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC)
 
-    # Blocks past the padded end hold only sentinels: nothing to compute, nothing to write.
-    ntpp = tl.load(ntpp_ptr)
-    if pid_m * BLOCK_M >= ntpp:
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    if expert < 0:
-        return
 
+@triton.jit
+def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, owned, N, K, num_pairs, top_k,
+               stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
+               t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
+               stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER: tl.constexpr,
+               HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
+               LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
+               FOLD_DESC: tl.constexpr):
+    """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
+    every row (a block of expert -1 in the persistent loop)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    valid = valid & owned
     if GATHER:
         row = pair // top_k
     else:
@@ -183,6 +220,8 @@ def fused_moe_kernel(
         acc = acc * rw[:, None]
     out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +288,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
-    lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling.
+    lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling;
+    the folded GEMM always runs a program per tile (config.persistent applies to the plain GEMM only).
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -258,7 +298,10 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
     # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.
     nb_launch = min(nb, num_pairs)
-    grid = (nb_launch * cdiv(N, cfg.block_n),)
+    tiles = nb_launch * cdiv(N, cfg.block_n)
+    # persistent (plain GEMM only): a static grid of programs per SM that loop over the busy tiles
+    persist = bool(cfg.persistent) and lora is None
+    grid = (min(tiles, num_sms(x.device) * cfg.persistent) if persist else tiles,)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
@@ -283,6 +326,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
+        PERSIST=persist, FLATTEN=persist and cfg.flatten,
         num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **reg_cap(cfg.max_regs),
     )
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 
 TABLE_DIR = Path(__file__).with_name("tile_tables")
 GEMM_KEYS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
+OPTIONAL_KEYS = ("w_desc", "persistent", "flatten")  # absent = off (kernels/configs.py: GemmConfig)
 
 
 def file_name(gpu: str, num_experts: int, hidden: int, intermediate: int) -> str:
@@ -50,13 +51,18 @@ def check_table(table: dict, where: str = "tile table") -> dict:
             raise ValueError(f"{where}: bucket {b}: block_m must be 16, 32, 64 or 128, got {e.get('block_m')!r}")
         for op in ("gate_up", "down"):
             tile = e.get(op)
-            if not isinstance(tile, dict) or set(tile) - {"w_desc"} != set(GEMM_KEYS):
+            if not isinstance(tile, dict) or set(tile) - set(OPTIONAL_KEYS) != set(GEMM_KEYS):
                 raise ValueError(f"{where}: bucket {b}: {op} must hold exactly {GEMM_KEYS} (and optionally "
-                                 f"w_desc), got {tile!r}")
+                                 f"{OPTIONAL_KEYS}), got {tile!r}")
             if any(not isinstance(tile[k], int) or tile[k] <= 0 for k in GEMM_KEYS):
                 raise ValueError(f"{where}: bucket {b}: {op} values must be positive ints, got {tile}")
-            if not isinstance(tile.get("w_desc", False), bool):
-                raise ValueError(f"{where}: bucket {b}: {op} w_desc must be true or false, got {tile['w_desc']!r}")
+            for flag in ("w_desc", "flatten"):
+                if not isinstance(tile.get(flag, False), bool):
+                    raise ValueError(f"{where}: bucket {b}: {op} {flag} must be true or false, got {tile[flag]!r}")
+            pers = tile.get("persistent", 0)
+            if not isinstance(pers, int) or isinstance(pers, bool) or pers < 0:
+                raise ValueError(f"{where}: bucket {b}: {op} persistent must be an int >= 0 (programs per SM), "
+                                 f"got {pers!r}")
     return table
 
 

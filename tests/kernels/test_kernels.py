@@ -86,6 +86,37 @@ def test_moe_gemm_tma_and_even_tiles(M, K, N, E, top_k, gather, with_rw, w_desc)
                    config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc))
 
 
+@pytest.mark.parametrize("flatten", [False, True])
+@pytest.mark.parametrize("w_desc", [False, True])
+@pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw,bm", [
+    (9, 64, 64, 8, 2, True, False, 16),  # more tiles than programs: each program loops over several
+    (7, 40, 48, 8, 2, False, True, 16),  # masked K and N
+    (2, 32, 64, 16, 3, True, True, 32),  # fewer busy blocks than launched: the loop bound comes from ntpp
+])
+def test_moe_gemm_persistent_grid(M, K, N, E, top_k, gather, with_rw, bm, w_desc, flatten):
+    # A static grid (num_sms * persistent programs; 2 SMs under the interpreter) looping over the tiles.
+    check_moe_gemm(M * 17 + K + N, M, K, N, E, top_k, gather, with_rw, torch.float32, bm=bm,
+                   config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc,
+                                     persistent=1, flatten=flatten))
+
+
+@gpu_only
+def test_moe_gemm_persistent_is_bit_identical_to_a_program_per_tile():
+    # Same tile, same K order: the persistent loop must give the same bits as one program per tile.
+    g = torch.Generator().manual_seed(11)
+    M, K, N, E, top_k = 300, 256, 512, 16, 4
+    ids = routing(g, M, top_k, E).to(DEV)
+    x, w = randn(g, M, K, dtype=torch.bfloat16), randn(g, E, N, K, std=K ** -0.5, dtype=torch.bfloat16)
+    align = moe_align(ids, E, 64)
+    outs = []
+    for pers, flat in ((0, False), (1, False), (2, True)):
+        out = torch.full((M * top_k, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+        fused_moe.moe_gemm(x, w, align, top_k, out, config=GemmConfig(128, 64, 8, 4, 3, w_desc=True, persistent=pers,
+                                                                        flatten=flat))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_moe_gemm_with_a_register_cap():
     """max_regs reaches ptxas as maxnreg on a GPU (nothing under the interpreter) and changes no result."""
     from lora_moe_lab import runtime
@@ -267,7 +298,9 @@ def test_moe_gemm_random(data):
     K = data.draw(st.integers(1, 80), label="K")
     N = data.draw(st.integers(1, 70), label="N")
     gather, with_rw, bm, dtype, cfg = _draw_launch(data, [None, GemmConfig(16, 16, 2, 4, 1),
-                                                          GemmConfig(16, 16, 2, 4, 1, w_desc=True)])
+                                                          GemmConfig(16, 16, 2, 4, 1, w_desc=True),
+                                                          GemmConfig(16, 16, 2, 4, 1, w_desc=True, persistent=1,
+                                                                     flatten=True)])
     check_moe_gemm(data.draw(st.integers(0, 2 ** 30), label="seed"), M, K, N, E, top_k, gather, with_rw,
                    dtype, bm=bm, config=cfg)
 

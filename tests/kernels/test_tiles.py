@@ -50,6 +50,10 @@ def test_configs_use_the_rules_without_a_table(monkeypatch):
     ({"buckets": {"4": {"block_m": 16, "gate_up": {"block_n": 64}}}}, "gate_up must hold exactly"),
     ({"buckets": {"4": {"block_m": 16, "gate_up": dict(block_n=64, block_k=0, group_m=1, num_warps=4, num_stages=2),
                         "down": {}}}}, "positive ints"),
+    ({"buckets": {"4": {"block_m": 16, "gate_up": dict(block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=2,
+                                                       persistent=-1), "down": {}}}}, "persistent must be an int"),
+    ({"buckets": {"4": {"block_m": 16, "gate_up": dict(block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=2,
+                                                       flatten=1), "down": {}}}}, "flatten must be true or false"),
 ])
 def test_malformed_tables_are_named_errors(bad, match):
     base = dict(gpu="G", num_experts=8, hidden=64, intermediate=32, buckets={"1": {}})
