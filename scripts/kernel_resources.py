@@ -1,88 +1,231 @@
-"""Registers, spills and shared memory of the base MoE GEMM's builds, compiled for Hopper on a machine
-without a GPU (Triton's own ptxas; nothing runs), so a tile's programs per SM can be read before a
-device minute is spent on it.
+"""Registers, spills and shared memory of the base MoE GEMM's builds, compiled for Hopper (sm_90) on a
+machine without a GPU: the real launcher (`kernels.fused_moe.moe_gemm`) runs on CPU tensors of the
+presets' shapes, so Triton specialises the arguments exactly as on the GPU (strides of 1, multiples of
+16), and the launch is replaced by Triton's compile-only warm-up. Nothing runs; no timing comes from here.
 
-    python scripts/kernel_resources.py                      # the committed tables' large-M tiles, both GEMMs
-    python scripts/kernel_resources.py --tile 128,256,64,16,8,4 --persistent 1 --flatten --op down
+    PYTHONPATH=/tmp/t36 python scripts/kernel_resources.py        # with the GPU machine's Triton (3.6)
+    python scripts/kernel_resources.py --check data/kernels/base_s3_kernels_base_ncu.csv
 
-Programs per SM = min(65536 // (registers * 32 * warps), 228 KB // shared); this is the static resource
-limit, not a timing. Registers come from `cuobjdump -res-usage` of the compiled cubin.
+Registers are read from the cubin (`cuobjdump -res-usage`, shipped with Triton). They depend on the
+Triton and ptxas versions, so use the Triton the GPU machine runs; `--check` compares them with the
+registers Nsight Compute reported for the same builds (launch__registers_per_thread) and fails on a
+difference. Programs per SM = min(65536 // (registers * 32 * warps), 228 KB // (shared + 1 KB), 64 // warps)
+is the static resource limit of one H100/H200 SM.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import subprocess
+import sys
 import tempfile
+from dataclasses import replace
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target, not the interpreter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from lora_moe_lab.kernels import fused_moe  # noqa: E402
+from lora_moe_lab.config import get_shape  # noqa: E402
+from lora_moe_lab.kernels import fused_moe, fused_moe_lora  # noqa: E402
+from lora_moe_lab.kernels.align import moe_align  # noqa: E402
+from lora_moe_lab.kernels.configs import (GemmConfig, LoRAKernelConfig, lora_block_m, lora_config,  # noqa: E402
+                                         lora_down_config)
 
-POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
-            "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "rw_ptr": "*fp32", "t_ptr": "*bf16", "b_ptr": "*bf16",
-            "mapping_ptr": "*i32", "lora_ids_ptr": "*i32", "enabled_ptr": "*i32", "t_desc": "*bf16",
-            "b_desc": "*bf16"}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+TILE = re.compile(r"bm(\d+)/bn(\d+)/bk(\d+)/g(\d+)/w(\d+)/s(\d+)")
 
 
-def compile_gemm(bm, bn, bk, warps, stages, *, gather, w_desc, persistent=False, flatten=False, max_regs=0):
-    """The plain base GEMM (bf16, predicate-free loads) compiled for sm_90a; returns its CompiledKernel."""
-    fn = fused_moe.fused_moe_kernel
-    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, GATHER=gather, HAS_RW=not gather, EVEN_K=True,
-                 EVEN_N=True, W_DESC=w_desc, LORA=False, BLOCK_R=16, P=1, STRADDLE=False, FOLD_DESC=False,
-                 PERSIST=persistent, FLATTEN=flatten)
-    sig = {}
-    for n in fn.arg_names:
-        sig[n] = ("constexpr" if n in const else POINTERS.get(n) or
-                  (f"tensordesc<bf16[{bn}, {bk}]>" if n == "w_desc" and w_desc else
-                   "*bf16" if n == "w_desc" else "i32"))
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": max_regs} if max_regs else {}))
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+class _Hopper:
+    """Just enough of Triton's CUDA driver for a compile-only warm-up: an sm_90 target, device 0."""
+
+    def __init__(self):
+        from triton.backends.nvidia.driver import CudaUtils  # noqa: F401  (the backend must be importable)
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_device_interface(self):
+        return torch.cuda
+
+    def get_benchmarker(self):
+        raise RuntimeError("compile only")
+
+
+class _Capture:
+    """Stands in for `fused_moe_kernel[grid]`: compiles with Triton's warm-up (no launch) and keeps it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.compiled = kernel, None
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.compiled = self.kernel.run(*args, grid=grid, warmup=True, **kwargs)
+        return run
+
+
+import contextlib  # noqa: E402
+
+
+@contextlib.contextmanager
+def _compile_only(module, kernel_name):
+    """Inside: `module`'s launcher compiles its kernel for sm_90 through Triton's warm-up instead of launching
+    it, on CPU tensors (the CPU checks and the SM count are patched out); yields the capture."""
+    cap = _Capture(getattr(module, kernel_name))
+    names = [n for n in ("check_compute_dtype", "_tma_device", "num_sms") if hasattr(module, n)]
+    saved = {n: getattr(module, n) for n in names + [kernel_name]}
+    patch = dict(check_compute_dtype=lambda x: None, _tma_device=lambda t: True, num_sms=lambda d: 132)
+    drv = triton.runtime.driver
+    prev, drv._active = drv._active, _Hopper()  # no real driver loads on a machine without CUDA
+    try:
+        setattr(module, kernel_name, cap)
+        for n in names:
+            setattr(module, n, patch[n])
+        yield cap
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
+        drv._active = prev
+
+
+def _shapes(preset, op):
+    sh = get_shape(preset)
+    N, K = (2 * sh.intermediate, sh.hidden) if op == "gate_up" else (sh.hidden, sh.intermediate)
+    return sh.num_experts, sh.top_k, N, K
+
+
+def _routing(M, E, k):
+    return torch.stack([torch.randperm(E)[:k] for _ in range(8)]).int().repeat(M // 8, 1)
+
+
+def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192):
+    """The base GEMM of `preset` (bf16) at token count M with tile cfg, compiled through moe_gemm; returns
+    Triton's CompiledKernel."""
+    E, k, N, K = _shapes(preset, op)
+    rows = M if op == "gate_up" else M * k
+    x, w = torch.empty(rows, K, dtype=torch.bfloat16), torch.empty(E, N, K, dtype=torch.bfloat16)
+    out = torch.empty(M * k, N, dtype=torch.bfloat16)
+    rw = torch.rand(M, k) if op == "down" else None
+    with _compile_only(fused_moe, "fused_moe_kernel") as cap:
+        fused_moe.moe_gemm(x, w, moe_align(_routing(M, E, k), E, bm), k, out, routed_weights=rw,
+                           gather=op == "gate_up", config=cfg)
+    return cap.compiled
+
+
+def compile_lora(preset, op, M=8192, cfg: LoRAKernelConfig | None = None, slots=4, rank=32):
+    """The aligned LoRA delta (kernels/fused_moe_lora.py) of `preset` at M with `slots` adapters of rank 32, with
+    cfg or the layer's own config (configs.lora_config / lora_down_config); returns (config, CompiledKernel)."""
+    E, k, N0, K = _shapes(preset, op)
+    P, N = (2, N0 // 2) if op == "gate_up" else (1, N0)
+    bm = lora_block_m(M, k, E, slots)
+    cfg = cfg or (lora_config if op == "gate_up" else lora_down_config)(M, k, E, slots, bm, N, K)
+    rows = M if op == "gate_up" else M * k
+    x = torch.empty(rows, K, dtype=torch.bfloat16)
+    a = torch.empty(P, slots, E, rank, K, dtype=torch.bfloat16)
+    b = torch.empty(P, slots, E, N, rank, dtype=torch.bfloat16)
+    out = torch.empty(M * k, P * N, dtype=torch.bfloat16)
+    slot = torch.arange(M, dtype=torch.int32) % slots
+    al = moe_align(_routing(M, E, k), E, bm, slot, slots)
+    ids, on = torch.arange(slots, dtype=torch.int32), torch.ones(slots, dtype=torch.int32)
+    with _compile_only(fused_moe_lora, "fused_moe_lora_kernel") as cap:
+        fused_moe_lora.lora_delta(x, a, b, al, ids, on, k, out, routed_weights=torch.rand(M, k) if op == "down"
+                                  else None, gather=op == "gate_up", config=cfg)
+    return cfg, cap.compiled
 
 
 def resources(kernel) -> dict:
-    """registers, spill bytes (stores) and static + dynamic shared memory of a compiled kernel."""
+    """registers, stack bytes (spills) and shared memory of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         text = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True).stdout
-    regs = int(re.search(r"REG:(\d+)", text).group(1))
-    spill = int(re.search(r"STACK:(\d+)", text).group(1))
-    return dict(regs=regs, stack=spill, shared=int(kernel.metadata.shared))
+    return dict(regs=int(re.search(r"REG:(\d+)", text).group(1)), stack=int(re.search(r"STACK:(\d+)", text).group(1)),
+                shared=int(kernel.metadata.shared))
 
 
 def programs_per_sm(res, warps) -> int:
     by_regs = 65536 // (max(res["regs"], 1) * 32 * warps)
-    by_smem = (228 * 1024) // (res["shared"] + 1024) if res["shared"] else 32
+    by_smem = (228 * 1024) // (res["shared"] + 1024) if res["shared"] else 64
     return max(0, min(by_regs, by_smem, 64 // warps))
+
+
+def config_of(tile: str) -> tuple[int, GemmConfig]:
+    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat]' -> (BLOCK_M, GemmConfig). '/masked' is the build of the
+    recordings' table_masked arm: every load predicated and no TMA (the kernel before the EVEN flags), whatever
+    the table's tile said."""
+    bm, bn, bk, g, w, s = (int(v) for v in TILE.match(tile).groups())
+    pers = re.search(r"/p(\d+)", tile)
+    return bm, GemmConfig(bn, bk, g, w, s, w_desc="/tma" in tile and "/masked" not in tile,
+                          even="/masked" not in tile,
+                          persistent=int(pers.group(1)) if pers else 0, flatten="/flat" in tile)
+
+
+def report(preset, op, tile, M=8192):
+    bm, cfg = config_of(tile)
+    r = resources(compile_gemm(preset, op, bm, cfg, M))
+    r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
+    print(f"{preset:<18} {op:<7} {tile:<40} {r['regs']:>3} registers, stack {r['stack']:>4} B, shared "
+          f"{r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
+    return r
+
+
+def report_lora(preset, op, M=8192, cfg=None):
+    cfg, kern = compile_lora(preset, op, M, cfg)
+    r = resources(kern)
+    r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
+    print(f"{preset:<18} lora_{op:<7} M={M:<6} {lora_str(cfg):<34} {r['regs']:>3} registers, stack {r['stack']:>4} B,"
+          f" shared {r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
+    return r
+
+
+def lora_str(c: LoRAKernelConfig) -> str:
+    return (f"bn{c.block_n}/bk{c.block_k}/w{c.num_warps}/s{c.num_stages}/pf{c.prefetch}"
+            + (f"/cap{c.max_regs}" if c.max_regs else ""))
+
+
+def check(ncu_csv) -> int:
+    """Every base-GEMM row of an ncu recording compiled here: registers equal to ncu's, or a failure."""
+    bad = 0
+    for row in csv.DictReader(open(ncu_csv)):
+        if row["kernel"] == "fused_moe_lora_kernel":
+            r = report_lora(row["preset"], row["op"].removeprefix("lora_"), int(row["M"]))
+        elif row["kernel"] == "fused_moe_kernel":
+            r = report(row["preset"], row["op"].removeprefix("base_"), row["tile"], int(row["M"]))
+        else:
+            continue
+        if r["regs"] != int(float(row["registers"])):
+            print(f"  MISMATCH: ncu reported {row['registers']} registers", flush=True)
+            bad += 1
+    print(f"{bad} mismatches against {ncu_csv} (Triton {triton.__version__})")
+    return bad
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tile", help="BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages")
+    ap.add_argument("--check", metavar="NCU_CSV", help="compare with ncu's registers of the same builds")
+    ap.add_argument("--tile", action="append", help="e.g. bm128/bn256/bk64/g16/w8/s4/tma/p1/flat (repeatable)")
+    ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--op", choices=("gate_up", "down"), default="down")
-    ap.add_argument("--persistent", type=int, default=0)
-    ap.add_argument("--flatten", action="store_true")
-    ap.add_argument("--no-tma", action="store_true")
+    ap.add_argument("--M", type=int, default=8192)
     a = ap.parse_args()
-    tiles = ([tuple(int(v) for v in a.tile.split(","))] if a.tile else
-             [(128, 256, 64, 16, 8, 4), (128, 128, 64, 16, 8, 3), (64, 128, 64, 16, 4, 3)])
-    for bm, bn, bk, _g, warps, stages in tiles:
-        for op in ((a.op,) if a.tile else ("gate_up", "down")):
-            for pers, flat in (((a.persistent, a.flatten),) if a.tile else ((0, False), (1, False), (1, True))):
-                k = compile_gemm(bm, bn, bk, warps, stages, gather=op == "gate_up", w_desc=not a.no_tma,
-                                 persistent=bool(pers), flatten=flat)
-                r = resources(k)
-                print(f"{op:7s} bm{bm}/bn{bn}/bk{bk}/w{warps}/s{stages} persistent={pers} flatten={flat}: "
-                      f"{r['regs']} registers, stack {r['stack']} B, shared {r['shared'] // 1024} KB -> "
-                      f"{programs_per_sm(r, warps)} program(s) per SM")
+    if a.check:
+        sys.exit(1 if check(a.check) else 0)
+    for tile in a.tile or ["bm128/bn256/bk64/g16/w8/s4/tma", "bm128/bn256/bk64/g16/w8/s4/tma/p1/flat"]:
+        report(a.preset, a.op, tile, a.M)
 
 
 if __name__ == "__main__":
