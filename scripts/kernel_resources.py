@@ -26,6 +26,7 @@ from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target, not the interpreter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the recording scripts' arms and candidates
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -126,12 +127,12 @@ def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192):
     return cap.compiled
 
 
-def compile_lora(preset, op, M=8192, cfg: LoRAKernelConfig | None = None, slots=4, rank=32):
+def compile_lora(preset, op, M=8192, cfg: LoRAKernelConfig | None = None, slots=4, rank=32, bm=None):
     """The aligned LoRA delta (kernels/fused_moe_lora.py) of `preset` at M with `slots` adapters of rank 32, with
     cfg or the layer's own config (configs.lora_config / lora_down_config); returns (config, CompiledKernel)."""
     E, k, N0, K = _shapes(preset, op)
     P, N = (2, N0 // 2) if op == "gate_up" else (1, N0)
-    bm = lora_block_m(M, k, E, slots)
+    bm = bm or lora_block_m(M, k, E, slots)
     cfg = cfg or (lora_config if op == "gate_up" else lora_down_config)(M, k, E, slots, bm, N, K)
     rows = M if op == "gate_up" else M * k
     x = torch.empty(rows, K, dtype=torch.bfloat16)
@@ -164,14 +165,15 @@ def programs_per_sm(res, warps) -> int:
 
 
 def config_of(tile: str) -> tuple[int, GemmConfig]:
-    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat]' -> (BLOCK_M, GemmConfig). '/masked' is the build of the
-    recordings' table_masked arm: every load predicated and no TMA (the kernel before the EVEN flags), whatever
-    the table's tile said."""
+    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat][/cap128]' -> (BLOCK_M, GemmConfig). '/masked' is the
+    build of the recordings' table_masked arm: every load predicated and no TMA (the kernel before the EVEN
+    flags), whatever the table's tile said."""
     bm, bn, bk, g, w, s = (int(v) for v in TILE.match(tile).groups())
-    pers = re.search(r"/p(\d+)", tile)
+    pers, cap = re.search(r"/p(\d+)", tile), re.search(r"/cap(\d+)", tile)
     return bm, GemmConfig(bn, bk, g, w, s, w_desc="/tma" in tile and "/masked" not in tile,
                           even="/masked" not in tile,
-                          persistent=int(pers.group(1)) if pers else 0, flatten="/flat" in tile)
+                          persistent=int(pers.group(1)) if pers else 0, flatten="/flat" in tile,
+                          max_regs=int(cap.group(1)) if cap else 0)
 
 
 def report(preset, op, tile, M=8192):
@@ -183,18 +185,30 @@ def report(preset, op, tile, M=8192):
     return r
 
 
-def report_lora(preset, op, M=8192, cfg=None):
-    cfg, kern = compile_lora(preset, op, M, cfg)
+def report_lora(preset, op, M=8192, cfg=None, bm=None):
+    cfg, kern = compile_lora(preset, op, M, cfg, bm=bm)
     r = resources(kern)
     r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
-    print(f"{preset:<18} lora_{op:<7} M={M:<6} {lora_str(cfg):<34} {r['regs']:>3} registers, stack {r['stack']:>4} B,"
+    name = ("bm%d/" % bm if bm else "") + lora_str(cfg)
+    print(f"{preset:<18} lora_{op:<7} M={M:<6} {name:<34} {r['regs']:>3} registers, stack {r['stack']:>4} B,"
           f" shared {r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
     return r
 
 
+LORA_TILE = re.compile(r"bn(\d+)/bk(\d+)/w(\d+)/s(\d+)/pf(\d+)")
+
+
+def lora_config_of(s: str, base: LoRAKernelConfig) -> LoRAKernelConfig:
+    """'bn128/bk64/w8/s3/pf2[/cap128][/xs3]' -> the layer's config `base` with these fields."""
+    bn, bk, w, st, pf = (int(v) for v in LORA_TILE.search(s).groups())
+    cap, xs = re.search(r"/cap(\d+)", s), re.search(r"/xs(\d+)", s)
+    return replace(base, block_n=bn, block_k=bk, num_warps=w, num_stages=st, prefetch=pf,
+                   max_regs=int(cap.group(1)) if cap else 0, expand_stages=int(xs.group(1)) if xs else 0)
+
+
 def lora_str(c: LoRAKernelConfig) -> str:
     return (f"bn{c.block_n}/bk{c.block_k}/w{c.num_warps}/s{c.num_stages}/pf{c.prefetch}"
-            + (f"/cap{c.max_regs}" if c.max_regs else ""))
+            + (f"/cap{c.max_regs}" if c.max_regs else "") + (f"/xs{c.expand_stages}" if c.expand_stages else ""))
 
 
 def check(ncu_csv) -> int:
@@ -214,16 +228,68 @@ def check(ncu_csv) -> int:
     return bad
 
 
+def record(out):
+    """DIR/kernel_resources.csv + .meta.json: the committed tables' tiles at M >= 1024 with every arm of
+    record_kernels_base's persist section, and the aligned LoRA deltas at M = 1024 and 8192 with the layer's
+    config and every candidate of record_kernels_expand's `stages` set. Static compile facts, no timing."""
+    import record_kernels_base as rb
+    import record_kernels_expand as rx
+
+    from lora_moe_lab import runtime
+    from lora_moe_lab.instruments.recorders.harness import Recorder
+    from lora_moe_lab.kernels import configs, tiles
+
+    rec = Recorder("kernel_resources", out, params=dict(target="sm_90 (compiled, not run)", tool=__file__))
+    saved = (tiles.gpu_name, configs.runtime.interpreter)
+    tiles.gpu_name, runtime.interpreter = (lambda: "NVIDIA H200"), (lambda: False)  # the H200 tables, GPU configs
+    tiles._tables_of.cache_clear()
+    try:
+        for preset in rb.PRESETS:
+            sh = get_shape(preset)
+            for M in rb.PERSIST_M:
+                bm = configs.moe_block_m(M, sh.top_k, sh.num_experts, sh.hidden, sh.intermediate)
+                for op in ("gate_up", "down"):
+                    N, K = _shapes(preset, op)[2:]
+                    for arm, cfg in rb.persist_arms(bm, configs.gemm_config(M, bm, N, K, sh.num_experts), op).items():
+                        r = report(preset, op, rb.cfg_str(bm, cfg), M)
+                        rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=rb.cfg_str(bm, cfg),
+                                num_warps=cfg.num_warps, **r)
+            for M in (1024, 8192):
+                for op in ("gate_up", "down"):
+                    base, _ = compile_lora(preset, op, M)
+                    bm = lora_block_m(M, sh.top_k, sh.num_experts, 4)
+                    for i, (_, cfg) in enumerate(rx.candidates(op, M, bm, lambda b, c=base: c, "stages")):
+                        r = report_lora(preset, op, M, cfg)
+                        rec.row(kernel="fused_moe_lora_kernel", preset=preset, op=op, M=M, arm="layer" if i == 0 else
+                                "stages", tile=f"bm{bm}/" + lora_str(cfg), num_warps=cfg.num_warps, **r)
+    finally:
+        tiles.gpu_name, runtime.interpreter = saved
+        tiles._tables_of.cache_clear()
+    rec.meta["triton_compiler"] = triton.__version__
+    print("wrote", rec.write())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", metavar="DIR", help="write DIR/kernel_resources.csv (+ .meta.json)")
     ap.add_argument("--check", metavar="NCU_CSV", help="compare with ncu's registers of the same builds")
     ap.add_argument("--tile", action="append", help="e.g. bm128/bn256/bk64/g16/w8/s4/tma/p1/flat (repeatable)")
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--op", choices=("gate_up", "down"), default="down")
     ap.add_argument("--M", type=int, default=8192)
+    ap.add_argument("--lora", action="append", help="the aligned LoRA delta: bn128/bk64/w8/s3/pf2[/cap128] or "
+                                                    "'layer' (the layer's own config); repeatable")
+    ap.add_argument("--block-m", type=int, help="the LoRA alignment's BLOCK_M (default: the layer's)")
     a = ap.parse_args()
     if a.check:
         sys.exit(1 if check(a.check) else 0)
+    if a.record:
+        return record(a.record)
+    if a.lora:
+        base, _ = compile_lora(a.preset, a.op, a.M, bm=a.block_m)
+        for s in a.lora:
+            report_lora(a.preset, a.op, a.M, None if s == "layer" else lora_config_of(s, base), bm=a.block_m)
+        return
     for tile in a.tile or ["bm128/bn256/bk64/g16/w8/s4/tma", "bm128/bn256/bk64/g16/w8/s4/tma/p1/flat"]:
         report(a.preset, a.op, tile, a.M)
 

@@ -346,22 +346,26 @@ PERSIST_M = (1024, 4096, 8192, 16384)
 
 def cfg_str(bm, cfg: GemmConfig) -> str:
     return tile_str(bm, as_tuple(cfg)) + (f"/p{cfg.persistent}" if cfg.persistent else "") + \
-        ("/flat" if cfg.flatten else "")
+        ("/flat" if cfg.flatten else "") + (f"/cap{cfg.max_regs}" if cfg.max_regs else "")
 
 
 def persist_arms(bm, table: GemmConfig, op) -> dict:
-    """arm -> GemmConfig at the table's BLOCK_M: the table's tile, with TMA where it lacks it, in a persistent
-    grid of 1 and 2 programs per SM with and without the flattened loop, and one narrower tile (BLOCK_N 128:
-    a smaller accumulator, so two programs of 8 warps may fit) persistent and flattened."""
+    """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid,
+    with and without the flattened loop, and one narrower or wider tile persistent and flattened.
+    Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 20-75 more
+    registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
+    32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
+    drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two."""
     from dataclasses import replace
 
     tma = replace(table, w_desc=True)
-    arms = dict(table=table, tma=tma, p1=replace(tma, persistent=1), p1f=replace(tma, persistent=1, flatten=True),
-                p2f=replace(tma, persistent=2, flatten=True))
+    arms = dict(table=table, tma=tma, p1=replace(tma, persistent=1), p1f=replace(tma, persistent=1, flatten=True))
     if table.block_n > 128:
         arms["n128_p2f"] = replace(tma, block_n=128, num_stages=3, persistent=2, flatten=True)
     else:
         arms["n256_p1f"] = replace(tma, block_n=256, num_stages=3, persistent=1, flatten=True)
+        if table.num_warps == 8:
+            arms["p2_cap128"] = replace(tma, persistent=2, max_regs=128)
     if table.w_desc:
         arms.pop("tma")
     return arms
@@ -448,7 +452,7 @@ def persist_check(dev, gen, n_cases):
     log(f"persist_check: {n_cases} random persistent launches, {fails} failures (float64 and bit for bit against "
         f"a program per tile), worst {worst:.1e}")
     for preset in PRESETS:
-        for M in PERSIST_M[:2] if not harness.is_dry() else (16,):
+        for M in PERSIST_M[:2]:
             c = Case(preset, M, dev, gen)
             for op in ("gate_up", "down"):
                 bm, t = arms_of(c, preset, M, op)["table"]
@@ -486,8 +490,9 @@ def add_persist_choice(out):
             if cand:
                 best = min(cand, key=lambda q: q["over_table"])
                 _, tile = parse_tile(best["tile"])
-                tile.update(w_desc="/tma" in best["tile"], persistent=int(re.search(r"/p(\d+)", best["tile"]).group(1))
-                            if "/p" in best["tile"] else 0, flatten="/flat" in best["tile"])
+                pers, cap = re.search(r"/p(\d+)", best["tile"]), re.search(r"/cap(\d+)", best["tile"])
+                tile.update(w_desc="/tma" in best["tile"], persistent=int(pers.group(1)) if pers else 0,
+                            flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0)
                 table["buckets"][str(r["M"])][r["op"]] = tile
                 log(f"persist choice {preset} {r['op']} M={r['M']}: {best['tile']} ({best['over_table']:.3f} "
                     f"[{best['over_table_lo']:.3f}, {best['over_table_hi']:.3f}])")
@@ -728,9 +733,9 @@ def use_tables(path):
 
 
 def _dry():
-    global PRESETS, SWEEP_M, COMPARE_M, BF, TILES, VLLM_H200
+    global PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF, TILES, VLLM_H200
     harness.set_dry()
-    PRESETS, SWEEP_M, COMPARE_M, BF = ("tiny",), (1, 16), (1, 16), torch.float32
+    PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF = ("tiny",), (1, 16), (1, 16), (16,), torch.float32
     TILES = {bm: [(32, 32, 4, 4, 1)] for bm in (16, 32, 64, 128)}
     VLLM_H200 = {"tiny": {1: (16, 32, 32, 1, 4, 1)}}
     torch.cuda.synchronize = lambda *a: None

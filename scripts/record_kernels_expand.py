@@ -62,11 +62,17 @@ def candidates(op, M, bm0, table_for, which="regs"):
     "tiles" (run 1): prefetch 1/2 and a few other tiles and block heights; "regs" (run 2): prefetch
     0/1/2 with and without a register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128)
     or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
-    "table": the table's tile only."""
+    "table": the table's tile only; "stages" (issue 24): the expand loop pipelined by Triton (`expand_stages` 2-4,
+    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table."""
     table = table_for(bm0)
     out = [(bm0, table)]
     if which == "table":
         return out
+    if which == "stages":
+        out += [(bm0, replace(table, prefetch=0, max_regs=0, expand_stages=xs)) for xs in (2, 3, 4)]
+        if op == "down":
+            out.append((bm0, replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3)))
+        return _unique(out)
     if which == "blocks":
         for bm in (16, 32, 64):
             t = table_for(bm)
@@ -347,7 +353,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks"), default="regs",
+    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages"), default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")

@@ -25,8 +25,8 @@ class GemmConfig:
     num_stages: int = 3
     w_desc: bool = False  # weight tiles through a TMA descriptor (kernels/fused_moe.py), where w allows it
     even: bool = True  # predicate-free loads where K, N are tile multiples; False only to measure the masked loads
-    max_regs: int = 0  # register cap per thread (maxnreg, common.reg_cap); 0 = the compiler's choice. Not in the
-    # tile tables: record_kernels_fold times the folded GEMM capped to the plain one's programs per SM
+    max_regs: int = 0  # register cap per thread (maxnreg, common.reg_cap); 0 = the compiler's choice. In a tile
+    # table only beside a persistent grid (record_kernels_base persist); record_kernels_fold caps the folded GEMM
     persistent: int = 0  # programs per SM of a persistent grid looping over the tiles; 0 = one program per tile
     flatten: bool = False  # persistent only: Triton pipelines the tile loop and the K loop as one loop
 
@@ -46,6 +46,9 @@ class LoRAKernelConfig:
     # tile j's store; 2 = also the first tile's loads before the shrink. 0 = off.
     prefetch: int = 0
     max_regs: int = 0  # register cap per thread passed to ptxas (maxnreg); 0 = the compiler's choice
+    # prefetch 0 only: Triton's loop pipeliner on the expand loop with this many stages (the `out` tiles
+    # stream into shared memory ahead of their add); 0 = off
+    expand_stages: int = 0
 
 
 @dataclass(frozen=True)

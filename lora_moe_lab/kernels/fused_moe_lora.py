@@ -75,6 +75,7 @@ def fused_moe_lora_kernel(
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_N: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr, PREFETCH: tl.constexpr,
+    EXPAND_STAGES: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -120,7 +121,7 @@ def fused_moe_lora_kernel(
                         N, K, R, num_pairs, top_k, n_per_split,
                         stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                         stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
-                        P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW, PREFETCH)
+                        P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW, PREFETCH, EXPAND_STAGES)
 
 
 @triton.jit
@@ -129,7 +130,8 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
                 stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                 stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
                 P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr, PREFETCH: tl.constexpr):
+                BLOCK_R: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr, PREFETCH: tl.constexpr,
+                EXPAND_STAGES: tl.constexpr):
     """One work item: BLOCK_M pairs of one (LoRA row, expert), N columns [pid_n * n_per_split, +n_per_split).
     `slot` indexes the alignment (the row), `wslot` the weight stacks (lora_ids[row])."""
     # ---- rows of this block ----
@@ -199,6 +201,18 @@ def _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslo
                                                stride_bp, P)
             _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P, HAS_RW)
             n, n_ok, bt0, o0, bt1, o1 = nn, nn_ok, bn0, on0, bn1, on1
+    elif EXPAND_STAGES > 0:
+        # Pipelined by Triton's loop pipeliner (config `expand_stages`): tl.range's num_stages pipelines
+        # every load of the loop, not only those that feed a dot, so the `out` tiles of the next
+        # EXPAND_STAGES - 1 iterations stream into shared memory by cp.async while this one is added
+        # and stored: the bytes in flight sit in shared memory (228 KB per SM) instead of registers.
+        # Safe because the iterations touch disjoint columns of `out`.
+        for n0 in tl.range(0, n_per_split, BLOCK_N, num_stages=EXPAND_STAGES):
+            n = n_start + n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < n_end
+            bt0, o0, bt1, o1 = _expand_loads(b_cols, o_rows, n, n_ok, valid, r_ok, N, stride_bn, stride_on,
+                                             stride_bp, P)
+            _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, stride_on, P, HAS_RW)
     else:
         for n0 in range(0, n_per_split, BLOCK_N):
             n = n_start + n0 + tl.arange(0, BLOCK_N)
@@ -326,7 +340,8 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
+        PREFETCH=cfg.prefetch, EXPAND_STAGES=0 if cfg.prefetch else cfg.expand_stages,
+        num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 TABLE_DIR = Path(__file__).with_name("tile_tables")
 GEMM_KEYS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
-OPTIONAL_KEYS = ("w_desc", "persistent", "flatten")  # absent = off (kernels/configs.py: GemmConfig)
+OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs")  # absent = off (kernels/configs.py: GemmConfig)
 
 
 def file_name(gpu: str, num_experts: int, hidden: int, intermediate: int) -> str:
@@ -59,10 +59,10 @@ def check_table(table: dict, where: str = "tile table") -> dict:
             for flag in ("w_desc", "flatten"):
                 if not isinstance(tile.get(flag, False), bool):
                     raise ValueError(f"{where}: bucket {b}: {op} {flag} must be true or false, got {tile[flag]!r}")
-            pers = tile.get("persistent", 0)
-            if not isinstance(pers, int) or isinstance(pers, bool) or pers < 0:
-                raise ValueError(f"{where}: bucket {b}: {op} persistent must be an int >= 0 (programs per SM), "
-                                 f"got {pers!r}")
+            for key, what in (("persistent", "programs per SM"), ("max_regs", "registers per thread, 0 = no cap")):
+                v = tile.get(key, 0)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"{where}: bucket {b}: {op} {key} must be an int >= 0 ({what}), got {v!r}")
     return table
 
 

@@ -226,11 +226,13 @@ def test_lora_delta_other_tiles(config, bm):
     check_lora_case(c, torch.float32, config=config)
 
 
-@pytest.mark.parametrize("P,split,prefetch", [(2, 3, 1), (1, 1, 2), (2, 1, 2)])
-def test_lora_delta_prefetching_expand(P, split, prefetch):
-    # The hand-pipelined expand loop: N = 56 in BLOCK_N 16 tiles, split 3 -> shares of 32 columns,
-    # the last one partly and the third program's share wholly past N (masked prefetch, no store).
-    cfg = LoRAKernelConfig(block_n=16, block_k=16, split_n=split, num_warps=4, num_stages=1, prefetch=prefetch)
+@pytest.mark.parametrize("P,split,prefetch,xs", [(2, 3, 1, 0), (1, 1, 2, 0), (2, 1, 2, 0), (1, 3, 0, 3), (2, 1, 0, 2)])
+def test_lora_delta_prefetching_expand(P, split, prefetch, xs):
+    # The hand-pipelined expand loop (prefetch) and Triton's (expand_stages xs): N = 56 in BLOCK_N 16 tiles,
+    # split 3 -> shares of 32 columns, the last one partly and the third program's share wholly past N (masked
+    # prefetch, no store).
+    cfg = LoRAKernelConfig(block_n=16, block_k=16, split_n=split, num_warps=4, num_stages=1, prefetch=prefetch,
+                           expand_stages=xs)
     c = make_lora_case(13 + P, 10, 72, 56, 6, 2, 3, 24, P, ranks=[24, 3, 17], gather=P == 2, with_rw=P == 1)
     check_lora_case(c, torch.float32, config=cfg)
 

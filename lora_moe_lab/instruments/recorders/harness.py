@@ -81,10 +81,11 @@ def route(M: int, E: int, k: int, gen, dev):
 
 
 def cfg_str(bm: int, c) -> str:
-    """A LoRA kernel tile as one token: bm64/bn64/bk128/split1/w4/s3/pps4[/pf2][/r128]."""
+    """A LoRA kernel tile as one token: bm64/bn64/bk128/split1/w4/s3/pps4[/pf2][/r128][/xs3]."""
     return (f"bm{bm}/bn{c.block_n}/bk{c.block_k}/split{c.split_n}/w{c.num_warps}/s{c.num_stages}"
             f"/pps{c.programs_per_sm}" + (f"/pf{c.prefetch}" if getattr(c, "prefetch", 0) else "")
-            + (f"/r{c.max_regs}" if getattr(c, "max_regs", 0) else ""))
+            + (f"/r{c.max_regs}" if getattr(c, "max_regs", 0) else "")
+            + (f"/xs{c.expand_stages}" if getattr(c, "expand_stages", 0) else ""))
 
 
 class Recorder:
