@@ -350,8 +350,9 @@ def cfg_str(bm, cfg: GemmConfig) -> str:
 
 
 def persist_arms(bm, table: GemmConfig, op) -> dict:
-    """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid,
-    with and without the flattened loop, and one narrower or wider tile persistent and flattened.
+    """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid
+    (1 program per SM at 8 warps, 3 at 4 warps), with and without the flattened loop, and one narrower or wider
+    tile persistent and flattened.
     Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 20-75 more
     registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
     32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
@@ -359,11 +360,12 @@ def persist_arms(bm, table: GemmConfig, op) -> dict:
     from dataclasses import replace
 
     tma = replace(table, w_desc=True)
-    arms = dict(table=table, tma=tma, p1=replace(tma, persistent=1), p1f=replace(tma, persistent=1, flatten=True))
+    k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
+    arms = dict(table=table, tma=tma, p=replace(tma, persistent=k), pf=replace(tma, persistent=k, flatten=True))
     if table.block_n > 128:
-        arms["n128_p2f"] = replace(tma, block_n=128, num_stages=3, persistent=2, flatten=True)
+        arms["n128_pf"] = replace(tma, block_n=128, num_stages=3, persistent=k, flatten=True)
     else:
-        arms["n256_p1f"] = replace(tma, block_n=256, num_stages=3, persistent=1, flatten=True)
+        arms["n256_pf"] = replace(tma, block_n=256, num_stages=3, persistent=k, flatten=True)
         if table.num_warps == 8:
             arms["p2_cap128"] = replace(tma, persistent=2, max_regs=128)
     if table.w_desc:
