@@ -239,7 +239,8 @@ def record(out):
     from lora_moe_lab.instruments.recorders.harness import Recorder
     from lora_moe_lab.kernels import configs, tiles
 
-    rec = Recorder("kernel_resources", out, params=dict(target="sm_90 (compiled, not run)", tool="scripts/kernel_resources.py"))
+    rec = Recorder("kernel_resources", out,
+                   params=dict(target="sm_90 (compiled, not run)", tool="scripts/kernel_resources.py"))
     saved = (tiles.gpu_name, configs.runtime.interpreter)
     tiles.gpu_name, runtime.interpreter = (lambda: "NVIDIA H200"), (lambda: False)  # the H200 tables, GPU configs
     tiles._tables_of.cache_clear()
