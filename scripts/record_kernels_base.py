@@ -424,6 +424,7 @@ def persist_check(dev, gen, n_cases):
     import random
     from dataclasses import replace
 
+    from lora_moe_lab.instruments.recorders import kernel_cases as kc
     from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
     from lora_moe_lab.ops.reference import rel, tolerance
 
@@ -431,21 +432,12 @@ def persist_check(dev, gen, n_cases):
     fails, worst = 0, 0.0
     for i in range(n_cases):
         cfg = PERSIST_DIFF[i % len(PERSIST_DIFF)]
-        gather = i % 3 != 0
-        M, E, bm = rng.randint(1, 300), rng.choice((4, 16)), rng.choice((16, 64))
-        k = rng.randint(1, min(8, E))
-        even = i % 2 == 0
-        K = rng.choice((128, 256)) if even else rng.choice((72, 200))
-        N = rng.choice((128, 256)) if even else rng.choice((40, 136))
-        x = torch.randn(M if gather else M * k, K, generator=g, device=dev).to(BF)
-        w = (torch.randn(E, N, K, generator=g, device=dev) * K ** -0.5).to(BF)
-        rw, ids = route(M, E, k, g, dev)
-        rw = rw if i % 4 == 1 else None
-        al = moe_align(ids, E, bm)
-        out, one = (torch.full((M * k, N), float("nan"), dtype=BF, device=dev) for _ in range(2))
-        moe_gemm(x, w, al, k, out, routed_weights=rw, gather=gather, config=cfg)
-        moe_gemm(x, w, al, k, one, routed_weights=rw, gather=gather, config=replace(cfg, persistent=0, flatten=False))
-        err = rel(out.double(), ref_gemm(x, w, ids, k, rw, gather)) if torch.isfinite(out).all() else float("inf")
+        c = kc.random_gemm_case(rng, g, dev, BF, i)
+        out, one = c["out"], c["out"].clone()
+        for o, cf in ((out, cfg), (one, replace(cfg, persistent=0, flatten=False))):
+            moe_gemm(c["x"], c["w"], c["align"], c["k"], o, routed_weights=c["rw"], gather=c["gather"], config=cf)
+        err = (rel(out.double(), ref_gemm(c["x"], c["w"], c["ids"], c["k"], c["rw"], c["gather"]))
+               if torch.isfinite(out).all() else float("inf"))
         same = torch.equal(out.view(torch.int16), one.view(torch.int16))
         worst = max(worst, err)
         fails += not (err < tolerance(BF, dev) and same)

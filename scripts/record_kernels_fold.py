@@ -49,7 +49,7 @@ from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
-from lora_moe_lab.instruments.recorders.harness import Recorder, log, route, row
+from lora_moe_lab.instruments.recorders.harness import Recorder, log, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
@@ -157,19 +157,11 @@ def _fold_case(rng, g, dev, i):
 
 def _base_case(rng, g, dev, i):
     cfg = DIFF_TILES[i % len(DIFF_TILES)]
-    gather = i % 3 != 0
-    M, E, bm = rng.randint(1, 300), rng.choice((4, 16)), rng.choice((16, 64))
-    k = rng.randint(1, min(8, E))
-    even = i % 2 == 0  # K, N tile multiples (predicate-free loads) or not (K a multiple of 8: TMA rows stay aligned)
-    K = rng.choice((128, 256)) if even else rng.choice((72, 200))
-    N = rng.choice((128, 256)) if even else rng.choice((40, 136))
-    x = torch.randn(M if gather else M * k, K, generator=g, device=dev).to(BF)
-    w = (torch.randn(E, N, K, generator=g, device=dev) * K ** -0.5).to(BF)
-    rw, ids = route(M, E, k, g, dev)
-    rw = rw if i % 4 == 1 else None
-    out = torch.full((M * k, N), float("nan"), dtype=BF, device=dev)
-    moe_gemm(x, w, moe_align(ids, E, bm), k, out, routed_weights=rw, gather=gather, config=cfg)
-    err = rel(out.double(), ref_gemm(x, w, ids, k, rw, gather)) if torch.isfinite(out).all() else float("inf")
+    c = kc.random_gemm_case(rng, g, dev, BF, i)
+    out = c["out"]
+    moe_gemm(c["x"], c["w"], c["align"], c["k"], out, routed_weights=c["rw"], gather=c["gather"], config=cfg)
+    err = (rel(out.double(), ref_gemm(c["x"], c["w"], c["ids"], c["k"], c["rw"], c["gather"]))
+           if torch.isfinite(out).all() else float("inf"))
     tile = f"bn{cfg.block_n}/bk{cfg.block_k}" + ("/tma" if cfg.w_desc else "") + ("" if cfg.even else "/masked")
     return err, tile
 

@@ -128,6 +128,22 @@ def random_lora_case(rng, g, dev, dtype, *, M, E, k, L, S, R, K, N, P, gather) -
                 live=(codes == 0).to(dev))
 
 
+def random_gemm_case(rng, g, dev, dtype, i) -> dict:
+    """The i-th random base-GEMM launch of a GPU differential: gather on 2 of 3, routed weights on 1 of 4, K and N
+    tile multiples on even i (predicate-free loads) or not (multiples of 8, so TMA rows stay 16-byte aligned)."""
+    gather = i % 3 != 0
+    M, E, bm = rng.randint(1, 300), rng.choice((4, 16)), rng.choice((16, 64))
+    k = rng.randint(1, min(8, E))
+    even = i % 2 == 0
+    K = rng.choice((128, 256)) if even else rng.choice((72, 200))
+    N = rng.choice((128, 256)) if even else rng.choice((40, 136))
+    x = torch.randn(M if gather else M * k, K, generator=g, device=dev).to(dtype)
+    w = (torch.randn(E, N, K, generator=g, device=dev) * K ** -0.5).to(dtype)
+    rw, ids = route(M, E, k, g, dev)
+    return dict(x=x, w=w, ids=ids, rw=rw if i % 4 == 1 else None, k=k, gather=gather, align=moe_align(ids, E, bm),
+                out=torch.full((M * k, N), float("nan"), dtype=dtype, device=dev))
+
+
 def lora_layer(preset, dev):
     """One MoE layer of `preset` (bf16, seeded) on the Triton backend and an adapter pool with S adapters of
     rank RANK loaded as a0..a{S-1}: (shape, backend, layer, pool)."""
