@@ -22,11 +22,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU target, not the interpreter
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the recording scripts' arms and candidates
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -232,10 +229,9 @@ def record(out):
     """DIR/kernel_resources.csv + .meta.json: the committed tables' tiles at M >= 1024 with every arm of
     record_kernels_base's persist section, and the aligned LoRA deltas at M = 1024 and 8192 with the layer's
     config and every candidate of record_kernels_expand's `stages` set. Static compile facts, no timing."""
-    import record_kernels_base as rb
-    import record_kernels_expand as rx
-
     from lora_moe_lab import runtime
+    from lora_moe_lab.instruments.recorders import tile_arms as ta
+    from lora_moe_lab.instruments.recorders.kernel_cases import PRESETS, stages_candidates
     from lora_moe_lab.instruments.recorders.harness import Recorder
     from lora_moe_lab.kernels import configs, tiles
 
@@ -245,21 +241,21 @@ def record(out):
     tiles.gpu_name, runtime.interpreter = (lambda: "NVIDIA H200"), (lambda: False)  # the H200 tables, GPU configs
     tiles._tables_of.cache_clear()
     try:
-        for preset in rb.PRESETS:
+        for preset in PRESETS:
             sh = get_shape(preset)
-            for M in rb.PERSIST_M:
+            for M in ta.PERSIST_M:
                 bm = configs.moe_block_m(M, sh.top_k, sh.num_experts, sh.hidden, sh.intermediate)
                 for op in ("gate_up", "down"):
                     N, K = _shapes(preset, op)[2:]
-                    for arm, cfg in rb.persist_arms(bm, configs.gemm_config(M, bm, N, K, sh.num_experts), op).items():
-                        r = report(preset, op, rb.cfg_str(bm, cfg), M)
-                        rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=rb.cfg_str(bm, cfg),
+                    for arm, cfg in ta.persist_arms(bm, configs.gemm_config(M, bm, N, K, sh.num_experts), op).items():
+                        r = report(preset, op, ta.cfg_str(bm, cfg), M)
+                        rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=ta.cfg_str(bm, cfg),
                                 num_warps=cfg.num_warps, **r)
             for M in (1024, 8192):
                 for op in ("gate_up", "down"):
                     base, _ = compile_lora(preset, op, M)
                     bm = lora_block_m(M, sh.top_k, sh.num_experts, 4)
-                    for i, (_, cfg) in enumerate(rx.candidates(op, M, bm, lambda b, c=base: c, "stages")):
+                    for i, (_, cfg) in enumerate([(bm, base)] + [(bm, c) for c in stages_candidates(op, base)]):
                         r = report_lora(preset, op, M, cfg)
                         rec.row(kernel="fused_moe_lora_kernel", preset=preset, op=op, M=M, arm="layer" if i == 0 else
                                 "stages", tile=f"bm{bm}/" + lora_str(cfg), num_warps=cfg.num_warps, **r)

@@ -51,6 +51,7 @@ from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
+from lora_moe_lab.instruments.recorders.tile_arms import PERSIST_M, as_config, as_tuple, cfg_str, persist_arms, tile_str
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs, tiles
 from lora_moe_lab.kernels.align import moe_align
@@ -85,22 +86,6 @@ VLLM_H200 = {
     "qwen3-30b-a3b-tp4": {1: (16, 64, 64, 1, 4, 5), 16: (16, 64, 64, 32, 4, 3), 128: (16, 128, 64, 32, 4, 5),
                           1024: (128, 256, 64, 16, 8, 4), 4096: (128, 128, 64, 1, 8, 3)},
 }
-
-
-def tile_str(bm, t) -> str:
-    return (f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}" + ("/tma" if len(t) > 5 and t[5] else "")
-            + ("/masked" if len(t) > 6 and t[6] == "masked" else ""))
-
-
-def as_config(t) -> GemmConfig:
-    """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages[, w_desc[, "masked"]]) -> GemmConfig; "masked": every load
-    predicated, the kernel as it was before the EVEN flags (the peers' carried run measured that one)."""
-    return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4],
-                      w_desc=bool(t[5]) if len(t) > 5 else False, even=not (len(t) > 6 and t[6] == "masked"))
-
-
-def as_tuple(c: GemmConfig) -> tuple:
-    return (c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages, c.w_desc)
 
 
 def block_ms(M: int, k: int, E: int) -> list[int]:
@@ -341,38 +326,6 @@ def add_tma_choice(out):
 
 
 # ------------------------------------------------------------------------------------------------
-PERSIST_M = (1024, 4096, 8192, 16384)
-
-
-def cfg_str(bm, cfg: GemmConfig) -> str:
-    return tile_str(bm, as_tuple(cfg)) + (f"/p{cfg.persistent}" if cfg.persistent else "") + \
-        ("/flat" if cfg.flatten else "") + (f"/cap{cfg.max_regs}" if cfg.max_regs else "")
-
-
-def persist_arms(bm, table: GemmConfig, op) -> dict:
-    """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid
-    (1 program per SM at 8 warps, 3 at 4 warps), with and without the flattened loop, and one narrower or wider
-    tile persistent and flattened.
-    Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 20-75 more
-    registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
-    32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
-    drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two."""
-    from dataclasses import replace
-
-    tma = replace(table, w_desc=True)
-    k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
-    arms = dict(table=table, tma=tma, p=replace(tma, persistent=k), pf=replace(tma, persistent=k, flatten=True))
-    if table.block_n > 128:
-        arms["n128_pf"] = replace(tma, block_n=128, num_stages=3, persistent=k, flatten=True)
-    else:
-        arms["n256_pf"] = replace(tma, block_n=256, num_stages=3, persistent=k, flatten=True)
-        if table.num_warps == 8:
-            arms["p2_cap128"] = replace(tma, persistent=2, max_regs=128)
-    if table.w_desc:
-        arms.pop("tma")
-    return arms
-
-
 def persist(preset, dev, gen, reps):
     """The table's tile against persistent builds of it, interleaved and paired (20 repetitions after a warm-up
     drift check; percentile bootstrap 95 % of each arm's ratio of medians to the table)."""
@@ -727,7 +680,7 @@ def use_tables(path):
 
 
 def _dry():
-    global PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF, TILES, VLLM_H200
+    global PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF, TILES, VLLM_H200  # PERSIST_M: this module's name
     harness.set_dry()
     PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF = ("tiny",), (1, 16), (1, 16), (16,), torch.float32
     TILES = {bm: [(32, 32, 4, 4, 1)] for bm in (16, 32, 64, 128)}

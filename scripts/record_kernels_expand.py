@@ -69,10 +69,7 @@ def candidates(op, M, bm0, table_for, which="regs"):
     if which == "table":
         return out
     if which == "stages":
-        out += [(bm0, replace(table, prefetch=0, max_regs=0, expand_stages=xs)) for xs in (2, 3, 4)]
-        if op == "down":
-            out.append((bm0, replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3)))
-        return _unique(out)
+        return _unique(out + [(bm0, c) for c in kc.stages_candidates(op, table)])
     if which == "blocks":
         for bm in (16, 32, 64):
             t = table_for(bm)

@@ -144,6 +144,19 @@ def random_gemm_case(rng, g, dev, dtype, i) -> dict:
                 out=torch.full((M * k, N), float("nan"), dtype=dtype, device=dev))
 
 
+def stages_candidates(op, table) -> list:
+    """The aligned LoRA delta's `stages` candidates beside the table's tile `table` (issue 24): the expand loop
+    pipelined by Triton (`expand_stages` 2-4, the hand prefetch and the register cap off: the `out` tiles stream
+    into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages. (block_m, config)
+    pairs at the table's BLOCK_M is the caller's part."""
+    from dataclasses import replace
+
+    out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4)]
+    if op == "down":
+        out.append(replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3))
+    return out
+
+
 def lora_layer(preset, dev):
     """One MoE layer of `preset` (bf16, seeded) on the Triton backend and an adapter pool with S adapters of
     rank RANK loaded as a0..a{S-1}: (shape, backend, layer, pool)."""
