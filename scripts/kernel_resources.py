@@ -32,7 +32,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from lora_moe_lab.config import get_shape  # noqa: E402
 from lora_moe_lab.kernels import fused_moe, fused_moe_lora  # noqa: E402
 from lora_moe_lab.kernels.align import moe_align  # noqa: E402
-from lora_moe_lab.kernels.configs import (GemmConfig, LoRAKernelConfig, lora_block_m, lora_config,  # noqa: E402
+from lora_moe_lab.kernels.configs import (GemmConfig, LoRAKernelConfig, block_r, lora_block_m, lora_config,  # noqa: E402
                                          lora_down_config)
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -110,17 +110,25 @@ def _routing(M, E, k):
     return torch.stack([torch.randperm(E)[:k] for _ in range(8)]).int().repeat(M // 8, 1)
 
 
-def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192):
+def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, rank=32):
     """The base GEMM of `preset` (bf16) at token count M with tile cfg, compiled through moe_gemm; returns
-    Triton's CompiledKernel."""
+    Triton's CompiledKernel. folded "ptr" or "tma": the GEMM with the LoRA expand in its K loop instead
+    (kernels/fused_moe_lora_folded.py; "ptr" = pointer loads, the layer's build), `slots` adapters of `rank`."""
     E, k, N, K = _shapes(preset, op)
     rows = M if op == "gate_up" else M * k
     x, w = torch.empty(rows, K, dtype=torch.bfloat16), torch.empty(E, N, K, dtype=torch.bfloat16)
     out = torch.empty(M * k, N, dtype=torch.bfloat16)
     rw = torch.rand(M, k) if op == "down" else None
+    al = moe_align(_routing(M, E, k), E, bm)
+    lora = None
+    if folded:
+        P = 2 if op == "gate_up" else 1
+        t = torch.empty(al.sorted_token_ids.shape[1], P, block_r(rank), dtype=torch.bfloat16)
+        b = torch.empty(P, slots, E, N // P, rank, dtype=torch.bfloat16)
+        lora = fused_moe.Folded(t, b, torch.zeros(M, dtype=torch.int32), torch.arange(slots, dtype=torch.int32),
+                                torch.ones(slots, dtype=torch.int32), folded == "tma")
     with _compile_only(fused_moe, "fused_moe_kernel") as cap:
-        fused_moe.moe_gemm(x, w, moe_align(_routing(M, E, k), E, bm), k, out, routed_weights=rw,
-                           gather=op == "gate_up", config=cfg)
+        fused_moe.moe_gemm(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, lora=lora)
     return cap.compiled
 
 
@@ -162,7 +170,7 @@ def programs_per_sm(res, warps) -> int:
 
 
 def config_of(tile: str) -> tuple[int, GemmConfig]:
-    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat][/cap128]' -> (BLOCK_M, GemmConfig). '/masked' is the
+    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat][/cap128][/early]' -> (BLOCK_M, GemmConfig). '/masked' is the
     build of the recordings' table_masked arm: every load predicated and no TMA (the kernel before the EVEN
     flags), whatever the table's tile said."""
     bm, bn, bk, g, w, s = (int(v) for v in TILE.match(tile).groups())
@@ -170,14 +178,15 @@ def config_of(tile: str) -> tuple[int, GemmConfig]:
     return bm, GemmConfig(bn, bk, g, w, s, w_desc="/tma" in tile and "/masked" not in tile,
                           even="/masked" not in tile,
                           persistent=int(pers.group(1)) if pers else 0, flatten="/flat" in tile,
-                          max_regs=int(cap.group(1)) if cap else 0)
+                          max_regs=int(cap.group(1)) if cap else 0, early_loads="/early" in tile)
 
 
-def report(preset, op, tile, M=8192):
+def report(preset, op, tile, M=8192, folded=None):
     bm, cfg = config_of(tile)
-    r = resources(compile_gemm(preset, op, bm, cfg, M))
+    r = resources(compile_gemm(preset, op, bm, cfg, M, folded))
     r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
-    print(f"{preset:<18} {op:<7} {tile:<40} {r['regs']:>3} registers, stack {r['stack']:>4} B, shared "
+    name = tile + (f" folded/{folded}" if folded else "")
+    print(f"{preset:<18} {op:<7} {name:<40} {r['regs']:>3} registers, stack {r['stack']:>4} B, shared "
           f"{r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
     return r
 
@@ -227,8 +236,9 @@ def check(ncu_csv) -> int:
 
 def record(out):
     """DIR/kernel_resources.csv + .meta.json: the committed tables' tiles at M >= 1024 with every arm of
-    record_kernels_base's persist section, and the aligned LoRA deltas at M = 1024 and 8192 with the layer's
-    config and every candidate of record_kernels_expand's `stages` set. Static compile facts, no timing."""
+    record_kernels_base's persist section (at M = 8192 also the folded GEMM and the early-loads builds), and
+    the aligned LoRA deltas at M = 1024 and 8192 with the layer's config and every candidate of
+    record_kernels_expand's `stages` set. Static compile facts, no timing."""
     from lora_moe_lab import runtime
     from lora_moe_lab.instruments.recorders import tile_arms as ta
     from lora_moe_lab.instruments.recorders.kernel_cases import PRESETS, stages_candidates
@@ -251,6 +261,13 @@ def record(out):
                         r = report(preset, op, ta.cfg_str(bm, cfg), M)
                         rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=ta.cfg_str(bm, cfg),
                                 num_warps=cfg.num_warps, **r)
+                    if M == 8192:  # the folded GEMM (the layer's pointer expand) and the early-loads builds
+                        tab = ta.cfg_str(bm, configs.gemm_config(M, bm, N, K, sh.num_experts))
+                        for arm, tile, fold in (("early", tab + "/early", None), ("folded", tab, "ptr"),
+                                                ("folded_early", tab + "/early", "ptr")):
+                            r = report(preset, op, tile, M, folded=fold)
+                            rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=tile,
+                                    num_warps=config_of(tile)[1].num_warps, **r)
             for M in (1024, 8192):
                 for op in ("gate_up", "down"):
                     base, _ = compile_lora(preset, op, M)

@@ -439,7 +439,8 @@ def add_persist_choice(out):
                 _, tile = parse_tile(best["tile"])
                 pers, cap = re.search(r"/p(\d+)", best["tile"]), re.search(r"/cap(\d+)", best["tile"])
                 tile.update(w_desc="/tma" in best["tile"], persistent=int(pers.group(1)) if pers else 0,
-                            flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0)
+                            flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0,
+                            early_loads="/early" in best["tile"])
                 table["buckets"][str(r["M"])][r["op"]] = tile
                 log(f"persist choice {preset} {r['op']} M={r['M']}: {best['tile']} ({best['over_table']:.3f} "
                     f"[{best['over_table_lo']:.3f}, {best['over_table_hi']:.3f}])")

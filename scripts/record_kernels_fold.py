@@ -19,7 +19,8 @@ timed region):
            row with the per-row shrink (`folded_rows`; `base_ordered`: the base GEMM on that alignment), the
            folded path with every adapter disabled, and the folded GEMM alone with every adapter disabled; and
            the layer's build (`rows_ptr`: ordered alignment, per-row shrink, pointer expand), enabled, disabled
-           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`), and with a register cap of 128
+           and its GEMM alone disabled (`rows_ptr_off`, `gemm_rows_off`; `*_early`: the epilogue's gathers before
+           the K loop, config early_loads; each `_over_base`), and with a register cap of 128
            (`rows_ptr_cap`: two programs of 8 warps per SM, as the plain GEMM at TP=4 gate_up); the base
            alignment as the layer builds it (`align`) and ordered by LoRA row (`align_ordered`: the layer's
            folded build needs it; Triton since ce2b959, the torch sort before).
@@ -216,9 +217,11 @@ def kernels(preset, dev, gen, reps):
                                      routed_weights=s["rw_op"], gather=gu, fold_desc=desc, shrink_per_row=rows,
                                      config=cfg)
 
-            def gemm_off(s, rows=False):  # rows: the layer's build (ordered alignment, pointer expand)
+            def gemm_off(s, rows=False, cfg=None):  # rows: the layer's build (ordered alignment, pointer expand)
                 moe_gemm(s[X], w, s["al_ord" if rows else "al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         lora=Folded(s["t"], b, s["slot"], lids, off, not rows))
+                         lora=Folded(s["t"], b, s["slot"], lids, off, not rows), config=cfg)
+
+            early = replace(configs.gemm_config(M, bm, n_op, k_op, E), early_loads=True)  # gathers before the K loop
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)), "folded": lambda s: folded(s, on),
                     "folded_ptr": lambda s: folded(s, on, False), "folded_rows": lambda s: folded(s, on, rows=True),
@@ -230,7 +233,13 @@ def kernels(preset, dev, gen, reps):
                     "rows_ptr": lambda s: folded(s, on, False, True),
                     "rows_ptr_off": lambda s: folded(s, off, False, True),
                     "gemm_rows_off": lambda s: gemm_off(s, True),
-                    "rows_ptr_cap": lambda s: folded(s, on, False, True, cap)}
+                    "rows_ptr_cap": lambda s: folded(s, on, False, True, cap),
+                    # the epilogue's gathers issued before the K loop (config early_loads): the plain GEMM, the
+                    # layer's build, and its GEMM alone with every adapter disabled (the disabled cost)
+                    "base_early": lambda s: moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                                                     config=early),
+                    "rows_ptr_early": lambda s: folded(s, on, False, True, early),
+                    "gemm_rows_off_early": lambda s: gemm_off(s, True, early)}
             if not harness.is_dry() and not _compiles(lambda: folded(sets[0], on, False, True, cap)):
                 del arms["rows_ptr_cap"]  # ptxas cannot fit this tile in 128 registers (it says how many it needs)
             if not dec:
@@ -241,7 +250,8 @@ def kernels(preset, dev, gen, reps):
             arms["align_ordered"] = lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])
             med, s_, wc = _interleave(arms, sets, inner, reps)
             r = {nm: bootstrap_paired(s_[nm], s_["base"], "ratio_of_medians")
-                 for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off")}
+                 for nm in ("folded_off", "gemm_off", "rows_ptr_off", "gemm_rows_off", "gemm_rows_off_early",
+                            "base_early")}
             rp = bootstrap_paired(s_["rows_ptr"], s_["separate"], "ratio_of_medians")  # the layer's build / separate
             rc = (bootstrap_paired(s_["rows_ptr_cap"], s_["rows_ptr"], "ratio_of_medians")  # register cap 128 / none
                   if "rows_ptr_cap" in s_ else (float("nan"),) * 3)

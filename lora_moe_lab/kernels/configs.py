@@ -29,6 +29,7 @@ class GemmConfig:
     # table only beside a persistent grid (record_kernels_base persist); record_kernels_fold caps the folded GEMM
     persistent: int = 0  # programs per SM of a persistent grid looping over the tiles; 0 = one program per tile
     flatten: bool = False  # persistent only: Triton pipelines the tile loop and the K loop as one loop
+    early_loads: bool = False  # the epilogue's gathers (routed weights, LoRA rows) issued before the K loop
 
 
 @dataclass(frozen=True)

@@ -45,52 +45,64 @@ def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_m, pid_n, top_k, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr,
-                   enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
-                   t_desc, b_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr,
+def _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr):
+    """Each pair's LoRA row and whether its adapter is live: three dependent gathers (the row, then its slot
+    and enabled flag), loaded before the base GEMM's K loop so that their latency passes under the MMAs
+    instead of once per tile after them. lrow -1 and live False for padding rows and tokens without a row."""
+    lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
+    has = valid & (lrow >= 0)
+    lid = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
+    en = tl.load(enabled_ptr + lrow, mask=has, other=0)
+    return lrow, has & (lid >= 0) & (en != 0)
+
+
+@triton.jit
+def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L, NS,
+                   stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr,
                    STRADDLE: tl.constexpr, FOLD_DESC: tl.constexpr):
     """The LoRA expand as extra K iterations of the base GEMM: for each LoRA row l with a live adapter
     that some pair of this tile uses, acc += t_l @ B[p, slot(l), expert].T, one dot of depth BLOCK_R,
     where t_l is the shrink of the pairs of row l (the other pairs masked to 0: their loads move no
-    bytes). A row no pair of the tile uses costs two scalar loads and a reduction, no MMA; with every
-    adapter disabled the tile is the plain GEMM plus L such checks. Pairs without a live adapter get
-    exact zeros added (0 * finite B), so their output is the plain GEMM's bit for bit.
+    bytes). A row no live pair of the tile uses costs a reduction, no load, no MMA; with every adapter
+    disabled the tile is the plain GEMM plus one reduction (its metadata loads were issued before the K
+    loop). Pairs without a live adapter get exact zeros added (0 * finite B), so their output is the plain
+    GEMM's bit for bit. lrow, live: from `_folded_rows`, loaded before the K loop.
 
     t holds the shrink in the alignment's order (row pid_m * BLOCK_M + m: the tile's rows are one dense
     box). FOLD_DESC: t and B come through TMA descriptors (t as (EM, P * BLOCK_R), B as (P*S*E*NS, R)),
     so no (BLOCK_M, BLOCK_R) or (BLOCK_R, BLOCK_N) tensor of 64-bit addresses is live beside the
     accumulator; rows of other LoRA rows, other slices and columns past R are zeroed after the load."""
-    lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
     p_n = offs_n // NS  # the slice (gate / up) of each column
     p0 = (pid_n * BLOCK_N) // NS  # the tile's first column's slice
-    for l in range(0, L):
-        here = valid & (lrow == l)
-        live = (tl.load(lora_ids_ptr + l) >= 0) & (tl.load(enabled_ptr + l) != 0)
-        if live & (tl.max(here.to(tl.int32), 0) > 0):
-            slot = tl.maximum(tl.load(lora_ids_ptr + l), 0).to(tl.int64)
-            b_base = b_ptr + slot * stride_bs + expert * stride_be
-            for q in tl.static_range(2 if STRADDLE else 1):  # a tile across the gate/up boundary: both slices
-                p = p0 + q
-                cols = n_ok & (p_n == p)
-                if FOLD_DESC:
-                    t_box = t_desc.load([(pid_m * BLOCK_M).to(tl.int32), (p * BLOCK_R).to(tl.int32)])
-                    tt = tl.where((here & (p < P))[:, None], t_box, 0.0).to(t_box.dtype)
-                    # B's rows of (slice p, slot, expert) start at this row of the (P*S*E*NS, R) view; a tile
-                    # across the slice boundary reads the neighbours' rows too, and they are masked out.
-                    b_row = ((p * stride_bp + slot * stride_bs + expert * stride_be) // stride_bn
-                             + pid_n * BLOCK_N - p * NS)
-                    b_box = b_desc.load([b_row.to(tl.int32), 0]).T  # (BLOCK_R, BLOCK_N) = B.T
-                    bt = tl.where(cols[None, :], b_box, 0.0).to(b_box.dtype)
-                else:
-                    tt = tl.load(t_ptr + offs_m[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
-                                 mask=here[:, None] & (p < P), other=0.0)
-                    b_ptrs = (b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn
-                              + offs_r[:, None] * stride_br)
-                    bt = tl.load(b_ptrs, mask=r_ok[:, None] & cols[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
-                acc = tl.dot(tt, bt, acc)
+    if tl.max(live.to(tl.int32), 0) > 0:  # one reduction; a tile without a live adapter ends here
+        for l in range(0, L):
+            here = live & (lrow == l)  # the pairs of row l, if its adapter is live
+            if tl.max(here.to(tl.int32), 0) > 0:
+                slot = tl.maximum(tl.load(lora_ids_ptr + l), 0).to(tl.int64)
+                b_base = b_ptr + slot * stride_bs + expert * stride_be
+                for q in tl.static_range(2 if STRADDLE else 1):  # a tile across the gate/up boundary: both slices
+                    p = p0 + q
+                    cols = n_ok & (p_n == p)
+                    if FOLD_DESC:
+                        t_box = t_desc.load([(pid_m * BLOCK_M).to(tl.int32), (p * BLOCK_R).to(tl.int32)])
+                        tt = tl.where((here & (p < P))[:, None], t_box, 0.0).to(t_box.dtype)
+                        # B's rows of (slice p, slot, expert) start at this row of the (P*S*E*NS, R) view; a tile
+                        # across the slice boundary reads the neighbours' rows too, and they are masked out.
+                        b_row = ((p * stride_bp + slot * stride_bs + expert * stride_be) // stride_bn
+                                 + pid_n * BLOCK_N - p * NS)
+                        b_box = b_desc.load([b_row.to(tl.int32), 0]).T  # (BLOCK_R, BLOCK_N) = B.T
+                        bt = tl.where(cols[None, :], b_box, 0.0).to(b_box.dtype)
+                    else:
+                        tt = tl.load(t_ptr + offs_m[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
+                                     mask=here[:, None] & (p < P), other=0.0)
+                        b_ptrs = (b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn
+                                  + offs_r[:, None] * stride_br)
+                        bt = tl.load(b_ptrs, mask=r_ok[:, None] & cols[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
+                    acc = tl.dot(tt, bt, acc)
     return acc
 
 
@@ -125,6 +137,7 @@ def fused_moe_kernel(
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    EARLY_LOADS: tl.constexpr = False,
 ):
     if PERSIST:
         # Persistent grid (config `persistent`: programs per SM): a static number of programs, each takes
@@ -144,7 +157,7 @@ def fused_moe_kernel(
                        stride_om, stride_on, w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
                        stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
-                       STRADDLE, FOLD_DESC)
+                       STRADDLE, FOLD_DESC, EARLY_LOADS)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -161,7 +174,7 @@ def fused_moe_kernel(
                    top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                    t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
                    stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_K, GATHER,
-                   HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC)
+                   HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, EARLY_LOADS)
 
 
 @triton.jit
@@ -172,7 +185,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER: tl.constexpr,
                HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
-               FOLD_DESC: tl.constexpr):
+               FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
@@ -193,6 +206,14 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     # issued by one thread, no address registers); rows past this expert's N belong to the next
     # expert or lie past the end (zero-filled) and only feed output columns that are never stored.
     w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)  # TMA coordinates are 32-bit (tma_ok checks E * N)
+    # EARLY_LOADS (config `early_loads`): the gathers the epilogue needs are issued before the K loop, so their
+    # latency passes under the MMAs; after the loop each is exposed once per tile, and at one program per SM
+    # nothing else hides it (docs/kernels.md, "The disabled cost").
+    if EARLY_LOADS:
+        if HAS_RW:
+            rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
+        if LORA:
+            lrow, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -211,12 +232,14 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         w_ptrs += BLOCK_K * stride_wk
 
     if LORA:
-        acc = _folded_expand(acc, pair, valid, expert, offs_n, n_ok, pid_m, pid_n, top_k, t_ptr, b_ptr, mapping_ptr,
-                             lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs,
-                             stride_be, stride_bn, stride_br, t_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE,
-                             FOLD_DESC)
+        if not EARLY_LOADS:
+            lrow, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr)
+        acc = _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L,
+                             NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc,
+                             b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE, FOLD_DESC)
     if HAS_RW:
-        rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
+        if not EARLY_LOADS:
+            rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         acc = acc * rw[:, None]
     out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
@@ -326,7 +349,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
-        PERSIST=persist, FLATTEN=persist and cfg.flatten,
+        PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,
         num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **reg_cap(cfg.max_regs),
     )
     return out

@@ -20,7 +20,8 @@ from pathlib import Path
 
 TABLE_DIR = Path(__file__).with_name("tile_tables")
 GEMM_KEYS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
-OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs")  # absent = off (kernels/configs.py: GemmConfig)
+# absent = off (kernels/configs.py: GemmConfig)
+OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs", "early_loads")
 
 
 def file_name(gpu: str, num_experts: int, hidden: int, intermediate: int) -> str:
@@ -56,7 +57,7 @@ def check_table(table: dict, where: str = "tile table") -> dict:
                                  f"{OPTIONAL_KEYS}), got {tile!r}")
             if any(not isinstance(tile[k], int) or tile[k] <= 0 for k in GEMM_KEYS):
                 raise ValueError(f"{where}: bucket {b}: {op} values must be positive ints, got {tile}")
-            for flag in ("w_desc", "flatten"):
+            for flag in ("w_desc", "flatten", "early_loads"):
                 if not isinstance(tile.get(flag, False), bool):
                     raise ValueError(f"{where}: bucket {b}: {op} {flag} must be true or false, got {tile[flag]!r}")
             for key, what in (("persistent", "programs per SM"), ("max_regs", "registers per thread, 0 = no cap")):

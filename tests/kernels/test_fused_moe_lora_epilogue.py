@@ -15,7 +15,7 @@ from test_lora_decode import I32, make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align
-from lora_moe_lab.kernels.configs import block_r
+from lora_moe_lab.kernels.configs import GemmConfig, block_r
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
 from lora_moe_lab.kernels.fused_moe_lora_folded import LAST_FOLDED_LAUNCH, moe_gemm_lora_folded
@@ -25,7 +25,8 @@ from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
 IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: pointer loads in the expand
-         "folded_desc": functools.partial(moe_gemm_lora_folded, fold_desc=True)}  # t and B through TMA if allowed
+         "folded_desc": functools.partial(moe_gemm_lora_folded, fold_desc=True),  # t and B through TMA if allowed
+         "folded_early": functools.partial(moe_gemm_lora_folded, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
 
 
 def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
@@ -86,7 +87,9 @@ def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
 
 
 FOLD_VARIANTS = {"desc": dict(fold_desc=True), "ptr": dict(fold_desc=False),
-                 "rows_ordered": dict(shrink_per_row=True), "rows_unordered": dict(shrink_per_row=True)}
+                 "rows_ordered": dict(shrink_per_row=True), "rows_unordered": dict(shrink_per_row=True),
+                 # the layer's build with the epilogue's gathers (LoRA rows, routed weights) before the K loop
+                 "rows_early": dict(shrink_per_row=True, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
 
 
 @pytest.mark.parametrize("variant", FOLD_VARIANTS)
@@ -100,7 +103,7 @@ def test_folded_random_blocks_and_ranks(bm, variant):
         P, gather = (2, True) if seed % 2 == 0 else (1, False)
         c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
                       lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
-        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant == "rows_ordered",
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant in ("rows_ordered", "rows_early"),
                           impl=functools.partial(moe_gemm_lora_folded, **FOLD_VARIANTS[variant]))
         assert (codes == 0).any()
 

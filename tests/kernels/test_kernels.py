@@ -86,6 +86,16 @@ def test_moe_gemm_tma_and_even_tiles(M, K, N, E, top_k, gather, with_rw, w_desc)
                    config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc))
 
 
+@pytest.mark.parametrize("w_desc", [False, True])
+@pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw", [(9, 64, 64, 8, 2, False, True),
+                                                          (7, 40, 48, 8, 2, True, False)])
+def test_moe_gemm_early_epilogue_loads(M, K, N, E, top_k, gather, with_rw, w_desc):
+    # The routed weights gathered before the K loop (early_loads): the same result.
+    check_moe_gemm(M * 23 + K + N, M, K, N, E, top_k, gather, with_rw, torch.float32,
+                   config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, w_desc=w_desc,
+                                     early_loads=True))
+
+
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("w_desc", [False, True])
 @pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw,bm", [

@@ -30,20 +30,22 @@ PERSIST_M = (1024, 4096, 8192, 16384)
 
 def cfg_str(bm, cfg: GemmConfig) -> str:
     return tile_str(bm, as_tuple(cfg)) + (f"/p{cfg.persistent}" if cfg.persistent else "") + \
-        ("/flat" if cfg.flatten else "") + (f"/cap{cfg.max_regs}" if cfg.max_regs else "")
+        ("/flat" if cfg.flatten else "") + (f"/cap{cfg.max_regs}" if cfg.max_regs else "") + \
+        ("/early" if cfg.early_loads else "")
 
 
 def persist_arms(bm, table: GemmConfig, op) -> dict:
     """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid
     (1 program per SM at 8 warps, 3 at 4 warps), with and without the flattened loop, and one narrower or wider
-    tile persistent and flattened.
+    tile persistent and flattened; `early`: the table's tile with the epilogue's gathers issued before the K loop.
     Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 20-75 more
     registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
     32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
     drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two."""
     tma = replace(table, w_desc=True)
     k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
-    arms = dict(table=table, tma=tma, p=replace(tma, persistent=k), pf=replace(tma, persistent=k, flatten=True))
+    arms = dict(table=table, tma=tma, early=replace(table, early_loads=True), p=replace(tma, persistent=k),
+                pf=replace(tma, persistent=k, flatten=True))
     if table.block_n > 128:
         arms["n128_pf"] = replace(tma, block_n=128, num_stages=3, persistent=k, flatten=True)
     else:
