@@ -81,9 +81,11 @@ def _entry(table: dict, bucket: int) -> dict:
     return table["buckets"][str(below[-1] if below else swept[0])]
 
 
-def lookup(num_experts: int, hidden: int | None, intermediate: int | None, bucket: int) -> dict | None:
-    """The table's entry (block_m, gate_up, down) for this layer shape and token bucket, or None."""
-    gpu = gpu_name()
+def lookup(num_experts: int, hidden: int | None, intermediate: int | None, bucket: int,
+           gpu: str | None = None) -> dict | None:
+    """The table's entry (block_m, gate_up, down) for this layer shape and token bucket, or None; gpu: a GPU's
+    name (the analysers read the H200's tables on any machine), else this machine's."""
+    gpu = gpu or gpu_name()
     if gpu is None or hidden is None or intermediate is None:
         return None
     shape = (num_experts, hidden, intermediate)

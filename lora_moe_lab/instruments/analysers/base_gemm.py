@@ -308,3 +308,40 @@ def counter_sessions(a: str = BASE_RUN, b: str = NCU_RUN, path: str | Path | Non
     m = m[keep].copy()
     m["duration_ratio"] = m[f"duration_us_{b}"] / m[f"duration_us_{a}"]
     return m.reset_index(drop=True)
+
+
+H200_SMS = 132
+
+
+def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.DataFrame:
+    """The folded GEMM with every adapter disabled (the layer's build, `gemm_rows_off`) against the plain GEMM,
+    per (preset, op, M >= 1024), with the time it adds per tile an SM runs: extra / (tiles / SMs). Tiles are
+    the expected busy blocks (each expert's pair count Binomial(M, top_k / E), ceil-divided by BLOCK_M) times
+    the N tiles of the table's BLOCK_N; an estimate from the routing's statistics, not a count of the run.
+    A constant per tile is what a latency chain in the epilogue would add (docs/kernels.md)."""
+    import numpy as np
+    from scipy.stats import binom
+
+    from ...config import get_shape
+    from ...kernels import configs, tiles
+
+    run = run or load_fold_run()
+    k = run.rows[run.rows["section"] == "kernels"]
+    out = []
+    for _, r in k[k["M"] >= 1024].iterrows():
+        sh = get_shape(r["preset"])
+        entry = tiles.lookup(sh.num_experts, sh.hidden, sh.intermediate, configs.token_bucket(int(r["M"])),
+                             gpu="NVIDIA H200")
+        tile = entry[r["op"]]
+        n_cols = 2 * sh.intermediate if r["op"] == "gate_up" else sh.hidden
+        n = np.arange(int(r["M"]) + 1)
+        blocks = sh.num_experts * float((binom.pmf(n, int(r["M"]), sh.top_k / sh.num_experts)
+                                         * np.ceil(n / entry["block_m"])).sum())
+        n_tiles = blocks * -(-n_cols // tile["block_n"])
+        extra = r["gemm_rows_off_us"] - r["base_us"]
+        out.append(dict(preset=r["preset"], op=r["op"], M=int(r["M"]), block_n=tile["block_n"],
+                        num_warps=tile["num_warps"], base_us=r["base_us"], disabled_us=r["gemm_rows_off_us"],
+                        ratio=r["gemm_rows_off_over_base"], ratio_lo=r["gemm_rows_off_over_base_lo"],
+                        ratio_hi=r["gemm_rows_off_over_base_hi"], tiles=n_tiles, tiles_per_sm=n_tiles / sms,
+                        extra_us=extra, extra_us_per_tile_per_sm=extra / (n_tiles / sms)))
+    return pd.DataFrame(out)

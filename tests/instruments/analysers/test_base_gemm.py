@@ -162,3 +162,18 @@ def test_fold_arm_ptxas_refuses_is_left_out_not_the_preset():
     assert rf._compiles(refuse) is False
     with pytest.raises(ValueError, match="not a compiler refusal"):
         rf._compiles(broken)
+
+
+def test_fold_disabled_cost_is_a_time_per_tile_or_an_occupancy_loss():
+    """docs/kernels.md ("The disabled cost"): where the folded build keeps the plain GEMM's programs per SM, every
+    adapter disabled adds 1.1-2.1 us per tile an SM runs; where it halves them (TP=4 gate_up, BLOCK_N 128 over
+    8 warps: 95 -> 142-154 registers, data/kernels/resources_s1_*), 6-8 us."""
+    from lora_moe_lab.instruments.analysers import base_gemm
+
+    d = base_gemm.fold_disabled_cost()
+    assert len(d) == 16 and (d["ratio"] > 1).all()
+    assert (d["tiles"] > 0).all() and (d["extra_us"] > 0).all()
+    halved = (d["preset"] == "qwen3-30b-a3b-tp4") & (d["op"] == "gate_up") & (d["num_warps"] == 8)
+    one_per_sm = (d["block_n"] == 256) & (d["num_warps"] == 8)
+    assert d[one_per_sm]["extra_us_per_tile_per_sm"].between(1.1, 2.1).all()
+    assert d[halved]["extra_us_per_tile_per_sm"].between(6.0, 8.0).all()
