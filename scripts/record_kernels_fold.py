@@ -9,7 +9,8 @@ top-8 of 128 experts from softmax-topk of random logits, CUDA-graph replays, ali
 timed region):
   check    `--cases` random cases of the folded GEMM (its four builds in turn: TMA expand, pointer expand, and
            ordered alignment + per-row shrink with either expand) and `--cases` of the base GEMM's builds (TMA weight
-           tiles, predicate-free loads, masked loads) against float64, plus the presets' shapes at
+           tiles, predicate-free loads, masked loads; half of each with `early_loads`) against float64, plus the
+           presets' shapes at
            M = 1..8192; `out` and the shrink's intermediate NaN-poisoned; rows of pairs without a live
            adapter compared bit for bit with the plain GEMM. Few distinct tiles, so few compiles.
   kernels  per preset, op and M: the base GEMM (the tile table), base + today's separate delta (the decode
@@ -145,7 +146,7 @@ def _fold_case(rng, g, dev, i):
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
     K, N = rng.choice((64, 128, 192)), rng.choice((64, 96))  # N per slice: 96 puts a 64-wide tile across slices
-    cfg = DIFF_TILES[i % 2]
+    cfg = replace(DIFF_TILES[i % 2], early_loads=i % 8 >= 4)  # half the cases: the epilogue's gathers early
     c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=P, gather=gather)
     # 0: TMA expand, 1: pointer expand, 2 and 3: the alignment ordered by LoRA row and the per-row shrink, with the
     # TMA expand (2) and the pointer expand (3: the layer's build)
@@ -157,13 +158,14 @@ def _fold_case(rng, g, dev, i):
 
 
 def _base_case(rng, g, dev, i):
-    cfg = DIFF_TILES[i % len(DIFF_TILES)]
+    cfg = replace(DIFF_TILES[i % len(DIFF_TILES)], early_loads=i % 8 >= 4)
     c = kc.random_gemm_case(rng, g, dev, BF, i)
     out = c["out"]
     moe_gemm(c["x"], c["w"], c["align"], c["k"], out, routed_weights=c["rw"], gather=c["gather"], config=cfg)
     err = (rel(out.double(), ref_gemm(c["x"], c["w"], c["ids"], c["k"], c["rw"], c["gather"]))
            if torch.isfinite(out).all() else float("inf"))
-    tile = f"bn{cfg.block_n}/bk{cfg.block_k}" + ("/tma" if cfg.w_desc else "") + ("" if cfg.even else "/masked")
+    tile = (f"bn{cfg.block_n}/bk{cfg.block_k}" + ("/tma" if cfg.w_desc else "") + ("" if cfg.even else "/masked")
+            + ("/early" if cfg.early_loads else ""))
     return err, tile
 
 
