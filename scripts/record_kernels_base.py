@@ -334,7 +334,7 @@ def persist(preset, dev, gen, reps):
         inner = inner_of(M)
         for op in ("gate_up", "down"):
             bm, t = arms_of(c, preset, M, op)["table"]
-            arms = persist_arms(bm, as_config(t), op)
+            arms = persist_arms(bm, as_config(t))
             fns, errs = {}, {}
             for a, cfg in arms.items():
                 f = c.fn(op, bm, cfg)
@@ -404,7 +404,7 @@ def persist_check(dev, gen, n_cases):
             for op in ("gate_up", "down"):
                 bm, t = arms_of(c, preset, M, op)["table"]
                 outs = {}
-                for a, cfg in persist_arms(bm, as_config(t), op).items():
+                for a, cfg in persist_arms(bm, as_config(t)).items():
                     o = c.inter if op == "gate_up" else c.down
                     o.fill_(float("nan"))
                     c.fn(op, bm, cfg)()

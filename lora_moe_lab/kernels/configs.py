@@ -31,6 +31,13 @@ class GemmConfig:
     flatten: bool = False  # persistent only: Triton pipelines the tile loop and the K loop as one loop
     early_loads: bool = False  # the epilogue's gathers (routed weights, LoRA rows) issued before the K loop
 
+    def __post_init__(self):
+        if self.persistent < 0:
+            raise ValueError(f"GemmConfig.persistent is programs per SM (>= 0, 0 = a program per tile), "
+                             f"got {self.persistent}")
+        if self.flatten and not self.persistent:
+            raise ValueError("GemmConfig.flatten flattens the persistent grid's tile loop: set persistent >= 1 too")
+
 
 @dataclass(frozen=True)
 class LoRAKernelConfig:
@@ -50,6 +57,11 @@ class LoRAKernelConfig:
     # prefetch 0 only: Triton's loop pipeliner on the expand loop with this many stages (the `out` tiles
     # stream into shared memory ahead of their add); 0 = off
     expand_stages: int = 0
+
+    def __post_init__(self):
+        if self.expand_stages and self.prefetch:
+            raise ValueError(f"LoRAKernelConfig: expand_stages={self.expand_stages} pipelines the expand loop by "
+                             f"Triton, prefetch={self.prefetch} by hand; set one of them to 0")
 
 
 @dataclass(frozen=True)

@@ -340,7 +340,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, EXPAND_STAGES=0 if cfg.prefetch else cfg.expand_stages,
+        PREFETCH=cfg.prefetch, EXPAND_STAGES=cfg.expand_stages,
         num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":

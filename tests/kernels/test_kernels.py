@@ -101,7 +101,7 @@ def test_moe_gemm_early_epilogue_loads(M, K, N, E, top_k, gather, with_rw, w_des
 @pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw,bm", [
     (9, 64, 64, 8, 2, True, False, 16),  # more tiles than programs: each program loops over several
     (7, 40, 48, 8, 2, False, True, 16),  # masked K and N
-    (2, 32, 64, 16, 3, True, True, 32),  # fewer busy blocks than launched: the loop bound comes from ntpp
+    (2, 32, 64, 4, 3, True, True, 32),  # 5 blocks launched, at most 4 busy (4 experts): the loop bound comes from ntpp
 ])
 def test_moe_gemm_persistent_grid(M, K, N, E, top_k, gather, with_rw, bm, w_desc, flatten):
     # A static grid (num_sms * persistent programs; 2 SMs under the interpreter) looping over the tiles.
@@ -421,6 +421,15 @@ def test_config_table_and_block_sizes():
         assert bm >= 16 and bm & (bm - 1) == 0
         cfg = configs.lora_config(M, 8, 128, 4, bm, 768, 2048)
         assert cfg.split_n >= 1 and cfg.block_n >= 16
+
+
+def test_contradictory_configs_are_named_errors():
+    with pytest.raises(ValueError, match="set persistent >= 1"):
+        GemmConfig(32, 32, flatten=True)
+    with pytest.raises(ValueError, match="programs per SM"):
+        GemmConfig(32, 32, persistent=-1)
+    with pytest.raises(ValueError, match="set one of them to 0"):
+        LoRAKernelConfig(block_n=32, block_k=32, prefetch=2, expand_stages=3)
 
 
 def test_launch_plan_matches_the_launch():

@@ -34,11 +34,11 @@ def cfg_str(bm, cfg: GemmConfig) -> str:
         ("/early" if cfg.early_loads else "")
 
 
-def persist_arms(bm, table: GemmConfig, op) -> dict:
+def persist_arms(bm, table: GemmConfig) -> dict:
     """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid
     (1 program per SM at 8 warps, 3 at 4 warps), with and without the flattened loop, and one narrower or wider
     tile persistent and flattened; `early`: the table's tile with the epilogue's gathers issued before the K loop.
-    Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 20-75 more
+    Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 19-75 more
     registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
     32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
     drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two."""
