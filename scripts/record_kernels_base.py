@@ -8,6 +8,7 @@
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum \\
         python scripts/record_kernels_base.py --out DIR --ncu-run      # one launch per target, counted
     python scripts/record_kernels_base.py --out DIR --ncu-parse DIR/ncu_raw.csv   # -> kernels_base_ncu.csv
+    python scripts/record_kernels_base.py --out DIR --adopt-persist S1.csv S2.csv  # CPU: two sessions' persist
 
 Sections (CUDA-graph replays, bf16, top-8 of 128 experts from softmax-topk of random router logits,
 alignment outside the timed region, as data/kernels/README.md says of every base row):
@@ -421,33 +422,65 @@ def persist_check(dev, gen, n_cases):
             torch.cuda.empty_cache()
 
 
-def add_persist_choice(out):
-    """The tables take a persistent arm where it beat the table's tile: the upper bound of its paired ratio
-    below 0.99 with the point free of drift; the fastest such arm. Written to DIR/tile_tables."""
+def persist_choices(sessions) -> dict:
+    """(preset, op, M) -> the persist row of the arm to adopt, from one or more sessions' persist rows (lists of
+    dicts): an arm qualifies where every session has it free of drift with the upper bound of its paired ratio
+    against the table's tile below 0.99; of those, the arm whose worst session ratio is least."""
+    def key(q):
+        return q["preset"], q["op"], int(float(q["M"]))
+
+    per = []
+    for rows in sessions:
+        d = {}
+        for q in rows:
+            if q.get("section") == "persist" and q.get("arm") not in (None, "", "table"):
+                d[key(q) + (q["arm"],)] = q
+        per.append(d)
+    picks = {}
+    for k in per[0]:
+        qs = [d.get(k) for d in per]
+        if all(q is not None and str(q["stable"]) == "True" and float(q["over_table_hi"]) < 0.99 for q in qs):
+            worst = max(qs, key=lambda q: float(q["over_table"]))
+            if k[:3] not in picks or float(worst["over_table"]) < float(picks[k[:3]]["over_table"]):
+                picks[k[:3]] = dict(worst, sessions=len(qs))
+    return picks
+
+
+def add_persist_choice(out, sessions=None, gpu=None, note=""):
+    """The tables take a persistent arm where it beat the table's tile (persist_choices) in every session given
+    (default: this run's rows; `gpu`: the sessions' card, default this one). Written to DIR/tile_tables."""
+    picks = persist_choices(sessions or [ROWS])
     for preset in PRESETS:
         sh = get_shape(preset)
-        src = tiles.TABLE_DIR / tiles.file_name(torch.cuda.get_device_name(), sh.num_experts, sh.hidden,
+        src = tiles.TABLE_DIR / tiles.file_name(gpu or torch.cuda.get_device_name(), sh.num_experts, sh.hidden,
                                                 sh.intermediate)
         table = json.load(open(src))
-        for r in ROWS:
-            if r["section"] != "persist" or r["preset"] != preset or r["arm"] != "table":
+        for (p, op, M), best in sorted(picks.items()):
+            if p != preset:
                 continue
-            cand = [q for q in ROWS if q["section"] == "persist" and q["preset"] == preset and q["M"] == r["M"]
-                    and q["op"] == r["op"] and q["arm"] != "table" and q["stable"] and q["over_table_hi"] < 0.99]
-            if cand:
-                best = min(cand, key=lambda q: q["over_table"])
-                _, tile = parse_tile(best["tile"])
-                pers, cap = re.search(r"/p(\d+)", best["tile"]), re.search(r"/cap(\d+)", best["tile"])
-                tile.update(w_desc="/tma" in best["tile"], persistent=int(pers.group(1)) if pers else 0,
-                            flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0,
-                            early_loads="/early" in best["tile"])
-                table["buckets"][str(r["M"])][r["op"]] = tile
-                log(f"persist choice {preset} {r['op']} M={r['M']}: {best['tile']} ({best['over_table']:.3f} "
-                    f"[{best['over_table_lo']:.3f}, {best['over_table_hi']:.3f}])")
-        table["source"] += f"; persistent builds from the persist section at {git_commit()}"
+            _, tile = parse_tile(best["tile"])
+            pers, cap = re.search(r"/p(\d+)", best["tile"]), re.search(r"/cap(\d+)", best["tile"])
+            tile.update(w_desc="/tma" in best["tile"], persistent=int(pers.group(1)) if pers else 0,
+                        flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0,
+                        early_loads="/early" in best["tile"])
+            table["buckets"][str(M)][op] = tile
+            log(f"persist choice {preset} {op} M={M}: {best['tile']} (worst of {best['sessions']} session(s): "
+                f"{float(best['over_table']):.3f} [{float(best['over_table_lo']):.3f}, "
+                f"{float(best['over_table_hi']):.3f}])")
+        table["source"] += note or f"; persistent builds from the persist section at {git_commit()}"
         os.makedirs(os.path.join(out, "tile_tables"), exist_ok=True)
         with open(os.path.join(out, "tile_tables", src.name), "w") as fh:
             json.dump(table, fh, indent=1)
+
+
+def adopt_persist(csvs, out):
+    """CPU: the committed tables take the arms that beat the table's tile in every recorded session (csvs)."""
+    sessions = [list(csv.DictReader(open(f))) for f in csvs]
+    gpus = {json.load(open(f[:-len(".csv")] + ".meta.json"))["gpu"] for f in csvs}
+    if len(gpus) != 1:
+        raise ValueError(f"--adopt-persist: the sessions ran on different cards {sorted(gpus)}; adopt per card")
+    add_persist_choice(out, sessions, gpu=gpus.pop(),
+                       note="; persistent builds where they won in every one of " + ", ".join(map(repo_relative, csvs)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -624,8 +657,12 @@ def main(argv=None):
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
     ap.add_argument("--ncu-parse", metavar="RAW_CSV", help="ncu's raw CSV -> kernels_base_ncu.csv (CPU is fine)")
     ap.add_argument("--ncu-stem", default="kernels_base_ncu", help="the parsed CSV's name (default kernels_base_ncu)")
+    ap.add_argument("--adopt-persist", nargs="+", metavar="CSV",
+                    help="CPU: write DIR/tile_tables with the persistent arms that won in every session's CSV")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
+    if args.adopt_persist:
+        return adopt_persist(args.adopt_persist, args.out)
     if args.ncu_parse:
         return ncu_parse(args.ncu_parse, args.out, args.ncu_stem)
     dev = torch.device("cuda")

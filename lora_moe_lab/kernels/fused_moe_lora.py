@@ -394,5 +394,5 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
                 BLOCK_M=bm,
                 EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                 split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
-                prefetch=c.prefetch, max_regs=c.max_regs,
+                prefetch=c.prefetch, max_regs=c.max_regs, expand_stages=c.expand_stages,
                 programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)

@@ -151,9 +151,11 @@ def stages_candidates(op, table) -> list:
     pairs at the table's BLOCK_M is the caller's part."""
     from dataclasses import replace
 
-    out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4)]
+    out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4) if xs != table.expand_stages]
     if op == "down":
         out.append(replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3))
+    if table.expand_stages:  # the table pipelines already: the hand prefetch it replaced, for the paired check
+        out.append(replace(table, expand_stages=0, prefetch=2))
     return out
 
 
