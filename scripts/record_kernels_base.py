@@ -219,12 +219,13 @@ def vllm_tile(preset, M):
 
 
 def arms_of(c, preset, M, op):
-    """arm -> (block_m, tile tuple): the table (as configs.py reads it), the rules, the vLLM table's."""
+    """arm -> (block_m, tile): the table's whole GemmConfig (as configs.py reads it, persistent / early flags and
+    all), the rules' and the vLLM table's tile tuples."""
     bm_tab = configs.moe_block_m(M, c.k, c.E, c.K, c.I)
     tab = configs.gemm_config(M, bm_tab, *c.nk(op), c.E)
     bm_rule = rule_block_m(M, c.k, c.E)
     rules = as_tuple(rule_gemm_config(bm_rule))
-    return dict(table=(bm_tab, as_tuple(tab)), rules=(bm_rule, rules), vllm_tiles=vllm_tile(preset, M),
+    return dict(table=(bm_tab, tab), rules=(bm_rule, rules), vllm_tiles=vllm_tile(preset, M),
                 rules_masked=(bm_rule, rules + ("masked",)))
 
 

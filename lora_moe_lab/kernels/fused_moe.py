@@ -11,6 +11,7 @@ block belongs to the same expert, so the whole tile is one dense matmul against 
 weights: the gather happens on the activation side only. Padding rows carry the sentinel id
 num_pairs and are masked out of loads and stores.
 """
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -316,6 +317,10 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K, w.shape[0])
+    if config is None and lora is not None and cfg.max_regs:
+        # A table's register cap is the plain GEMM's (e.g. 128 for 2 programs/SM at TP=4 gate_up); the folded
+        # build holds the expand's tiles too and does not compile under it (ptxas asks for >= 154): drop it.
+        cfg = replace(cfg, max_regs=0)
     nb = align.expert_ids.shape[1]
     # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
     # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.

@@ -138,15 +138,18 @@ def bridge_run(path: str | Path | None = None) -> BaseRun:
 
 def base_sessions(path: str | Path | None = None) -> pd.DataFrame:
     """The table's gain over the rules per (preset, op, M) in each device session (the canonical run
-    and every base_s* session of compare) and between them (stats.between_sessions)."""
+    and every base_s* session of compare) and between them (stats.between_sessions). Where the tables changed
+    between sessions, only the sessions that timed the latest session's tile at that point are combined."""
     runs = session_runs(path)
     figs = {}
     for r in runs:
         for _, x in r.compare.iterrows():
             figs.setdefault((x.preset, x.op, x.M), []).append(
-                (r.name, x.table_us, (x.rules_over_table, x.rules_over_table_lo, x.rules_over_table_hi)))
+                (r.name, x.table_us, (x.rules_over_table, x.rules_over_table_lo, x.rules_over_table_hi),
+                 x.get("table_tile")))
     rows = []
     for (pre, op, M), got in figs.items():
+        got = [g for g in got if g[3] == got[-1][3]]
         b = between_sessions(*[g[2] for g in got])
         rows.append(dict(preset=pre, op=op, M=M, sessions=len(got), table_us=[round(g[1], 1) for g in got],
                          gain_per_session=[round(g[2][0], 3) for g in got], gain=b["estimate"], lo=b["lo"],

@@ -10,13 +10,19 @@ from ...kernels.configs import GemmConfig
 
 
 def tile_str(bm, t) -> str:
+    """A tile tuple (see as_config) or a whole GemmConfig (then with its persistent / flatten / cap / early flags)."""
+    if isinstance(t, GemmConfig):
+        return cfg_str(bm, t)
     return (f"bm{bm}/bn{t[0]}/bk{t[1]}/g{t[2]}/w{t[3]}/s{t[4]}" + ("/tma" if len(t) > 5 and t[5] else "")
             + ("/masked" if len(t) > 6 and t[6] == "masked" else ""))
 
 
 def as_config(t) -> GemmConfig:
     """(BLOCK_N, BLOCK_K, GROUP_M, warps, stages[, w_desc[, "masked"]]) -> GemmConfig; "masked": every load
-    predicated, the kernel as it was before the EVEN flags (the peers' carried run measured that one)."""
+    predicated, the kernel as it was before the EVEN flags (the peers' carried run measured that one). A GemmConfig
+    is returned as it is (the table's own build, with the flags a tuple does not carry)."""
+    if isinstance(t, GemmConfig):
+        return t
     return GemmConfig(block_n=t[0], block_k=t[1], group_m=t[2], num_warps=t[3], num_stages=t[4],
                       w_desc=bool(t[5]) if len(t) > 5 else False, even=not (len(t) > 6 and t[6] == "masked"))
 
