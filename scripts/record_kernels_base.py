@@ -49,6 +49,7 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments.analysers import base_gemm as bg
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
@@ -423,34 +424,10 @@ def persist_check(dev, gen, n_cases):
             torch.cuda.empty_cache()
 
 
-def persist_choices(sessions) -> dict:
-    """(preset, op, M) -> the persist row of the arm to adopt, from one or more sessions' persist rows (lists of
-    dicts): an arm qualifies where every session has it free of drift with the upper bound of its paired ratio
-    against the table's tile below 0.99; of those, the arm whose worst session ratio is least."""
-    def key(q):
-        return q["preset"], q["op"], int(float(q["M"]))
-
-    per = []
-    for rows in sessions:
-        d = {}
-        for q in rows:
-            if q.get("section") == "persist" and q.get("arm") not in (None, "", "table"):
-                d[key(q) + (q["arm"],)] = q
-        per.append(d)
-    picks = {}
-    for k in per[0]:
-        qs = [d.get(k) for d in per]
-        if all(q is not None and str(q["stable"]) == "True" and float(q["over_table_hi"]) < 0.99 for q in qs):
-            worst = max(qs, key=lambda q: float(q["over_table"]))
-            if k[:3] not in picks or float(worst["over_table"]) < float(picks[k[:3]]["over_table"]):
-                picks[k[:3]] = dict(worst, sessions=len(qs))
-    return picks
-
-
 def add_persist_choice(out, sessions=None, gpu=None, note=""):
     """The tables take a persistent arm where it beat the table's tile (persist_choices) in every session given
     (default: this run's rows; `gpu`: the sessions' card, default this one). Written to DIR/tile_tables."""
-    picks = persist_choices(sessions or [ROWS])
+    picks = bg.persist_choices(sessions or [ROWS])
     for preset in PRESETS:
         sh = get_shape(preset)
         src = tiles.TABLE_DIR / tiles.file_name(gpu or torch.cuda.get_device_name(), sh.num_experts, sh.hidden,

@@ -348,3 +348,77 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
                         ratio_hi=r["gemm_rows_off_over_base_hi"], tiles=n_tiles, tiles_per_sm=n_tiles / sms,
                         extra_us=extra, extra_us_per_tile_per_sm=extra / (n_tiles / sms)))
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Persistent builds of the base GEMM and the down delta's pipelined expand (issue 24, twelfth session)
+# ------------------------------------------------------------------------------------------------
+PERSIST_SESSIONS = ("persist_s1", "persist_s2")  # record_kernels_base.py --sections persist, two device sessions
+STAGES_SESSIONS = ("stages_s1", "stages_s2")  # record_kernels_expand.py --sections sweep --candidates stages
+
+
+def persist_choices(sessions) -> dict:
+    """(preset, op, M) -> the persist row of the arm to adopt, from one or more sessions' persist rows (lists of
+    dicts): an arm qualifies where every session has it free of drift with the upper bound of its paired ratio
+    against the table's tile below 0.99; of those, the arm whose worst session ratio is least."""
+    def key(q):
+        return q["preset"], q["op"], int(float(q["M"]))
+
+    per = []
+    for rows in sessions:
+        d = {}
+        for q in rows:
+            if q.get("section") == "persist" and q.get("arm") not in (None, "", "table"):
+                d[key(q) + (q["arm"],)] = q
+        per.append(d)
+    picks = {}
+    for k in per[0]:
+        qs = [d.get(k) for d in per]
+        if all(q is not None and str(q["stable"]) == "True" and float(q["over_table_hi"]) < 0.99 for q in qs):
+            worst = max(qs, key=lambda q: float(q["over_table"]))
+            if k[:3] not in picks or float(worst["over_table"]) < float(picks[k[:3]]["over_table"]):
+                picks[k[:3]] = dict(worst, sessions=len(qs))
+    return picks
+
+
+
+
+def persist_sessions(names=PERSIST_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """Per (preset, op, M, arm): the paired ratio arm / table's tile in each session (`r_<name>`, `lo_`, `hi_`,
+    `stable_`), and `adopted`: the arm the tables took (persist_choices over every session)."""
+    runs = [load_base_run(n, path) for n in names]
+    picks = persist_choices([r.rows.to_dict("records") for r in runs])
+    out = None
+    for r in runs:
+        p = r.section("persist")
+        p = p[p.arm != "table"][["preset", "op", "M", "arm", "tile", "over_table", "over_table_lo", "over_table_hi",
+                                 "stable", "time_us"]].rename(columns={
+            "over_table": f"r_{r.name}", "over_table_lo": f"lo_{r.name}", "over_table_hi": f"hi_{r.name}",
+            "stable": f"stable_{r.name}", "time_us": f"us_{r.name}", "tile": f"tile_{r.name}"})
+        out = p if out is None else out.merge(p, on=["preset", "op", "M", "arm"], how="outer")
+    out["adopted"] = [picks.get((x.preset, x.op, int(x.M)), {}).get("arm") == x.arm for x in out.itertuples()]
+    return out.reset_index(drop=True)
+
+
+def stages_sessions(names=STAGES_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The down delta per (preset, M) in each session that has it: the hand-pipelined build (`pf2`, the table
+    before) against Triton's pipelined expand of 3 stages (`xs3`, the table after), sweep medians of graph
+    replays (not paired: the sweep's method) and their fractions of the measured copy bandwidth."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    rows = []
+    for n in names:
+        f = d / f"{n}_kernels_expand.csv"
+        if not f.exists():
+            continue
+        s = pd.read_csv(f)
+        s = s[(s.section == "sweep") & (s.op == "down")]
+        for (pre, M), g in s.groupby(["preset", "M"]):
+            old = g[g.config.str.contains("/pf2") & g.config.str.contains("/bn128/")]
+            new = g[g.config.str.endswith("/xs3") & g.config.str.contains("/bn128/")]
+            if old.empty or new.empty:
+                continue
+            o, w = old.iloc[0], new.iloc[0]
+            rows.append(dict(session=n, preset=pre, M=int(M), pf2_config=o.config, pf2_us=o.time_us,
+                             pf2_of_copy=o.bw_frac, xs3_us=w.time_us, xs3_of_copy=w.bw_frac,
+                             xs3_over_pf2=w.time_us / o.time_us, xs3_regs=w.regs, xs3_shared=w.shared))
+    return pd.DataFrame(rows)
