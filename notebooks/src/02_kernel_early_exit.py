@@ -469,9 +469,9 @@ from lora_moe_lab.ui.kernel_plots import counters_figure, fold_figure
 
 base_run = base_gemm.load_base_run()
 vs = base_gemm.versus_peers()
-ncu = base_gemm.load_counters()  # the base GEMMs and the LoRA deltas as the layer runs them, one ncu session
+ncu = base_gemm.load_counters()  # the base GEMMs and the LoRA deltas as the layer runs them now, one ncu session
 print(f"recorded: {base_run.label}; bridge through {vs.run.iloc[0]} ({vs.bridge_arm.iloc[0]}); counters: "
-      f"{base_gemm.NCU_RUN}")
+      f"{base_gemm.NCU_NOW_RUN}")
 print(f"at least vLLM's speed by both ratios at {int(vs.ge_1.sum())} of {len(vs)} points")
 counters_figure(ncu).show()
 vs.pivot_table(index=["preset", "op"], columns="M", values="direct").round(2)

@@ -38,6 +38,10 @@ BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compa
 # and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at M=1024 and 8192.
 NCU_RUN = "base_s3"
 NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later device session (426609a)
+# The same 32 targets at the tables and LoRA configs as committed now (e7db815: persistent / early builds, the down
+# delta's pipelined expand); the counters a reader should take for today's kernels. One session; the precision of a
+# launch's counters is the base_s3 / base_s4 spread.
+NCU_NOW_RUN = "base_s5"
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
@@ -269,7 +273,7 @@ def fold_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: in
 # ------------------------------------------------------------------------------------------------
 # Counters per kernel (Nsight Compute, one profiled launch each: counters, never a live timing)
 # ------------------------------------------------------------------------------------------------
-def load_counters(name: str = NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
+def load_counters(name: str = NCU_NOW_RUN, path: str | Path | None = None) -> pd.DataFrame:
     """One ncu session's parsed counters (`<name>_kernels_base_ncu.csv`), with each launch's DRAM bytes per
     second over the canonical run's measured device-to-device copy (`of_copy`: the share of the bandwidth a
     copy reaches, the ceiling a streaming kernel can approach)."""

@@ -177,3 +177,41 @@ def test_fold_disabled_cost_is_a_time_per_tile_or_an_occupancy_loss():
     one_per_sm = (d["block_n"] == 256) & (d["num_warps"] == 8)
     assert d[one_per_sm]["extra_us_per_tile_per_sm"].between(1.1, 2.1).all()
     assert d[halved]["extra_us_per_tile_per_sm"].between(6.0, 8.0).all()
+
+
+def test_persist_choices_need_every_session():
+    # An arm is adopted only where every session has it free of drift with its interval below 0.99; of those, the
+    # one whose worst session ratio is least.
+    def r(arm, ratio, hi, stable=True):
+        return dict(section="persist", preset="p", op="down", M=1024, arm=arm, tile=f"t/{arm}", over_table=ratio,
+                    over_table_lo=ratio - 0.01, over_table_hi=hi, stable=stable)
+
+    s1 = [r("table", 1, 1), r("a", 0.90, 0.95), r("b", 0.95, 0.97), r("c", 0.80, 0.85)]
+    s2 = [r("table", 1, 1), r("a", 0.96, 0.995), r("b", 0.94, 0.96), r("c", 0.80, 0.85, stable=False)]
+    picks = base_gemm.persist_choices([s1, s2])
+    assert picks[("p", "down", 1024)]["arm"] == "b"  # a misses 0.99 in s2, c drifts in s2
+    assert base_gemm.persist_choices([[r("table", 1, 1), r("a", 0.98, 0.995)]]) == {}
+
+
+def test_adopted_persist_arms_are_in_the_committed_tables():
+    # The tile tables carry exactly the builds the two recorded sessions adopted (record_kernels_base --adopt-persist).
+    from lora_moe_lab.config import get_shape
+    from lora_moe_lab.kernels import tiles
+
+    p = base_gemm.persist_sessions()
+    took = p[p.adopted]
+    assert len(took) > 0
+    for x in took.itertuples():
+        sh = get_shape(x.preset)
+        e = tiles.lookup(sh.num_experts, sh.hidden, sh.intermediate, int(x.M), gpu="NVIDIA H200")[x.op]
+        tile = x.tile_persist_s2
+        assert bool(e.get("persistent")) == ("/p" in tile) and bool(e.get("early_loads")) == ("/early" in tile)
+        assert bool(e.get("flatten")) == ("/flat" in tile) and e["block_n"] == int(tile.split("/bn")[1].split("/")[0])
+
+
+def test_stages_sessions_back_the_down_config():
+    # configs.lora_down_config pipelines the expand from M = 1024 on: faster than the hand prefetch in both sessions.
+    st = base_gemm.stages_sessions()
+    assert set(st.session) == set(base_gemm.STAGES_SESSIONS)
+    big = st[st.M >= 1024]
+    assert (big.xs3_over_pf2 < 1).all() and (big.xs3_of_copy > big.pf2_of_copy).all()
