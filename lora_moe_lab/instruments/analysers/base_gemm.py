@@ -153,7 +153,7 @@ def base_sessions(path: str | Path | None = None) -> pd.DataFrame:
                  x.get("table_tile")))
     rows = []
     for (pre, op, M), got in figs.items():
-        got = [g for g in got if g[3] == got[-1][3]]
+        got = [g for g in got if str(g[3]) == str(got[-1][3])]  # str: a run without the column has NaN
         b = between_sessions(*[g[2] for g in got])
         rows.append(dict(preset=pre, op=op, M=M, sessions=len(got), table_us=[round(g[1], 1) for g in got],
                          gain_per_session=[round(g[2][0], 3) for g in got], gain=b["estimate"], lo=b["lo"],
@@ -383,8 +383,6 @@ def persist_choices(sessions) -> dict:
             if k[:3] not in picks or float(worst["over_table"]) < float(picks[k[:3]]["over_table"]):
                 picks[k[:3]] = dict(worst, sessions=len(qs))
     return picks
-
-
 
 
 def persist_sessions(names=PERSIST_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
