@@ -207,6 +207,13 @@ def test_adopted_persist_arms_are_in_the_committed_tables():
         tile = x.tile_persist_s2
         assert bool(e.get("persistent")) == ("/p" in tile) and bool(e.get("early_loads")) == ("/early" in tile)
         assert bool(e.get("flatten")) == ("/flat" in tile) and e["block_n"] == int(tile.split("/bn")[1].split("/")[0])
+        assert e.get("max_regs", 0) == (int(tile.split("/cap")[1]) if "/cap" in tile else 0)
+    # and nothing else: every timed point without an adopted arm keeps a program per tile, uncapped, late gathers
+    done = set(zip(took.preset, took.op, took.M))
+    for pre, op, M in set(zip(p.preset, p.op, p.M)) - done:
+        sh = get_shape(pre)
+        e = tiles.lookup(sh.num_experts, sh.hidden, sh.intermediate, int(M), gpu="NVIDIA H200")[op]
+        assert not (e.get("persistent") or e.get("flatten") or e.get("max_regs") or e.get("early_loads")), (pre, op, M)
 
 
 def test_stages_sessions_back_the_down_config():
