@@ -53,8 +53,14 @@ PRESETS = kc.PRESETS
 S, RANK, BF = kc.S, kc.RANK, torch.bfloat16
 SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the check's M); regs/table: REGS_M
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
+STAGES_M = (64, 128) + REGS_M  # the small-M branch of the down config covers M = 33..256
 BLOCKS_M = (1024, 2048, 4096)
 FLOOR_M = (1, 8, 64)
+
+
+def sweep_ms(which):
+    """The sweep's M for candidates `which` ("table": the table's tile at every REGS_M)."""
+    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M}.get(which, REGS_M)
 
 
 def candidates(op, M, bm0, table_for, which="regs"):
@@ -170,7 +176,7 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     w = kc.weights(sh, dev, gen)
     ids_s = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones(S, dtype=torch.int32, device=dev)
-    for M in {"tiles": SWEEP_M, "blocks": BLOCKS_M}.get(which, REGS_M):  # "table": the table's tile at every REGS_M
+    for M in sweep_ms(which):  # "table": the table's tile at every REGS_M
         n_sets = 6 if M <= 1024 else 2
         sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
         bm0 = lora_block_m(M, k, E, S)
@@ -360,7 +366,7 @@ def main(argv=None):
     elif not runtime.has_cuda():
         raise SystemExit("record_kernels_expand.py needs a CUDA GPU (or --dry)")
     rec = Recorder("kernels_expand", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
-                                                            sweep_m=SWEEP_M))
+                                                            sweep_m=sweep_ms(args.candidates)))
     t0, meta = rec.t0, rec.meta
     dev = runtime.default_device()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -391,7 +397,7 @@ def _dry():
     kc.set_tiny()
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M = ("tiny",), (16,), (1,), torch.float32, (16,)
-    g["REGS_M"] = g["BLOCKS_M"] = (16,)
+    g["REGS_M"] = g["BLOCKS_M"] = g["STAGES_M"] = (16,)
     g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
                                                   for c, f in fns.items()}
 

@@ -147,13 +147,16 @@ def random_gemm_case(rng, g, dev, dtype, i) -> dict:
 def stages_candidates(op, table) -> list:
     """The aligned LoRA delta's `stages` candidates beside the table's tile `table` (issue 24): the expand loop
     pipelined by Triton (`expand_stages` 2-4, the hand prefetch and the register cap off: the `out` tiles stream
-    into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages. (block_m, config)
+    into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages, and the table's tile
+    over 8 warps with 3 stages (half the registers a thread: more warps to hide the `out` loads at the same
+    programs per SM). (block_m, config)
     pairs at the table's BLOCK_M is the caller's part."""
     from dataclasses import replace
 
     out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4) if xs != table.expand_stages]
     if op == "down":
         out.append(replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3))
+        out.append(replace(table, num_warps=8, prefetch=0, max_regs=0, expand_stages=3))
     if table.expand_stages:  # the table pipelines already: the hand prefetch it replaced, for the paired check
         out.append(replace(table, expand_stages=0, prefetch=2))
     return out
