@@ -5,6 +5,8 @@ LoRA's share of the MoE layer.
     python scripts/record_kernels_expand.py --out DIR [--sections check,sweep,floor] [--budget-s 400] [--dry]
 
 Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.json):
+  random  `--cases` random launches of the aligned delta over the expand loop's builds (Triton's pipeliner 2-4
+          stages, the hand prefetch 0-2, the register cap) against float64, untouched rows bit for bit.
   check   every swept tile on the presets' real shapes (bf16, rank 32, 4 slots, one slot empty, one
           disabled, tokens without adapter) against float64; rows that must not change compared bit
           for bit.
@@ -79,9 +81,11 @@ def candidates(op, M, bm0, table_for, which="regs"):
     if which == "blocks":
         for bm in (16, 32, 64):
             t = table_for(bm)
-            out += [(bm, replace(t, prefetch=pf, max_regs=cap)) for pf in (0, 1, 2) for cap in (0, 128)]
-            out.append((bm, replace(t, prefetch=2, max_regs=168)))
+            out += [(bm, replace(t, prefetch=pf, max_regs=cap, expand_stages=0))
+                    for pf in (0, 1, 2) for cap in (0, 128)]
+            out.append((bm, replace(t, prefetch=2, max_regs=168, expand_stages=0)))
         return _unique(out)
+    table = replace(table, expand_stages=0)  # below: the hand prefetch and the cap over the table's tile
     out += [(bm0, replace(table, prefetch=1)), (bm0, replace(table, prefetch=2))]
     if which == "tiles":
         if op == "down":
@@ -125,6 +129,55 @@ def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
 
 
 # ------------------------------------------------------------------------------------------------
+# The random differential's builds of the expand loop: Triton's pipeliner (2-4 stages), the hand prefetch (0-2), and
+# the register cap, over two tile widths; few, so that the cases compile a few dozen binaries (N and K are run-time).
+RANDOM_BUILDS = tuple(dict(expand_stages=xs) for xs in (2, 3, 4)) + tuple(dict(prefetch=pf) for pf in (0, 1, 2)) + (
+    dict(prefetch=0, max_regs=128),)
+
+
+def random_cases(dev, gen, n_cases):
+    """`n_cases` random launches of the aligned LoRA delta (the builds of RANDOM_BUILDS in turn, gate_up with its
+    gather and two slices on even cases, down with routed weights on odd ones; random M, E, top-k, rank, K and N, a
+    token on no slot, an empty slot, a disabled adapter) against float64 on NaN-free random `out`, the rows without
+    a live adapter compared bit for bit."""
+    import random
+
+    rng = random.Random(3)
+    fails, worst = 0, 0.0
+    for i in range(n_cases):
+        P, gather = (2, True) if i % 2 == 0 else (1, False)
+        M, E, k = rng.randint(33, 40 if harness.is_dry() else 300), rng.choice((4, 9)), rng.randint(1, 4)
+        R, K, N = rng.choice((8, 16, 32)), rng.choice((64, 128, 192)), rng.choice((64, 96, 160))
+        bm = rng.choice((16, 64))
+        cfg = configs.LoRAKernelConfig(block_n=rng.choice((64, 128)), block_k=rng.choice((32, 64)),
+                                       split_n=rng.choice((1, 2)), num_stages=3,
+                                       **RANDOM_BUILDS[(i // 2) % len(RANDOM_BUILDS)])
+
+        def rnd(*s_, std=1.0):
+            return (torch.randn(*s_, generator=gen, device=dev) * std).to(BF)
+        x, a, b = rnd(M if gather else M * k, K), rnd(P, S, E, R, K, std=K ** -0.5), rnd(P, S, E, N, R, std=R ** -0.5)
+        rw, ids = kc.route(M, E, k, gen, dev)
+        rw = None if gather else rw
+        slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
+        empty = rng.randrange(S)  # row s is slot s (the pool's batches), one of them empty
+        lids = torch.tensor([-1 if r == empty else r for r in range(S)], dtype=torch.int32, device=dev)
+        en = torch.tensor([rng.choice((0, 1, 1)) for _ in range(S)], dtype=torch.int32, device=dev)
+        ref, live = ref_lora(x, a, b, ids, slot, lids, en, k, rw, gather)
+        out0 = rnd(M * k, P * N)
+        out = out0.clone()
+        lora_delta(x, a, b, moe_align(ids, E, bm, slot, S), lids, en, k, out, routed_weights=rw, gather=gather,
+                   config=cfg)
+        bits = torch.int16 if out.element_size() == 2 else torch.int32
+        same = torch.equal(out[~live].view(bits), out0[~live].view(bits))
+        err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
+        worst = max(worst, err)
+        fails += not (same and err < tolerance(BF, dev))
+    row(section="random", op="random_delta", cases=n_cases, failures=fails, worst=worst,
+        builds=str([cfg_str(0, replace(configs.LoRAKernelConfig(64, 32), **b)).split("/", 1)[1]
+                    for b in RANDOM_BUILDS]))
+    log(f"random: {n_cases} random launches of the aligned delta, {fails} failures, worst {worst:.1e}")
+
+
 def check(preset, dev, gen, deadline, which="regs"):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
@@ -359,6 +412,7 @@ def main(argv=None):
     ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages"), default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
+    ap.add_argument("--cases", type=int, default=1000, help="launches of the random section (default 1000)")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     args = ap.parse_args(argv)
     if args.dry:
@@ -372,13 +426,16 @@ def main(argv=None):
     gen = torch.Generator(device=dev).manual_seed(0)
     meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
     secs = args.sections.split(",")
+    if "random" in secs:  # once, not per preset: its shapes are random
+        rec.section("random", random_cases, dev, gen, min(args.cases, 4) if args.dry else args.cases)
+    t_budget = time.time()  # the budget's shares count from here: the random cases have none
     shares = {"check": 0.15, "sweep": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.85, "compact": 0.9,
               "path": 1.0}
     for sec in ("check", "sweep", "floor", "layer", "layer_paired", "compact", "path"):  # cumulative budget shares
         if sec not in secs:
             continue
         for preset in PRESETS:
-            dl = t0 + args.budget_s * shares[sec]
+            dl = t_budget + args.budget_s * shares[sec]
             fn, extra = {"check": (check, (gen, dl, args.candidates)),
                          "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
                          "floor": (floor, (gen, dl)), "layer": (kc.time_layer, (dl,)),

@@ -179,8 +179,14 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     # 4 programs/SM without it, 77.1 -> 71.0 us (tp4 50.3 -> 47.3); with BLOCK_M 32 (M=2048) prefetch 1
     # 115.6 -> 99.1 us (tp4 73.4 -> 66.8). At 8 pairs and fewer, and with BLOCK_M 64, it lost
     # (data/kernels/expand_run2_*).
-    prefetch = 1 if block_m == 32 else (2 if avg > 8 else 0)
-    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3, prefetch=prefetch)
+    if block_m == 32:
+        return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3, prefetch=1)
+    # BLOCK_M 16: Triton's pipeliner on the expand loop replaced the hand prefetch (H200, data/kernels/stages_s1_*,
+    # s2, s3): 3 stages at 8 pairs per group and fewer (128 registers, still 4 programs/SM), qwen3 M=256/512 54.2 ->
+    # 51.2 and 57.9 -> 55.0 us (0.94-0.95x in all three sessions; tp4 0.99x); 4 stages at 16 pairs (168 registers,
+    # 3 programs/SM as prefetch 2 had), M=1024 71.6 -> 67.1 us (0.93-0.94x; tp4 0.97-0.99x). M=64/128: stages_s3 only.
+    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3,
+                            expand_stages=4 if avg > 8 else 3)
 
 
 def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
@@ -207,7 +213,11 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
         prefetch = 0
     elif block_m == 16 and not small:
         prefetch, max_regs = (0, 128) if avg <= 8 else (2, 168)
-    if not small and (block_m == 64 or (block_m == 16 and avg > 8)):
+    if small:
+        # 3 stages on the expand loop instead of prefetch 2 (128 registers, 4 programs/SM): M=256 35.1 -> 32.9 us
+        # (0.93-0.94x in stages_s1/s2/s3, tp4 0.90x); M=64 and 128 0.83-0.92x (stages_s3 only).
+        prefetch, stages = 0, 3
+    elif block_m == 64 or (block_m == 16 and avg > 8):
         # Triton's pipeliner on the expand loop (3 stages) instead of the hand prefetch: the next `out` tiles
         # stream into shared memory (36 -> 64 KB a program, still 2 programs/SM at BLOCK_M 64), 2-3 tiles in
         # flight a program instead of one in registers. H200, data/kernels/stages_s1_*, stages_s2_*: M=8192

@@ -358,7 +358,8 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 # Persistent builds of the base GEMM and the down delta's pipelined expand (issue 24, twelfth session)
 # ------------------------------------------------------------------------------------------------
 PERSIST_SESSIONS = ("persist_s1", "persist_s2")  # record_kernels_base.py --sections persist, two device sessions
-STAGES_SESSIONS = ("stages_s1", "stages_s2")  # record_kernels_expand.py --sections sweep --candidates stages
+STAGES_SESSIONS = ("stages_s1", "stages_s2", "stages_s3")  # record_kernels_expand.py --sections sweep --candidates
+# stages (stages_s3 also times M = 64 and 128, and the down tile over 8 warps)
 
 
 def persist_choices(sessions) -> dict:
@@ -415,8 +416,8 @@ def stages_sessions(names=STAGES_SESSIONS, path: str | Path | None = None) -> pd
         s = pd.read_csv(f)
         s = s[(s.section == "sweep") & (s.op == "down")]
         for (pre, M), g in s.groupby(["preset", "M"]):
-            old = g[g.config.str.contains("/pf2") & g.config.str.contains("/bn128/")]
-            new = g[g.config.str.endswith("/xs3") & g.config.str.contains("/bn128/")]
+            tile = g.config.str.contains("/bn128/") & g.config.str.contains("/w4/")  # stages_s3 adds an 8-warp xs3
+            old, new = g[tile & g.config.str.contains("/pf2")], g[tile & g.config.str.endswith("/xs3")]
             if old.empty or new.empty:
                 continue
             o, w = old.iloc[0], new.iloc[0]

@@ -3,12 +3,15 @@ ncu's raw CSV parsed into counters against the byte floor, and the comparison wi
 import csv
 import json
 
+import pandas as pd
 import pytest
 import torch
 from helpers import load_script
 
+from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers import base_gemm
 from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.kernels import configs
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
@@ -216,9 +219,33 @@ def test_adopted_persist_arms_are_in_the_committed_tables():
         assert not (e.get("persistent") or e.get("flatten") or e.get("max_regs") or e.get("early_loads")), (pre, op, M)
 
 
-def test_stages_sessions_back_the_down_config():
-    # configs.lora_down_config pipelines the expand from M = 1024 on: faster than the hand prefetch in both sessions.
+def test_stages_sessions_back_the_down_config(monkeypatch):
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)  # the GPU's configs, not the interpreter's
+    # configs.lora_down_config pipelines the expand at M <= 256 and from M = 1024 on: faster than the hand prefetch in
+    # every session that timed the point.
     st = base_gemm.stages_sessions()
     assert set(st.session) == set(base_gemm.STAGES_SESSIONS)
-    big = st[st.M >= 1024]
+    big = st[(st.M >= 1024) | (st.M <= 256)]
     assert (big.xs3_over_pf2 < 1).all() and (big.xs3_of_copy > big.pf2_of_copy).all()
+    for M in (64, 128, 256, 1024, 8192):
+        sh = get_shape("qwen3-30b-a3b")
+        bm = 16 if M <= 1024 else 64
+        c = configs.lora_down_config(M, sh.top_k, sh.num_experts, 4, bm, sh.hidden, sh.intermediate)
+        assert (c.expand_stages, c.prefetch) == (3, 0), M
+
+
+def test_stages_sessions_back_the_gate_up_config(monkeypatch):
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)
+    # configs.lora_config at BLOCK_M 16: 3 stages up to 8 pairs per group (M <= 512 at 4 slots of 128 experts, top-8),
+    # 4 at 16 (M = 1024), against the build each replaced (no prefetch; prefetch 2), in every session, qwen3.
+    for n in base_gemm.STAGES_SESSIONS:
+        s = pd.read_csv(base_gemm.KERNELS_DIR / f"{n}_kernels_expand.csv")
+        s = s[(s.section == "sweep") & (s.op == "gate_up") & (s.preset == "qwen3-30b-a3b") & (s.M <= 1024)]
+        for M, g in s.groupby("M"):
+            t = dict(zip(g.config.str.split("/").str[-1], g.time_us))
+            new, old = ("xs4", "pf2") if M == 1024 else ("xs3", "pps4")
+            assert t[new] < t[old], (n, M, t)
+    sh = get_shape("qwen3-30b-a3b")
+    for M, xs in ((64, 3), (512, 3), (1024, 4)):
+        c = configs.lora_config(M, sh.top_k, sh.num_experts, 4, 16, sh.intermediate, sh.hidden)
+        assert (c.expand_stages, c.prefetch) == (xs, 0), M

@@ -4,8 +4,11 @@ import json
 
 import pandas as pd
 import pytest
+import torch
+from helpers import load_script
 
 from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
+from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
 
 
@@ -59,3 +62,19 @@ def test_the_committed_final_run_loads():
     sf = load_kernel_run().share_floor()
     assert {"qwen3-30b-a3b", "qwen3-30b-a3b-tp4"} <= set(sf["preset"])
     assert (sf["floor_share"] < sf["lora_share"]).all()  # no measurement below its byte floor
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording runs 1000")
+def test_random_delta_differential_covers_every_expand_build(monkeypatch):
+    # record_kernels_expand.py --sections random: every build of the expand loop (Triton's pipeliner, the hand
+    # prefetch, the cap) against float64 with untouched rows bit-exact, on the CPU interpreter in float32.
+    re_ = load_script("record_kernels_expand")
+    monkeypatch.setattr(re_, "BF", torch.float32)
+    monkeypatch.setattr(harness, "_DRY", True)  # small M under the interpreter
+    monkeypatch.setattr(harness, "ROWS", [])
+    monkeypatch.setattr(re_, "ROWS", harness.ROWS)
+    n = 2 * len(re_.RANDOM_BUILDS)  # each build on gate_up and on down
+    re_.random_cases(torch.device("cpu"), torch.Generator().manual_seed(0), n)
+    r = harness.ROWS[-1]
+    assert (r["section"], r["cases"], r["failures"]) == ("random", n, 0) and r["worst"] < 1e-5
+    assert "xs3" in r["builds"] and "pf2" in r["builds"] and "r128" in r["builds"]
