@@ -1185,21 +1185,22 @@ def kernels_fold_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
     ses = bg.fold_sessions()
-    big = ses[(ses.figure == "separate_all_share_pct") & (ses.M >= 1024)]
-    n = int(big.sessions.map(len).min())
     rp = ses[(ses.figure == "rows_ptr_over_separate") & (ses.op == "down") & (ses.M >= 4096)]
-    now = bg.fold_sessions(bg.FOLD_LAYER_SESSIONS)
+    now = bg.fold_sessions(bg.FOLD_LAYER_SESSIONS)  # the sessions at today's separate deltas
+    big = now[(now.figure == "separate_all_share_pct") & (now.M >= 1024)]
+    n = int(big.sessions.map(len).min())
     dn = now[(now.figure == "down_folded_over_separate") & (now.M >= 4096)]
-    pk = now[(now.figure == "down_folded_share_pct") & (now.M >= 4096)]  # the path the table picks there
+    pk = now[(now.figure == "down_folded_share_pct") & (now.M >= 8192)]  # the path the table picks there
     return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; it beats "
             f"the separate delta only on the down GEMM at large M ({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096, "
             f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions; {dn.lo.min():.3f}–{dn.hi.max():.3f}× the "
-            f"whole layer, {int(dn.sessions.map(len).min())} sessions), so the layer folds the down GEMM from M = 2049 "
-            "(the token buckets 4096–16384; 4096 is the smallest size timed) and keeps the separate deltas elsewhere. "
-            f"LoRA's share of the layer at M ≥ 1024 with the separate deltas (the union of the 95 % intervals over "
-            f"{n} device sessions): "
+            f"whole layer at today's separate deltas, {int(dn.sessions.map(len).min())} sessions), so the layer folds "
+            "the down GEMM from M = 4097 (the token buckets 8192 and 16384: at 4096 it loses since the separate "
+            "delta's pipelined expand) and keeps the separate deltas elsewhere. "
+            f"LoRA's share of the layer at M ≥ 1024 with today's separate deltas (the union of the 95 % intervals over "
+            f"{n} device sessions, {', '.join(bg.FOLD_LAYER_SESSIONS)}): "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in big.groupby("preset", sort=False))
-            + "; with the down GEMM folded (the `down_folded` arm, the path the layer picks there), at M ≥ 4096 over "
+            + "; with the down GEMM folded (the `down_folded` arm, the path the layer picks there), at M ≥ 8192 over "
             f"{int(pk.sessions.map(len).min())} sessions: "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in pk.groupby("preset", sort=False))
             + ". `docs/results.md`, block kernels-fold.")

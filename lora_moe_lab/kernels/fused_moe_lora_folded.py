@@ -25,8 +25,8 @@ the GEMM masks every other row of t to zero.
 
 Measured on the H200 (data/kernels/fold_s2_* .. fold_s6_*; docs/kernels.md): on the base alignment it
 is slower than the separate deltas at every size. The layer's build (an alignment ordered by LoRA row,
-`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only; with the
-ordered alignment in Triton the whole layer gains there too (fold_s5, fold_s6), so
+`shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only; the whole
+layer gains at M >= 8192 against today's separate delta (its pipelined expand; fold_s8, fold_s9), so
 configs.FOLDED_LORA_TOKENS folds the down GEMM at those sizes and nothing else.
 """
 import torch

@@ -53,10 +53,14 @@ PEERS_BASE = "peers_base_carried.csv"
 FOLD_RUN = "fold_s6"
 FOLD_CHECK_RUN = "fold_s5"  # the latest differential (fold_s6 ran no check section)
 FOLD_NCU_RUN = "fold_s2"
-FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6")  # device sessions of one script
+FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6", "fold_s8", "fold_s9")  # sessions of one script
 # the sessions whose layer ran the alignment ordered by LoRA row in Triton (ce2b959), as the layer does now: the
 # layer's figures with anything folded are read over these only (fold_s4's layer paid a torch sort instead)
-FOLD_LAYER_SESSIONS = ("fold_s5", "fold_s6")
+# FOLD_LAYER_SESSIONS: the sessions at today's separate down delta (Triton's pipelined expand, e7db815 on), the one
+# the fold must beat: fold_s8 and fold_s9 (layer section only). fold_s5 and fold_s6 ran the ordered alignment against
+# the hand-prefetch delta (FOLD_PREFETCH_SESSIONS).
+FOLD_LAYER_SESSIONS = ("fold_s8", "fold_s9")
+FOLD_PREFETCH_SESSIONS = ("fold_s5", "fold_s6")
 # per layer figure, the sessions that ran the same path: `picked_all` is the committed table, which folded nothing
 # before 32fb474 (fold_s6 is the first session after it); a figure is compared only over the sessions named here
 FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_folded_over_separate": FOLD_LAYER_SESSIONS,
@@ -225,7 +229,9 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
     figs = {}
     for name in names:
         run = load_fold_run(name, path)
-        t, lay = fold_table(run), fold_layer(run)
+        has = set(run.rows["section"].unique())  # fold_s8 / fold_s9 ran the layer section only
+        t = fold_table(run) if "kernels" in has else pd.DataFrame()
+        lay = fold_layer(run) if "layer" in has else pd.DataFrame()
         for col, df, op in (("folded_over_separate", t, True), ("rows_ptr_over_separate", t, True),
                             ("separate_all_share_pct", lay, False), ("picked_all_share_pct", lay, False),
                             ("down_folded_share_pct", lay, False), ("down_folded_over_separate", lay, False)):
