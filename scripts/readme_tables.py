@@ -1063,6 +1063,13 @@ def _counters_table(bg) -> str:
                  f"{(rep[f'dram_bytes_over_floor_{c}'] - rep[f'dram_bytes_over_floor_{b}']).abs().max():.3f}, the "
                  f"counted launch's duration {rep.duration_ratio.min():.3f}–{rep.duration_ratio.max():.3f}× "
                  f"(`analysers.base_gemm.counter_sessions('{b}', '{c}')`).")
+    n, r = bg.NCU_NOW_RUN, bg.NCU_NOW_REPEAT_RUN
+    now = bg.counter_sessions(n, r)
+    lines.append(f"- The table's own counters ({n}, today's kernels) were counted again in another device session "
+                 f"({r}, {len(now)} launches): DRAM % of peak within "
+                 f"{(now[f'dram_pct_peak_{r}'] - now[f'dram_pct_peak_{n}']).abs().max():.1f} points, bytes / floor "
+                 f"within {(now[f'dram_bytes_over_floor_{r}'] - now[f'dram_bytes_over_floor_{n}']).abs().max():.3f}, "
+                 f"the counted launch's duration {now.duration_ratio.min():.3f}–{now.duration_ratio.max():.3f}×.")
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later devi
 # delta's pipelined expand); the counters a reader should take for today's kernels. One session; the precision of a
 # launch's counters is the base_s3 / base_s4 spread.
 NCU_NOW_RUN = "base_s5"
+NCU_NOW_REPEAT_RUN = "base_s6"  # the same 32 launches at the same kernels, a later device session (5400d0e)
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
