@@ -520,12 +520,18 @@ ft[["preset", "op", "M", "folded_over_separate", "rows_ptr_over_separate", "rows
 # The same GEMMs in a whole MoE layer, captured as a CUDA graph and replayed: LoRA's share of the
 # layer's time with the separate deltas, with both GEMMs folded, with every adapter disabled on
 # the folded path (what a graph pays when no request has an adapter), and as the layer's table picks.
+# It reads the latest session at today's separate deltas (`FOLD_LAYER_SESSIONS`): the fold has to beat
+# the separate delta as it is now, pipelined expand included; the table folds where it won in each of them.
 
 # %%
-lay = base_gemm.fold_layer(fold)
+from lora_moe_lab.kernels import configs
+
+lay_run = base_gemm.load_fold_run(base_gemm.FOLD_LAYER_SESSIONS[-1])
+lay = base_gemm.fold_layer(lay_run)
 wins = lay[lay.down_folded_over_separate_hi < 1]
-print("the down GEMM alone folded beats the separate deltas in the layer at: "
-      + (", ".join(f"{r.preset} M={r.M}" for r in wins.itertuples()) or "no size this run recorded"))
+print(f"recorded: {lay_run.label}; the down GEMM alone folded beats the separate deltas in the layer at: "
+      + (", ".join(f"{r.preset} M={r.M}" for r in wins.itertuples()) or "no size this run recorded")
+      + f"; the table folds the down GEMM at the token buckets {sorted(configs.FOLDED_LORA_TOKENS['down'])}")
 lay[["preset", "M", "base_us", "separate_all_share_pct", "folded_all_share_pct", "folded_none_share_pct",
      "down_folded_share_pct", "picked_all_share_pct", "picked_over_separate"]].round(2)
 
