@@ -130,6 +130,18 @@ def versus_peers(run: BaseRun | None = None, peers: pd.DataFrame | None = None) 
     return out
 
 
+def peer_sessions(path: str | Path | None = None) -> list[pd.DataFrame]:
+    """versus_peers in every session that timed the bridge arm (`rules_masked`) at the latest session's tiles, at
+    every point: the same comparison in separate device sessions, oldest first, for the spread between them."""
+    runs = [r for r in session_runs(path) if "rules_masked_over_table" in r.compare]
+    vs = [versus_peers(r) for r in runs]
+    if not vs:
+        return []
+    tiles = vs[-1].set_index(["preset", "op", "M"]).table_tile.astype(str)
+    return [v for v in vs if v.set_index(["preset", "op", "M"]).table_tile.astype(str).reindex(tiles.index)
+            .eq(tiles).all()]
+
+
 def session_runs(path: str | Path | None = None) -> list[BaseRun]:
     """The canonical run, then every later device session of compare (base_s*), in name order."""
     d = Path(path) if path is not None else KERNELS_DIR

@@ -249,3 +249,12 @@ def test_stages_sessions_back_the_gate_up_config(monkeypatch):
     for M, xs in ((64, 3), (512, 3), (1024, 4)):
         c = configs.lora_config(M, sh.top_k, sh.num_experts, 4, 16, sh.intermediate, sh.hidden)
         assert (c.expand_stages, c.prefetch) == (xs, 0), M
+
+
+def test_peer_sessions_compare_the_same_tables_twice():
+    # the headline against vLLM is recorded in two device sessions at the tiles committed now
+    vs = base_gemm.peer_sessions()
+    assert len(vs) >= 2 and all(len(v) == 28 for v in vs)
+    assert len({v.run.iloc[0] for v in vs}) == len(vs)
+    t = [v.set_index(["preset", "op", "M"]).table_tile.astype(str) for v in vs]
+    assert all(x.equals(t[-1]) for x in t)
