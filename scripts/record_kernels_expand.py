@@ -130,7 +130,7 @@ def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
 
 # ------------------------------------------------------------------------------------------------
 # The random differential's builds of the expand loop: Triton's pipeliner (2-4 stages), the hand prefetch (0-2), and
-# the register cap, over two tile widths; few, so that the cases compile a few dozen binaries (N and K are run-time).
+# the register cap, each on the layer's tile per GEMM; few, so that the cases compile a few dozen binaries.
 RANDOM_BUILDS = tuple(dict(expand_stages=xs) for xs in (2, 3, 4)) + tuple(dict(prefetch=pf) for pf in (0, 1, 2)) + (
     dict(prefetch=0, max_regs=128),)
 

@@ -55,13 +55,11 @@ FOLD_RUN = "fold_s6"
 FOLD_CHECK_RUN = "fold_s5"  # the latest differential (fold_s6 ran no check section)
 FOLD_NCU_RUN = "fold_s2"
 FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6", "fold_s8", "fold_s9")  # sessions of one script
-# the sessions whose layer ran the alignment ordered by LoRA row in Triton (ce2b959), as the layer does now: the
-# layer's figures with anything folded are read over these only (fold_s4's layer paid a torch sort instead)
-# FOLD_LAYER_SESSIONS: the sessions at today's separate down delta (Triton's pipelined expand, e7db815 on), the one
-# the fold must beat: fold_s8 and fold_s9 (layer section only). fold_s5 and fold_s6 ran the ordered alignment against
-# the hand-prefetch delta (FOLD_PREFETCH_SESSIONS).
+# the sessions whose layer ran as the layer does now: the alignment ordered by LoRA row in Triton (ce2b959; fold_s4's
+# layer paid a torch sort) and today's separate down delta, the one the fold must beat (Triton's pipelined expand,
+# e7db815 on; fold_s5 and fold_s6 beat the hand-prefetch delta): the layer's figures with anything folded are read
+# over these only. fold_s8 and fold_s9 ran the layer section only.
 FOLD_LAYER_SESSIONS = ("fold_s8", "fold_s9")
-FOLD_PREFETCH_SESSIONS = ("fold_s5", "fold_s6")
 # per layer figure, the sessions that ran the same path: `picked_all` is the committed table, which folded nothing
 # before 32fb474 (fold_s6 is the first session after it); a figure is compared only over the sessions named here
 FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_folded_over_separate": FOLD_LAYER_SESSIONS,

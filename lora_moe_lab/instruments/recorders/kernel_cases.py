@@ -148,9 +148,9 @@ def stages_candidates(op, table) -> list:
     """The aligned LoRA delta's `stages` candidates beside the table's tile `table` (issue 24): the expand loop
     pipelined by Triton (`expand_stages` 2-4, the hand prefetch and the register cap off: the `out` tiles stream
     into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages, and the table's tile
-    over 8 warps with 3 stages (half the registers a thread: more warps to hide the `out` loads at the same
-    programs per SM). (block_m, config)
-    pairs at the table's BLOCK_M is the caller's part."""
+    over 8 warps with 3 stages (the hypothesis: more warps to hide the `out` loads at the same programs per SM;
+    stages_s3: 166 registers at BLOCK_M 64, one program per SM, 1.2-1.3x slower). (block_m, config) pairs at the
+    table's BLOCK_M is the caller's part."""
     from dataclasses import replace
 
     out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4) if xs != table.expand_stages]
