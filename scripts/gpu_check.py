@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
@@ -87,22 +88,35 @@ def missing_modules() -> list[str]:
 def run_tests(build: Path, extra: list[str], timeout: int) -> dict:
     """pytest over the suite (a part of it with `extra`); counts from its JUnit XML, per test file and in all."""
     xml = build / "pytest.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
+    xml.unlink(missing_ok=True)  # an earlier part's XML must not count for this one
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", f"--junitxml={xml}", *extra]
     say("pytest: " + " ".join(cmd[1:]))
     t0 = time.time()
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        out, rc = r.stdout + r.stderr, r.returncode
-    except subprocess.TimeoutExpired as e:  # the counts below are then those of the XML, if any
-        raw = e.stdout or ""
-        out, rc = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw), f"timeout after {timeout} s"
+    out, rc = run_pytest(cmd, timeout)
     res = dict(seconds=round(time.time() - t0, 1), returncode=rc, tail=out.strip().splitlines()[-40:],
                args=list(extra), scope=scope_of(extra), **junit_counts(xml))
-    if isinstance(rc, str):  # killed at the timeout: no XML, so the counts are not a result
+    if isinstance(rc, str):  # stopped at the timeout: the XML, if any, holds only the tests that ran
         res.update(incomplete=True, seen_failed=progress_failures(res["tail"]))
     say(f"pytest: {res['passed']} passed, {res['failed']} failed, {res['errors']} errors, {res['skipped']} skipped "
         f"in {res['seconds']:.0f} s")
     return res
+
+
+def run_pytest(cmd: list[str], timeout: int, grace: int = 60) -> tuple[str, int | str]:
+    """(output, exit code or 'timeout after N s'). At the timeout pytest gets SIGINT, as from Ctrl-C: it stops in the
+    running test, names the failures so far and writes the JUnit XML of the tests that ran; killed only if it has
+    not stopped `grace` s later (so give a device call timeout + grace)."""
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        return p.communicate(timeout=timeout)[0], p.returncode
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)
+        try:
+            out = p.communicate(timeout=grace)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0]
+        return out or "", f"timeout after {timeout} s"
 
 
 def progress_failures(tail: list[str]) -> int:
@@ -118,6 +132,8 @@ def junit_counts(xml: Path) -> dict:
     if not xml.exists():
         return dict(tot, per_file={}, failures=["no JUnit XML: pytest did not finish"])
     for case in ET.parse(xml).getroot().iter("testcase"):
+        if case.get("name") is None:  # the test an interrupt stopped: pytest writes it with no name and no result
+            continue
         f = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"  # xunit2 has no file
         kind = "passed"
         for child in case:
@@ -349,8 +365,11 @@ def part_lines(t: dict, label: str = "") -> list[str]:
     L += [f"  {f}: " + ", ".join(f"{v} {k}" for k, v in c.items() if v) for f, c in sorted(t["per_file"].items())]
     L += ["  FAILED " + f for f in t["failures"]]
     if t.get("incomplete"):
-        L += [f"  DID NOT FINISH ({t['returncode']}): the counts above are not a result; "
-              f"{t['seen_failed']} failure mark(s) in the progress lines, unnamed (no JUnit XML)"]
+        named = "no JUnit XML: pytest did not finish" not in t["failures"]
+        L += [f"  DID NOT FINISH ({t['returncode']}): " + (
+            "stopped by SIGINT, the counts above are those of the tests that ran before it, failures named"
+            if named else f"the counts above are not a result; {t['seen_failed']} failure mark(s) in the "
+            "progress lines, unnamed (no JUnit XML)")]
     elif part_failures(t) > t["failed"] + t["errors"]:
         L += [f"  EXIT {t['returncode']} with no failure named (usage error, no test collected, interrupted?): "
               "counted as 1 failure"]
@@ -421,7 +440,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 01 04 (default: all)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments as one string, e.g. tests/nb or -x: "
                     "one pytest part, keyed by them (default: none, the whole suite)")
-    ap.add_argument("--test-timeout", type=int, default=480, help="seconds for the whole pytest run (default: 480)")
+    ap.add_argument("--test-timeout", type=int, default=480,
+                    help="seconds for the whole pytest run (default: 480); then SIGINT, and a kill 60 s later if "
+                         "pytest has not stopped")
     ap.add_argument("--merge", default=None, metavar="PREVIOUS_JSON", help="the gpu_check_<commit>.json of an "
                     "earlier call at the same commit (and dirty state; else refused, exit 2): this run's log keeps "
                     "its pytest parts and notebooks, and adds or replaces its own (default, except with --what all: "
