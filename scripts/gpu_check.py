@@ -106,17 +106,26 @@ def run_pytest(cmd: list[str], timeout: int, grace: int = 60) -> tuple[str, int 
     """(output, exit code or 'timeout after N s'). At the timeout pytest gets SIGINT, as from Ctrl-C: it stops in the
     running test, names the failures so far and writes the JUnit XML of the tests that ran; killed only if it has
     not stopped `grace` s later (so give a device call timeout + grace)."""
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # its own process group: the signals reach what pytest started too (a notebook's kernel holds the output pipe)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     try:
         return p.communicate(timeout=timeout)[0], p.returncode
     except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGINT)
+        _signal_group(p, signal.SIGINT)
         try:
             out = p.communicate(timeout=grace)[0]
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal_group(p, signal.SIGKILL)
             out = p.communicate()[0]
         return out or "", f"timeout after {timeout} s"
+
+
+def _signal_group(p, sig):
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:  # it ended on its own in between
+        pass
 
 
 def progress_failures(tail: list[str]) -> int:
