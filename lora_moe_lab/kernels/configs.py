@@ -202,7 +202,8 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
     and the delta drops 54.0 -> 38.2 us (tp4 45.5 -> 32.8). At 16 pairs prefetch 2 with a cap of 168:
     60.4 -> 58.0 (tp4 51.2 -> 48.8). With BLOCK_M 64 (M >= 4096) the tile holds 233-240 registers
     (2 programs/SM) and a cap spills: prefetch 2 alone, 236.3 -> 230.7 us at M=8192. At small M,
-    prefetch 2 (125 registers) 36.9 -> 35.1 us at M=256."""
+    prefetch 2 (125 registers) 36.9 -> 35.1 us at M=256. Triton's pipelined expand (`expand_stages`) has since
+    replaced the hand prefetch at every M but 512 (below)."""
     base = lora_config(num_tokens, top_k, num_experts, num_slots, block_m, N, K)
     if runtime.interpreter():
         return base

@@ -227,8 +227,8 @@ def test_stages_sessions_back_the_down_config(monkeypatch):
     assert set(st.session) == set(base_gemm.STAGES_SESSIONS)
     big = st[(st.M >= 1024) | (st.M <= 256)]
     assert (big.xs3_over_pf2 < 1).all() and (big.xs3_of_copy > big.pf2_of_copy).all()
+    sh = get_shape("qwen3-30b-a3b")
     for M in (64, 128, 256, 1024, 8192):
-        sh = get_shape("qwen3-30b-a3b")
         bm = 16 if M <= 1024 else 64
         c = configs.lora_down_config(M, sh.top_k, sh.num_experts, 4, bm, sh.hidden, sh.intermediate)
         assert (c.expand_stages, c.prefetch) == (3, 0), M
