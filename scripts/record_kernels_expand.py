@@ -37,7 +37,7 @@ from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
-                                                        log_rows, row)
+                                                        log_rows, matmul_rate, row)
 from lora_moe_lab.instruments.recorders.timing import _quantile, time_interleaved
 from lora_moe_lab.kernels import configs, fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
@@ -57,12 +57,13 @@ SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the chec
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
 STAGES_M = (64, 128) + REGS_M  # the small-M branch of the down config covers M = 33..256
 BLOCKS_M = (1024, 2048, 4096)
+DOWN_M = (1024, 2048, 4096, 8192)  # the `down` candidates (the down delta's copy-bandwidth goal at M >= 1024)
 FLOOR_M = (1, 8, 64)
 
 
 def sweep_ms(which):
     """The sweep's M for candidates `which` ("table": the table's tile at every REGS_M)."""
-    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M}.get(which, REGS_M)
+    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M, "down": DOWN_M}.get(which, REGS_M)
 
 
 def candidates(op, M, bm0, table_for, which="regs"):
@@ -71,11 +72,14 @@ def candidates(op, M, bm0, table_for, which="regs"):
     0/1/2 with and without a register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128)
     or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
     "table": the table's tile only; "stages" (issue 24): the expand loop pipelined by Triton (`expand_stages` 2-4,
-    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table."""
+    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table; "down" (issue 24):
+    the down delta's narrower tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only."""
     table = table_for(bm0)
     out = [(bm0, table)]
-    if which == "table":
+    if which == "table" or (which == "down" and op != "down"):
         return out
+    if which == "down":
+        return _unique(out + [(bm0, c) for c in kc.down_candidates(table)])
     if which == "stages":
         return _unique(out + [(bm0, c) for c in kc.stages_candidates(op, table)])
     if which == "blocks":
@@ -412,7 +416,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages"), default="regs",
+    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages", "down"), default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--cases", type=int, default=1000, help="launches of the random section (default 1000)")
@@ -428,6 +432,7 @@ def main(argv=None):
     dev = runtime.default_device()
     gen = torch.Generator(device=dev).manual_seed(0)
     meta["copy_gbps"], meta["copy_times_us"] = copy_bandwidth(dev)
+    meta["matmul_tflops"], meta["matmul_times_us"] = matmul_rate(dev)  # the FLOP ceiling of the floors
     secs = args.sections.split(",")
     if "random" in secs:  # once, not per preset: its shapes are random
         rec.section("random", random_cases, dev, gen, min(args.cases, 4) if args.dry else args.cases)
@@ -457,7 +462,7 @@ def _dry():
     kc.set_tiny()
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M = ("tiny",), (16,), (1,), torch.float32, (16,)
-    g["REGS_M"] = g["BLOCKS_M"] = g["STAGES_M"] = (16,)
+    g["REGS_M"] = g["BLOCKS_M"] = g["STAGES_M"] = g["DOWN_M"] = (16,)
     g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
                                                   for c, f in fns.items()}
 
@@ -471,7 +476,8 @@ def _dry():
 
 
 def summary(meta):
-    log(f"\ncopy {meta['copy_gbps']:.0f} GB/s; errors: {meta['errors']}")
+    log(f"\ncopy {meta['copy_gbps']:.0f} GB/s, bf16 matmul {meta.get('matmul_tflops', 0):.0f} TFLOP/s; errors: "
+        f"{meta['errors']}")
     chk = [r for r in ROWS if r["section"] == "check"]
     if chk:
         log(f"check: {len(chk)} cases, {sum(not r['ok'] for r in chk)} failures, "

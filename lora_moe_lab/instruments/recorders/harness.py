@@ -67,6 +67,20 @@ def copy_bandwidth(dev) -> tuple[float, dict]:
     return max(nbytes / (t * 1e-6) / 1e9 for t in (t_graph, t_eager)), dict(graph_us=t_graph, eager_us=t_eager)
 
 
+def matmul_rate(dev, n: int = 8192) -> tuple[float, dict]:
+    """Dense bf16 matrix-product ceiling in TFLOP/s: an n x n x n product through torch (cuBLAS) on random data
+    (zeros run faster on Hopper's tensor cores), the best of a graph replay and eager events, 10 repetitions
+    each after a warm-up. The FLOP side of a kernel's floor, as `copy_bandwidth` is the byte side."""
+    if _DRY:
+        return 1.0, {}
+    a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    t_graph = graph_time_us([lambda: torch.mm(a, b, out=c)], inner=2, reps=10)
+    t_eager = time_device(lambda: torch.mm(a, b, out=c), warmup=3, reps=10).median_us
+    flops = 2.0 * n ** 3
+    return max(flops / (t * 1e-6) / 1e12 for t in (t_graph, t_eager)), dict(mm_graph_us=t_graph, mm_eager_us=t_eager)
+
+
 def row(**kw) -> dict:
     """Append one tidy row to ROWS (and return it)."""
     ROWS.append(kw)

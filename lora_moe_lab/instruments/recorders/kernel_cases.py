@@ -162,6 +162,24 @@ def stages_candidates(op, table) -> list:
     return out
 
 
+def down_candidates(table) -> list:
+    """The down delta's `down` candidates at M >= 1024 beside the table's tile `table` (issue 24: 80-84 % of the copy
+    bandwidth at M = 1024-4096, goal 85 %), each with Triton's pipelined expand: BLOCK_N 64 (fewer registers, so
+    more programs per SM, each with half the `out` bytes in flight), BLOCK_K 32 on the shrink (a smaller x tile),
+    a register cap of 168 (3 programs of 4 warps per SM; the compiler may spill), 4 stages at BLOCK_N 64, and BLOCK_N
+    64 on a grid of 5 programs per SM (at BLOCK_M 16 its 101 registers fit 5). Static compile with Triton 3.6
+    (scripts/kernel_resources.py, qwen3): at BLOCK_M 64 the table's tile holds 254 registers (2 programs per SM),
+    BLOCK_N 64 160 (3), the cap 168 spills 200 B; at BLOCK_M 16 166 (3) against 101 (5) and BLOCK_K 32 128 (4).
+    (block_m, config) pairs are the caller's."""
+    from dataclasses import replace
+
+    xs = dict(prefetch=0, max_regs=0, expand_stages=3)
+    return [replace(table, block_n=64, **xs), replace(table, block_n=64, **dict(xs, expand_stages=4)),
+            replace(table, block_n=64, programs_per_sm=5, **xs),
+            replace(table, block_k=32, **xs), replace(table, block_n=64, block_k=32, **xs),
+            replace(table, **dict(xs, max_regs=168))]
+
+
 def lora_layer(preset, dev):
     """One MoE layer of `preset` (bf16, seeded) on the Triton backend and an adapter pool with S adapters of
     rank RANK loaded as a0..a{S-1}: (shape, backend, layer, pool)."""

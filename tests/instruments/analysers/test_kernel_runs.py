@@ -78,3 +78,26 @@ def test_random_delta_differential_covers_every_expand_build(monkeypatch):
     r = harness.ROWS[-1]
     assert (r["section"], r["cases"], r["failures"]) == ("random", n, 0) and r["worst"] < 1e-5
     assert "xs3" in r["builds"] and "pf2" in r["builds"] and "r128" in r["builds"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
+def test_down_candidates_are_checked_against_float64(monkeypatch):
+    # record_kernels_expand.py --candidates down: every candidate of the down delta (narrower tiles, the register
+    # cap, 4 stages) is in the check's list and computes the delta against float64 with untouched rows bit-exact.
+    from lora_moe_lab.instruments.recorders import kernel_cases as kc
+
+    re_ = load_script("record_kernels_expand")
+    for mod in (re_, kc):
+        monkeypatch.setattr(mod, "BF", torch.float32)
+    monkeypatch.setattr(kc, "RANK", 8)
+    monkeypatch.setattr(re_, "SWEEP_M", ())  # the check at M = 16 only
+    monkeypatch.setattr(harness, "ROWS", [])
+    monkeypatch.setattr(re_, "ROWS", harness.ROWS)
+    table = re_.table_config("down", 16, re_.get_shape("tiny"), 16)
+    down = re_.candidates("down", 1024, 16, lambda bm: table, "down")
+    assert [c for _, c in down] == list(dict.fromkeys([table] + kc.down_candidates(table)))
+    assert re_.candidates("gate_up", 1024, 16, lambda bm: table, "down") == [(16, table)]
+    re_.check("tiny", torch.device("cpu"), torch.Generator().manual_seed(0), float("inf"), "down")
+    rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == "down"]
+    assert {re_.cfg_str(bm, c) for bm, c in down} <= {r["config"] for r in rows}
+    assert all(r["ok"] and r["untouched_rows_identical"] for r in rows)
