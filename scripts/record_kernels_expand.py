@@ -23,6 +23,13 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.js
   compact one adapter active on every token: the LoRA path over the pool's 4 rows against one compacted
           row (the per_active_count graph strategy's batch), paired the same way.
   path    the whole LoRA path of one layer at M = 1..64 (instruments/recorders/kernel_cases.py).
+
+--ncu-run (no sections): the down delta's table tile and `--candidates down` tiles launched once each, for ncu:
+    ncu --clock-control none --profile-from-start off --csv --page raw --print-units base --log-file DIR/ncu_raw.csv \\
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum \\
+        python scripts/record_kernels_expand.py --out DIR --ncu-run
+    python scripts/record_kernels_base.py --out DIR --ncu-parse DIR/ncu_raw.csv --ncu-stem kernels_expand_ncu
 """
 from __future__ import annotations
 
@@ -410,6 +417,48 @@ def compact(preset, dev, deadline, reps=31):
             f"x{s16:.2f} [{s10:.2f}, {s90:.2f}]; 1 row with split_n 1 x{p1:.2f} [{p10_:.2f}, {p90_:.2f}]")
 
 
+NCU_M = (2048, 8192)  # the down candidates counted: where BLOCK_N 64 lost most (2048) and at the largest M
+
+
+def ncu_run(out, dev, gen):
+    """`--ncu-run` (under ncu, --profile-from-start off): the down delta with the table's tile and each `down`
+    candidate, one launch each at NCU_M on both presets between cudaProfilerStart/Stop, every launch compiled and
+    warmed first; DIR/targets.json names them in launch order with their byte floor (the used adapter-experts' A
+    and B once, the activations once per pair, `out` read and written), for record_kernels_base.py --ncu-parse."""
+    import json
+    import os
+
+    targets, launches = [], []
+    ids_s = torch.arange(S, dtype=torch.int32, device=dev)
+    on = torch.ones(S, dtype=torch.int32, device=dev)
+    for preset in PRESETS:
+        sh = get_shape(preset)
+        w = kc.weights(sh, dev, gen)
+        for M in NCU_M:
+            s = kc.make_set(sh, M, dev, gen)
+            bm0 = lora_block_m(M, sh.top_k, sh.num_experts, S)
+            al = moe_align(s["ids"], sh.num_experts, bm0, s["slot"], S)
+            P, N, Kin, gather = op_args("down", sh)
+            floor = kc.lora_bytes(s, sh, P, N, Kin, gather)
+            for i, (bm, cfg) in enumerate(candidates("down", M, bm0, lambda b: table_config("down", M, sh, b), "down")):
+                launches.append(lambda s=s, w=w, al=al, cfg=cfg, k=sh.top_k: run_delta("down", s, w, al, ids_s, on, k,
+                                                                                       cfg))
+                targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=M, op="lora_down",
+                                    arm="table" if i == 0 else "candidate", tile=cfg_str(bm, cfg), byte_floor=floor))
+    for f in launches:  # compile and warm every target first
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for f in launches:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "targets.json"), "w") as fh:
+        json.dump(targets, fh, indent=1)
+    log(f"ncu-run: {len(targets)} down-delta launches counted once each; targets.json written")
+
+
 # ------------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -421,7 +470,14 @@ def main(argv=None):
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--cases", type=int, default=1000, help="launches of the random section (default 1000)")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
+    ap.add_argument("--ncu-run", action="store_true",
+                    help="the down delta's table and `down` candidates, one launch each (run under ncu; then "
+                         "record_kernels_base.py --ncu-parse)")
     args = ap.parse_args(argv)
+    if args.ncu_run:
+        if not runtime.has_cuda():
+            raise SystemExit("--ncu-run needs a CUDA GPU")
+        return ncu_run(args.out, runtime.default_device(), torch.Generator(device="cuda").manual_seed(0))
     if args.dry:
         _dry()
     elif not runtime.has_cuda():

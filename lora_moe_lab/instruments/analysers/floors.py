@@ -1,0 +1,99 @@
+"""Floors and ceilings: what the hardware allows a kernel, and what a speed goal demands of it.
+
+    c = ceilings()                 # the H200's copy bandwidth and bf16 matmul rate, measured in device sessions
+    goal_floors(versus_peers(), c) # the base GEMM per point: its floor, ours and vLLM's share of it, and the
+                                   # share of the floor a goal of 1.15x vLLM would demand
+    down_candidates()              # the down delta's tiles of `--candidates down` against the table's, per session
+
+A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
+and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
+hardware's reach a kernel takes (1.0 = at the roofline). A goal whose `goal_of_floor` nears or passes 1.0 asks
+for more than the machine does with its own copy engine and cuBLAS, and is not met by tuning. The ceilings are
+recorded by `scripts/record_kernels_expand.py` (`harness.copy_bandwidth`, `harness.matmul_rate`) in the meta of
+each run that has them; the most generous (highest) of the sessions is used, so every demand is a lower bound.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ...config import get_shape
+from .recordings import KERNELS_DIR
+
+BF16_BYTES = 2
+# the recordings whose meta holds both ceilings (this session's `down` sweep and the 1000-case differential, two
+# invocations on one machine) and the down sweep's sessions
+CEILING_RUNS = ("down_s1", "delta_random_s2")
+DOWN_SESSIONS = ("down_s1",)
+
+
+def ceilings(names=CEILING_RUNS, path: str | Path | None = None) -> dict:
+    """{copy_gbps, matmul_tflops}: the highest of the named runs' measurements, and `runs`, `copy_range`,
+    `matmul_range` (each run's figure) for the spread between them."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    metas = []
+    for n in names:
+        f = d / f"{n}_kernels_expand.meta.json"
+        if not f.exists():
+            raise FileNotFoundError(f"no ceilings at {f}: record them with scripts/record_kernels_expand.py")
+        m = json.loads(f.read_text())
+        if "matmul_tflops" not in m:
+            raise ValueError(f"{f} has no matmul_tflops: it predates harness.matmul_rate")
+        metas.append(m)
+    copy, mm = [m["copy_gbps"] for m in metas], [m["matmul_tflops"] for m in metas]
+    return dict(copy_gbps=max(copy), matmul_tflops=max(mm), runs=list(names), copy_range=(min(copy), max(copy)),
+                matmul_range=(min(mm), max(mm)))
+
+
+def experts_hit(M: int, E: int, k: int) -> float:
+    """Expected distinct experts among M tokens routing to k of E each, uniformly: E (1 - (1 - k/E)^M)."""
+    return E * (1.0 - (1.0 - k / E) ** M)
+
+
+def gemm_floor(preset: str, op: str, M: int, c: dict) -> dict:
+    """The base MoE GEMM's floor at M tokens: bytes = the hit experts' weights once + its input once + its output
+    once (gate_up reads x (M, K); down reads the (M*k, I) activations and writes (M*k, K)); flops = 2 M k N K."""
+    sh = get_shape(preset)
+    E, k, H, I = sh.num_experts, sh.top_k, sh.hidden, sh.intermediate
+    N, K = (2 * I, H) if op == "gate_up" else (H, I)
+    if op not in ("gate_up", "down"):
+        raise ValueError(f"op must be 'gate_up' or 'down', got {op!r}")
+    pairs = M * k
+    nbytes = BF16_BYTES * (experts_hit(M, E, k) * N * K + (M if op == "gate_up" else pairs) * K + pairs * N)
+    flops = 2.0 * pairs * N * K
+    t_bytes, t_flops = nbytes / (c["copy_gbps"] * 1e3), flops / (c["matmul_tflops"] * 1e6)  # µs
+    return dict(bytes=nbytes, flops=flops, bytes_us=t_bytes, flops_us=t_flops, floor_us=max(t_bytes, t_flops),
+                bound="bytes" if t_bytes >= t_flops else "flops")
+
+
+def goal_floors(peers: pd.DataFrame, c: dict, goal: float = 1.15, min_m: int = 1024) -> pd.DataFrame:
+    """Per point of `peers` (base_gemm.versus_peers) with M >= min_m: the floor, the table's kernel and vLLM's as
+    fractions of it, and `goal_of_floor`: the fraction a kernel `goal` times faster than vLLM would need."""
+    rows = []
+    for r in peers[peers.M >= min_m].itertuples():
+        f = gemm_floor(r.preset, r.op, int(r.M), c)
+        goal_us = r.vllm_us / goal
+        fl = f["floor_us"]
+        rows.append(dict(preset=r.preset, op=r.op, M=int(r.M), run=r.run, bound=f["bound"], floor_us=fl,
+                         table_us=r.table_us, vllm_us=r.vllm_us, goal_us=goal_us, ours_of_floor=fl / r.table_us,
+                         vllm_of_floor=fl / r.vllm_us, goal_of_floor=fl / goal_us, direct=r.direct))
+    return pd.DataFrame(rows)
+
+
+def down_candidates(names=DOWN_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The down delta in each `--candidates down` session: per (preset, M, config) its sweep time, share of the
+    copy bandwidth, registers, grid, and `over_table` (time over the table's tile in the same session; sweep
+    medians of graph replays, not paired)."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    out = []
+    for n in names:
+        s = pd.read_csv(d / f"{n}_kernels_expand.csv")
+        s = s[(s.section == "sweep") & (s.op == "down")].copy()
+        s["session"] = n
+        table = s[s.table.astype(bool)].set_index(["preset", "M"]).time_us
+        s["over_table"] = [t / table[(p, m)] for p, m, t in zip(s.preset, s.M, s.time_us)]
+        out.append(s[["session", "preset", "M", "config", "table", "time_us", "bw_frac", "regs", "grid", "shared",
+                      "over_table"]])
+    return pd.concat(out, ignore_index=True)
