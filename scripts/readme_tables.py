@@ -1213,6 +1213,83 @@ def kernels_fold_headline_block() -> str:
             + ". `docs/results.md`, block kernels-fold.")
 
 
+def kernels_floors_block() -> str:
+    """Issue 24: the H200's ceilings, each base GEMM point against its roofline floor and what the 1.15x goal
+    demands of it, and the down delta's narrower tiles with their counters (analysers/floors.py)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+    from lora_moe_lab.instruments.analysers import floors as fl
+
+    c = fl.ceilings()
+    vs = bg.peer_sessions()
+    gfs = [fl.goal_floors(v, c) for v in vs]
+    g = gfs[-1].set_index(["preset", "op", "M"])
+    (c0, c1), (m0, m1) = c["copy_range"], c["matmul_range"]
+    out = [f"Ceilings measured on the H200 ({', '.join(f'`{r}`' for r in c['runs'])}; `harness.copy_bandwidth`, "
+           f"`harness.matmul_rate`): device-to-device copy {c0 / 1e3:.2f}–{c1 / 1e3:.2f} TB/s (bytes read + written), "
+           f"bf16 8192³ cuBLAS product {m0:.0f}–{m1:.0f} TFLOP/s on random data. A GEMM's floor is the larger of its "
+           "bytes (the used "
+           "experts' weights, its input and its output, once each) over the highest copy figure and its FLOPs over "
+           "the highest matmul figure (`analysers/floors.py`); `of floor` = floor / time, 1.0 at the roofline. "
+           "Times: the table's kernel in " + " and ".join(f"`{v.run.iloc[0]}`" for v in vs) + ", vLLM's tuned "
+           "kernel carried (one run). `goal` = what a kernel 1.15× faster than vLLM's would need:", "",
+           "| preset | GEMM | M | bound | floor (µs) | table, of floor | vLLM, of floor | goal, of floor |",
+           "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for key, r in g.iterrows():
+        ours = " / ".join(f"{x.set_index(['preset', 'op', 'M']).loc[key, 'ours_of_floor']:.2f}" for x in gfs)
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {r.bound} | {r.floor_us:.1f} | {ours} | "
+                   f"{r.vllm_of_floor:.2f} | {r.goal_of_floor:.2f} |")
+    hard = g[g.goal_of_floor >= 0.95]
+    out += ["", "- " + ("; ".join(f"{k[0]} {k[1]} at M={k[2]}: the goal needs {100 * r.goal_of_floor:.1f} % of its "
+                                  f"{r.bound} floor" for k, r in hard.iterrows())
+                        + ": that is the copy engine's own bandwidth, beyond what any tile table reaches. "
+                        if len(hard) else "")
+            + f"Elsewhere the goal needs {100 * g[g.goal_of_floor < 0.95].goal_of_floor.min():.0f}–"
+            f"{100 * g[g.goal_of_floor < 0.95].goal_of_floor.max():.0f} % of the floor: reachable in principle. "
+            "The most headroom: TP=4 down at M ≥ 4096 ("
+            + ", ".join(f"{100 * r.ours_of_floor:.0f} %" for k, r in g.iterrows()
+                        if k[0].endswith("tp4") and k[1] == "down" and k[2] >= 4096)
+            + " of its byte floor), with K = 192 the shortest loop of the four GEMMs."]
+    d = fl.down_candidates()
+    ses = list(dict.fromkeys(d.session))
+    d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")
+    Ms = sorted(d.M.unique())
+    out += ["", "The LoRA down delta's narrower tiles (`record_kernels_expand.py --candidates down`, " + " and ".join(
+        f"`{x}`" for x in ses) + ": two device sessions, sweep medians of 15 graph replays, not paired): candidate / "
+        "the table's tile (`bn128/bk64/pps4/xs3`, BLOCK_M 16 at M = 1024, 64 above), one figure per session. The "
+        "hypothesis was more programs per SM, so more `out` bytes in flight:", "",
+        "| preset | candidate | " + " | ".join(f"M={m}" for m in Ms) + " |", "| --- | --- |" + " ---: |" * len(Ms)]
+    for (pre, tile), g in d[~d.table.astype(bool)].groupby(["preset", "tile"], sort=False):
+        g = g.set_index(["M", "session"]).over_table
+        out.append(f"| {pre} | `{tile}` | " + " | ".join(" / ".join(f"{g[(m, x)]:.3f}" for x in ses) for m in Ms)
+                   + " |")
+    won = d[~d.table.astype(bool)].groupby(["preset", "M", "tile"]).over_table.agg(["max", "min"])
+    won = won[won["max"] < 1.0]
+    tb = d[d.table.astype(bool)]
+    dc = fl.down_counters()
+    t = dc[dc.arm == "table"].set_index(["preset", "M"])
+    n = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs3")].set_index(["preset", "M"])
+    x4 = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs4")].set_index(["preset", "M"])
+    lo, hi = 100 * tb[tb.M <= 4096].bw_frac.min(), 100 * tb[tb.M <= 4096].bw_frac.max()
+    below = ", ".join(f"{p} M={m} `{cf}` ({r['min']:.3f}–{r['max']:.3f})" for (p, m, cf), r in won.iterrows())
+    out += ["", f"- Below the table in both sessions: {below or 'none'}. The table's tile stays: a gain of 2 % or "
+            "less in an unpaired sweep is below the bar the tables use (a paired interval under 0.99 in two "
+            f"sessions). The table itself reaches {lo:.0f}–{hi:.0f} % of the copy bandwidth at M = 1024–4096 over both "
+            "sessions: the goal of 85 % is not met.",
+            f"- Counters (ncu, `{fl.DOWN_NCU_RUN}`, one launch each, durations under ncu are not timings): BLOCK_N 64 "
+            "at 3 programs per SM raised achieved occupancy and lowered DRAM throughput at the same bytes: "
+            + "; ".join(f"{p} M={m}: occupancy {t.loc[(p, m), 'achieved_occupancy_pct']:.0f} → "
+                        f"{n.loc[(p, m), 'achieved_occupancy_pct']:.0f} %, DRAM {t.loc[(p, m), 'dram_pct_peak']:.0f} → "
+                        f"{n.loc[(p, m), 'dram_pct_peak']:.0f} % of peak, bytes / floor "
+                        f"{t.loc[(p, m), 'dram_bytes_over_floor']:.2f} → {n.loc[(p, m), 'dram_bytes_over_floor']:.2f}, "
+                        f"`long_scoreboard` per issue {t.loc[(p, m), 'top_stall_ratio']:.2f} → "
+                        f"{n.loc[(p, m), 'top_stall_ratio']:.2f}" for p, m in t.index)
+            + ". So the programs per SM are not what limits the delta. BLOCK_N 64 with 4 stages (2 programs per SM) "
+            "counts like the table (DRAM " + ", ".join(f"{x4.loc[k, 'dram_pct_peak']:.0f} %" for k in t.index)
+            + "): a hypothesis the counters allow, not yet tested alone, is that what matters is how far ahead in time "
+            "each program loads (stages times the time per expand step), not how many programs or bytes are resident."]
+    return "\n".join(out)
+
+
 def kernels_base_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
 
@@ -1227,7 +1304,17 @@ def kernels_base_headline_block() -> str:
             + each(lambda v: f"{v[v.M >= 1024].bridged.min():.2f}–{v[v.M >= 1024].bridged.max():.2f}×")
             + f"), ≥ 1.0× by both ratios at {each(lambda v: str(int(v.ge_1.sum())))} of {len(vs[-1])} points, "
             f"≥ 1.15× at {each(lambda v: str(int(v[v.M >= 1024].ge_1_15.sum())))} of {int((vs[-1].M >= 1024).sum())} "
-            "with M ≥ 1024. `docs/results.md`, block kernels-base.")
+            f"with M ≥ 1024. `docs/results.md`, block kernels-base. {_floors_clause(bg, vs)}")
+
+
+def _floors_clause(bg, vs) -> str:
+    from lora_moe_lab.instruments.analysers import floors as fl
+
+    g = fl.goal_floors(vs[-1], fl.ceilings())
+    w = g.loc[g.goal_of_floor.idxmax()]
+    return (f"Against the H200's own ceilings, 1.15× vLLM at {w.preset} {w.op} M={w.M} would need "
+            f"{100 * w.goal_of_floor:.1f} % of that GEMM's {w.bound} floor (ours: {100 * w.ours_of_floor:.1f} %): "
+            "block kernels-floors.")
 
 
 BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, "kernels": kernels_block,
@@ -1236,7 +1323,7 @@ BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, 
           "graphs": graphs_block, "tp4": tp4_block, "tp4-headline": tp4_headline_block,
           "lab-headline": lab_headline_block, "kernels-base": kernels_base_block,
           "kernels-base-headline": kernels_base_headline_block, "kernels-fold": kernels_fold_block,
-          "kernels-fold-headline": kernels_fold_headline_block}
+          "kernels-fold-headline": kernels_fold_headline_block, "kernels-floors": kernels_floors_block}
 
 
 def pending_note(name: str) -> str:

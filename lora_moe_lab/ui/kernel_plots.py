@@ -157,3 +157,24 @@ def fold_figure(t, title: str = "The folded LoRA path against the separate delta
     fig.update_layout(title=title, xaxis_title="tokens per batch (M)", xaxis_type="log",
                       yaxis_title="(base + folded delta) / (base + separate delta)", height=460, plot_bgcolor="white")
     return fig
+
+
+def floors_figure(gf, title: str = "The base GEMM against its roofline floor, and what 1.15x vLLM would demand"):
+    """From analysers.floors.goal_floors: per point (preset, GEMM, M) the fraction of the roofline floor that the
+    table's kernel, vLLM's tuned kernel, and a kernel 1.15x faster than vLLM's reach (1.0 = at the floor: every
+    byte at the measured copy bandwidth, or every FLOP at the measured matmul rate, whichever is larger)."""
+    d = gf.copy()
+    d["point"] = (d["preset"].str.replace("qwen3-30b-a3b", "q3") + " " + d["op"] + " M=" + d["M"].astype(str)
+                  + " (" + d["bound"] + ")")
+    fig = go.Figure()
+    arms = (("vllm_of_floor", "vLLM tuned (carried)", "#ff7f0e"), ("ours_of_floor", "this lab's table", "#1f77b4"),
+            ("goal_of_floor", "the goal: 1.15x vLLM", "#d62728"))
+    for col, name, c in arms:
+        fig.add_trace(go.Bar(x=d["point"], y=d[col], name=name, marker_color=c,
+                             marker_pattern_shape="/" if col == "goal_of_floor" else ""))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#000000", annotation_text="the floor")
+    fig.update_xaxes(title_text="base GEMM (preset, GEMM, tokens; what bounds its floor)", tickangle=45)
+    fig.update_yaxes(title_text="floor time / kernel time", range=[0, 1.1])
+    fig.update_layout(title=title, barmode="group", height=480, plot_bgcolor="white",
+                      legend=dict(orientation="h", y=1.12))
+    return fig

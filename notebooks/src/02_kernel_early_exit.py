@@ -496,6 +496,40 @@ print("LoRA down delta at M >= 1024: " + "; ".join(
 kc.round(2)
 
 # %% [markdown]
+# ## How far from the hardware: each GEMM's floor (recorded on the H200)
+# A kernel cannot beat the larger of two times: the bytes it must move (the used experts' weights,
+# its input and its output, once each) at the measured device-to-device copy bandwidth, and the
+# FLOPs it must do at the measured bf16 matrix rate (an 8192³ cuBLAS product). Each bar is that
+# floor over a kernel's time: 1.0 is the roofline. The red bars are the issue's goal, a kernel
+# 1.15× faster than vLLM's: where a red bar reaches 1.0, the goal asks for the copy engine's own
+# bandwidth, and no tile table gets there. The down delta's printed line says what the counters
+# showed of the narrower tiles tried to raise its bandwidth.
+
+# %%
+from lora_moe_lab.instruments.analysers import floors
+from lora_moe_lab.ui.kernel_plots import floors_figure
+
+ceil = floors.ceilings()
+gf = floors.goal_floors(vs, ceil)
+print(f"ceilings: copy {ceil['copy_gbps'] / 1e3:.2f} TB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s (the highest "
+      f"of {', '.join(ceil['runs'])}); kernel times: {vs.run.iloc[0]}")
+worst = gf.loc[gf.goal_of_floor.idxmax()]
+print(f"the goal's hardest point: {worst.preset} {worst.op} M={worst.M} needs {100 * worst.goal_of_floor:.1f} % of its "
+      f"{worst.bound} floor (this lab's table: {100 * worst.ours_of_floor:.1f} %, vLLM: {100 * worst.vllm_of_floor:.1f} %)")
+floors_figure(gf).show()
+dc = floors.down_counters()
+dc = dc[(dc.preset == "qwen3-30b-a3b") & (dc.M == 2048)]
+t = dc[dc.arm == "table"].iloc[0]  # BLOCK_N 128, 2 programs per SM
+b = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs3")].iloc[0]  # BLOCK_N 64, 3 per SM
+print(f"down delta, {t.preset} M=2048 (ncu, one launch each): BLOCK_N 128 → 64 raised occupancy "
+      f"{t.achieved_occupancy_pct:.0f} → {b.achieved_occupancy_pct:.0f} % and lowered DRAM throughput "
+      f"{t.dram_pct_peak:.0f} → {b.dram_pct_peak:.0f} % of peak at the same bytes ({t.dram_bytes_over_floor:.2f} → "
+      f"{b.dram_bytes_over_floor:.2f}× the floor); `{t.top_stall}` cycles per issue {t.top_stall_ratio:.2f} → "
+      f"{b.top_stall_ratio:.2f}")
+gf[["preset", "op", "M", "bound", "floor_us", "table_us", "vllm_us", "ours_of_floor", "vllm_of_floor",
+    "goal_of_floor"]].round(3)
+
+# %% [markdown]
 # ## The LoRA path folded into the base GEMM (recorded on the H200)
 # A shrink kernel writes each pair's rank-R intermediate, and the base GEMM adds the expand to its
 # fp32 accumulator as extra K iterations: one BLOCK_R-deep dot per live LoRA row present in the

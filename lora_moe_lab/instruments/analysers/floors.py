@@ -4,6 +4,7 @@
     goal_floors(versus_peers(), c) # the base GEMM per point: its floor, ours and vLLM's share of it, and the
                                    # share of the floor a goal of 1.15x vLLM would demand
     down_candidates()              # the down delta's tiles of `--candidates down` against the table's, per session
+    down_counters()                # the same tiles counted by ncu (one launch each): DRAM, occupancy, stalls
 
 A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
@@ -25,8 +26,9 @@ from .recordings import KERNELS_DIR
 BF16_BYTES = 2
 # the recordings whose meta holds both ceilings (this session's `down` sweep and the 1000-case differential, two
 # invocations on one machine) and the down sweep's sessions
-CEILING_RUNS = ("down_s1", "delta_random_s2")
-DOWN_SESSIONS = ("down_s1",)
+CEILING_RUNS = ("down_s1", "delta_random_s2", "down_s2")
+DOWN_SESSIONS = ("down_s1", "down_s2")
+DOWN_NCU_RUN = "down_s2"  # record_kernels_expand.py --ncu-run under ncu, in the down_s2 device call
 
 
 def ceilings(names=CEILING_RUNS, path: str | Path | None = None) -> dict:
@@ -97,3 +99,16 @@ def down_candidates(names=DOWN_SESSIONS, path: str | Path | None = None) -> pd.D
         out.append(s[["session", "preset", "M", "config", "table", "time_us", "bw_frac", "regs", "grid", "shared",
                       "over_table"]])
     return pd.concat(out, ignore_index=True)
+
+
+def down_counters(name: str = DOWN_NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
+    """ncu's counters of the down delta's table tile and `down` candidates (one launch each, `<name>_kernels_expand_
+    ncu.csv`, parsed by record_kernels_base.py --ncu-parse): duration under ncu (not a timing), DRAM % of peak,
+    bytes over the byte floor, achieved occupancy, L2 hit rate, registers, the top stall and its cycles per issue."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    f = d / f"{name}_kernels_expand_ncu.csv"
+    if not f.exists():
+        raise FileNotFoundError(f"no counters at {f}: record_kernels_expand.py --ncu-run under ncu")
+    c = pd.read_csv(f)
+    return c[["preset", "M", "arm", "tile", "duration_us", "dram_pct_peak", "dram_bytes_over_floor",
+              "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall", "top_stall_ratio"]]

@@ -1,0 +1,66 @@
+"""analysers/floors.py: the roofline floor of a base MoE GEMM from its shapes, what a goal demands of it, the
+ceilings read from the recordings (named errors where they are missing), and the down delta's candidates."""
+import json
+
+import pandas as pd
+import pytest
+
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments.analysers import base_gemm
+from lora_moe_lab.instruments.analysers import floors as fl
+from lora_moe_lab.ui.kernel_plots import floors_figure
+
+C = dict(copy_gbps=4000.0, matmul_tflops=800.0)
+
+
+def test_gemm_floor_counts_bytes_and_flops_by_hand():
+    sh = get_shape("qwen3-30b-a3b")
+    E, k, H, I = sh.num_experts, sh.top_k, sh.hidden, sh.intermediate
+    M = 1024  # every expert is hit: (1 - 8/128)^1024 is ~1e-29
+    f = fl.gemm_floor("qwen3-30b-a3b", "gate_up", M, C)
+    assert f["bytes"] == pytest.approx(2 * (E * 2 * I * H + M * H + M * k * 2 * I))
+    assert f["flops"] == 2.0 * M * k * 2 * I * H
+    assert f["bytes_us"] == pytest.approx(f["bytes"] / 4000e9 * 1e6)
+    assert f["bound"] == "bytes" and f["floor_us"] == f["bytes_us"]
+    d = fl.gemm_floor("qwen3-30b-a3b", "down", 16384, C)  # down reads one activation row per pair
+    assert d["bytes"] == pytest.approx(2 * (E * H * I + 16384 * k * I + 16384 * k * H))
+    assert d["bound"] == "flops" and d["floor_us"] == pytest.approx(d["flops"] / 800e12 * 1e6)
+    with pytest.raises(ValueError, match="op must be 'gate_up' or 'down'"):
+        fl.gemm_floor("qwen3-30b-a3b", "up", 1024, C)
+
+
+def test_experts_hit_at_one_token_is_top_k():
+    assert fl.experts_hit(1, 128, 8) == pytest.approx(8.0)
+    assert fl.experts_hit(4096, 128, 8) == pytest.approx(128.0)
+
+
+def test_goal_floors_demand_scales_with_the_goal():
+    peers = pd.DataFrame([dict(preset="qwen3-30b-a3b", op="gate_up", M=1024, run="r", table_us=250.0, vllm_us=230.0,
+                               direct=0.92), dict(preset="qwen3-30b-a3b", op="down", M=16, run="r", table_us=60.0,
+                                                  vllm_us=70.0, direct=1.1)])
+    g = fl.goal_floors(peers, C)
+    assert list(g.M) == [1024]  # M < 1024 is left out
+    r = g.iloc[0]
+    assert r.goal_of_floor == pytest.approx(r.floor_us / (230.0 / 1.15))
+    assert r.ours_of_floor == pytest.approx(r.floor_us / 250.0) and r.vllm_of_floor < r.goal_of_floor
+
+
+def test_ceilings_name_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="record_kernels_expand.py"):
+        fl.ceilings(("nope",), tmp_path)
+    (tmp_path / "old_kernels_expand.meta.json").write_text(json.dumps(dict(copy_gbps=4000.0)))
+    with pytest.raises(ValueError, match="no matmul_tflops"):
+        fl.ceilings(("old",), tmp_path)
+
+
+def test_the_committed_recordings_read():
+    c = fl.ceilings()
+    assert 3500 < c["copy_gbps"] < 4800 and 600 < c["matmul_tflops"] < 1000  # an H200's copy and bf16 product
+    g = fl.goal_floors(base_gemm.peer_sessions()[-1], c)
+    assert len(g) == 16 and (g.ours_of_floor < 1.0).all() and (g.vllm_of_floor < 1.0).all()  # none below its floor
+    d = fl.down_candidates()
+    assert set(d.session) == set(fl.DOWN_SESSIONS) and (d[d.table.astype(bool)].over_table == 1.0).all()
+    n = fl.down_counters()
+    assert (n.arm == "table").sum() == 4 and n.dram_bytes_over_floor.between(0.8, 1.1).all()
+    fig = floors_figure(g)
+    assert len(fig.data) == 3 and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
