@@ -12,7 +12,10 @@ notebook's status, seconds and size. The report (`html/index.html`) says what ea
 on which device it ran and when; no page loads anything from the network.
 
 Kernels run over IPC (local sockets), not TCP: ipykernel warns "Kernel is running over TCP without
-encryption" for every TCP kernel, a warning about traffic that never leaves this machine here.
+encryption" for every TCP kernel, a warning about traffic that never leaves this machine here. The sockets
+live in a private temporary folder of each process: jupyter_client's default, `kernel-ipc-N` in the working
+directory (notebooks/ for every run), picks N by which files exist, so two runs at once (two `make run`, or
+pytest-xdist workers) could take the same socket and a kernel would fail to start.
 """
 from __future__ import annotations
 
@@ -58,12 +61,21 @@ def params_for(kind: str) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
+_IPC_DIR: str | None = None
+
+
 def kernel_config():
-    """papermill's kernel manager over IPC (see the module docstring)."""
+    """papermill's kernel manager over IPC, its sockets in this process's own folder (module docstring)."""
+    import tempfile
+
     from traitlets.config import Config
 
+    global _IPC_DIR
+    if _IPC_DIR is None:
+        _IPC_DIR = tempfile.mkdtemp(prefix="lml-kernel-")  # short: a socket path is limited to ~107 bytes
     c = Config()
     c.KernelManager.transport = "ipc"
+    c.KernelManager.ip = os.path.join(_IPC_DIR, "ipc")
     return c
 
 

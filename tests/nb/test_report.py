@@ -68,3 +68,14 @@ def test_run_all_keeps_going_records_and_uses_ipc(tmp_path, capfd):
     assert "without encryption" not in capfd.readouterr().err
     with pytest.raises(Exception, match="on purpose"):
         runner.run_all([bad], tmp_path / "out2", "ci")
+
+
+def test_kernel_sockets_live_in_a_folder_of_this_process_only():
+    # jupyter_client's default IPC path, kernel-ipc-N in the working directory, is shared by every run in the same
+    # folder: two runs at once (pytest-xdist on the H200, b657583) could pick the same N and a kernel failed to start
+    import os
+
+    ip = runner.kernel_config().KernelManager.ip
+    assert os.path.isabs(ip) and os.path.isdir(os.path.dirname(ip)) and not ip.startswith(str(runner.NB_DIR))
+    assert runner.kernel_config().KernelManager.ip == ip  # one folder per process, reused by its notebooks
+    assert len(ip) + len("-100") < 100  # a Unix socket path's limit is about 107 bytes
