@@ -520,14 +520,7 @@ def ncu_run(out, dev, gen):
                     + 2 * n_pairs * P * n * 2
                 targets.append(dict(kernel=kernel, preset=preset, M=M, op=op, arm=path if path == "decode" else "table",
                                     tile="", byte_floor=floor))
-    for f in launches:  # compile and warm every target first
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for f in launches:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    harness.counted_launches(launches)  # compiled and warmed first, then counted
     for t in targets:
         if "cls" in t:
             c = t.pop("cls")

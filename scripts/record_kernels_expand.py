@@ -445,14 +445,7 @@ def ncu_run(out, dev, gen):
                                                                                        cfg))
                 targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=M, op="lora_down",
                                     arm="table" if i == 0 else "candidate", tile=cfg_str(bm, cfg), byte_floor=floor))
-    for f in launches:  # compile and warm every target first
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for f in launches:
-        f()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    harness.counted_launches(launches)  # compiled and warmed first, then counted
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "targets.json"), "w") as fh:
         json.dump(targets, fh, indent=1)

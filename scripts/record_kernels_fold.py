@@ -400,14 +400,7 @@ def ncu_run(out, dev, gen):
                                                                lids, on, **kw),
                      lambda a_=a_, kw=kw: moe_gemm_lora_folded(s["act"], w2, a_, k, s["down"], a2, b2, s["slot"],
                                                                lids, on, routed_weights=s["rw"], gather=False, **kw)]
-        for j in jobs:  # compile and warm outside the profiled range
-            j()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        for j in jobs:
-            j()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        harness.counted_launches(jobs)  # compiled and warmed first, then counted
         # Byte floors: what each kernel must move at least (bf16): its used weights once, its inputs once,
         # its outputs once. used: the (expert) and (slot, expert) pairs the routing touches.
         n_pairs = M * k

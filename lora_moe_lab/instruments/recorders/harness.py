@@ -81,6 +81,19 @@ def matmul_rate(dev, n: int = 8192) -> tuple[float, dict]:
     return max(flops / (t * 1e-6) / 1e12 for t in (t_graph, t_eager)), dict(mm_graph_us=t_graph, mm_eager_us=t_eager)
 
 
+def counted_launches(launches) -> None:
+    """Run every launch once to compile and warm it, then once more between cudaProfilerStart/Stop: under
+    `ncu --profile-from-start off` only those second launches are counted, in the order given."""
+    for f in launches:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for f in launches:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def row(**kw) -> dict:
     """Append one tidy row to ROWS (and return it)."""
     ROWS.append(kw)
