@@ -1249,6 +1249,17 @@ def kernels_floors_block() -> str:
             + ", ".join(f"{100 * r.ours_of_floor:.0f} %" for k, r in g.iterrows()
                         if k[0].endswith("tp4") and k[1] == "down" and k[2] >= 4096)
             + " of its byte floor), with K = 192 the shortest loop of the four GEMMs."]
+    k = bg.load_counters()
+    k = k[(k.M == 8192) & (k.arm == "table") & k.op.str.startswith("base_")]
+    out.append(f"- What the counters (ncu, `{bg.NCU_NOW_RUN}`, the table's tile at M = 8192) show of the gap to the "
+               "floor: " + "; ".join(
+                   f"{r.preset} {r.op.removeprefix('base_')}: DRAM {r.dram_pct_peak:.0f} % of peak, tensor pipe "
+                   f"{r.tensor_pipe_pct:.0f} %, occupancy {r.achieved_occupancy_pct:.0f} % ({r.registers:.0f} "
+                   f"registers), top stall `{r.top_stall}`" for r in k.itertuples())
+               + ". TP=4 down keeps neither DRAM nor the tensor pipe busy: it waits on latency (`wait` is a "
+               "fixed-latency dependency), with one program of 8 warps per SM at 255 registers and three BLOCK_K "
+               "steps per tile (K = 192), so little independent work per warp even on its persistent, flattened "
+               "grid. That is what these counters allow; which of the two limits it is not measured yet.")
     d = fl.down_candidates()
     ses = list(dict.fromkeys(d.session))
     d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")
