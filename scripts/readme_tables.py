@@ -1213,6 +1213,9 @@ def kernels_fold_headline_block() -> str:
             + ". `docs/results.md`, block kernels-fold.")
 
 
+FLOOR_NAME = {"bytes": "byte", "flops": "FLOP"}  # floors.gemm_floor's `bound` in a sentence
+
+
 def kernels_floors_block() -> str:
     """Issue 24: the H200's ceilings, each base GEMM point against its roofline floor and what the 1.15x goal
     demands of it, and the down delta's narrower tiles with their counters (analysers/floors.py)."""
@@ -1240,7 +1243,7 @@ def kernels_floors_block() -> str:
                    f"{r.vllm_of_floor:.2f} | {r.goal_of_floor:.2f} |")
     hard = g[g.goal_of_floor >= 0.95]
     out += ["", "- " + ("; ".join(f"{k[0]} {k[1]} at M={k[2]}: the goal needs {100 * r.goal_of_floor:.1f} % of its "
-                                  f"{r.bound} floor" for k, r in hard.iterrows())
+                                  f"{FLOOR_NAME[r.bound]} floor" for k, r in hard.iterrows())
                         + ": that is the copy engine's own bandwidth, beyond what any tile table reaches. "
                         if len(hard) else "")
             + f"Elsewhere the goal needs {100 * g[g.goal_of_floor < 0.95].goal_of_floor.min():.0f}–"
@@ -1324,8 +1327,8 @@ def _floors_clause(bg, vs) -> str:
     g = fl.goal_floors(vs[-1], fl.ceilings())
     w = g.loc[g.goal_of_floor.idxmax()]
     return (f"Against the H200's own ceilings, 1.15× vLLM at {w.preset} {w.op} M={w.M} would need "
-            f"{100 * w.goal_of_floor:.1f} % of that GEMM's {w.bound} floor (ours: {100 * w.ours_of_floor:.1f} %): "
-            "block kernels-floors.")
+            f"{100 * w.goal_of_floor:.1f} % of that GEMM's {FLOOR_NAME[w.bound]} floor (ours: "
+            f"{100 * w.ours_of_floor:.1f} %): block kernels-floors.")
 
 
 BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, "kernels": kernels_block,

@@ -515,7 +515,7 @@ print(f"ceilings: copy {ceil['copy_gbps'] / 1e3:.2f} TB/s, bf16 matmul {ceil['ma
       f"of {', '.join(ceil['runs'])}); kernel times: {vs.run.iloc[0]}")
 worst = gf.loc[gf.goal_of_floor.idxmax()]
 print(f"the goal's hardest point: {worst.preset} {worst.op} M={worst.M} needs {100 * worst.goal_of_floor:.1f} % of its "
-      f"{worst.bound} floor (this lab's table: {100 * worst.ours_of_floor:.1f} %, vLLM: {100 * worst.vllm_of_floor:.1f} %)")
+      f"{'byte' if worst.bound == 'bytes' else 'FLOP'} floor (this lab's table: {100 * worst.ours_of_floor:.1f} %, vLLM: {100 * worst.vllm_of_floor:.1f} %)")
 floors_figure(gf).show()
 dc = floors.down_counters()
 dc = dc[(dc.preset == "qwen3-30b-a3b") & (dc.M == 2048)]
