@@ -72,7 +72,11 @@ def kernel_config():
 
     global _IPC_DIR
     if _IPC_DIR is None:
+        import atexit
+        import shutil
+
         _IPC_DIR = tempfile.mkdtemp(prefix="lml-kernel-")  # short: a socket path is limited to ~107 bytes
+        atexit.register(shutil.rmtree, _IPC_DIR, True)  # the folder goes with the process (ignore_errors)
     c = Config()
     c.KernelManager.transport = "ipc"
     c.KernelManager.ip = os.path.join(_IPC_DIR, "ipc")

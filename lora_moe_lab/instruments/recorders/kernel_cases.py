@@ -170,6 +170,8 @@ def down_candidates(table) -> list:
     64 on a grid of 5 programs per SM (at BLOCK_M 16 its 101 registers fit 5). Static compile with Triton 3.6
     (scripts/kernel_resources.py, qwen3): at BLOCK_M 64 the table's tile holds 254 registers (2 programs per SM),
     BLOCK_N 64 160 (3), the cap 168 spills 200 B; at BLOCK_M 16 166 (3) against 101 (5) and BLOCK_K 32 128 (4).
+    Timed (data/kernels/down_s1, down_s2) every candidate lost to the table but BLOCK_N 64 at qwen3 M = 4096
+    (0.98x, unpaired), and ncu saw occupancy rise while DRAM throughput fell (analysers/floors.py: down_counters).
     (block_m, config) pairs are the caller's."""
     from dataclasses import replace
 
