@@ -1222,7 +1222,10 @@ def kernels_floors_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
     from lora_moe_lab.instruments.analysers import floors as fl
 
+    from lora_moe_lab.config import get_shape
+
     c = fl.ceilings()
+    tp4_k = get_shape("qwen3-30b-a3b-tp4").intermediate  # the down GEMM's K
     vs = bg.peer_sessions()
     gfs = [fl.goal_floors(v, c) for v in vs]
     g = gfs[-1].set_index(["preset", "op", "M"])
@@ -1244,25 +1247,28 @@ def kernels_floors_block() -> str:
     hard = g[g.goal_of_floor >= 0.95]
     out += ["", "- " + ("; ".join(f"{k[0]} {k[1]} at M={k[2]}: the goal needs {100 * r.goal_of_floor:.1f} % of its "
                                   f"{FLOOR_NAME[r.bound]} floor" for k, r in hard.iterrows())
-                        + ": that is the copy engine's own bandwidth, beyond what any tile table reaches. "
+                        + ": that is " + ("the copy engine's own bandwidth" if (hard.bound == "bytes").all() else
+                                          "the ceilings themselves") + ", beyond what any tile table reaches. "
                         if len(hard) else "")
             + f"Elsewhere the goal needs {100 * g[g.goal_of_floor < 0.95].goal_of_floor.min():.0f}–"
             f"{100 * g[g.goal_of_floor < 0.95].goal_of_floor.max():.0f} % of the floor: reachable in principle. "
             "The most headroom: TP=4 down at M ≥ 4096 ("
             + ", ".join(f"{100 * r.ours_of_floor:.0f} %" for k, r in g.iterrows()
                         if k[0].endswith("tp4") and k[1] == "down" and k[2] >= 4096)
-            + " of its byte floor), with K = 192 the shortest loop of the four GEMMs."]
+            + f" of its byte floor), with K = {tp4_k} the shortest loop of the four GEMMs."]
     k = bg.load_counters()
     k = k[(k.M == 8192) & (k.arm == "table") & k.op.str.startswith("base_")]
+    td = k[(k.preset == "qwen3-30b-a3b-tp4") & (k.op == "base_down")].iloc[0]
     out.append(f"- What the counters (ncu, `{bg.NCU_NOW_RUN}`, the table's tile at M = 8192) show of the gap to the "
                "floor: " + "; ".join(
                    f"{r.preset} {r.op.removeprefix('base_')}: DRAM {r.dram_pct_peak:.0f} % of peak, tensor pipe "
                    f"{r.tensor_pipe_pct:.0f} %, occupancy {r.achieved_occupancy_pct:.0f} % ({r.registers:.0f} "
                    f"registers), top stall `{r.top_stall}`" for r in k.itertuples())
                + ". TP=4 down keeps neither DRAM nor the tensor pipe busy: it waits on latency (`wait` is a "
-               "fixed-latency dependency), with one program of 8 warps per SM at 255 registers and three BLOCK_K "
-               "steps per tile (K = 192), so little independent work per warp even on its persistent, flattened "
-               "grid. That is what these counters allow; which of the two limits it is not measured yet.")
+               f"fixed-latency dependency), with one program of 8 warps per SM at {td.registers:.0f} registers and "
+               f"{tp4_k // 64} BLOCK_K steps per tile (K = {tp4_k}), so little independent work per warp even on its "
+               "persistent, flattened grid. That is what these counters allow; which of the two limits it is not "
+               "measured yet.")
     d = fl.down_candidates()
     ses = list(dict.fromkeys(d.session))
     d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")
@@ -1279,26 +1285,23 @@ def kernels_floors_block() -> str:
     won = d[~d.table.astype(bool)].groupby(["preset", "M", "tile"]).over_table.agg(["max", "min"])
     won = won[won["max"] < 1.0]
     tb = d[d.table.astype(bool)]
-    dc = fl.down_counters()
-    t = dc[dc.arm == "table"].set_index(["preset", "M"])
-    n = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs3")].set_index(["preset", "M"])
-    x4 = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs4")].set_index(["preset", "M"])
+    o = fl.occupancy_test()
     lo, hi = 100 * tb[tb.M <= 4096].bw_frac.min(), 100 * tb[tb.M <= 4096].bw_frac.max()
     below = ", ".join(f"{p} M={m} `{cf}` ({r['min']:.3f}–{r['max']:.3f})" for (p, m, cf), r in won.iterrows())
-    out += ["", f"- Below the table in both sessions: {below or 'none'}. The table's tile stays: a gain of 2 % or "
-            "less in an unpaired sweep is below the bar the tables use (a paired interval under 0.99 in two "
+    gain = f"of {100 * (1 - won['min'].min()):.0f} % or less " if len(won) else ""
+    out += ["", f"- Below the table in both sessions: {below or 'none'}. The table's tile stays: a gain {gain}in an "
+            "unpaired sweep is below the bar the tables use (a paired interval under 0.99 in two "
             f"sessions). The table itself reaches {lo:.0f}–{hi:.0f} % of the copy bandwidth at M = 1024–4096 over both "
             "sessions: the goal of 85 % is not met.",
             f"- Counters (ncu, `{fl.DOWN_NCU_RUN}`, one launch each, durations under ncu are not timings): BLOCK_N 64 "
             "at 3 programs per SM raised achieved occupancy and lowered DRAM throughput at the same bytes: "
-            + "; ".join(f"{p} M={m}: occupancy {t.loc[(p, m), 'achieved_occupancy_pct']:.0f} → "
-                        f"{n.loc[(p, m), 'achieved_occupancy_pct']:.0f} %, DRAM {t.loc[(p, m), 'dram_pct_peak']:.0f} → "
-                        f"{n.loc[(p, m), 'dram_pct_peak']:.0f} % of peak, bytes / floor "
-                        f"{t.loc[(p, m), 'dram_bytes_over_floor']:.2f} → {n.loc[(p, m), 'dram_bytes_over_floor']:.2f}, "
-                        f"`long_scoreboard` per issue {t.loc[(p, m), 'top_stall_ratio']:.2f} → "
-                        f"{n.loc[(p, m), 'top_stall_ratio']:.2f}" for p, m in t.index)
+            + "; ".join(f"{r.preset} M={r.M}: occupancy {r.achieved_occupancy_pct_table:.0f} → "
+                        f"{r.achieved_occupancy_pct_narrow:.0f} %, DRAM {r.dram_pct_peak_table:.0f} → "
+                        f"{r.dram_pct_peak_narrow:.0f} % of peak, bytes / floor {r.dram_bytes_over_floor_table:.2f} → "
+                        f"{r.dram_bytes_over_floor_narrow:.2f}, `{r.top_stall_table}` per issue "
+                        f"{r.top_stall_ratio_table:.2f} → {r.top_stall_ratio_narrow:.2f}" for r in o.itertuples())
             + ". So the programs per SM are not what limits the delta. BLOCK_N 64 with 4 stages (2 programs per SM) "
-            "counts like the table (DRAM " + ", ".join(f"{x4.loc[k, 'dram_pct_peak']:.0f} %" for k in t.index)
+            "counts like the table (DRAM " + ", ".join(f"{r.dram_pct_peak_deep:.0f} %" for r in o.itertuples())
             + "): a hypothesis the counters allow, not yet tested alone, is that what matters is how far ahead in time "
             "each program loads (stages times the time per expand step), not how many programs or bytes are resident."]
     return "\n".join(out)

@@ -517,15 +517,13 @@ worst = gf.loc[gf.goal_of_floor.idxmax()]
 print(f"the goal's hardest point: {worst.preset} {worst.op} M={worst.M} needs {100 * worst.goal_of_floor:.1f} % of its "
       f"{'byte' if worst.bound == 'bytes' else 'FLOP'} floor (this lab's table: {100 * worst.ours_of_floor:.1f} %, vLLM: {100 * worst.vllm_of_floor:.1f} %)")
 floors_figure(gf).show()
-dc = floors.down_counters()
-dc = dc[(dc.preset == "qwen3-30b-a3b") & (dc.M == 2048)]
-t = dc[dc.arm == "table"].iloc[0]  # BLOCK_N 128, 2 programs per SM
-b = dc[dc.tile.str.contains("/bn64/bk64/") & dc.tile.str.endswith("/pps4/xs3")].iloc[0]  # BLOCK_N 64, 3 per SM
-print(f"down delta, {t.preset} M=2048 (ncu, one launch each): BLOCK_N 128 → 64 raised occupancy "
-      f"{t.achieved_occupancy_pct:.0f} → {b.achieved_occupancy_pct:.0f} % and lowered DRAM throughput "
-      f"{t.dram_pct_peak:.0f} → {b.dram_pct_peak:.0f} % of peak at the same bytes ({t.dram_bytes_over_floor:.2f} → "
-      f"{b.dram_bytes_over_floor:.2f}× the floor); `{t.top_stall}` cycles per issue {t.top_stall_ratio:.2f} → "
-      f"{b.top_stall_ratio:.2f}")
+o = floors.occupancy_test()  # the table beside BLOCK_N 64 at 3 programs per SM (`_narrow`)
+r = o[(o.preset == "qwen3-30b-a3b") & (o.M == 2048)].iloc[0]
+print(f"down delta, {r.preset} M=2048 (ncu, one launch each): BLOCK_N 128 → 64 raised occupancy "
+      f"{r.achieved_occupancy_pct_table:.0f} → {r.achieved_occupancy_pct_narrow:.0f} % and lowered DRAM throughput "
+      f"{r.dram_pct_peak_table:.0f} → {r.dram_pct_peak_narrow:.0f} % of peak at the same bytes "
+      f"({r.dram_bytes_over_floor_table:.2f} → {r.dram_bytes_over_floor_narrow:.2f}× the floor); `{r.top_stall_table}` "
+      f"cycles per issue {r.top_stall_ratio_table:.2f} → {r.top_stall_ratio_narrow:.2f}")
 gf[["preset", "op", "M", "bound", "floor_us", "table_us", "vllm_us", "ours_of_floor", "vllm_of_floor",
     "goal_of_floor"]].round(3)
 

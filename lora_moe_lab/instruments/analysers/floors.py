@@ -5,6 +5,7 @@
                                    # share of the floor a goal of 1.15x vLLM would demand
     down_candidates()              # the down delta's tiles of `--candidates down` against the table's, per session
     down_counters()                # the same tiles counted by ncu (one launch each): DRAM, occupancy, stalls
+    occupancy_test()               # per (preset, M): the table beside BLOCK_N 64 at 3 and at 2 programs per SM
 
 A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
@@ -57,11 +58,11 @@ def experts_hit(M: int, E: int, k: int) -> float:
 def gemm_floor(preset: str, op: str, M: int, c: dict) -> dict:
     """The base MoE GEMM's floor at M tokens: bytes = the hit experts' weights once + its input once + its output
     once (gate_up reads x (M, K); down reads the (M*k, I) activations and writes (M*k, K)); flops = 2 M k N K."""
+    if op not in ("gate_up", "down"):
+        raise ValueError(f"op must be 'gate_up' or 'down', got {op!r}")
     sh = get_shape(preset)
     E, k, H, I = sh.num_experts, sh.top_k, sh.hidden, sh.intermediate
     N, K = (2 * I, H) if op == "gate_up" else (H, I)
-    if op not in ("gate_up", "down"):
-        raise ValueError(f"op must be 'gate_up' or 'down', got {op!r}")
     pairs = M * k
     nbytes = BF16_BYTES * (experts_hit(M, E, k) * N * K + (M if op == "gate_up" else pairs) * K + pairs * N)
     flops = 2.0 * pairs * N * K
@@ -112,3 +113,24 @@ def down_counters(name: str = DOWN_NCU_RUN, path: str | Path | None = None) -> p
     c = pd.read_csv(f)
     return c[["preset", "M", "arm", "tile", "duration_us", "dram_pct_peak", "dram_bytes_over_floor",
               "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall", "top_stall_ratio"]]
+
+
+# the builds of the occupancy hypothesis, by their tile strings: BLOCK_N 64 with 3 stages (3 programs per SM at
+# BLOCK_M 64) and with 4 stages (2 programs per SM, as the table)
+NARROW, NARROW_DEEP = ("/bn64/bk64/", "/pps4/xs3"), ("/bn64/bk64/", "/pps4/xs4")
+
+
+def occupancy_test(c: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per (preset, M) of `down_counters`: the table's counters (`_table`), BLOCK_N 64 at 3 programs per SM
+    (`_narrow`) and BLOCK_N 64 with 4 stages (`_deep`), side by side: what the occupancy hypothesis predicts and
+    what the counters saw."""
+    c = down_counters() if c is None else c
+    cols = ["achieved_occupancy_pct", "dram_pct_peak", "dram_bytes_over_floor", "top_stall", "top_stall_ratio"]
+
+    def pick(mask, tag):
+        return c[mask].set_index(["preset", "M"])[cols].add_suffix(f"_{tag}")
+    tile = c.tile.astype(str)
+    return pd.concat([pick(c.arm == "table", "table"),
+                      pick(tile.str.contains(NARROW[0]) & tile.str.endswith(NARROW[1]), "narrow"),
+                      pick(tile.str.contains(NARROW_DEEP[0]) & tile.str.endswith(NARROW_DEEP[1]), "deep")],
+                     axis=1).reset_index()

@@ -25,7 +25,7 @@ def test_gemm_floor_counts_bytes_and_flops_by_hand():
     d = fl.gemm_floor("qwen3-30b-a3b", "down", 16384, C)  # down reads one activation row per pair
     assert d["bytes"] == pytest.approx(2 * (E * H * I + 16384 * k * I + 16384 * k * H))
     assert d["bound"] == "flops" and d["floor_us"] == pytest.approx(d["flops"] / 800e12 * 1e6)
-    with pytest.raises(ValueError, match="op must be 'gate_up' or 'down'"):
+    with pytest.raises(ValueError, match="op must be 'gate_up' or 'down'"):  # checked before any shape is read
         fl.gemm_floor("qwen3-30b-a3b", "up", 1024, C)
 
 
@@ -62,5 +62,8 @@ def test_the_committed_recordings_read():
     assert set(d.session) == set(fl.DOWN_SESSIONS) and (d[d.table.astype(bool)].over_table == 1.0).all()
     n = fl.down_counters()
     assert (n.arm == "table").sum() == 4 and n.dram_bytes_over_floor.between(0.8, 1.1).all()
+    o = fl.occupancy_test(n)  # each counted point has all three builds, one row each
+    assert len(o) == 4 and not o.isna().any().any()
+    assert (o.achieved_occupancy_pct_narrow > o.achieved_occupancy_pct_table).all()  # what the hypothesis bought
     fig = floors_figure(g)
     assert len(fig.data) == 3 and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
