@@ -30,13 +30,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from lora_moe_lab.config import get_shape  # noqa: E402
+from lora_moe_lab.instruments.recorders import tile_arms as ta  # noqa: E402
 from lora_moe_lab.kernels import fused_moe, fused_moe_lora  # noqa: E402
 from lora_moe_lab.kernels.align import moe_align  # noqa: E402
 from lora_moe_lab.kernels.configs import (GemmConfig, LoRAKernelConfig, block_r, lora_block_m, lora_config,  # noqa: E402
                                          lora_down_config)
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-TILE = re.compile(r"bm(\d+)/bn(\d+)/bk(\d+)/g(\d+)/w(\d+)/s(\d+)")
 
 
 class _Hopper:
@@ -157,28 +157,10 @@ def resources(kernel) -> dict:
                 shared=int(kernel.metadata.shared))
 
 
-def programs_per_sm(res, warps) -> int:
-    by_regs = 65536 // (max(res["regs"], 1) * 32 * warps)
-    by_smem = (228 * 1024) // (res["shared"] + 1024) if res["shared"] else 64
-    return max(0, min(by_regs, by_smem, 64 // warps))
-
-
-def config_of(tile: str) -> tuple[int, GemmConfig]:
-    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat][/cap128][/early]' -> (BLOCK_M, GemmConfig). '/masked' is the
-    build of the recordings' table_masked arm: every load predicated and no TMA (the kernel before the EVEN
-    flags), whatever the table's tile said."""
-    bm, bn, bk, g, w, s = (int(v) for v in TILE.match(tile).groups())
-    pers, cap = re.search(r"/p(\d+)", tile), re.search(r"/cap(\d+)", tile)
-    return bm, GemmConfig(bn, bk, g, w, s, w_desc="/tma" in tile and "/masked" not in tile,
-                          even="/masked" not in tile,
-                          persistent=int(pers.group(1)) if pers else 0, flatten="/flat" in tile,
-                          max_regs=int(cap.group(1)) if cap else 0, early_loads="/early" in tile)
-
-
 def report(preset, op, tile, M=8192, folded=None):
-    bm, cfg = config_of(tile)
+    bm, cfg = ta.config_of(tile)
     r = resources(compile_gemm(preset, op, bm, cfg, M, folded))
-    r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
+    r["programs_per_sm"] = ta.programs_per_sm(r, cfg.num_warps)
     name = tile + (f" folded/{folded}" if folded else "")
     print(f"{preset:<18} {op:<7} {name:<40} {r['regs']:>3} registers, stack {r['stack']:>4} B, shared "
           f"{r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
@@ -188,7 +170,7 @@ def report(preset, op, tile, M=8192, folded=None):
 def report_lora(preset, op, M=8192, cfg=None, bm=None):
     cfg, kern = compile_lora(preset, op, M, cfg, bm=bm)
     r = resources(kern)
-    r["programs_per_sm"] = programs_per_sm(r, cfg.num_warps)
+    r["programs_per_sm"] = ta.programs_per_sm(r, cfg.num_warps)
     name = ("bm%d/" % bm if bm else "") + lora_str(cfg)
     print(f"{preset:<18} lora_{op:<7} M={M:<6} {name:<34} {r['regs']:>3} registers, stack {r['stack']:>4} B,"
           f" shared {r['shared'] // 1024:>3} KB -> {r['programs_per_sm']} program(s) per SM", flush=True)
@@ -234,7 +216,6 @@ def record(out):
     the aligned LoRA deltas at M = 1024 and 8192 with the layer's config and every candidate of
     record_kernels_expand's `stages` set. Static compile facts, no timing."""
     from lora_moe_lab import runtime
-    from lora_moe_lab.instruments.recorders import tile_arms as ta
     from lora_moe_lab.instruments.recorders.kernel_cases import PRESETS, stages_candidates
     from lora_moe_lab.instruments.recorders.harness import Recorder
     from lora_moe_lab.kernels import configs, tiles
@@ -261,7 +242,7 @@ def record(out):
                                                 ("folded_early", tab + "/early", "ptr")):
                             r = report(preset, op, tile, M, folded=fold)
                             rec.row(kernel="fused_moe_kernel", preset=preset, op=op, M=M, arm=arm, tile=tile,
-                                    num_warps=config_of(tile)[1].num_warps, **r)
+                                    num_warps=ta.config_of(tile)[1].num_warps, **r)
             for M in (1024, 8192):
                 for op in ("gate_up", "down"):
                     base, _ = compile_lora(preset, op, M)

@@ -25,12 +25,13 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            --reps repetitions (each a replay of one graph), warm-up drift checked, the ratio's
            percentile-bootstrap 95 % interval.
   persist  the table's tile against persistent builds of it (a static grid of 1 or 2 programs per SM looping
-           over the tiles, with and without Triton's flattened tile + K loop) at M >= 1024, interleaved and
+           over the tiles, with and without Triton's flattened tile + K loop; where the alignment's BLOCK_M is 128,
+           also sub-blocks of 64 rows: tile_arms.persist_arms) at M >= 1024, interleaved and
            paired like compare; the tables take the fastest build whose paired interval lies below 0.99
            (DIR/tile_tables). persist_check: 1000 random persistent launches against float64 and, bit for
            bit, against the same tile with a program per tile; every arm at the presets' shapes.
   --ncu-run  one launch of each counted target (targets.json): the base GEMMs at M=16 and 8192 with
-           the table's tile and the rules', and the LoRA deltas as the layer runs them: the decode kernel at
+           the table's tile and the rules' (at 8192 also the `m64_p2_pf` arm where the table's BLOCK_M is 128), and the LoRA deltas as the layer runs them: the decode kernel at
            M=16, the aligned kernel at M=1024 and 8192 (rank 32, 4 adapters all enabled), between
            cudaProfilerStart/Stop so ncu counts only those.
 The candidate tiles include every tile of the vLLM table (its values are public facts: the tile
@@ -53,7 +54,8 @@ from lora_moe_lab.instruments.analysers import base_gemm as bg
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
-from lora_moe_lab.instruments.recorders.tile_arms import PERSIST_M, as_config, as_tuple, cfg_str, persist_arms, tile_str
+from lora_moe_lab.instruments.recorders.tile_arms import (PERSIST_M, as_config, as_tuple, cfg_str, config_of,
+                                                           persist_arms, table_tile, tile_str)
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs, tiles
 from lora_moe_lab.kernels.align import moe_align
@@ -180,9 +182,9 @@ def pick_rows(preset, M):
 
 
 def parse_tile(s):
-    v = dict(re.findall(r"([a-z]+)(\d+)", s))
-    return int(v["bm"]), dict(block_n=int(v["bn"]), block_k=int(v["bk"]), group_m=int(v["g"]),
-                              num_warps=int(v["w"]), num_stages=int(v["s"]))
+    bm, c = config_of(s)
+    return bm, dict(block_n=c.block_n, block_k=c.block_k, group_m=c.group_m, num_warps=c.num_warps,
+                    num_stages=c.num_stages)
 
 
 def write_tables(out, meta):
@@ -370,7 +372,9 @@ def persist(preset, dev, gen, reps):
 PERSIST_DIFF = (GemmConfig(64, 64, 8, 4, 3, persistent=1), GemmConfig(128, 64, 8, 4, 3, w_desc=True, persistent=2,
                                                                      flatten=True),
                 GemmConfig(64, 128, 1, 4, 2, w_desc=True, persistent=1, flatten=True),
-                GemmConfig(64, 64, 8, 4, 3, even=False, persistent=2, flatten=True))
+                GemmConfig(64, 64, 8, 4, 3, even=False, persistent=2, flatten=True),
+                GemmConfig(64, 64, 8, 4, 3, w_desc=True, persistent=2, flatten=True, sub_m=16),  # sub-blocks of 16 rows
+                GemmConfig(128, 64, 8, 4, 2, w_desc=True, persistent=2, sub_m=16))
 
 
 def persist_check(dev, gen, n_cases):
@@ -436,12 +440,10 @@ def add_persist_choice(out, sessions=None, gpu=None, note=""):
         for (p, op, M), best in sorted(picks.items()):
             if p != preset:
                 continue
-            _, tile = parse_tile(best["tile"])
-            pers, cap = re.search(r"/p(\d+)", best["tile"]), re.search(r"/cap(\d+)", best["tile"])
-            tile.update(w_desc="/tma" in best["tile"], persistent=int(pers.group(1)) if pers else 0,
-                        flatten="/flat" in best["tile"], max_regs=int(cap.group(1)) if cap else 0,
-                        early_loads="/early" in best["tile"])
-            table["buckets"][str(M)][op] = tile
+            bm, cfg = config_of(best["tile"])
+            if bm != table["buckets"][str(M)]["block_m"]:
+                raise ValueError(f"persist choice {preset} {op} M={M}: {best['tile']} is not at the table's block_m")
+            table["buckets"][str(M)][op] = table_tile(cfg)
             log(f"persist choice {preset} {op} M={M}: {best['tile']} (worst of {best['sessions']} session(s): "
                 f"{float(best['over_table']):.3f} [{float(best['over_table_lo']):.3f}, "
                 f"{float(best['over_table_hi']):.3f}])")
@@ -481,6 +483,9 @@ def ncu_run(out, dev, gen):
                 picks = [("table", *arms["table"], {}), ("rules", *arms["rules"], {})]
                 if M >= 1024:  # the table's tile as the kernel was before the EVEN flags and TMA
                     picks.append(("table_masked", *arms["table"], dict(even=False, w_desc=False)))
+                    sub = persist_arms(arms["table"][0], as_config(arms["table"][1])).get("m64_p2_pf")
+                    if sub is not None:  # the sub-block build: does `wait` fall with two programs per SM?
+                        picks.append(("m64_p2_pf", arms["table"][0], sub, {}))
                 for a, bm, t, kw in picks:
                     launches.append(c.fn(op, bm, replace(as_config(t), **kw)))
                     targets.append(dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"base_{op}", arm=a,

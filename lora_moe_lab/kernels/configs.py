@@ -30,6 +30,9 @@ class GemmConfig:
     persistent: int = 0  # programs per SM of a persistent grid looping over the tiles; 0 = one program per tile
     flatten: bool = False  # persistent only: Triton pipelines the tile loop and the K loop as one loop
     early_loads: bool = False  # the epilogue's gathers (routed weights, LoRA rows) issued before the K loop
+    # plain GEMM only: the rows of the kernel's tile when fewer than the alignment's BLOCK_M (a divisor of it, so the
+    # alignment's blocks split into sub-blocks of one expert each: no second alignment); 0 = the alignment's BLOCK_M
+    sub_m: int = 0
 
     def __post_init__(self):
         if self.persistent < 0:
@@ -37,6 +40,9 @@ class GemmConfig:
                              f"got {self.persistent}")
         if self.flatten and not self.persistent:
             raise ValueError("GemmConfig.flatten flattens the persistent grid's tile loop: set persistent >= 1 too")
+        if self.sub_m and (self.sub_m < 16 or self.sub_m & (self.sub_m - 1)):
+            raise ValueError(f"GemmConfig.sub_m is the kernel's BLOCK_M, a power of two >= 16 (0 = the alignment's), "
+                             f"got {self.sub_m}")
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def fused_moe_kernel(
     w_ptr,  # (E, N, K): expert weights, one (N, K) matrix per expert
     out_ptr,  # (M*top_k, N): one output row per (token, k) pair; every row is written
     sorted_ids_ptr,  # (EM,) int32: pair ids grouped by expert, sentinel = num_pairs
-    expert_ids_ptr,  # (EM // BLOCK_M,) int32: expert of each block, -1 past the end
+    expert_ids_ptr,  # (EM // (BLOCK_M * SUB),) int32: expert of each alignment block, -1 past the end
     ntpp_ptr,  # (1,) int32: num_tokens_post_padded, blocks starting at or past it are empty
     rw_ptr,  # (M*top_k,) float32 routed weights (read only when HAS_RW)
     N, K,
@@ -139,8 +139,12 @@ def fused_moe_kernel(
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    EARLY_LOADS: tl.constexpr = False,
+    EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
 ):
+    # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
+    # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
+    # one dense matmul too. A sub-block of padding only returns at once (a program per tile) or runs masked
+    # (persistent: no branch inside the loop that Triton pipelines).
     if PERSIST:
         # Persistent grid (config `persistent`: programs per SM): a static number of programs, each takes
         # every nprog-th tile of the busy ones (counted from num_tokens_post_padded on the device, so the
@@ -152,7 +156,7 @@ def fused_moe_kernel(
         total = busy * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = grouped_tile(tile, N, busy, BLOCK_N, GROUP_M)
-            expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+            expert = tl.load(expert_ids_ptr + pid_m // SUB).to(tl.int64)
             # expert -1 (a block no expert of this rank owns): every row masked, nothing stored
             _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, tl.maximum(expert, 0),
                        expert >= 0, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
@@ -169,9 +173,12 @@ def fused_moe_kernel(
         ntpp = tl.load(ntpp_ptr)
         if pid_m * BLOCK_M >= ntpp:
             return
-        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        expert = tl.load(expert_ids_ptr + pid_m // SUB).to(tl.int64)
         if expert < 0:
             return
+        if SUB > 1:  # a sub-block of padding only (the end of its expert's rows): nothing to load or store
+            if tl.min(tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)), 0) >= num_pairs:
+                return
         _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, N, K, num_pairs,
                    top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                    t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
@@ -312,7 +319,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
     lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling;
-    the folded GEMM always runs a program per tile (config.persistent applies to the plain GEMM only).
+    the folded GEMM always runs a program per tile at the alignment's BLOCK_M (config.persistent and config.sub_m
+    apply to the plain GEMM only).
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -321,16 +329,21 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         # A table's register cap is the plain GEMM's (e.g. 128 for 2 programs/SM at TP=4 gate_up); the folded
         # build holds the expand's tiles too and does not compile under it (ptxas asks for >= 154): drop it.
         cfg = replace(cfg, max_regs=0)
-    nb = align.expert_ids.shape[1]
+    # sub_m (plain GEMM only): the kernel's tile takes sub_m of the alignment's bm rows, SUB sub-blocks per block
+    sub_m = cfg.sub_m if cfg.sub_m and lora is None else bm
+    if bm % sub_m:
+        raise ValueError(f"moe_gemm: config.sub_m={cfg.sub_m} must divide the alignment's block_m={bm}")
+    SUB = bm // sub_m
     # Blocks past num_tokens_post_padded only hold sentinels, and every busy block holds at least one
-    # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp.
-    nb_launch = min(nb, num_pairs)
+    # pair, so at most min(nb, num_pairs) blocks are busy: a static bound, no need to read ntpp. A busy block's
+    # sub-blocks past its first may be padding only (they return at once), so all SUB of each are launched.
+    nb_launch = min(align.expert_ids.shape[1], num_pairs) * SUB
     tiles = nb_launch * cdiv(N, cfg.block_n)
     # persistent (plain GEMM only): a static grid of programs per SM that loop over the busy tiles
     persist = bool(cfg.persistent) and lora is None
     grid = (min(tiles, num_sms(x.device) * cfg.persistent) if persist else tiles,)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
-    stages = stages_for(cfg.num_stages, (bm * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
+    stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
@@ -350,7 +363,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
         *fold, *fold_ints, *fold_descs,
-        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,

@@ -21,7 +21,7 @@ from pathlib import Path
 TABLE_DIR = Path(__file__).with_name("tile_tables")
 GEMM_KEYS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
 # absent = off (kernels/configs.py: GemmConfig)
-OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs", "early_loads")
+OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs", "early_loads", "sub_m")
 
 
 def file_name(gpu: str, num_experts: int, hidden: int, intermediate: int) -> str:
@@ -64,6 +64,10 @@ def check_table(table: dict, where: str = "tile table") -> dict:
                 v = tile.get(key, 0)
                 if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                     raise ValueError(f"{where}: bucket {b}: {op} {key} must be an int >= 0 ({what}), got {v!r}")
+            sub = tile.get("sub_m", 0)
+            if sub and (not isinstance(sub, int) or isinstance(sub, bool) or sub < 16 or e["block_m"] % sub):
+                raise ValueError(f"{where}: bucket {b}: {op} sub_m (the kernel's rows of a block) must divide "
+                                 f"block_m={e['block_m']} and be >= 16, got {sub!r}")
     return table
 
 

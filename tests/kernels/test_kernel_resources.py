@@ -1,11 +1,9 @@
 """scripts/kernel_resources.py: the static resources of a build, compiled for sm_90 without a GPU."""
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def run(*args):
@@ -25,20 +23,18 @@ def test_a_build_compiles_for_hopper_and_reports_its_resources():
 
 
 def test_programs_per_sm_and_the_tile_names():
-    before = os.environ.get("TRITON_INTERPRET")
-    try:
-        import kernel_resources as kr  # sets TRITON_INTERPRET=0 for its own compiles: put back for later tests
-    finally:
-        if before is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+    # host-side only: importing the script here would set TRITON_INTERPRET=0 in this test process
+    from lora_moe_lab.instruments.recorders import tile_arms as ta
 
     # the LoRA down delta at M = 8192 (ncu: 233 registers, 12 % occupancy = two programs of 4 warps)
-    assert kr.programs_per_sm(dict(regs=233, shared=36 * 1024), 4) == 2
-    assert kr.programs_per_sm(dict(regs=95, shared=96 * 1024), 8) == 2  # by registers and by shared memory
-    assert kr.programs_per_sm(dict(regs=64, shared=200 * 1024), 4) == 1  # by shared memory
-    bm, cfg = kr.config_of("bm128/bn256/bk64/g16/w8/s4/tma/p2/flat/cap128")
+    assert ta.programs_per_sm(dict(regs=233, shared=36 * 1024), 4) == 2
+    assert ta.programs_per_sm(dict(regs=95, shared=96 * 1024), 8) == 2  # by registers and by shared memory
+    assert ta.programs_per_sm(dict(regs=64, shared=200 * 1024), 4) == 1  # by shared memory
+    bm, cfg = ta.config_of("bm128/bn256/bk64/g16/w8/s4/tma/p2/flat/cap128")
     assert (bm, cfg.block_n, cfg.w_desc, cfg.persistent, cfg.flatten, cfg.max_regs) == (128, 256, True, 2, True, 128)
-    _, masked = kr.config_of("bm128/bn256/bk64/g16/w8/s4/tma/masked")
+    _, masked = ta.config_of("bm128/bn256/bk64/g16/w8/s4/tma/masked")
     assert not masked.w_desc and not masked.even  # the recordings' table_masked arm had no TMA
+    bm, sub = ta.config_of("bm128/bn256/bk64/g8/w8/s2/tma/p2/flat/m64")
+    assert (bm, sub.sub_m, sub.persistent, sub.flatten) == (128, 64, 2, True)
+    assert ta.cfg_str(bm, sub) == "bm128/bn256/bk64/g8/w8/s2/tma/p2/flat/m64"
+    assert ta.table_tile(sub)["sub_m"] == 64 and "sub_m" not in ta.table_tile(cfg)

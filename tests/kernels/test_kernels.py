@@ -110,6 +110,30 @@ def test_moe_gemm_persistent_grid(M, K, N, E, top_k, gather, with_rw, bm, w_desc
                                      persistent=1, flatten=flatten))
 
 
+@pytest.mark.parametrize("persistent,flatten", [(0, False), (1, False), (1, True)])
+@pytest.mark.parametrize("M,K,N,E,top_k,gather,with_rw", [
+    (9, 64, 64, 8, 2, True, False),  # experts with fewer pairs than a sub-block: sub-blocks of padding only
+    (2, 40, 48, 4, 3, False, True),  # fewer pairs than alignment blocks, masked K and N, routed weights
+    (40, 32, 32, 2, 2, True, True),  # 80 pairs on 2 experts: full and partial sub-blocks
+])
+def test_moe_gemm_sub_blocks_of_the_alignment(M, K, N, E, top_k, gather, with_rw, persistent, flatten):
+    # sub_m: the kernel's tile takes 16 of the alignment's 64 rows, each sub-block its block's expert
+    check_moe_gemm(M * 29 + K + N, M, K, N, E, top_k, gather, with_rw, torch.float32, bm=64,
+                   config=GemmConfig(block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2, sub_m=16,
+                                     persistent=persistent, flatten=flatten))
+
+
+def test_moe_gemm_sub_m_must_divide_the_alignment():
+    g = torch.Generator().manual_seed(5)
+    ids = routing(g, 3, 2, 4).to(DEV)
+    x, w = randn(g, 3, 32), randn(g, 4, 32, 32)
+    out = torch.empty(6, 32, device=DEV)
+    with pytest.raises(ValueError, match="sub_m=32 must divide the alignment's block_m=16"):
+        fused_moe.moe_gemm(x, w, moe_align(ids, 4, 16), 2, out, config=GemmConfig(32, 16, sub_m=32))
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        GemmConfig(32, 32, sub_m=24)
+
+
 @gpu_only
 def test_moe_gemm_persistent_is_bit_identical_to_a_program_per_tile():
     # Same tile, same K order: the persistent loop must give the same bits as one program per tile.

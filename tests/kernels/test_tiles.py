@@ -54,6 +54,8 @@ def test_configs_use_the_rules_without_a_table(monkeypatch):
                                                        persistent=-1), "down": {}}}}, "persistent must be an int"),
     ({"buckets": {"4": {"block_m": 16, "gate_up": dict(block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=2,
                                                        flatten=1), "down": {}}}}, "flatten must be true or false"),
+    ({"buckets": {"4": {"block_m": 32, "gate_up": dict(block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=2,
+                                                       sub_m=64), "down": {}}}}, "sub_m .* must divide block_m=32"),
 ])
 def test_malformed_tables_are_named_errors(bad, match):
     base = dict(gpu="G", num_experts=8, hidden=64, intermediate=32, buckets={"1": {}})

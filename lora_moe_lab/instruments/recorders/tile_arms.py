@@ -4,9 +4,12 @@ section. Host-side config objects only; nothing here launches a kernel.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ...kernels.configs import GemmConfig
+
+TILE = re.compile(r"bm(\d+)/bn(\d+)/bk(\d+)/g(\d+)/w(\d+)/s(\d+)")
 
 
 def tile_str(bm, t) -> str:
@@ -35,9 +38,43 @@ PERSIST_M = (1024, 4096, 8192, 16384)
 
 
 def cfg_str(bm, cfg: GemmConfig) -> str:
+    """bm: the alignment's BLOCK_M; `/m64`: the kernel's tile takes 64 of its rows (config sub_m)."""
     return tile_str(bm, as_tuple(cfg)) + (f"/p{cfg.persistent}" if cfg.persistent else "") + \
         ("/flat" if cfg.flatten else "") + (f"/cap{cfg.max_regs}" if cfg.max_regs else "") + \
-        ("/early" if cfg.early_loads else "")
+        ("/early" if cfg.early_loads else "") + (f"/m{cfg.sub_m}" if cfg.sub_m else "")
+
+
+def programs_per_sm(res, warps) -> int:
+    """Programs of `warps` warps one H100/H200 SM holds with a build's static resources (res: regs a thread, shared
+    bytes; scripts/kernel_resources.py reads them from the cubin): 64K registers, 228 KB of shared memory (1 KB
+    reserved per program), 64 warps."""
+    by_regs = 65536 // (max(res["regs"], 1) * 32 * warps)
+    by_smem = (228 * 1024) // (res["shared"] + 1024) if res["shared"] else 64
+    return max(0, min(by_regs, by_smem, 64 // warps))
+
+
+def config_of(tile: str) -> tuple[int, GemmConfig]:
+    """'bm128/bn256/bk64/g16/w8/s4/tma[/masked][/p1][/flat][/cap128][/early][/m64]' (cfg_str's) -> (the alignment's
+    BLOCK_M, GemmConfig). '/masked' is the build of the recordings' table_masked arm: every load predicated and no TMA
+    (the kernel before the EVEN flags), whatever the table's tile said."""
+    m = TILE.match(tile)
+    if m is None:
+        raise ValueError(f"not a base GEMM tile: {tile!r} (expected bm../bn../bk../g../w../s..[/tma][/p1]...)")
+    bm, bn, bk, g, w, s = (int(v) for v in m.groups())
+    flag = lambda f: re.search(rf"/{f}(\d+)", tile)
+    return bm, GemmConfig(bn, bk, g, w, s, w_desc="/tma" in tile and "/masked" not in tile,
+                          even="/masked" not in tile,
+                          persistent=int(flag("p").group(1)) if flag("p") else 0, flatten="/flat" in tile,
+                          max_regs=int(flag("cap").group(1)) if flag("cap") else 0, early_loads="/early" in tile,
+                          sub_m=int(flag("m").group(1)) if flag("m") else 0)
+
+
+def table_tile(cfg: GemmConfig) -> dict:
+    """A GemmConfig as a tile table's entry (kernels/tiles.py): the tile, its flags, sub_m only where set."""
+    d = dict(block_n=cfg.block_n, block_k=cfg.block_k, group_m=cfg.group_m, num_warps=cfg.num_warps,
+             num_stages=cfg.num_stages, w_desc=cfg.w_desc, persistent=cfg.persistent, flatten=cfg.flatten,
+             max_regs=cfg.max_regs, early_loads=cfg.early_loads)
+    return dict(d, sub_m=cfg.sub_m) if cfg.sub_m else d
 
 
 def persist_arms(bm, table: GemmConfig) -> dict:
@@ -47,7 +84,14 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 19-75 more
     registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
     32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
-    drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two."""
+    drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two.
+
+    Where the alignment's BLOCK_M is 128 at 8 warps, the `m64` arms split each block into two sub-blocks of 64 rows
+    (config sub_m; the same alignment): the 128 x 256 tile's 3 stages hold 144-176 KB of shared memory and 255
+    registers a thread at TP=4 down (one program per SM, top stall `wait`, base_s5), where a static compile (Triton
+    3.6, scripts/kernel_resources.py) puts bm64/bn256/bk64/w8/s2, persistent and flattened, at 124 registers and 96
+    KB: two programs per SM. `m64_p2_pf` is that build, `m64_p2` the same loop unflattened (127 registers, 80 KB: 2),
+    `m64` a program per tile with 2 stages (98 registers, 80 KB: 2)."""
     tma = replace(table, w_desc=True)
     k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
     arms = dict(table=table, tma=tma, early=replace(table, early_loads=True), p=replace(tma, persistent=k),
@@ -58,6 +102,11 @@ def persist_arms(bm, table: GemmConfig) -> dict:
         arms["n256_pf"] = replace(tma, block_n=256, num_stages=3, persistent=k, flatten=True)
         if table.num_warps == 8:
             arms["p2_cap128"] = replace(tma, persistent=2, max_regs=128)
+    if bm == 128 and table.num_warps == 8:
+        m64 = replace(tma, sub_m=64, block_n=256, block_k=64, group_m=8, max_regs=0, early_loads=False)
+        arms.update(m64_p2_pf=replace(m64, num_stages=2, persistent=2, flatten=True),
+                    m64_p2=replace(m64, num_stages=2, persistent=2, flatten=False),
+                    m64=replace(m64, num_stages=2, persistent=0, flatten=False))
     if table.w_desc:
         arms.pop("tma")
     return arms
