@@ -31,9 +31,10 @@ alignment outside the timed region, as data/kernels/README.md says of every base
            (DIR/tile_tables). persist_check: 1000 random persistent launches against float64 and, bit for
            bit, against the same tile with a program per tile; every arm at the presets' shapes.
   --ncu-run  one launch of each counted target (targets.json): the base GEMMs at M=16 and 8192 with
-           the table's tile and the rules' (at 8192 also the `m64_p2_pf` arm where the table's BLOCK_M is 128), and the LoRA deltas as the layer runs them: the decode kernel at
-           M=16, the aligned kernel at M=1024 and 8192 (rank 32, 4 adapters all enabled), between
-           cudaProfilerStart/Stop so ncu counts only those.
+           the table's tile and the rules' (at 8192 also the `m64_p2_pf` arm where the table's BLOCK_M is
+           128), and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at
+           M=1024 and 8192 (rank 32, 4 adapters all enabled), between cudaProfilerStart/Stop so ncu counts
+           only those. `persist` with `compare` in one run: compare measures the tables with this run's picks.
 The candidate tiles include every tile of the vLLM table (its values are public facts: the tile
 numbers only, no code), so the sweep can only match or beat it on this kernel.
 """
@@ -680,6 +681,7 @@ def main(argv=None):
             log(f"[persist {preset} done at {time.time() - t0:.0f}s]")
         if not harness.is_dry():
             add_persist_choice(args.out)
+            use_tables(os.path.join(args.out, "tile_tables"))  # compare (if asked) measures this session's picks
     if "compare" in secs:
         for preset in PRESETS:
             rec.section(f"compare {preset}", compare, preset, dev, gen, args.reps)

@@ -142,13 +142,14 @@ def test_moe_gemm_persistent_is_bit_identical_to_a_program_per_tile():
     ids = routing(g, M, top_k, E).to(DEV)
     x, w = randn(g, M, K, dtype=torch.bfloat16), randn(g, E, N, K, std=K ** -0.5, dtype=torch.bfloat16)
     align = moe_align(ids, E, 64)
-    outs = []
-    for pers, flat in ((0, False), (1, False), (2, True)):
-        out = torch.full((M * top_k, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-        fused_moe.moe_gemm(x, w, align, top_k, out, config=GemmConfig(128, 64, 8, 4, 3, w_desc=True, persistent=pers,
-                                                                        flatten=flat))
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for sub in (0, 32):  # and sub-blocks of 32 of the alignment's 64 rows
+        outs = []
+        for pers, flat in ((0, False), (1, False), (2, True)):
+            out = torch.full((M * top_k, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+            fused_moe.moe_gemm(x, w, align, top_k, out, config=GemmConfig(128, 64, 8, 4, 3, w_desc=True,
+                                                                            persistent=pers, flatten=flat, sub_m=sub))
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), f"sub_m={sub}"
 
 
 def test_moe_gemm_with_a_register_cap():
