@@ -411,20 +411,24 @@ def persist_check(dev, gen, n_cases):
             c = Case(preset, M, dev, gen)
             for op in ("gate_up", "down"):
                 bm, t = arms_of(c, preset, M, op)["table"]
-                outs = {}
+                outs, errs = {}, {}
                 for a, cfg in persist_arms(bm, as_config(t)).items():
                     o = c.inter if op == "gate_up" else c.down
                     o.fill_(float("nan"))
-                    c.fn(op, bm, cfg)()
+                    try:
+                        c.fn(op, bm, cfg)()
+                    except Exception as exc:  # noqa: BLE001 - a build that does not compile is left out, and said
+                        errs[a] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                        continue
                     outs[a] = o.clone()
                 ref = outs["table"]
                 bad = [a for a, o in outs.items() if not torch.isfinite(o).all()
                        or rel(o.double(), ref.double()) > tolerance(BF, dev)]
                 same = [a for a, o in outs.items() if torch.equal(o.view(torch.int16), ref.view(torch.int16))]
                 row(section="persist_check", preset=preset, op=op, M=M, arms=",".join(outs), failures=len(bad),
-                    failed=",".join(bad), bitwise_as_table=",".join(same))
+                    failed=",".join(bad), bitwise_as_table=",".join(same), left_out=",".join(errs))
                 log(f"persist_check {preset} {op} M={M}: {len(bad)} arms off the table's output {bad}; "
-                    f"bit for bit: {same}")
+                    f"bit for bit: {same}" + (f"; left out (no build) {errs}" if errs else ""))
             del c
             torch.cuda.empty_cache()
 

@@ -96,10 +96,12 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
     arms = dict(table=table, tma=tma, early=replace(table, early_loads=True), p=replace(tma, persistent=k),
                 pf=replace(tma, persistent=k, flatten=True))
+    # the narrower / wider tile drops a cap the table's tile carries (the 128 of p2_cap128 does not compile at BLOCK_N
+    # 256: ptxas asks for 154)
     if table.block_n > 128:
-        arms["n128_pf"] = replace(tma, block_n=128, num_stages=3, persistent=k, flatten=True)
+        arms["n128_pf"] = replace(tma, block_n=128, num_stages=3, persistent=k, flatten=True, max_regs=0)
     else:
-        arms["n256_pf"] = replace(tma, block_n=256, num_stages=3, persistent=k, flatten=True)
+        arms["n256_pf"] = replace(tma, block_n=256, num_stages=3, persistent=k, flatten=True, max_regs=0)
         if table.num_warps == 8:
             arms["p2_cap128"] = replace(tma, persistent=2, max_regs=128)
     if bm == 128 and table.num_warps == 8:
