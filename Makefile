@@ -30,8 +30,11 @@ endif
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# The suite runs on one pytest-xdist worker per core (at most 8; none on a single core), each worker on one thread
+# (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; [ $$n -lt 2 ] && n=0; echo $$n)
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 run: $(STAMP)
 	$(BIN)/python -m lora_moe_lab.nb.runner --out build

@@ -978,20 +978,33 @@ def kernels_base_block() -> str:
 
 
 def _persist_lines(bg) -> str:
-    """The persistent / early-gather builds the tables took: paired ratios in both device sessions."""
-    p = bg.persist_sessions()
-    a, b = bg.PERSIST_SESSIONS
-    took = p[p.adopted].sort_values(["preset", "op", "M"])
-    lines = [f"Persistent and early-gather builds of the table's tile (`--sections persist`, `data/kernels/{a}_*`, "
-             f"`{b}_*`: two device sessions, 20 interleaved paired repetitions each, percentile bootstrap 95 %). The "
-             "tables took an arm only where its interval lay below 0.99 in both, free of drift "
-             "(`record_kernels_base.py --adopt-persist`); arm / the table's tile before:", "",
-             f"| preset | GEMM | M | build | {a} | {b} |", "| --- | --- | ---: | --- | ---: | ---: |"]
-    for r in took.itertuples():
-        lines.append(f"| {r.preset} | {r.op} | {r.M} | `{getattr(r, 'tile_' + b)}` | "
-                     f"{getattr(r, 'r_' + a):.3f} [{getattr(r, 'lo_' + a):.3f}, {getattr(r, 'hi_' + a):.3f}] | "
-                     f"{getattr(r, 'r_' + b):.3f} [{getattr(r, 'lo_' + b):.3f}, {getattr(r, 'hi_' + b):.3f}] |")
-    return "\n".join(lines)
+    """The persistent / early-gather / sub-block builds the tables took, per round of persist sessions: paired ratios
+    in every session of the round."""
+    intro = {0: "two device sessions (603effa), 20 interleaved paired repetitions each",
+             1: "persist_s3 and persist_s4 ran in one device session (15 and 20 repetitions) and the tables took "
+                "their picks; persist_s5 (20) ran on a fresh machine against the tables before that"}
+    lines = []
+    for i, names in enumerate(bg.PERSIST_ROUNDS):
+        p = bg.persist_sessions(names)
+        if i == 1:  # does the fresh machine's session change what the first two adopted?
+            picked = lambda q: set(map(tuple, q[q.adopted][["preset", "op", "M", "arm"]].values.tolist()))
+            same = picked(bg.persist_sessions(names[:2])) == picked(p)
+            intro[1] += ", and " + ("takes the same builds at the same points" if same else "changes the picks")
+        took = p[p.adopted].sort_values(["preset", "op", "M"])
+        lines += ["" if lines else None,
+                  f"Round {i + 1} of the table's tile against persistent, early-gather"
+                  + (" and sub-block" if i else "") + " builds (`--sections persist`, "
+                  + ", ".join(f"`data/kernels/{n}_*`" for n in names) + f": {intro.get(i, '')}; percentile "
+                  "bootstrap 95 %). The tables took an arm only where its interval lay below 0.99 in every session of "
+                  "the round, free of drift (`record_kernels_base.py --adopt-persist`); arm / the table's tile "
+                  "before:", "",
+                  "| preset | GEMM | M | build | " + " | ".join(names) + " |",
+                  "| --- | --- | ---: | --- |" + " ---: |" * len(names)]
+        for r in took.itertuples():
+            lines.append(f"| {r.preset} | {r.op} | {r.M} | `{getattr(r, 'tile_' + names[-1])}` | " + " | ".join(
+                f"{getattr(r, 'r_' + n):.3f} [{getattr(r, 'lo_' + n):.3f}, {getattr(r, 'hi_' + n):.3f}]"
+                for n in names) + " |")
+    return "\n".join(x for x in lines if x is not None)
 
 
 def _stages_lines(bg) -> str:
@@ -1197,19 +1210,18 @@ def kernels_fold_headline_block() -> str:
     big = now[(now.figure == "separate_all_share_pct") & (now.M >= 1024)]
     n = int(big.sessions.map(len).min())
     dn = now[(now.figure == "down_folded_over_separate") & (now.M >= 4096)]
-    pk = now[(now.figure == "down_folded_share_pct") & (now.M >= 8192)]  # the path the table picks there
+    from lora_moe_lab.kernels import configs
+    folds = ", ".join(f"the {op} GEMM at the token buckets {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items()
+                      if b) or "nothing: it keeps the separate deltas at every size"
     return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; it beats "
             f"the separate delta only on the down GEMM at large M ({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096, "
-            f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions; {dn.lo.min():.3f}–{dn.hi.max():.3f}× the "
-            f"whole layer at today's separate deltas, {int(dn.sessions.map(len).min())} sessions), so the layer folds "
-            "the down GEMM from M = 4097 (the token buckets 8192 and 16384: at 4096 it loses since the separate "
-            "delta's pipelined expand) and keeps the separate deltas elsewhere. "
-            f"LoRA's share of the layer at M ≥ 1024 with today's separate deltas (the union of the 95 % intervals over "
+            f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions). In the whole layer at today's tables the "
+            f"down GEMM folded is {dn.lo.min():.3f}–{dn.hi.max():.3f}× the separate deltas at M ≥ 4096 "
+            f"({int(dn.sessions.map(len).min())} sessions; it lost its gain at TP=4 when the base GEMM there took the "
+            f"sub-block build), so the layer folds {folds}. "
+            f"LoRA's share of the layer at M ≥ 1024 with the separate deltas (the union of the 95 % intervals over "
             f"{n} device sessions, {', '.join(bg.FOLD_LAYER_SESSIONS)}): "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in big.groupby("preset", sort=False))
-            + "; with the down GEMM folded (the `down_folded` arm, the path the layer picks there), at M ≥ 8192 over "
-            f"{int(pk.sessions.map(len).min())} sessions: "
-            + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in pk.groupby("preset", sort=False))
             + ". `docs/results.md`, block kernels-fold.")
 
 
@@ -1264,11 +1276,23 @@ def kernels_floors_block() -> str:
                    f"{r.preset} {r.op.removeprefix('base_')}: DRAM {r.dram_pct_peak:.0f} % of peak, tensor pipe "
                    f"{r.tensor_pipe_pct:.0f} %, occupancy {r.achieved_occupancy_pct:.0f} % ({r.registers:.0f} "
                    f"registers), top stall `{r.top_stall}`" for r in k.itertuples())
-               + ". TP=4 down keeps neither DRAM nor the tensor pipe busy: it waits on latency (`wait` is a "
-               f"fixed-latency dependency), with one program of 8 warps per SM at {td.registers:.0f} registers and "
-               f"{tp4_k // 64} BLOCK_K steps per tile (K = {tp4_k}), so little independent work per warp even on its "
-               "persistent, flattened grid. That is what these counters allow; which of the two limits it is not "
-               "measured yet.")
+               + ".")
+    old = bg.load_counters(bg.NCU_NOW_REPEAT_RUN)
+    od = old[(old.M == 8192) & (old.arm == "table") & (old.op == "base_down") & (old.preset == td.preset)].iloc[0]
+    if od.tile != td.tile:  # the sub-block build the tables took at TP=4 down (docs/kernels.md)
+        out.append(f"- TP=4 down, before and after the sub-block build (`{bg.NCU_NOW_REPEAT_RUN}` → "
+                   f"`{bg.NCU_NOW_RUN}`, M = 8192): `{od.tile}` kept neither DRAM ({od.dram_pct_peak:.0f} % of peak) "
+                   f"nor the tensor pipe ({od.tensor_pipe_pct:.0f} %) busy, with one program of 8 warps per SM at "
+                   f"{od.registers:.0f} registers ({od.achieved_occupancy_pct:.0f} % occupancy) and top stall "
+                   f"`{od.top_stall}`, a fixed-latency dependency: {tp4_k // 64} BLOCK_K steps per tile (K = {tp4_k}) "
+                   f"leave little independent work per warp. `{td.tile}` splits each 128-row block of the alignment "
+                   f"into two of 64 rows: {td.registers:.0f} registers, two programs per SM "
+                   f"({td.achieved_occupancy_pct:.0f} % occupancy), DRAM {td.dram_pct_peak:.0f} % of peak, tensor "
+                   f"pipe {td.tensor_pipe_pct:.0f} %, top stall `{td.top_stall}` (waiting on loads) at the same bytes "
+                   f"({od.dram_bytes_over_floor:.2f} → {td.dram_bytes_over_floor:.2f}× the floor): the second program "
+                   "hides the latency the first waited on. It is still at about half its byte floor and DRAM is half "
+                   "busy, so its warps now wait on load latency, not on bandwidth; what would raise the loads in "
+                   "flight further is not measured yet.")
     d = fl.down_candidates()
     ses = list(dict.fromkeys(d.session))
     d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")

@@ -278,14 +278,14 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 # separate delta run. Filled from the H200 recording of scripts/record_kernels_fused.py.
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
-# expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the
-# epilogue. The down GEMM at M >= 4097 (buckets 8192, 16384): there the layer with the down GEMM folded beats
-# the separate deltas on both presets in the two device sessions at today's separate delta (its pipelined
-# expand, data/kernels/fold_s8_*, fold_s9_*, section layer, `down_folded` / `separate_all`: 0.967-0.997x). At
-# M = 4096 it won before the separate delta got faster (fold_s5, fold_s6) and loses since: 1.006x [1.004, 1.007]
-# and 1.006x [1.000, 1.009] qwen3, 1.022x and 1.018x [1.016, 1.021] tp4. It loses at M <= 1024 (the per-row
-# shrink reads x once per row present) and on gate_up at every M.
-FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset({8192, 16384})}
+# expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the epilogue. Empty: the
+# layer runs the separate deltas at every size. The down GEMM folded at M >= 4097 beat the separate deltas on both
+# presets while the base GEMM at TP=4 down ran one program per SM (fold_s8, fold_s9: 0.967-0.997x the layer). Since
+# the tables took the sub-block build there (two programs per SM, 0.88-0.91x the tile before; the folded GEMM keeps
+# the alignment's 128 rows per tile), folding loses at TP=4 (fold_s10, fold_s11: 1.035x at M = 8192, 1.006x at
+# 16384) and gains at most 0.6 % at qwen3: folding pays nowhere on both presets. It loses at M <= 4096 and on gate_up
+# at every M as before.
+FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,

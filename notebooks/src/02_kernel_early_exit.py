@@ -590,6 +590,8 @@ fc.round(2)
 #   cost more than folding saved (docs/kernels.md); it is a Triton launch now, close to the base
 #   alignment (`align_us`, `align_ordered_us` in the kernel table above). `folded_none_share_pct`
 #   is what a graph pays for launching and skipping with both GEMMs folded.
-# - **What the layer folds:** where the down GEMM alone folded beats the separate deltas (the line
-#   printed above the layer table), in two device sessions, `kernels/configs.py: FOLDED_LORA_TOKENS`
-#   folds it; `picked_all` is the layer as committed, and it matches `down_folded` there.
+# - **What the layer folds:** only where the down GEMM alone folded beats the separate deltas on both
+#   presets (the line printed above the layer table) in two device sessions. Since the base GEMM at TP=4
+#   down runs two sub-blocks of 64 rows per alignment block (two programs per SM), the folded GEMM, which
+#   keeps the 128-row tile, loses there, so `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing and
+#   `picked_all` is the separate deltas.

@@ -93,8 +93,9 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, device, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
 @pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
 def test_folded_down_path_has_no_host_sync(guard, monkeypatch):
-    """The committed table folds the down GEMM at M >= 2049: that path (the Triton alignment ordered by LoRA
-    row, the per-row shrink, the folded GEMM) must stay as sync-free as the separate deltas. Checked region
+    """A table that folds the down GEMM (the committed one folds nothing since the sub-block base build) takes that
+    path (the Triton alignment ordered by LoRA row, the per-row shrink, the folded GEMM): it must stay as sync-free
+    as the separate deltas. Checked region
     over a whole forward, every M folded so the tiny model takes it."""
     from lora_moe_lab.instruments.recorders.syncs import checked_region
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)

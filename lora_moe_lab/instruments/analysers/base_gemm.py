@@ -33,7 +33,10 @@ from .recordings import KERNELS_DIR, KernelRun
 from .stats import between_sessions
 
 BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variants, compare, ncu counters
-BASE_SESSION_GLOB = "base_s*_kernels_base.csv"  # later device sessions of compare (the tables as committed)
+# later device sessions of compare: base_s*, and the persist_s* runs that ran compare after their persist section
+# (persist_s3, persist_s4: compare measured the tables with that run's picks; base_sessions combines a point only over
+# the sessions that timed the latest session's tile there)
+BASE_SESSION_GLOBS = ("base_s*_kernels_base.csv", "persist_s*_kernels_base.csv")
 # The counters (scripts/record_kernels_base.py --ncu-run under ncu): base_s3 counts the base GEMMs as base_run3 did,
 # and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at M=1024 and 8192.
 NCU_RUN = "base_s3"
@@ -41,8 +44,11 @@ NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later devi
 # The same 32 targets at the tables and LoRA configs as committed now (e7db815: persistent / early builds, the down
 # delta's pipelined expand); the counters a reader should take for today's kernels. One session; the precision of a
 # launch's counters is the base_s3 / base_s4 spread.
-NCU_NOW_RUN = "base_s5"
-NCU_NOW_REPEAT_RUN = "base_s6"  # the same 32 launches at the same kernels, a later device session (5400d0e)
+# base_s7 (72e44a3) counted the tables before the sub-block build and, at M = 8192 where BLOCK_M is 128, the
+# `m64_p2_pf` arm; base_s8 (370bd51, another device session) counts the tables with it: the same 36 targets, where the
+# TP=4 down table row of base_s8 is base_s7's m64_p2_pf launch (counter_sessions matches launches by build).
+NCU_NOW_RUN = "base_s8"
+NCU_NOW_REPEAT_RUN = "base_s7"
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
@@ -51,15 +57,18 @@ PEERS_BASE = "peers_base_carried.csv"
 # the Triton ordered alignment (fold_s5's kernel points stop at the first point where a register-capped arm did not
 # compile: qwen3 after M=128, TP=4 after gate_up M=8192; fold_s6 leaves only that arm out) and fold_s6 the
 # committed table's pick.
-FOLD_RUN = "fold_s6"
+FOLD_RUN = "fold_s10"  # kernels and layer at the tables with the sub-block build (370bd51)
 FOLD_CHECK_RUN = "fold_s5"  # the latest differential (fold_s6 ran no check section)
 FOLD_NCU_RUN = "fold_s2"
-FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6", "fold_s8", "fold_s9")  # sessions of one script
+FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6", "fold_s8", "fold_s9", "fold_s10",
+                 "fold_s11")  # sessions of one script
 # the sessions whose layer ran as the layer does now: the alignment ordered by LoRA row in Triton (ce2b959; fold_s4's
 # layer paid a torch sort) and today's separate down delta, the one the fold must beat (Triton's pipelined expand,
-# e7db815 on; fold_s5 and fold_s6 beat the hand-prefetch delta): the layer's figures with anything folded are read
-# over these only. fold_s8 and fold_s9 ran the layer section only.
-FOLD_LAYER_SESSIONS = ("fold_s8", "fold_s9")
+# e7db815 on; fold_s5 and fold_s6 beat the hand-prefetch delta) and today's base tables (the sub-block build at TP=4
+# down, 370bd51: fold_s8 and fold_s9, the layer section only, ran before it): the layer's figures are read over these.
+# fold_s10 and fold_s11 ran on two fresh machines (fold_s10's first run, whose rows did not come back, is its log
+# fold_s10_first_stdout.log.gz; the rows are a second run on the same machine).
+FOLD_LAYER_SESSIONS = ("fold_s10", "fold_s11")
 # per layer figure, the sessions that ran the same path: `picked_all` is the committed table, which folded nothing
 # before 32fb474 (fold_s6 is the first session after it); a figure is compared only over the sessions named here
 FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_folded_over_separate": FOLD_LAYER_SESSIONS,
@@ -141,10 +150,12 @@ def peer_sessions(path: str | Path | None = None) -> list[pd.DataFrame]:
 
 
 def session_runs(path: str | Path | None = None) -> list[BaseRun]:
-    """The canonical run, then every later device session of compare (base_s*), in name order."""
+    """The canonical run, then every later run with a compare section (BASE_SESSION_GLOBS), in the order they ran
+    (the date in their metadata)."""
     d = Path(path) if path is not None else KERNELS_DIR
-    return [load_base_run(BASE_RUN, d)] + [load_base_run(f.name[:-len("_kernels_base.csv")], d)
-                                           for f in sorted(d.glob(BASE_SESSION_GLOB))]
+    later = [load_base_run(f.name[:-len("_kernels_base.csv")], d) for g in BASE_SESSION_GLOBS for f in d.glob(g)]
+    later = sorted((r for r in later if (r.rows.section == "compare").any()), key=lambda r: r.meta["date"])
+    return [load_base_run(BASE_RUN, d)] + later
 
 
 def bridge_run(path: str | Path | None = None) -> BaseRun:
@@ -320,14 +331,20 @@ def kernel_counters(ncu: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def counter_sessions(a: str = BASE_RUN, b: str = NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
-    """The launches both ncu sessions counted (same preset, op, M, arm), side by side: duration, DRAM % of
-    peak and bytes over floor in each. Counters of one launch are exact for that launch; the spread between
-    sessions is what a reader should take as their precision."""
+    """The launches both ncu sessions counted (same preset, op, M and build: the tile string; the LoRA deltas, which
+    have none, by arm), side by side: duration, DRAM % of peak and bytes over floor in each. `arm` is a's name of the
+    launch. Counters of one launch are exact for that launch; the spread between sessions is what a reader should
+    take as their precision."""
     d = Path(path) if path is not None else KERNELS_DIR
+
+    def build(f):
+        t = pd.read_csv(f)
+        t["build"] = t.tile.fillna("").astype(str).where(t.tile.fillna("").astype(str) != "", "lora:" + t.arm)
+        return t.drop_duplicates(["preset", "op", "M", "build"])
+
+    x, y = build(d / f"{a}_kernels_base_ncu.csv"), build(d / f"{b}_kernels_base_ncu.csv")
     key = ["preset", "op", "M", "arm"]
-    x = pd.read_csv(d / f"{a}_kernels_base_ncu.csv")
-    y = pd.read_csv(d / f"{b}_kernels_base_ncu.csv")
-    m = x.merge(y, on=key, suffixes=(f"_{a}", f"_{b}"))
+    m = x.merge(y.drop(columns="arm"), on=["preset", "op", "M", "build"], suffixes=(f"_{a}", f"_{b}"))
     keep = key + [f"{v}_{s}" for v in ("duration_us", "dram_pct_peak", "dram_bytes_over_floor") for s in (a, b)]
     m = m[keep].copy()
     m["duration_ratio"] = m[f"duration_us_{b}"] / m[f"duration_us_{a}"]
@@ -374,7 +391,12 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 # ------------------------------------------------------------------------------------------------
 # Persistent builds of the base GEMM and the down delta's pipelined expand (issue 24, twelfth session)
 # ------------------------------------------------------------------------------------------------
-PERSIST_SESSIONS = ("persist_s1", "persist_s2")  # record_kernels_base.py --sections persist, two device sessions
+# record_kernels_base.py --sections persist, in rounds: each round's arms against the tables its sessions ran with
+# (round 2 with the tables round 1 adopted), the tables taking what qualified in every session of a round. Round 1:
+# two device sessions (603effa). Round 2: persist_s3 and persist_s4 (one device session, two runs; adopted from
+# them, ae11ba7) and persist_s5 (a fresh machine, against the tables before that adoption: prev_tables).
+PERSIST_ROUNDS = (("persist_s1", "persist_s2"), ("persist_s3", "persist_s4", "persist_s5"))
+PERSIST_SESSIONS = PERSIST_ROUNDS[0]
 STAGES_SESSIONS = ("stages_s1", "stages_s2", "stages_s3")  # record_kernels_expand.py --sections sweep --candidates
 # stages (stages_s3 also times M = 64 and 128, and the down tile over 8 warps)
 
