@@ -1213,9 +1213,11 @@ def kernels_fold_headline_block() -> str:
     from lora_moe_lab.kernels import configs
     folds = ", ".join(f"the {op} GEMM at the token buckets {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items()
                       if b) or "nothing: it keeps the separate deltas at every size"
-    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; it beats "
-            f"the separate delta only on the down GEMM at large M ({rp.lo.min():.2f}–{rp.hi.max():.2f}× at M ≥ 4096, "
-            f"the GEMM alone, {int(rp.sessions.map(len).min())} sessions). In the whole layer at today's tables the "
+    return (f"LoRA folded into the base GEMM (a shrink kernel + the expand as extra K iterations): correct; the "
+            f"GEMM alone came closest to the separate delta on the down GEMM at large M ({rp.lo.min():.2f}–"
+            f"{rp.hi.max():.2f}× at M ≥ 4096 over {int(rp.sessions.map(len).min())} sessions; the upper end is "
+            f"{bg.FOLD_RUN}, the first to time the GEMMs alone since the separate delta's pipelined expand and the "
+            "sub-block base). In the whole layer at today's tables the "
             f"down GEMM folded is {dn.lo.min():.3f}–{dn.hi.max():.3f}× the separate deltas at M ≥ 4096 "
             f"({int(dn.sessions.map(len).min())} sessions; it lost its gain at TP=4 when the base GEMM there took the "
             f"sub-block build), so the layer folds {folds}. "

@@ -39,8 +39,18 @@ TARGET_LATER_US = PS["later_blocked_mean_us"]  # ~30 ms over production's other 
 GUARDS = ["sync", "cpu_flag"]
 
 
-def calibrate(lab, plan, names) -> dict:
-    return P.calibrate_host_work(lab, plan, names, TARGET_LATER_US)
+def calibrate(lab, plan, names, smoke=False) -> dict:
+    """The engine host work that brings the later syncs to production's ~116 us. A target below the forward's floor
+    (round trips of back-to-back syncs) is an error, except in --smoke (the tiny model, a test of the pipeline), where
+    a GPU shared with other work can raise the floor above it: then no host work is added, and the calibration says
+    why (`unreachable`)."""
+    try:
+        return P.calibrate_host_work(lab, plan, names, TARGET_LATER_US)
+    except ValueError as exc:
+        if not smoke:
+            raise
+        return dict(host_us_per_point=0.0, host_us_per_layer=0.0, target_later_us=TARGET_LATER_US,
+                    unreachable=str(exc))
 
 
 def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session, traces=True) -> pd.DataFrame:
@@ -92,7 +102,7 @@ def main(argv=None) -> int:
         chunk = 16 * int(c) // 16384 if a.smoke else int(c)  # smoke: 2 or 1 requests per chunk
         plan = P.make_plan(a.requests if not a.smoke else 8, L, max(chunk, L))
         if regime == "prodlike":
-            cal = cal or calibrate(lab, plan, names)
+            cal = cal or calibrate(lab, plan, names, smoke=a.smoke)
             print(f"calibration: {json.dumps(cal)}", flush=True)
             costs = P.EngineCosts(host_us_per_layer=cal["host_us_per_layer"], overlap_ms=a.overlap_ms * scale)
         else:

@@ -176,10 +176,12 @@ def test_fold_arm_ptxas_refuses_is_left_out_not_the_preset():
 def test_fold_disabled_cost_is_a_time_per_tile_or_an_occupancy_loss():
     """docs/kernels.md ("The disabled cost"): where the folded build keeps the plain GEMM's programs per SM, every
     adapter disabled adds 1.1-2.1 us per tile an SM runs; where it halves them (TP=4 gate_up, BLOCK_N 128 over
-    8 warps: 95 -> 142-154 registers, data/kernels/resources_s1_*), 6-8 us."""
+    8 warps: 95 -> 142-154 registers, data/kernels/resources_s1_*), 6-8 us. Read from fold_s6, the session that
+    analysis used: since the plain GEMM at TP=4 down runs sub-blocks (two programs per SM, fold_s10 on), the folded
+    build there halves its programs per SM too."""
     from lora_moe_lab.instruments.analysers import base_gemm
 
-    d = base_gemm.fold_disabled_cost()
+    d = base_gemm.fold_disabled_cost(base_gemm.load_fold_run("fold_s6"))
     assert len(d) == 16 and (d["ratio"] > 1).all()
     assert (d["tiles"] > 0).all() and (d["extra_us"] > 0).all()
     halved = (d["preset"] == "qwen3-30b-a3b-tp4") & (d["op"] == "gate_up") & (d["num_warps"] == 8)
