@@ -283,8 +283,8 @@ FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # presets while the base GEMM at TP=4 down ran one program per SM (fold_s8, fold_s9: 0.967-0.997x the layer). Since
 # the tables took the sub-block build there (two programs per SM, 0.88-0.91x the tile before; the folded GEMM keeps
 # the alignment's 128 rows per tile), folding loses at TP=4 (fold_s10, fold_s11: 1.033-1.035x at M = 8192,
-# 1.005-1.006x at 16384) and wins nowhere at qwen3 (0.996-0.999x, no interval below 1): it pays on neither preset. It loses at M <= 4096 and on gate_up
-# at every M as before.
+# 1.005-1.006x at 16384) and wins nowhere at qwen3 (0.996-0.999x, no interval below 1): it pays on neither preset.
+# It loses at M <= 4096 and on gate_up at every M as before.
 FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R

@@ -91,7 +91,10 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     registers a thread at TP=4 down (one program per SM, top stall `wait`, base_s5), where a static compile (Triton
     3.6, scripts/kernel_resources.py) puts bm64/bn256/bk64/w8/s2, persistent and flattened, at 124 registers and 96
     KB: two programs per SM. `m64_p2_pf` is that build, `m64_p2` the same loop unflattened (127 registers, 80 KB: 2),
-    `m64` a program per tile with 2 stages (98 registers, 80 KB: 2)."""
+    `m64` a program per tile with 2 stages (98 registers, 80 KB: 2). The tables took `m64_p2_pf` at TP=4 down (round
+    2); its warps now wait on loads (`long_scoreboard`) at 45 % of DRAM peak, so two more arms put more programs, each
+    with its loads, on an SM: `m64_n128_p3_pf` (64 x 128 over 4 warps: 144 registers, 56 KB, 3 programs per SM) and
+    `m32_n128_p4_pf` (32 x 128 over 4 warps: 127 registers, 22 KB, 4). Compiled, not yet timed."""
     tma = replace(table, w_desc=True)
     k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
     arms = dict(table=table, tma=tma, early=replace(table, early_loads=True), p=replace(tma, persistent=k),
@@ -108,7 +111,10 @@ def persist_arms(bm, table: GemmConfig) -> dict:
         m64 = replace(tma, sub_m=64, block_n=256, block_k=64, group_m=8, max_regs=0, early_loads=False)
         arms.update(m64_p2_pf=replace(m64, num_stages=2, persistent=2, flatten=True),
                     m64_p2=replace(m64, num_stages=2, persistent=2, flatten=False),
-                    m64=replace(m64, num_stages=2, persistent=0, flatten=False))
+                    m64=replace(m64, num_stages=2, persistent=0, flatten=False),
+                    m64_n128_p3_pf=replace(m64, block_n=128, num_warps=4, num_stages=2, persistent=3, flatten=True),
+                    m32_n128_p4_pf=replace(m64, sub_m=32, block_n=128, num_warps=4, num_stages=2, persistent=4,
+                                           flatten=True))
     if table.w_desc:
         arms.pop("tma")
     return arms
