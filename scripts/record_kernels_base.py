@@ -489,7 +489,8 @@ def ncu_run(out, dev, gen):
                 if M >= 1024:  # the table's tile as the kernel was before the EVEN flags and TMA
                     picks.append(("table_masked", *arms["table"], dict(even=False, w_desc=False)))
                     sub = persist_arms(arms["table"][0], as_config(arms["table"][1])).get("m64_p2_pf")
-                    if sub is not None:  # the sub-block build: does `wait` fall with two programs per SM?
+                    # the sub-block build (does `wait` fall with two programs per SM?), unless it is the table's
+                    if sub is not None and sub != as_config(arms["table"][1]):
                         picks.append(("m64_p2_pf", arms["table"][0], sub, {}))
                 for a, bm, t, kw in picks:
                     launches.append(c.fn(op, bm, replace(as_config(t), **kw)))

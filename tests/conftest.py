@@ -8,17 +8,17 @@ sys.path.insert(0, ROOT)
 # Notebook kernels started by papermill/JupyterLab in tests import the package from this checkout.
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                     if p])
-# Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread, and so do the notebook
-# kernels it starts: two workers on two cores, each with torch's default of one thread per core, would oversubscribe.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 import lora_moe_lab  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel module is imported)
 
 from lora_moe_lab import runtime  # noqa: E402
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread, and so do the notebook
+# kernels it starts (they inherit the environment): two workers on two cores, each with torch's default of one
+# thread per core, would oversubscribe.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch  # noqa: E402
 
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
 
 
