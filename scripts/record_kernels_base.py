@@ -481,7 +481,7 @@ def ncu_run(out, dev, gen):
     targets = []
     launches = []
     for preset in PRESETS:
-        for M in (16, 8192):
+        for M in (16, 1024, 8192):  # 1024: the bytes-bound points short of 1.15x vLLM
             c = Case(preset, M, dev, gen)
             for op in ("gate_up", "down"):
                 arms = arms_of(c, preset, M, op)
@@ -555,6 +555,10 @@ NCU_COLS = {  # our column -> ncu raw metric
     "l2_hit_pct": "lts__t_sector_hit_rate.pct",
     "registers": "launch__registers_per_thread",
     "instructions": "smsp__inst_executed.sum",
+    # load balance over the SMs (requested with --metrics sm__cycles_active.avg,sm__cycles_active.max): the average
+    # SM's active cycles over the busiest SM's is the share of the kernel's span the average SM works
+    "sm_active_cycles_avg": "sm__cycles_active.avg",
+    "sm_active_cycles_max": "sm__cycles_active.max",
 }
 # ncu prints scaled units unless --print-units base; either way each value is brought to bytes and ns
 UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6}
@@ -605,6 +609,8 @@ def ncu_parse(raw_csv, out, stem="kernels_base_ncu"):
         rec["top_stall_ratio"] = stalls[0][0] if stalls else float("nan")
         rec["second_stall"] = stalls[1][1] if len(stalls) > 1 else ""
         rec["dram_bytes_over_floor"] = (rec["dram_read_bytes"] + rec["dram_write_bytes"]) / rec["byte_floor"]
+        mx = rec["sm_active_cycles_max"]  # nan where the metric was not asked for
+        rec["sm_busy_avg_over_max"] = rec["sm_active_cycles_avg"] / mx if mx > 0 else float("nan")
         recs.append(rec)
     keys = list(dict.fromkeys(k for r in recs for k in r))
     f = os.path.join(out, f"{stem}.csv")

@@ -13,6 +13,9 @@ Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.js
   sweep   gate_up and down delta at M = 128 .. 8192: the table's tile against prefetch 1/2 and a few
           other tiles; bytes (used adapter-experts' A and B once, x once, out read + written) per
           second over the measured copy bandwidth (`bw_frac`).
+  down_paired  the down delta's table tile against the `--candidates` tiles (`balance`: split into more items,
+          BLOCK_N 256 at BLOCK_M 16) at M = 1024-8192, captured once each and replayed interleaved, paired: ratio of
+          medians to the table with a percentile bootstrap 95 % interval, and each arm's share of the copy bandwidth.
   floor   all adapters disabled, decode and aligned paths, against the same-grid empty kernel and a
           same-grid kernel whose programs load one device flag and exit (kernels/empty.py).
   layer   one MoE layer in graph replay: base, LoRA all active, LoRA none active (instruments/recorders/kernel_cases.py,
@@ -41,6 +44,7 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
+from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
@@ -70,7 +74,8 @@ FLOOR_M = (1, 8, 64)
 
 def sweep_ms(which):
     """The sweep's M for candidates `which` ("table": the table's tile at every REGS_M)."""
-    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M, "down": DOWN_M}.get(which, REGS_M)
+    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M, "down": DOWN_M, "balance": DOWN_M}.get(which,
+                                                                                                         REGS_M)
 
 
 def candidates(op, M, bm0, table_for, which="regs"):
@@ -80,13 +85,18 @@ def candidates(op, M, bm0, table_for, which="regs"):
     or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
     "table": the table's tile only; "stages" (issue 24): the expand loop pipelined by Triton (`expand_stages` 2-4,
     prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table; "down" (issue 24):
-    the down delta's narrower tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only."""
+    the down delta's narrower tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only;
+    "balance" (issue 24, round 2): the down delta split into more items and BLOCK_N 256 at BLOCK_M 16
+    (kernel_cases.balance_candidates), gate_up at the table's only."""
     table = table_for(bm0)
     out = [(bm0, table)]
-    if which == "table" or (which == "down" and op != "down"):
+    if which == "table" or (which in ("down", "balance") and op != "down"):
         return out
     if which == "down":
         return _unique(out + [(bm0, c) for c in kc.down_candidates(table)])
+    if which == "balance":
+        more = kc.balance_candidates_bm16(table) if bm0 == 16 else kc.balance_candidates(table)
+        return _unique(out + [(bm0, c) for c in more])
     if which == "stages":
         return _unique(out + [(bm0, c) for c in kc.stages_candidates(op, table)])
     if which == "blocks":
@@ -277,6 +287,53 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
     torch.cuda.empty_cache()
 
 
+def down_paired(preset, dev, gen, copy_gbps, deadline, which="balance", reps=15):
+    """The down delta's table tile against the `which` candidates at DOWN_M, each captured once as a graph over the
+    same input sets and replayed interleaved (rotated order) for `reps` rounds after a warm-up drift check: per arm
+    the median time, its share of the copy bandwidth, and its ratio of medians to the table with a percentile
+    bootstrap 95 % interval (the tables' bar: under 0.99 in two device sessions)."""
+    sh = get_shape(preset)
+    E, k = sh.num_experts, sh.top_k
+    w = kc.weights(sh, dev, gen)
+    ids_s = torch.arange(S, dtype=torch.int32, device=dev)
+    on = torch.ones(S, dtype=torch.int32, device=dev)
+    P, N, Kin, gather = op_args("down", sh)
+    for M in DOWN_M:
+        if time.time() > deadline:
+            log(f"  down_paired cut at {preset} M={M} (budget)")
+            break
+        n_sets = 6 if M <= 1024 else 2
+        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        bm0 = lora_block_m(M, k, E, S)
+        al = [moe_align(s["ids"], E, bm0, s["slot"], S) for s in sets]
+        nbytes = sum(kc.lora_bytes(s, sh, P, N, Kin, gather) for s in sets) / n_sets
+        arms = candidates("down", M, bm0, lambda bm: table_config("down", M, sh, bm), which)
+        fns, grids = {}, {}
+        for bm, cfg in arms:
+            body = [lambda s=s, a_=a_, c=cfg: run_delta("down", s, w, a_, ids_s, on, k, c) for s, a_ in zip(sets, al)]
+            body[0]()
+            grids[cfg_str(bm, cfg)] = (fused_moe_lora.LAST_LORA_LAUNCH["grid"],
+                                       fused_moe_lora.LAST_LORA_LAUNCH.get("regs"))
+            fns[cfg_str(bm, cfg)] = GraphForward(lambda b=body: [f() for f in b], warmup=3).replay
+        got = time_interleaved(fns, reps=reps)
+        samples = {a: [x / n_sets for x in tm.samples_us] for a, tm in got.items()}
+        wc = warmup_check(samples)
+        smp = {a: v[wc.dropped:] for a, v in samples.items()}
+        table = cfg_str(*arms[0])
+        med = {a: float(torch.tensor(v).median()) for a, v in smp.items()}
+        for a in fns:
+            r = bootstrap_paired(smp[a], smp[table], "ratio_of_medians")
+            row(section="down_paired", preset=preset, M=M, op="down", config=a, table=a == table, reps=reps,
+                kept=len(smp[a]), stable=wc.stable, warmup=wc.note, time_us=med[a], bytes=nbytes,
+                bw_frac=nbytes / (med[a] * 1e-6) / 1e9 / copy_gbps, over_table=r[0], over_table_lo=r[1],
+                over_table_hi=r[2], grid=grids[a][0], regs=grids[a][1], interval=METHOD_BOOT)
+        log(f"down_paired {preset} M={M}: table {med[table]:.1f} us "
+            f"({100 * nbytes / (med[table] * 1e-6) / 1e9 / copy_gbps:.0f} % of copy, {table}); "
+            + ", ".join(f"{a} {med[a] / med[table]:.3f}" for a in fns if a != table) + f" {wc.note}")
+        sets = al = fns = None  # frees the buffers and graphs before the next M
+    torch.cuda.empty_cache()
+
+
 def floor(preset, dev, gen, deadline):
     sh = get_shape(preset)
     E, k = sh.num_experts, sh.top_k
@@ -420,7 +477,7 @@ def compact(preset, dev, deadline, reps=31):
 NCU_M = (2048, 8192)  # the down candidates counted: where BLOCK_N 64 lost most (2048) and at the largest M
 
 
-def ncu_run(out, dev, gen):
+def ncu_run(out, dev, gen, which="down"):
     """`--ncu-run` (under ncu, --profile-from-start off): the down delta with the table's tile and each `down`
     candidate, one launch each at NCU_M on both presets between cudaProfilerStart/Stop, every launch compiled and
     warmed first; DIR/targets.json names them in launch order with their byte floor (the used adapter-experts' A
@@ -434,13 +491,13 @@ def ncu_run(out, dev, gen):
     for preset in PRESETS:
         sh = get_shape(preset)
         w = kc.weights(sh, dev, gen)
-        for M in NCU_M:
+        for M in (1024, 4096) if which == "balance" else NCU_M:  # balance: where items are few per program
             s = kc.make_set(sh, M, dev, gen)
             bm0 = lora_block_m(M, sh.top_k, sh.num_experts, S)
             al = moe_align(s["ids"], sh.num_experts, bm0, s["slot"], S)
             P, N, Kin, gather = op_args("down", sh)
             floor = kc.lora_bytes(s, sh, P, N, Kin, gather)
-            for i, (bm, cfg) in enumerate(candidates("down", M, bm0, lambda b: table_config("down", M, sh, b), "down")):
+            for i, (bm, cfg) in enumerate(candidates("down", M, bm0, lambda b: table_config("down", M, sh, b), which)):
                 launches.append(lambda s=s, w=w, al=al, cfg=cfg, k=sh.top_k: run_delta("down", s, w, al, ids_s, on, k,
                                                                                        cfg))
                 targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=M, op="lora_down",
@@ -458,7 +515,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages", "down"), default="regs",
+    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages", "down", "balance"),
+                    default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
                          "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
     ap.add_argument("--cases", type=int, default=1000, help="launches of the random section (default 1000)")
@@ -470,7 +528,8 @@ def main(argv=None):
     if args.ncu_run:
         if not runtime.has_cuda():
             raise SystemExit("--ncu-run needs a CUDA GPU")
-        return ncu_run(args.out, runtime.default_device(), torch.Generator(device="cuda").manual_seed(0))
+        return ncu_run(args.out, runtime.default_device(), torch.Generator(device="cuda").manual_seed(0),
+                       "balance" if args.candidates == "balance" else "down")
     if args.dry:
         _dry()
     elif not runtime.has_cuda():
@@ -486,15 +545,16 @@ def main(argv=None):
     if "random" in secs:  # once, not per preset: its shapes are random
         rec.section("random", random_cases, dev, gen, min(args.cases, 4) if args.dry else args.cases)
     t_budget = time.time()  # the budget's shares count from here: the random cases have none
-    shares = {"check": 0.15, "sweep": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.85, "compact": 0.9,
-              "path": 1.0}
-    for sec in ("check", "sweep", "floor", "layer", "layer_paired", "compact", "path"):  # cumulative budget shares
+    shares = {"check": 0.15, "sweep": 0.6, "down_paired": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.85,
+              "compact": 0.9, "path": 1.0}
+    for sec in shares:  # in this order; the deadlines are cumulative budget shares
         if sec not in secs:
             continue
         for preset in PRESETS:
             dl = t_budget + args.budget_s * shares[sec]
             fn, extra = {"check": (check, (gen, dl, args.candidates)),
                          "sweep": (sweep, (gen, meta["copy_gbps"], dl, args.candidates)),
+                         "down_paired": (down_paired, (gen, meta["copy_gbps"], dl, args.candidates)),
                          "floor": (floor, (gen, dl)), "layer": (kc.time_layer, (dl,)),
                          "layer_paired": (layer_paired, (dl,)), "compact": (compact, (dl,)),
                          "path": (kc.time_paths, (gen, dl))}[sec]
@@ -512,8 +572,8 @@ def _dry():
     g = globals()
     PRESETS, SWEEP_M, FLOOR_M, BF, COMPACT_M = ("tiny",), (16,), (1,), torch.float32, (16,)
     g["REGS_M"] = g["BLOCKS_M"] = g["STAGES_M"] = g["DOWN_M"] = (16,)
-    g["time_interleaved"] = lambda fns, reps=1: {c: type("T", (), {"samples_us": [float(f() is not None) + 1.0]})()
-                                                  for c, f in fns.items()}
+    g["time_interleaved"] = lambda fns, reps=1: {  # each fn called once, its "time" repeated: the stats see `reps`
+        c: type("T", (), {"samples_us": [float(f() is not None) + 1.0] * reps})() for c, f in fns.items()}
 
     class _G:  # no capture on the CPU: the "graph" calls the body
         def __init__(self, fn, warmup=0):
