@@ -55,8 +55,8 @@ from lora_moe_lab.instruments.analysers import base_gemm as bg
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
-from lora_moe_lab.instruments.recorders.tile_arms import (PERSIST_M, as_config, as_tuple, cfg_str, config_of,
-                                                           persist_arms, table_tile, tile_str)
+from lora_moe_lab.instruments.recorders.tile_arms import (PERSIST_M, PERSIST_SMALL_M, as_config, as_tuple, cfg_str,
+                                                           config_of, persist_arms, table_tile, tile_str)
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs, tiles
 from lora_moe_lab.kernels.align import moe_align
@@ -335,7 +335,7 @@ def add_tma_choice(out):
 def persist(preset, dev, gen, reps):
     """The table's tile against persistent builds of it, interleaved and paired (20 repetitions after a warm-up
     drift check; percentile bootstrap 95 % of each arm's ratio of medians to the table)."""
-    for M in PERSIST_M:
+    for M in PERSIST_SMALL_M + PERSIST_M:
         c = Case(preset, M, dev, gen)
         inner = inner_of(M)
         for op in ("gate_up", "down"):
@@ -707,9 +707,10 @@ def use_tables(path):
 
 
 def _dry():
-    global PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF, TILES, VLLM_H200  # PERSIST_M: this module's name
+    global PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, PERSIST_SMALL_M, BF, TILES, VLLM_H200  # this module's names
     harness.set_dry()
     PRESETS, SWEEP_M, COMPARE_M, PERSIST_M, BF = ("tiny",), (1, 16), (1, 16), (16,), torch.float32
+    PERSIST_SMALL_M = ()
     TILES = {bm: [(32, 32, 4, 4, 1)] for bm in (16, 32, 64, 128)}
     VLLM_H200 = {"tiny": {1: (16, 32, 32, 1, 4, 1)}}
     torch.cuda.synchronize = lambda *a: None
