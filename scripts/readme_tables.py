@@ -982,7 +982,9 @@ def _persist_lines(bg) -> str:
     in every session of the round."""
     intro = {0: "two device sessions (603effa), 20 interleaved paired repetitions each",
              1: "persist_s3 and persist_s4 ran in one device session (15 and 20 repetitions) and the tables took "
-                "their picks; persist_s5 (20) ran on a fresh machine against the tables before that"}
+                "their picks; persist_s5 (20) ran on a fresh machine against the tables before that",
+             2: "two fresh machines (b58590e), 20 repetitions each, with one more stage, BLOCK_K 128, half the "
+                "BLOCK_N and half-height sub-blocks beside the round-2 arms, at M = 1 and 16 too"}
     lines = []
     for i, names in enumerate(bg.PERSIST_ROUNDS):
         p = bg.persist_sessions(names)
@@ -992,8 +994,10 @@ def _persist_lines(bg) -> str:
             intro[1] += ", and " + ("takes the same builds at the same points" if same else "changes the picks")
         took = p[p.adopted].sort_values(["preset", "op", "M"])
         lines += ["" if lines else None,
-                  f"Round {i + 1} of the table's tile against persistent, early-gather"
-                  + (" and sub-block" if i else "") + " builds (`--sections persist`, "
+                  f"Round {i + 1} of the table's tile against "
+                  + ("persistent and early-gather", "persistent, early-gather and sub-block",
+                     "persistent, early-gather, sub-block, look-ahead and half-tile")[min(i, 2)]
+                  + " builds (`--sections persist`, "
                   + ", ".join(f"`data/kernels/{n}_*`" for n in names) + f": {intro.get(i, '')}; percentile "
                   "bootstrap 95 %). The tables took an arm only where its interval lay below 0.99 in every session of "
                   "the round, free of drift (`record_kernels_base.py --adopt-persist`); arm / the table's tile "

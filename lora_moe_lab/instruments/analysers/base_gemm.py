@@ -395,7 +395,10 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 # (round 2 with the tables round 1 adopted), the tables taking what qualified in every session of a round. Round 1:
 # two device sessions (603effa). Round 2: persist_s3 and persist_s4 (one device session, two runs; adopted from
 # them, ae11ba7) and persist_s5 (a fresh machine, against the tables before that adoption: prev_tables).
-PERSIST_ROUNDS = (("persist_s1", "persist_s2"), ("persist_s3", "persist_s4", "persist_s5"))
+# round 3 (b58590e, two fresh machines): look-ahead, half-N and half-height arms, also at M = 1 and 16; persist_s6
+# (5d0beeb, a third machine) timed the same tables before the half arms and the small M; the docs read it beside them
+PERSIST_ROUNDS = (("persist_s1", "persist_s2"), ("persist_s3", "persist_s4", "persist_s5"),
+                  ("persist_s7", "persist_s8"))
 PERSIST_SESSIONS = PERSIST_ROUNDS[0]
 STAGES_SESSIONS = ("stages_s1", "stages_s2", "stages_s3")  # record_kernels_expand.py --sections sweep --candidates
 # stages (stages_s3 also times M = 64 and 128, and the down tile over 8 warps)
