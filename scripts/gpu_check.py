@@ -108,7 +108,7 @@ def run_pytest(cmd: list[str], timeout: int, grace: int = 60) -> tuple[str, int 
     not stopped `grace` s later (so give a device call timeout + grace)."""
     # its own process group: the signals reach what pytest started too (a notebook's kernel holds the output pipe)
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_sigint_reaches_child)
     try:
         return p.communicate(timeout=timeout)[0], p.returncode
     except subprocess.TimeoutExpired:
@@ -119,6 +119,14 @@ def run_pytest(cmd: list[str], timeout: int, grace: int = 60) -> tuple[str, int 
             _signal_group(p, signal.SIGKILL)
             out = p.communicate()[0]
         return out or "", f"timeout after {timeout} s"
+
+
+def _sigint_reaches_child():
+    """In the child before exec: SIGINT unblocked and at its default. A blocked signal mask and an ignored disposition
+    survive exec, so a caller with SIGINT blocked (seen in a pytest-xdist worker on a loaded 2-core machine: the child
+    slept through the SIGINT to the end of its test) would hand pytest a SIGINT it never sees."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_group(p, sig):

@@ -255,7 +255,14 @@ def test_a_pytest_run_past_its_timeout_still_names_its_failures(tmp_path, monkey
     (tmp_path / "test_cut.py").write_text("import time\n\ndef test_fails():\n    assert 1 == 2\n\n"
                                           "def test_hangs():\n    time.sleep(60)\n\ndef test_never_runs():\n    pass\n")
     monkeypatch.setattr(gc, "ROOT", tmp_path)
-    t = gc.run_tests(tmp_path, [str(tmp_path / "test_cut.py")], timeout=8)
-    assert t["incomplete"] and t["returncode"] == "timeout after 8 s"
+    # with SIGINT blocked here, as a loaded xdist worker once had it: a blocked mask survives exec, so the child must
+    # unblock it itself (it slept through the signal before)
+    import signal
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        t = gc.run_tests(tmp_path, [str(tmp_path / "test_cut.py")], timeout=12)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    assert t["incomplete"] and t["returncode"] == "timeout after 12 s"
     assert (t["passed"], t["failed"]) == (0, 1) and t["failures"][0].startswith("test_cut::test_fails")
     assert "stopped by SIGINT" in "\n".join(gc.part_lines(t))
