@@ -1283,11 +1283,13 @@ def kernels_floors_block() -> str:
                    f"{r.tensor_pipe_pct:.0f} %, occupancy {r.achieved_occupancy_pct:.0f} % ({r.registers:.0f} "
                    f"registers), top stall `{r.top_stall}`" for r in k.itertuples())
                + ".")
-    old = bg.load_counters(bg.NCU_NOW_REPEAT_RUN)
+    before, after = bg.SUBBLOCK_NCU_RUNS
+    old, sub = bg.load_counters(before), bg.load_counters(after)
     od = old[(old.M == 8192) & (old.arm == "table") & (old.op == "base_down") & (old.preset == td.preset)].iloc[0]
+    td = sub[(sub.M == 8192) & (sub.arm == "table") & (sub.op == "base_down") & (sub.preset == td.preset)].iloc[0]
     if od.tile != td.tile:  # the sub-block build the tables took at TP=4 down (docs/kernels.md)
-        out.append(f"- TP=4 down, before and after the sub-block build (`{bg.NCU_NOW_REPEAT_RUN}` → "
-                   f"`{bg.NCU_NOW_RUN}`, M = 8192): `{od.tile}` kept neither DRAM ({od.dram_pct_peak:.0f} % of peak) "
+        out.append(f"- TP=4 down, before and after the sub-block build (`{before}` → `{after}`, M = 8192): "
+                   f"`{od.tile}` kept neither DRAM ({od.dram_pct_peak:.0f} % of peak) "
                    f"nor the tensor pipe ({od.tensor_pipe_pct:.0f} %) busy, with one program of 8 warps per SM at "
                    f"{od.registers:.0f} registers ({od.achieved_occupancy_pct:.0f} % occupancy) and top stall "
                    f"`{od.top_stall}`, a fixed-latency dependency: {tp4_k // 64} BLOCK_K steps per tile (K = {tp4_k}) "
@@ -1297,8 +1299,10 @@ def kernels_floors_block() -> str:
                    f"pipe {td.tensor_pipe_pct:.0f} %, top stall `{td.top_stall}` (waiting on loads) at the same bytes "
                    f"({od.dram_bytes_over_floor:.2f} → {td.dram_bytes_over_floor:.2f}× the floor): the second program "
                    "hides the latency the first waited on. It is still at about half its byte floor and DRAM is half "
-                   "busy, so its warps now wait on load latency, not on bandwidth; what would raise the loads in "
-                   "flight further is not measured yet.")
+                   "busy, so its warps now wait on load latency, not on bandwidth. Round 3 put more programs, each "
+                   "with its loads, on an SM (64 x 128 sub-blocks at 3 per SM, 32 x 128 at 4): both lost, 1.07-1.08x "
+                   "and 1.55-1.64x the table in persist_s7 and persist_s8.")
+    out.append(_balance_base_line(bg))
     d = fl.down_candidates()
     ses = list(dict.fromkeys(d.session))
     d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")
@@ -1335,6 +1339,29 @@ def kernels_floors_block() -> str:
             + "): a hypothesis the counters allow, not yet tested alone, is that what matters is how far ahead in time "
             "each program loads (stages times the time per expand step), not how many programs or bytes are resident."]
     return "\n".join(out)
+
+
+def _balance_base_line(bg) -> str:
+    """The SMs' balance (ncu: average over busiest SM's active cycles) of the base GEMMs at M = 1024, and what the
+    half-tile arms that were to even it out did (persist round 3)."""
+    k = bg.load_counters()
+    k = k[(k.M == 1024) & (k.arm == "table") & k.op.str.startswith("base_")]
+    p = bg.persist_sessions(bg.PERSIST_ROUNDS[-1])
+    names = bg.PERSIST_ROUNDS[-1]
+
+    def ratios(preset, op, arm):
+        r = p[(p.preset == preset) & (p.op == op) & (p.M == 1024) & (p.arm == arm)].iloc[0]
+        return " and ".join(f"{getattr(r, 'r_' + n):.3f}" for n in names)
+    return (f"- The SMs' balance at M = 1024 (ncu `{bg.NCU_NOW_RUN}`: the average SM's active cycles over the busiest "
+            "SM's): " + "; ".join(f"{r.preset} {r.op.removeprefix('base_')} {r.sm_busy_avg_over_max:.2f}"
+                                  for r in k.itertuples())
+            + ". TP=4 gate_up, at its byte floor's bytes (1.02×) and 71 % of DRAM peak, leaves the average SM idle "
+            "for the last ~12 % of the span: its ~190 blocks × 3 tiles of 128 columns come to ~4.3 tiles per SM. "
+            "Halving the tile to even the tail out lost (round 3, " + " and ".join(names) + "): half the BLOCK_N "
+            f"{ratios('qwen3-30b-a3b-tp4', 'gate_up', 'n_half')}× the table (x read twice as often), half-height "
+            f"sub-blocks {ratios('qwen3-30b-a3b-tp4', 'gate_up', 'm_half')}× (the weights read twice as often from "
+            "L2). What round 3 did take at small M: TP=4 gate_up at M = 1 with BLOCK_N 32 (24 → 48 programs for 8 "
+            "experts' weights), 0.89–0.90×.")
 
 
 def kernels_base_headline_block() -> str:

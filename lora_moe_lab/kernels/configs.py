@@ -231,7 +231,11 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
         # 231.2 -> 208.1 us, 77 -> 85 % of the copy bandwidth (tp4 205.5 -> 182.6, 75 -> 84 %); M=1024 58.1 ->
         # 50.8 (tp4 49.0 -> 41.5). At 8 pairs per group (M=512) the register cap of 128 stays faster.
         prefetch, max_regs, stages = 0, 0, 3
-    return LoRAKernelConfig(block_n=128, block_k=32 if small else 64,
+    # BLOCK_N 64 where it beat the table paired in two device sessions (down_s3, down_s4: qwen3 M = 4096, 0.972 [0.961,
+    # 0.981] and 0.968 [0.965, 0.980]; at TP=4's K = 192 0.998 and 0.994, elsewhere 1.07-1.18x): ncu (down_s3) has
+    # the average SM busy 96 % of the span against 93 % (more, shorter expand steps even out the programs' ends).
+    narrow = block_m == 64 and token_bucket(num_tokens) == 4096 and K >= 512
+    return LoRAKernelConfig(block_n=64 if narrow else 128, block_k=32 if small else 64,
                             split_n=max(1, min(base.split_n, cdiv(N, 128))), num_warps=4,
                             num_stages=4 if small else 3, programs_per_sm=4, prefetch=prefetch, max_regs=max_regs,
                             expand_stages=stages)

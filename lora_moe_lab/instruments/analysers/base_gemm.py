@@ -47,8 +47,11 @@ NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later devi
 # base_s7 (72e44a3) counted the tables before the sub-block build and, at M = 8192 where BLOCK_M is 128, the
 # `m64_p2_pf` arm; base_s8 (370bd51, another device session) counts the tables with it: the same 36 targets, where the
 # TP=4 down table row of base_s8 is base_s7's m64_p2_pf launch (counter_sessions matches launches by build).
-NCU_NOW_RUN = "base_s8"
-NCU_NOW_REPEAT_RUN = "base_s7"
+NCU_NOW_RUN = "base_s10"
+NCU_NOW_REPEAT_RUN = "base_s9"
+# base_s10 counts the tables of round 3 (f1a9f84: early gathers at TP=4 down M >= 8192, a persistent qwen3 down at
+# 8192), base_s9 (5d0beeb) the ones before; both at M = 16, 1024 and 8192 with the SMs' active cycles (load balance).
+SUBBLOCK_NCU_RUNS = ("base_s7", "base_s8")  # the TP=4 down table before and after the sub-block build
 PEERS_BASE = "peers_base_carried.csv"
 # scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters

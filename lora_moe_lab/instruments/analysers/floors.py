@@ -4,6 +4,7 @@
     goal_floors(versus_peers(), c) # the base GEMM per point: its floor, ours and vLLM's share of it, and the
                                    # share of the floor a goal of 1.15x vLLM would demand
     down_candidates()              # the down delta's tiles of `--candidates down` against the table's, per session
+    down_balance()                 # round 2: the split and wide tiles, paired against the table, per session
     down_counters()                # the same tiles counted by ncu (one launch each): DRAM, occupancy, stalls
     occupancy_test()               # per (preset, M): the table beside BLOCK_N 64 at 3 and at 2 programs per SM
 
@@ -30,6 +31,10 @@ BF16_BYTES = 2
 CEILING_RUNS = ("down_s1", "delta_random_s2", "down_s2")
 DOWN_SESSIONS = ("down_s1", "down_s2")
 DOWN_NCU_RUN = "down_s2"  # record_kernels_expand.py --ncu-run under ncu, in the down_s2 device call
+# round 2 (`--sections down_paired --candidates balance`, two fresh machines): the load-balance hypothesis (SPLIT_N 2,
+# 4) and BLOCK_N 256 at BLOCK_M 16, paired against the table; down_s3 also ran --ncu-run with the SMs' active cycles
+BALANCE_SESSIONS = ("down_s3", "down_s4")
+BALANCE_NCU_RUN = "down_s3"
 
 
 def ceilings(names=CEILING_RUNS, path: str | Path | None = None) -> dict:
@@ -102,6 +107,20 @@ def down_candidates(names=DOWN_SESSIONS, path: str | Path | None = None) -> pd.D
     return pd.concat(out, ignore_index=True)
 
 
+def down_balance(names=BALANCE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The down delta's `down_paired` rows in each session: per (preset, M, config) the median time, its share of the
+    copy bandwidth and its paired ratio to the table's tile with the percentile bootstrap 95 % interval."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    out = []
+    for n in names:
+        s = pd.read_csv(d / f"{n}_kernels_expand.csv")
+        s = s[s.section == "down_paired"].copy()
+        s["session"] = n
+        out.append(s[["session", "preset", "M", "config", "table", "time_us", "bw_frac", "over_table", "over_table_lo",
+                      "over_table_hi", "stable", "grid", "regs"]])
+    return pd.concat(out, ignore_index=True)
+
+
 def down_counters(name: str = DOWN_NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
     """ncu's counters of the down delta's table tile and `down` candidates (one launch each, `<name>_kernels_expand_
     ncu.csv`, parsed by record_kernels_base.py --ncu-parse): duration under ncu (not a timing), DRAM % of peak,
@@ -112,7 +131,8 @@ def down_counters(name: str = DOWN_NCU_RUN, path: str | Path | None = None) -> p
         raise FileNotFoundError(f"no counters at {f}: record_kernels_expand.py --ncu-run under ncu")
     c = pd.read_csv(f)
     return c[["preset", "M", "arm", "tile", "duration_us", "dram_pct_peak", "dram_bytes_over_floor",
-              "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall", "top_stall_ratio"]]
+              "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall", "top_stall_ratio"]
+             + [c_ for c_ in ("sm_busy_avg_over_max",) if c_ in c]]
 
 
 # the builds of the occupancy hypothesis, by their tile strings: BLOCK_N 64 with 3 stages (3 programs per SM at

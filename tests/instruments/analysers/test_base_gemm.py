@@ -117,9 +117,12 @@ def test_counters_per_kernel():
     assert (rep.duration_ratio.sub(1).abs() < 0.25).all()
     now = base_gemm.counter_sessions(base_gemm.NCU_NOW_REPEAT_RUN, base_gemm.NCU_NOW_RUN)  # matched by build
     tp4 = now[(now.preset == "qwen3-30b-a3b-tp4") & (now.op == "base_down") & (now.M == 8192)]
-    # base_s8's table row is base_s7's m64_p2_pf launch; the two sessions' table (and table_masked) builds differ
-    assert set(tp4.arm) == {"rules", "m64_p2_pf"}
-    assert len(now) >= len(c) - 2 and (now.duration_ratio.sub(1).abs() < 0.25).all()
+    # base_s9's table row (the sub-block build) is base_s10's m64_p2_pf launch: round 3 gave the table early gathers
+    # there, so the two sessions' table (and table_masked) builds differ
+    assert set(tp4.arm) == {"rules", "table"}
+    # unmatched: the launches round 3 rebuilt (table and table_masked at qwen3 down and TP=4 down M=8192, TP=4 down
+    # M=16's table)
+    assert len(now) >= len(c) - 5 and (now.duration_ratio.sub(1).abs() < 0.25).all()
     with pytest.raises(FileNotFoundError, match="ncu-run"):
         base_gemm.load_counters("no_such_run")
 

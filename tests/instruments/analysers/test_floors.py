@@ -67,3 +67,26 @@ def test_the_committed_recordings_read():
     assert (o.achieved_occupancy_pct_narrow > o.achieved_occupancy_pct_table).all()  # what the hypothesis bought
     fig = floors_figure(g)
     assert len(fig.data) == 3 and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+
+
+def test_the_balance_round_backs_the_down_config(monkeypatch):
+    # round 2 of the down delta (down_s3, down_s4: paired): the split items and the wide tile lose at every point in
+    # both sessions; BLOCK_N 64 beats the table's tile only at qwen3 M = 4096, and lora_down_config takes it there only
+    from lora_moe_lab.kernels import configs
+
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)  # the GPU's configs
+    b = fl.down_balance()
+    assert set(b.session) == set(fl.BALANCE_SESSIONS) and b.stable.all()
+    cand = b[~b.table.astype(bool)]
+    narrow = cand.config.str.contains("/bn64/")
+    assert (cand[~narrow].over_table_lo > 1.0).all()
+    wins = cand[narrow & (cand.over_table_hi < 0.99)]
+    assert set(zip(wins.preset, wins.M)) == {("qwen3-30b-a3b", 4096)} and len(wins) == len(fl.BALANCE_SESSIONS)
+    for preset in ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4"):
+        sh = get_shape(preset)
+        for M in (1024, 2048, 4096, 8192):
+            bm = configs.lora_block_m(M, sh.top_k, sh.num_experts, 4)
+            c = configs.lora_down_config(M, sh.top_k, sh.num_experts, 4, bm, sh.hidden, sh.intermediate)
+            assert c.block_n == (64 if (preset, M) == ("qwen3-30b-a3b", 4096) else 128), (preset, M)
+    n = fl.down_counters(fl.BALANCE_NCU_RUN)
+    assert n.sm_busy_avg_over_max.between(0.8, 1.0).all()
