@@ -504,7 +504,9 @@ kc.round(2)
 # 1.15× faster than vLLM's: where a red bar reaches 1.0, the goal asks for the copy engine's own
 # bandwidth, and no tile table gets there. The down delta's printed line says what the counters
 # showed of the narrower tiles tried to raise its bandwidth; the TP=4 down line, what splitting the
-# base GEMM's 128-row blocks into two sub-blocks of 64 rows (two programs per SM) changed.
+# base GEMM's 128-row blocks into two sub-blocks of 64 rows (two programs per SM) changed; the last
+# line, how evenly the SMs share the work at M=1024: below about 0.9 the last wave runs on part of
+# the chip (TP=4 gate_up: 4.3 tiles per SM, so some SMs run one tile more than the rest).
 
 # %%
 from lora_moe_lab.instruments.analysers import floors
@@ -525,16 +527,21 @@ print(f"down delta, {r.preset} M=2048 (ncu, one launch each): BLOCK_N 128 → 64
       f"{r.dram_pct_peak_table:.0f} → {r.dram_pct_peak_narrow:.0f} % of peak at the same bytes "
       f"({r.dram_bytes_over_floor_table:.2f} → {r.dram_bytes_over_floor_narrow:.2f}× the floor); `{r.top_stall_table}` "
       f"cycles per issue {r.top_stall_ratio_table:.2f} → {r.top_stall_ratio_narrow:.2f}")
-cs = base_gemm.counter_sessions(base_gemm.NCU_NOW_REPEAT_RUN, base_gemm.NCU_NOW_RUN)  # the same builds, two sessions
-c_old, c_now = base_gemm.load_counters(base_gemm.NCU_NOW_REPEAT_RUN), base_gemm.load_counters()
+before, after = base_gemm.SUBBLOCK_NCU_RUNS  # the two sessions that counted the sub-block build's adoption
+cs = base_gemm.counter_sessions(before, after)  # the same builds, two sessions
+c_old, c_now = base_gemm.load_counters(before), base_gemm.load_counters(after)
 pick = lambda c, arm: c[(c.preset == "qwen3-30b-a3b-tp4") & (c.op == "base_down") & (c.M == 8192) & (c.arm == arm)].iloc[0]
 b0, b1 = pick(c_old, "table"), pick(c_now, "table")
-print(f"TP=4 down M=8192, the table's build before → now ({base_gemm.NCU_NOW_REPEAT_RUN} → {base_gemm.NCU_NOW_RUN}): "
+print(f"TP=4 down M=8192, the table's build before → after the sub-blocks ({before} → {after}): "
       f"{b0.tile} → {b1.tile}: occupancy {b0.achieved_occupancy_pct:.0f} → {b1.achieved_occupancy_pct:.0f} %, "
       f"{b0.registers:.0f} → {b1.registers:.0f} registers, DRAM {b0.dram_pct_peak:.0f} → {b1.dram_pct_peak:.0f} % of "
       f"peak, tensor pipe {b0.tensor_pipe_pct:.0f} → {b1.tensor_pipe_pct:.0f} %, top stall {b0.top_stall} → "
       f"{b1.top_stall}; {b0.duration_us:.0f} → {b1.duration_us:.0f} us counted (the same build in both sessions: "
       f"{len(cs)} launches, durations {cs.duration_ratio.min():.3f}–{cs.duration_ratio.max():.3f}x)")
+bal = ncu[(ncu.M == 1024) & (ncu.arm == "table") & ncu.op.str.startswith("base_")]
+print("the SMs' balance at M=1024 (the average SM's active cycles over the busiest SM's, ncu "
+      f"{base_gemm.NCU_NOW_RUN}): " + "; ".join(f"{r.preset} {r.op.removeprefix('base_')} {r.sm_busy_avg_over_max:.2f}"
+                                                for r in bal.itertuples()))
 gf[["preset", "op", "M", "bound", "floor_us", "table_us", "vllm_us", "ours_of_floor", "vllm_of_floor",
     "goal_of_floor"]].round(3)
 
