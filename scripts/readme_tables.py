@@ -1351,7 +1351,8 @@ def _balance_base_line(bg) -> str:
 
     def ratios(preset, op, arm):
         r = p[(p.preset == preset) & (p.op == op) & (p.M == 1024) & (p.arm == arm)].iloc[0]
-        return " and ".join(f"{getattr(r, 'r_' + n):.3f}" for n in names)
+        got = [(n, getattr(r, "r_" + n)) for n in names if getattr(r, "r_" + n) == getattr(r, "r_" + n)]
+        return " and ".join(f"{v:.3f}" for _, v in got) + (f" ({got[0][0]} only)" if len(got) == 1 else "")
     return (f"- The SMs' balance at M = 1024 (ncu `{bg.NCU_NOW_RUN}`: the average SM's active cycles over the busiest "
             "SM's): " + "; ".join(f"{r.preset} {r.op.removeprefix('base_')} {r.sm_busy_avg_over_max:.2f}"
                                   for r in k.itertuples())
