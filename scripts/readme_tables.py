@@ -1346,6 +1346,7 @@ def _balance_base_line(bg) -> str:
     half-tile arms that were to even it out did (persist round 3)."""
     k = bg.load_counters()
     k = k[(k.M == 1024) & (k.arm == "table") & k.op.str.startswith("base_")]
+    g = k[(k.preset == "qwen3-30b-a3b-tp4") & (k.op == "base_gate_up")].iloc[0]
     p = bg.persist_sessions(bg.PERSIST_ROUNDS[-1])
     names = bg.PERSIST_ROUNDS[-1]
 
@@ -1356,8 +1357,9 @@ def _balance_base_line(bg) -> str:
     return (f"- The SMs' balance at M = 1024 (ncu `{bg.NCU_NOW_RUN}`: the average SM's active cycles over the busiest "
             "SM's): " + "; ".join(f"{r.preset} {r.op.removeprefix('base_')} {r.sm_busy_avg_over_max:.2f}"
                                   for r in k.itertuples())
-            + ". TP=4 gate_up, at its byte floor's bytes (1.02×) and 71 % of DRAM peak, leaves the average SM idle "
-            "for the last ~12 % of the span: its ~190 blocks × 3 tiles of 128 columns come to ~4.3 tiles per SM. "
+            + f". TP=4 gate_up, at {g.dram_bytes_over_floor:.2f}× its byte floor's bytes and {g.dram_pct_peak:.0f} % "
+            f"of DRAM peak, leaves the average SM idle for the last {100 * (1 - g.sm_busy_avg_over_max):.0f} % of the "
+            "span: its ~190 blocks × 3 tiles of 128 columns come to ~4.3 tiles per SM. "
             "Halving the tile to even the tail out lost (round 3, " + " and ".join(names) + "): half the BLOCK_N "
             f"{ratios('qwen3-30b-a3b-tp4', 'gate_up', 'n_half')}× the table (x read twice as often), half-height "
             f"sub-blocks {ratios('qwen3-30b-a3b-tp4', 'gate_up', 'm_half')}× (the weights read twice as often from "
