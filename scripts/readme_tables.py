@@ -1354,6 +1354,8 @@ def _balance_base_line(bg) -> str:
         r = p[(p.preset == preset) & (p.op == op) & (p.M == 1024) & (p.arm == arm)].iloc[0]
         got = [(n, getattr(r, "r_" + n)) for n in names if getattr(r, "r_" + n) == getattr(r, "r_" + n)]
         return " and ".join(f"{v:.3f}" for _, v in got) + (f" ({got[0][0]} only)" if len(got) == 1 else "")
+    took = p[p.adopted & (p.M == 1) & (p.preset == "qwen3-30b-a3b-tp4") & (p.op == "gate_up")].iloc[0]
+    small = [getattr(took, "r_" + n) for n in names]
     return (f"- The SMs' balance at M = 1024 (ncu `{bg.NCU_NOW_RUN}`: the average SM's active cycles over the busiest "
             "SM's): " + "; ".join(f"{r.preset} {r.op.removeprefix('base_')} {r.sm_busy_avg_over_max:.2f}"
                                   for r in k.itertuples())
@@ -1363,8 +1365,8 @@ def _balance_base_line(bg) -> str:
             "Halving the tile to even the tail out lost (round 3, " + " and ".join(names) + "): half the BLOCK_N "
             f"{ratios('qwen3-30b-a3b-tp4', 'gate_up', 'n_half')}× the table (x read twice as often), half-height "
             f"sub-blocks {ratios('qwen3-30b-a3b-tp4', 'gate_up', 'm_half')}× (the weights read twice as often from "
-            "L2). What round 3 did take at small M: TP=4 gate_up at M = 1 with BLOCK_N 32 (24 → 48 programs for 8 "
-            "experts' weights), 0.89–0.90×.")
+            f"L2). What round 3 did take at small M: TP=4 gate_up at M = 1 with `{getattr(took, 'tile_' + names[-1])}` "
+            f"(half the BLOCK_N: twice the programs over the 8 experts' weights), {min(small):.2f}–{max(small):.2f}×.")
 
 
 def kernels_base_headline_block() -> str:

@@ -95,8 +95,7 @@ def candidates(op, M, bm0, table_for, which="regs"):
     if which == "down":
         return _unique(out + [(bm0, c) for c in kc.down_candidates(table)])
     if which == "balance":
-        more = kc.balance_candidates_bm16(table) if bm0 == 16 else kc.balance_candidates(table)
-        return _unique(out + [(bm0, c) for c in more])
+        return _unique(out + [(bm0, c) for c in kc.balance_candidates(table, bm0)])
     if which == "stages":
         return _unique(out + [(bm0, c) for c in kc.stages_candidates(op, table)])
     if which == "blocks":
@@ -321,14 +320,15 @@ def down_paired(preset, dev, gen, copy_gbps, deadline, which="balance", reps=15)
         smp = {a: v[wc.dropped:] for a, v in samples.items()}
         table = cfg_str(*arms[0])
         med = {a: float(torch.tensor(v).median()) for a, v in smp.items()}
+        of_copy = {a: nbytes / (t * 1e-6) / 1e9 / copy_gbps for a, t in med.items()}
         for a in fns:
             r = bootstrap_paired(smp[a], smp[table], "ratio_of_medians")
             row(section="down_paired", preset=preset, M=M, op="down", config=a, table=a == table, reps=reps,
                 kept=len(smp[a]), stable=wc.stable, warmup=wc.note, time_us=med[a], bytes=nbytes,
-                bw_frac=nbytes / (med[a] * 1e-6) / 1e9 / copy_gbps, over_table=r[0], over_table_lo=r[1],
+                bw_frac=of_copy[a], over_table=r[0], over_table_lo=r[1],
                 over_table_hi=r[2], grid=grids[a][0], regs=grids[a][1], interval=METHOD_BOOT)
         log(f"down_paired {preset} M={M}: table {med[table]:.1f} us "
-            f"({100 * nbytes / (med[table] * 1e-6) / 1e9 / copy_gbps:.0f} % of copy, {table}); "
+            f"({100 * of_copy[table]:.0f} % of copy, {table}); "
             + ", ".join(f"{a} {med[a] / med[table]:.3f}" for a in fns if a != table) + f" {wc.note}")
         sets = al = fns = None  # frees the buffers and graphs before the next M
     torch.cuda.empty_cache()

@@ -182,31 +182,27 @@ def down_candidates(table) -> list:
             replace(table, **dict(xs, max_regs=168))]
 
 
-def balance_candidates(table) -> list:
-    """The down delta's `balance` candidates (issue 24, round 2) beside the table's tile `table`. Round 1 (above)
-    rejected more programs per SM. Two hypotheses are left, each with its own arms:
+def balance_candidates(table, block_m: int) -> list:
+    """The down delta's `balance` candidates (issue 24, round 2) beside the table's tile `table` at BLOCK_M
+    `block_m`. Round 1 (above) rejected more programs per SM. Two hypotheses are left, each with its own arms:
     * load balance: the persistent grid hands item g to program g % nprog, and an item's time is its rows' bytes, so
       at M = 1024-4096 (about 2-4 items a program, blocks 1-64 rows full) the last programs run alone. SPLIT_N 2 and
       4 cut each item's columns into smaller items (more of them, each re-running the shrink: x read 2-4 times);
     * bytes in flight at BLOCK_M 16 (M = 1024): a 16 x 128 `out` tile is 4 KB, so 3 programs with 2 tiles ahead hold
       24 KB of `out` reads per SM, about what Little's law asks at 4.2 TB/s (~25 KB a SM for ~0.8 us). BLOCK_N 256
-      over 8 warps holds 32 KB (Triton 3.6, scripts/kernel_resources.py: 128 registers, 53 KB, 2 programs per SM).
-    At BLOCK_M 64 the table already holds 64 KB a SM, so there only the split and BLOCK_N 64 (0.98x at qwen3 M =
-    4096 in round 1) run. ncu's sm__cycles_active min / max over the SMs reads the imbalance."""
+      over 8 warps (alone and split in 2) holds 32 KB (Triton 3.6, scripts/kernel_resources.py: 128 registers, 53 KB,
+      2 programs per SM).
+    At BLOCK_M 64 the table already holds 64 KB a SM, so there BLOCK_N 64 (0.98x at qwen3 M = 4096 in round 1) runs
+    beside the split instead. ncu's sm__cycles_active avg / max over the SMs reads the imbalance."""
     from dataclasses import replace
 
     out = [replace(table, split_n=2), replace(table, split_n=4)]
+    if block_m == 16:
+        wide = replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3)
+        return out + [wide, replace(wide, split_n=2)]
     if table.block_n == 128 and table.block_k == 64:
         out.append(replace(table, block_n=64, prefetch=0, max_regs=0, expand_stages=3))
     return out
-
-
-def balance_candidates_bm16(table) -> list:
-    """`balance_candidates` and, at BLOCK_M 16, BLOCK_N 256 over 8 warps (alone and split in 2)."""
-    from dataclasses import replace
-
-    wide = replace(table, block_n=256, num_warps=8, prefetch=0, max_regs=0, expand_stages=3)
-    return balance_candidates(table)[:2] + [wide, replace(wide, split_n=2)]
 
 
 def lora_layer(preset, dev):
