@@ -107,22 +107,31 @@ def _routing(M, E, k):
 def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, rank=32):
     """The base GEMM of `preset` (bf16) at token count M with tile cfg, compiled through moe_gemm; returns
     Triton's CompiledKernel. folded "ptr" or "tma": the GEMM with the LoRA expand in its K loop instead
-    (kernels/fused_moe_lora_folded.py; "ptr" = pointer loads, the layer's build), `slots` adapters of `rank`."""
+    (kernels/fused_moe_lora_folded.py; "ptr" = pointer loads, the layer's build), `slots` adapters of `rank`;
+    "packed" or "packed_slot": the packed expand (kernels/fused_moe_lora_packed.py), one dot over every slot or one
+    per slot."""
     E, k, N, K = _shapes(preset, op)
     rows = M if op == "gate_up" else M * k
     x, w = torch.empty(rows, K, dtype=torch.bfloat16), torch.empty(E, N, K, dtype=torch.bfloat16)
     out = torch.empty(M * k, N, dtype=torch.bfloat16)
     rw = torch.rand(M, k) if op == "down" else None
     al = moe_align(_routing(M, E, k), E, bm)
-    lora = None
-    if folded:
+    lora = packed = None
+    if folded in ("packed", "packed_slot"):  # kernels/fused_moe_lora_packed.py: all slots' columns, or per slot
+        P, br = (2 if op == "gate_up" else 1), block_r(rank)
+        u = torch.empty(al.sorted_token_ids.shape[1], P, slots * br, dtype=torch.bfloat16)
+        blk = torch.zeros(al.expert_ids.shape[1], 2, dtype=torch.int32)
+        packed = fused_moe.Packed(u, blk, torch.empty(E, N, P * slots * br, dtype=torch.bfloat16),
+                                  br if folded == "packed_slot" else slots * br)
+    elif folded:
         P = 2 if op == "gate_up" else 1
         t = torch.empty(al.sorted_token_ids.shape[1], P, block_r(rank), dtype=torch.bfloat16)
         b = torch.empty(P, slots, E, N // P, rank, dtype=torch.bfloat16)
         lora = fused_moe.Folded(t, b, torch.zeros(M, dtype=torch.int32), torch.arange(slots, dtype=torch.int32),
                                 torch.ones(slots, dtype=torch.int32), folded == "tma")
     with _compile_only(fused_moe, "fused_moe_kernel") as cap:
-        fused_moe.moe_gemm(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, lora=lora)
+        fused_moe.moe_gemm(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, lora=lora,
+                           packed=packed)
     return cap.compiled
 
 
@@ -269,6 +278,8 @@ def main():
     ap.add_argument("--lora", action="append", help="the aligned LoRA delta: bn128/bk64/w8/s3/pf2[/cap128] or "
                                                     "'layer' (the layer's own config); repeatable")
     ap.add_argument("--block-m", type=int, help="the LoRA alignment's BLOCK_M (default: the layer's)")
+    ap.add_argument("--folded", action="append", choices=("ptr", "tma", "packed", "packed_slot"),
+                    help="the GEMM's tile with the LoRA expand in its K loop too (repeatable)")
     a = ap.parse_args()
     if a.check:
         sys.exit(1 if check(a.check) else 0)
@@ -281,6 +292,8 @@ def main():
         return
     for tile in a.tile or ["bm128/bn256/bk64/g16/w8/s4/tma", "bm128/bn256/bk64/g16/w8/s4/tma/p1/flat"]:
         report(a.preset, a.op, tile, a.M)
+        for f in a.folded or ():
+            report(a.preset, a.op, tile, a.M, f)
 
 
 if __name__ == "__main__":

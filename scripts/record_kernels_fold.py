@@ -8,7 +8,9 @@ Sections (rows of DIR/kernels_fold.csv, metadata DIR/kernels_fold.meta.json; bf1
 top-8 of 128 experts from softmax-topk of random logits, CUDA-graph replays, alignment outside the
 timed region):
   check    `--cases` random cases of the folded GEMM (its four builds in turn: TMA expand, pointer expand, and
-           ordered alignment + per-row shrink with either expand) and `--cases` of the base GEMM's builds (TMA weight
+           ordered alignment + per-row shrink with either expand), `--cases` of the packed build (dense or per slot,
+           base or ordered alignment, PACKED_TILES: persistent grids and sub-blocks too) and `--cases` of the base
+           GEMM's builds (TMA weight
            tiles, predicate-free loads, masked loads; half of each with `early_loads`) against float64, plus the
            presets' shapes at
            M = 1..8192; `out` and the shrink's intermediate NaN-poisoned; rows of pairs without a live
@@ -27,6 +29,10 @@ timed region):
            folded build needs it; Triton since ce2b959, the torch sort before).
            Interleaved, `--reps` paired repetitions after a warm-up
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
+  packed   per preset, op and M: the packed build (kernels/fused_moe_lora_packed.py) against the base GEMM and the
+           separate delta (with its LoRA alignment): one dot over every slot (`packed`), one per slot on the alignment
+           ordered by LoRA row (`packed_slot`, priced with the ordered alignment's extra time), all disabled
+           (`packed_off`) and its GEMM alone with nothing live (`gemm_packed_off`); LoRA's added time in % of the base.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -56,9 +62,11 @@ from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, block_r, lora_block_m, lora_down_config, moe_block_m
-from lora_moe_lab.kernels.fused_moe import Folded, moe_gemm
+from lora_moe_lab.kernels.common import pow2
+from lora_moe_lab.kernels.fused_moe import Folded, Packed, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
+from lora_moe_lab.kernels.fused_moe_lora_packed import moe_gemm_lora_packed, pack_lora_b
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -88,6 +96,12 @@ def check(dev, gen, n_cases):
         err, same = _fold_case(rng, g, dev, i)
         worst["folded"] = max(worst.get("folded", 0.0), err)
         f_fold += not (err < tolerance(BF, dev) and same)
+    f_pack = 0
+    for i in range(n_cases):  # the packed build, random shapes and tiles
+        err, same = _packed_case(rng, g, dev, i)
+        worst["packed"] = max(worst.get("packed", 0.0), err)
+        f_pack += not (err < tolerance(BF, dev) and same)
+    row(section="check", op="random_packed", cases=n_cases, failures=f_pack, worst=worst["packed"])
     f_base = 0
     for i in range(n_cases):  # the base GEMM's builds
         err, tile = _base_case(rng, g, dev, i)
@@ -95,9 +109,11 @@ def check(dev, gen, n_cases):
         f_base += not err < tolerance(BF, dev)
     row(section="check", op="random_folded", cases=n_cases, failures=f_fold, worst=worst["folded"])
     row(section="check", op="random_base", cases=n_cases, failures=f_base,
-        worst=max(v for k, v in worst.items() if k != "folded"), tiles=str(sorted(k for k in worst if k != "folded")))
+        worst=max(v for k, v in worst.items() if k not in ("folded", "packed")),
+        tiles=str(sorted(k for k in worst if k not in ("folded", "packed"))))
     log(f"check: presets {fails} failures; folded {n_cases} random cases, {f_fold} failures "
-        f"(worst {worst['folded']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
+        f"(worst {worst['folded']:.1e}); packed {n_cases} random cases, {f_pack} failures (worst {worst['packed']:.1e}); "
+        f"base builds {n_cases} random cases, {f_base} failures; worst {worst}")
 
 
 def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
@@ -127,11 +143,19 @@ def _check_presets(dev, gen):
     fails = 0
     for c in kc.preset_lora_cases(dev, gen, CHECK_M, table=True):  # the table's tiles, TMA where it won
         E = c["w"].shape[0]
-        for build in ("tma", "layer"):  # layer: ordered alignment, per-row shrink, pointer expand
-            lay = build == "layer"
+        for build in ("tma", "layer", "packed", "packed_slot"):  # layer: ordered alignment, per-row shrink, pointer
+            lay = build in ("layer", "packed_slot")  # expand; packed: the table's tile as it is (persistent, sub-blocks)
             al = moe_align(c["ids"], E, c["align"].block_m, order_by=c["mapping"]) if lay else c["align"]
-            out, base = _fold_run(c["x"], c["w"], al, c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
-                                  c["rw"], c["gather"], desc=not lay, rows=lay)
+            if build.startswith("packed"):
+                n = al_pairs(c["x"], c["k"], c["gather"])
+                base = torch.full((n, c["w"].shape[1]), float("nan"), dtype=c["x"].dtype, device=dev)
+                moe_gemm(c["x"], c["w"], al, c["k"], base, routed_weights=c["rw"], gather=c["gather"])
+                out = torch.full_like(base, float("nan"))
+                moe_gemm_lora_packed(c["x"], c["w"], al, c["k"], out, c["a"], c["b"], c["mapping"], c["lids"],
+                                     c["en"], routed_weights=c["rw"], gather=c["gather"], per_slot=lay)
+            else:
+                out, base = _fold_run(c["x"], c["w"], al, c["k"], c["a"], c["b"], c["mapping"], c["lids"], c["en"],
+                                      c["rw"], c["gather"], desc=not lay, rows=lay)
             err, same = _verdict(out, base, c["ref"], c["live"])
             ok = err < tolerance(BF, dev) and same
             fails += not ok
@@ -154,6 +178,33 @@ def _fold_case(rng, g, dev, i):
     al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if v >= 2 else None)
     out, base = _fold_run(c["x"], c["w"], al, k, c["a"], c["b"], c["mapping"], c["lids"], c["en"], c["rw"], gather,
                           cfg, desc=v in (0, 2), rows=v >= 2)
+    return _verdict(out, base, c["ref"], c["live"])
+
+
+# The packed build's tiles: a program per tile, and the persistent grids over sub-blocks of the tables (TMA weights).
+PACKED_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(64, 64, 8, 4, 3, w_desc=True, early_loads=True),
+                GemmConfig(64, 64, 8, 4, 2, w_desc=True, persistent=2, flatten=True, sub_m=16),
+                GemmConfig(64, 128, 1, 4, 2, w_desc=True, persistent=1, flatten=True))
+
+
+def _packed_case(rng, g, dev, i):
+    """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES; `out`
+    and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
+    P, gather = (2, True) if i % 2 == 0 else (1, False)
+    M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
+    L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
+    K, N = rng.choice((64, 128, 192)), rng.choice((64, 96))  # N per slice: 96 puts a 64-wide tile across slices
+    cfg = PACKED_TILES[(i // 2) % len(PACKED_TILES)]
+    c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=P, gather=gather)
+    slot = (i // 8) % 2 == 1
+    al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if slot else None)
+    x, w, rw = c["x"], c["w"], c["rw"]
+    base = torch.full((al_pairs(x, k, gather), w.shape[1]), float("nan"), dtype=x.dtype, device=dev)
+    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
+    out = torch.full_like(base, float("nan"))
+    u = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"), dtype=x.dtype, device=dev)
+    moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
+                         gather=gather, config=cfg, shrink_out=u, per_slot=slot)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -285,6 +336,91 @@ def kernels(preset, dev, gen, reps):
                 f"  align {med['align']:.1f} ordered {med['align_ordered']:.1f} us"
                 f"  off/base {r['folded_off'][0]:.3f}  gemm_off/base {r['gemm_off'][0]:.3f} "
                 f"[{r['gemm_off'][1]:.3f}, {r['gemm_off'][2]:.3f}] {wc.note}")
+        sets = None
+        torch.cuda.empty_cache()
+
+
+def packed(preset, dev, gen, reps):
+    """The packed build (kernels/fused_moe_lora_packed.py) per op and M against the base GEMM and today's separate
+    delta: all slots' columns in one dot on the base alignment (`packed`), one dot per slot on the alignment ordered
+    by LoRA row (`packed_slot`), every adapter disabled (`packed_off`: both kernels launched), and its GEMM alone with
+    nothing live (`gemm_packed_off`: the disabled cost of the GEMM)."""
+    sh = get_shape(preset)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    w13, w2 = kc.base_weights(sh, dev, gen)
+    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+    bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)
+    on, off = torch.ones_like(lids), torch.zeros_like(lids)
+    for M in KERNEL_M:
+        n_sets = 8 if M <= 64 else 4 if M <= 1024 else 1  # rotating sets keep small-M weights out of a hot L2
+        n_sets = 1 if harness.is_dry() else n_sets
+        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+        bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
+        for s in sets:
+            s["al"] = moe_align(s["ids"], E, bm)
+            s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])
+            s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
+            s["blk0"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)  # nothing live
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+        inner = 4 if M <= 256 and not harness.is_dry() else 1
+        for op in ("gate_up", "down"):
+            gu = op == "gate_up"
+            w, a, b, bp = (w13, a13, b13, bp13) if gu else (w2, a2, b2, bp2)
+            X, O = ("x", "inter") if gu else ("act", "down")
+            C = pow2(S) * block_r(a.shape[3])
+            for s in sets:
+                s["rw_op"] = None if gu else s["rw"]
+                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
+
+            def base(s, al="al"):
+                moe_gemm(s[X], w, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu)
+
+            def delta(s):
+                if dec:
+                    lora_delta_decode(s[X], a, b, s["ids"], s["slot"], lids, on, s[O], routed_weights=s["rw_op"],
+                                      gather=gu)
+                else:
+                    lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
+                               **({} if gu else dict(config=cfg2)))
+
+            def pk(s, en, slot=False):
+                moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, en,
+                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
+                                     per_slot=slot)
+
+            arms = {"base": base, "separate": lambda s: (base(s), delta(s)),
+                    "packed": lambda s: pk(s, on), "packed_slot": lambda s: pk(s, on, True),
+                    "packed_off": lambda s: pk(s, off),
+                    "gemm_packed_off": lambda s: moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"],
+                                                          gather=gu, packed=Packed(s["u"], s["blk0"], bp, C)),
+                    "base_ordered": lambda s: base(s, "al_ord"),
+                    "align": lambda s: moe_align(s["ids"], E, bm),
+                    "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
+            if not dec:
+                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            med, s_, wc = _interleave(arms, sets, inner, reps)
+            # the layer's price of each build: the separate delta needs its own LoRA alignment; the per-slot build
+            # needs the ordered base alignment in place of the plain one
+            sep = [v + la for v, la in zip(s_["separate"], s_.get("lora_align", [0.0] * len(s_["separate"])))]
+            slot_l = [v + ao - al for v, ao, al in zip(s_["packed_slot"], s_["align_ordered"], s_["align"])]
+            rat = {"packed": bootstrap_paired(s_["packed"], sep, "ratio_of_medians"),
+                   "packed_slot": bootstrap_paired(slot_l, sep, "ratio_of_medians"),
+                   "packed_off": bootstrap_paired(s_["packed_off"], s_["base"], "ratio_of_medians"),
+                   "gemm_packed_off": bootstrap_paired(s_["gemm_packed_off"], s_["base"], "ratio_of_medians")}
+            share = {nm: bootstrap_paired(v, s_["base"], "median_change_pct")
+                     for nm, v in (("separate", sep), ("packed", s_["packed"]), ("packed_slot", slot_l))}
+            row(section="packed", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
+                reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
+                **{f"{nm}_us": v for nm, v in med.items()},
+                **{f"{nm}_over_{'separate' if nm in ('packed', 'packed_slot') else 'base'}{sfx}": rat[nm][j]
+                   for nm in rat for j, sfx in enumerate(("", "_lo", "_hi"))},
+                **{f"{nm}_added_pct{sfx}": share[nm][j] for nm in share for j, sfx in enumerate(("", "_lo", "_hi"))},
+                interval=METHOD_BOOT)
+            log(f"packed {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  LoRA adds: "
+                + "  ".join(f"{nm} {share[nm][0]:+.1f} % [{share[nm][1]:+.1f}, {share[nm][2]:+.1f}]" for nm in share)
+                + "  " + "  ".join(f"{nm} {rat[nm][0]:.3f} [{rat[nm][1]:.3f}, {rat[nm][2]:.3f}]" for nm in rat)
+                + f"  {wc.note}")
         sets = None
         torch.cuda.empty_cache()
 
@@ -445,7 +581,7 @@ def main(argv=None):
     if "check" in secs:
         rec.section("check", check, dev, gen, args.cases)
         log(f"[check done at {time.time() - t0:.0f}s]")
-    for sec, fn, extra in (("kernels", kernels, (gen,)), ("layer", layer, ())):
+    for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
                 rec.section(f"{sec} {preset}", fn, preset, dev, *extra, args.reps)

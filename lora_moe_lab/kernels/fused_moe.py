@@ -108,6 +108,44 @@ def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b
     return acc
 
 
+@triton.jit
+def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc, bp_desc, N, NS,
+                   stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
+                   STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
+    """The packed LoRA expand (kernels/fused_moe_lora_packed.py): more K iterations of the base GEMM, no per-row
+    logic. u (EM, P * PACK_C) holds each pair's shrink in the columns of its slice and its adapter's slot (zeros
+    elsewhere, and in every real row without a live adapter), in the alignment's order, so the tile's rows are one
+    dense box; B_packed (E * N, P * PACK_C) holds, for output column n, every slot's B row of n's slice side by side
+    (zeros in the other slice's columns). [blk_lo, blk_hi): the columns of the slots this block's live pairs use
+    (0, 0: nothing live, no iteration at all), walked EXPAND_K at a time (BLOCK_R: one dot per slot; PACK_C: one
+    over every slot). A tile inside one slice reads that slice's columns; one across the gate/up boundary
+    (STRADDLE) reads both, and the zeros of B_packed keep each column to its own slice. PACK_DESC: both operands
+    through TMA descriptors, straight into shared memory (pointer loads would stage the (EXPAND_K, BLOCK_N) tile
+    through registers beside the accumulator)."""
+    lo = (blk_lo // EXPAND_K) * EXPAND_K
+    hi = blk_hi
+    if STRADDLE:
+        p0 = 0
+    else:
+        p0 = (pid_n * BLOCK_N) // NS  # the tile's slice (gate / up)
+    offs_u = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # places in the alignment
+    offs_c = tl.arange(0, EXPAND_K)
+    for q in tl.static_range(P if STRADDLE else 1):
+        base = (p0 + q) * PACK_C
+        # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
+        for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
+            if PACK_DESC:
+                ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
+                bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
+            else:
+                ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :], mask=valid[:, None],
+                             other=0.0)
+                bt = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn
+                             + (c0 + offs_c)[:, None], mask=(offs_n < N)[None, :], other=0.0)
+            acc = tl.dot(ut, bt, acc)
+    return acc
+
+
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
 # specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
 # at any M then covers all M, and CUDA-graph capture never triggers a compile.
@@ -135,11 +173,19 @@ def fused_moe_kernel(
     R, L, NS,
     stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     t_desc, b_desc,  # TMA descriptors of t (EM, P * BLOCK_R) and B (P*S*E*NS, R); read only when FOLD_DESC
+    # ---- the packed LoRA expand (read only when PACKED; kernels/fused_moe_lora_packed.py) ----
+    u_ptr,  # (EM, P * PACK_C): each pair's shrink in its slice's and slot's columns, in the alignment's order
+    blk_ptr,  # (alignment blocks, 2) int32: the columns [lo, hi) of the slots each block's live pairs use
+    bp_ptr,  # (E, N, P * PACK_C): B of every slot side by side, scaling folded in (`pack_lora_b`)
+    stride_um, stride_pe, stride_pn,
+    u_desc, bp_desc,  # TMA descriptors of u and B_packed (as (E * N, P * PACK_C)); read only when PACK_DESC
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
+    PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
+    PACK_DESC: tl.constexpr = False,
 ):
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -162,8 +208,9 @@ def fused_moe_kernel(
                        expert >= 0, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
                        stride_om, stride_on, w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
                        stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                       u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
-                       STRADDLE, FOLD_DESC, EARLY_LOADS)
+                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -182,8 +229,10 @@ def fused_moe_kernel(
         _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, N, K, num_pairs,
                    top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                    t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
-                   stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, BLOCK_M, BLOCK_N, BLOCK_K, GATHER,
-                   HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, EARLY_LOADS)
+                   stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                   u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
+                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
 
 
 @triton.jit
@@ -191,12 +240,14 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
                stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+               u_ptr, blk, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER: tl.constexpr,
                HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
-               FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr):
+               FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
+               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
-    every row (a block of expert -1 in the persistent loop)."""
+    every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     valid = valid & owned
     if GATHER:
@@ -223,6 +274,9 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         if LORA:
             lrow, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
+    if PACKED:  # the block's slot columns: two scalars, loaded before the K loop so their latency hides under it
+        blk_lo = tl.load(blk)
+        blk_hi = tl.load(blk + 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -246,6 +300,10 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         acc = _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L,
                              NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc,
                              b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE, FOLD_DESC)
+    if PACKED:
+        acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
+                             bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
+                             EXPAND_K, PACK_DESC)
     if HAS_RW:
         if not EARLY_LOADS:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -313,14 +371,31 @@ def fold_tma_ok(t, b) -> bool:
                                and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
 
 
+def packed_tma_ok(bp) -> bool:
+    """Whether B_packed (E, N, P * C) can be read through TMA: 16-byte aligned base, 32-bit row coordinates."""
+    return bp.data_ptr() % 16 == 0 and bp.shape[0] * bp.shape[1] < 2 ** 31
+
+
+class Packed(NamedTuple):
+    """The packed LoRA expand's operands (kernels/fused_moe_lora_packed.py builds them): u (EM, P, C) each pair's
+    shrink in its slice's and slot's columns, blk (alignment blocks, 2) int32 the columns [lo, hi) each block's
+    live pairs use, b_packed (E, N, P * C) every slot's B side by side; expand_k: the depth of one expand dot (C, or
+    BLOCK_R: one per slot in the block's range). TMA descriptors where the GPU and the tensors allow them."""
+    u: torch.Tensor
+    blk: torch.Tensor
+    b_packed: torch.Tensor
+    expand_k: int
+
+
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
-             lora: Folded | None = None):
+             lora: Folded | None = None, packed: Packed | None = None):
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
     lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling;
     the folded GEMM always runs a program per tile at the alignment's BLOCK_M (config.persistent and config.sub_m
-    apply to the plain GEMM only).
+    apply to the plain GEMM only). packed (`Packed`, from `moe_gemm_lora_packed` only): the packed expand added
+    before the scaling; it runs on the plain GEMM's tile table as it is (persistent grids and sub-blocks included).
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -358,11 +433,26 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         fold_descs = ((TensorDescriptor.from_tensor(t.view(t.shape[0], P * BR), [bm, BR]),
                        TensorDescriptor.from_tensor(b.view(-1, R), [cfg.block_n, BR])) if desc else (out, out))
         fold_kw = dict(LORA=True, BLOCK_R=BR, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, FOLD_DESC=desc)
+    if packed is None:
+        pack, pack_ints = (out,) * 3, (0,) * 3 + (out, out)
+    else:
+        if lora is not None:
+            raise ValueError("moe_gemm: pass lora (the folded expand) or packed, not both")
+        u, bp, ek = packed.u, packed.b_packed, packed.expand_k
+        P, C = u.shape[1], u.shape[2]
+        pdesc = _tma_device(u) and u.is_contiguous() and bp.is_contiguous() and packed_tma_ok(bp)
+        u2, bp2 = u.view(u.shape[0], P * C), bp.view(-1, P * C)
+        descs = ((TensorDescriptor.from_tensor(u2, [sub_m, ek]), TensorDescriptor.from_tensor(bp2, [cfg.block_n, ek]))
+                 if pdesc else (out, out))
+        pack, pack_ints = (u2, packed.blk, bp), (u2.stride(0), bp.stride(0), bp.stride(1)) + descs
+        fold_ints = (0, 0, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
+        fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
+                       PACK_DESC=pdesc)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
-        *fold, *fold_ints, *fold_descs,
+        *fold, *fold_ints, *fold_descs, *pack, *pack_ints,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,

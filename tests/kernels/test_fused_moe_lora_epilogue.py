@@ -15,10 +15,12 @@ from test_lora_decode import I32, make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.common import pow2
 from lora_moe_lab.kernels.configs import GemmConfig, block_r
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
 from lora_moe_lab.kernels.fused_moe_lora_folded import LAST_FOLDED_LAUNCH, moe_gemm_lora_folded
+from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH, moe_gemm_lora_packed
 from lora_moe_lab.ops.reference import ref_moe_gemm, tolerance
 from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
@@ -26,7 +28,12 @@ DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
 IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: pointer loads in the expand
          "folded_desc": functools.partial(moe_gemm_lora_folded, fold_desc=True),  # t and B through TMA if allowed
-         "folded_early": functools.partial(moe_gemm_lora_folded, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
+         "folded_early": functools.partial(moe_gemm_lora_folded, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True)),
+         # packed: one expand dot over every slot's columns; per slot: one per slot in the block's range; on a
+         # persistent grid of sub-blocks (the plain GEMM's tile table applies to the packed GEMM as it is)
+         "packed": moe_gemm_lora_packed, "packed_slot": functools.partial(moe_gemm_lora_packed, per_slot=True),
+         "packed_persist": functools.partial(moe_gemm_lora_packed, config=GemmConfig(
+             16, 32, 4, 4, 2, persistent=1, flatten=True, sub_m=16, early_loads=True))}
 
 
 def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
@@ -36,12 +43,17 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
     al = moe_align(d["ids"], E, bm, order_by=d["mapping"] if order else None)  # order: pairs by LoRA row in a group
     rw = d["rw"]
     base = torch.full((c["ids"].numel(), P * N), float("nan"), dtype=dtype, device=DEV)
-    moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"])
+    cfg = getattr(impl, "keywords", {}).get("config")  # the plain GEMM on the same tile: the same sums
+    moe_gemm(d["x"], w.to(DEV), al, top_k, base, routed_weights=rw, gather=c["gather"], config=cfg)
     out = torch.full_like(base, float("nan"))
     kw = {}
     if getattr(impl, "func", impl) is moe_gemm_lora_folded:  # the intermediate NaN-poisoned: a row the shrink
         # skips (padding, pairs without a live adapter) must never reach the output
         kw["shrink_out"] = torch.full((al.sorted_token_ids.shape[1], P, block_r(c["a"].shape[3])), float("nan"),
+                                      dtype=dtype, device=DEV)
+    if getattr(impl, "func", impl) is moe_gemm_lora_packed:  # u NaN-poisoned: every real row must be written
+        S, R = c["a"].shape[1], c["a"].shape[3]
+        kw["shrink_out"] = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"),
                                       dtype=dtype, device=DEV)
     res = impl(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
                routed_weights=rw, gather=c["gather"], **kw)
@@ -80,6 +92,9 @@ def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
     c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[0, -1, 1, 1], enabled=[0, 0])
     codes = run_fused(c, torch.float32, 4, 2, 2, 16, impl=IMPLS[impl])
     assert (codes != 0).all()
+    if impl.startswith("packed"):
+        assert LAST_PACKED_LAUNCH["PACK_C"] == 2 * 16  # S_POW2 * BLOCK_R
+        return
     last = LAST_EPILOGUE_LAUNCH["lora_columns"] if impl == "epilogue" else LAST_FOLDED_LAUNCH["shrink_columns"]
     if impl != "epilogue":
         assert LAST_FOLDED_LAUNCH["fold_desc"] == (impl == "folded_desc")  # R=8 bf16/fp32 rows: TMA-able
@@ -105,6 +120,29 @@ def test_folded_random_blocks_and_ranks(bm, variant):
                       lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
         codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant in ("rows_ordered", "rows_early"),
                           impl=functools.partial(moe_gemm_lora_folded, **FOLD_VARIANTS[variant]))
+        assert (codes == 0).any()
+
+
+PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unordered": dict(per_slot=True),
+                   # the plain GEMM's tile table as it is: a persistent grid over sub-blocks, flattened loops
+                   "persist_sub": dict(per_slot=True, config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True,
+                                                                         sub_m=16, early_loads=True)),
+                   "sub": dict(config=GemmConfig(32, 16, 4, 4, 2, sub_m=16))}
+
+
+@pytest.mark.parametrize("variant", PACKED_VARIANTS)
+@pytest.mark.parametrize("bm", [16, 32, 64])
+def test_packed_random_blocks_and_ranks(bm, variant):
+    """The packed path on fresh random cases per BLOCK_M: many slots per block, a rank below BLOCK_R, rows
+    without adapter, a disabled row and an empty slot, gate_up and down, slices that split a tile."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(100 * bm + seed + 7)
+        M, K, N = (int(v) for v in torch.randint(12, 40, (3,), generator=g))
+        P, gather = (2, True) if seed % 2 == 0 else (1, False)
+        c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
+                      lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant == "slot_ordered",
+                          impl=functools.partial(moe_gemm_lora_packed, **PACKED_VARIANTS[variant]))
         assert (codes == 0).any()
 
 

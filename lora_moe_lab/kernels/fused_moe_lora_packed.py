@@ -1,0 +1,171 @@
+"""The LoRA path packed into the base GEMM: a small shrink kernel, then the base GEMM whose K loop runs a few more
+iterations over the adapters' columns (`fused_moe_kernel` with PACKED; kernels/fused_moe.py).
+
+    u[i, p, s*BR + r] = x[row(pair)] @ A[p, s, expert].T [r]   if s = slot(pair) and its adapter is live, else 0
+    out[pair]         = (x[row] @ w[expert].T + u[i] @ B_packed[expert].T) (* routed weight)
+
+i is the pair's place in the base GEMM's alignment, p the slice (gate_up: P = 2, down: 1), BR = block_r(R), and
+B_packed[e, n, (p, s, r)] = B[p, s, e, n - p*N/P, r] where p is n's slice, 0 in the other slice's columns
+(`pack_lora_b`: every slot's B side by side along K, built once when the adapters load).
+
+Why packed. The folded build (kernels/fused_moe_lora_folded.py) adds, after the K loop, one BLOCK_R-deep dot per LoRA
+row present in the tile, each with its own row masks and gathers: the GEMM holds that code's registers even where
+it skips it (173 -> 248 registers, qwen3 gate_up; data/kernels/fold_s2) and it keeps the alignment's 128-row tile.
+Here the per-row decisions move into the shrink, which writes zeros for every pair without a live adapter, so the
+expand is the base loop's own dot on a dense box of u against a slice of B_packed: no row masks, no gathers, and
+the GEMM keeps the plain GEMM's tile table (persistent grids, sub-blocks). The shrink also writes each alignment
+block's column range [lo, hi) of the slots its live pairs use; a block with nothing live gets (0, 0) and the GEMM
+runs no extra iteration there. With every adapter disabled both kernels launch (the CUDA-graph case) and the GPU
+decides: the shrink reads the metadata and exits, the GEMM reads two integers per tile.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .common import pow2, stages_for
+from .configs import GemmConfig, block_r
+from .fused_moe import Packed, block_pairs, moe_gemm
+from .fused_moe_lora_epilogue import check_lora_gemm_inputs
+
+LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "L"])
+def packed_shrink_kernel(
+    x_ptr,  # (rows, K) activations, rows = M (GATHER) or M*top_k
+    a_ptr,  # (P, S, E, R, K) LoRA A
+    u_ptr,  # (EM, P, S_POW2 * BLOCK_R) out: each pair's shrink in its slot's columns, zeros in the other slots
+    blk_ptr,  # (alignment blocks, 2) int32 out: columns [lo, hi) of the slots the block's live pairs use
+    sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
+    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
+    K, R, S, L, num_pairs, top_k,
+    stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
+    GATHER: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    p = tl.program_id(1)  # the slice
+    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):  # past the padded end: the GEMM reads nothing of this block
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    tok = pair // top_k
+    if GATHER:
+        row = tok
+    else:
+        row = pair
+    lrow = tl.load(mapping_ptr + tok, mask=valid, other=-1)
+    has = valid & (lrow >= 0) & (lrow < L)
+    slot = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
+    en = tl.load(enabled_ptr + lrow, mask=has, other=0)
+    live = has & (slot >= 0) & (slot < S) & (en != 0) & (expert >= 0)  # expert -1: a block no rank's expert owns
+    n_live = tl.sum(live.to(tl.int32), 0)
+    s_lo = tl.min(tl.where(live, slot, S_POW2), 0)
+    s_hi = tl.max(tl.where(live, slot, -1), 0) + 1
+    if p == 0:  # one writer per block; (0, 0) when nothing is live: the GEMM adds nothing there
+        tl.store(blk_ptr + 2 * pid_m, tl.where(n_live > 0, s_lo * BLOCK_R, 0))
+        tl.store(blk_ptr + 2 * pid_m + 1, tl.where(n_live > 0, s_hi * BLOCK_R, 0))
+    if n_live == 0:
+        return
+    # Every slot's A side by side (S_POW2 * BLOCK_R columns); each pair keeps its own slot's, the rest become zeros.
+    offs_c = tl.arange(0, S_POW2 * BLOCK_R)
+    c_s = offs_c // BLOCK_R  # slot of column c
+    c_r = offs_c % BLOCK_R  # rank index of column c
+    hit = live[:, None] & (slot[:, None] == c_s[None, :])
+    use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading: slots in use, r < R
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    a_ptrs = (a_ptr + p * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
+              + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)  # (BLOCK_K, C): the A.T tiles side by side
+    t = tl.zeros((BLOCK_M, S_POW2 * BLOCK_R), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xt = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)  # pairs without adapter: no bytes
+        at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0)
+        t = tl.dot(xt, at, t)
+        x_ptrs += BLOCK_K * stride_xk
+        a_ptrs += BLOCK_K * stride_ak
+    # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the same
+    # way). Every real row is written, zeros where the pair has no live adapter: the GEMM masks nothing per row.
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(u_ptr + rows[:, None] * stride_um + p * stride_up + offs_c[None, :],
+             tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
+    """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
+    side by side in the columns [p * C, (p + 1) * C), each padded from R to BR = block_r(R) with zeros (slots past S
+    too), and zeros in the other slice's columns (so a GEMM tile across the gate/up boundary needs no mask). Build
+    it once per adapter load, outside any captured graph: it is the packed expand's weight, as w is the base GEMM's."""
+    if lora_b.dim() != 5:
+        raise ValueError(f"pack_lora_b: lora_b must be (P, S, E, N/P, R), got shape {tuple(lora_b.shape)}")
+    P, S, E, NS, R = lora_b.shape
+    br = block_rank or block_r(R)
+    if br < R:
+        raise ValueError(f"pack_lora_b: block_rank={br} is below the rank R={R}")
+    bp = torch.zeros(E, P, NS, P, pow2(S), br, dtype=lora_b.dtype, device=lora_b.device)
+    for p in range(P):
+        bp[:, p, :, p, :S, :R] = lora_b[p].permute(1, 2, 0, 3)
+    return bp.reshape(E, P * NS, P * pow2(S) * br)
+
+
+def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
+                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
+    """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`."""
+    P, S, E, R, K = lora_a.shape
+    L = lora_ids.shape[0]
+    num_pairs = token_lora_mapping.shape[0] * top_k
+    bm, br = align.block_m, u.shape[2] // pow2(S)
+    nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
+    bk = min(block_k, max(16, triton.next_power_of_2(K)))
+    stages = stages_for(num_stages, (bm * bk + bk * u.shape[2]) * x.element_size())
+    packed_shrink_kernel[(nb_launch, P)](
+        x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
+        token_lora_mapping, lora_ids, adapter_enabled,
+        K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), num_warps=num_warps,
+        num_stages=stages,
+    )
+    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, PACK_C=u.shape[2],
+                              shrink_stages=stages)
+    return u
+
+
+def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
+                         routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
+                         shrink_out=None, per_slot: bool = False):
+    """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
+    result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
+    writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
+    B must be finite, loaded or not).
+
+    b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
+    buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
+    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block)."""
+    N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
+                                                          token_lora_mapping, lora_ids, adapter_enabled,
+                                                          routed_weights, gather, "moe_gemm_lora_packed")
+    if R == 0:  # nothing to add; decided from the static shape
+        return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
+    S, E = lora_a.shape[1], lora_a.shape[2]
+    br = block_r(R)
+    C = pow2(S) * br
+    if b_packed is None:
+        b_packed = pack_lora_b(lora_b, br)
+    elif b_packed.shape != (E, N, P * C) or b_packed.dtype != x.dtype or not b_packed.is_contiguous():
+        raise ValueError(f"b_packed must be pack_lora_b(lora_b): a contiguous {x.dtype} tensor of shape "
+                         f"(E, N, P * C)={(E, N, P * C)}, got {b_packed.dtype} {tuple(b_packed.shape)}")
+    shape = (align.sorted_token_ids.shape[1], P, C)
+    if shrink_out is None:
+        u = torch.empty(shape, dtype=x.dtype, device=x.device)
+    elif shrink_out.shape != shape or shrink_out.dtype != x.dtype or not shrink_out.is_contiguous():
+        raise ValueError(f"shrink_out must be a contiguous {x.dtype} tensor of shape (EM, P, C)={shape}, "
+                         f"got {shrink_out.dtype} {tuple(shrink_out.shape)}")
+    else:
+        u = shrink_out
+    blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
+    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather)
+    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
+             packed=Packed(u, blk, b_packed, br if per_slot else C))
+    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
+    return out
