@@ -112,8 +112,8 @@ def check(dev, gen, n_cases):
         worst=max(v for k, v in worst.items() if k not in ("folded", "packed")),
         tiles=str(sorted(k for k in worst if k not in ("folded", "packed"))))
     log(f"check: presets {fails} failures; folded {n_cases} random cases, {f_fold} failures "
-        f"(worst {worst['folded']:.1e}); packed {n_cases} random cases, {f_pack} failures (worst {worst['packed']:.1e}); "
-        f"base builds {n_cases} random cases, {f_base} failures; worst {worst}")
+        f"(worst {worst['folded']:.1e}); packed {n_cases} random cases, {f_pack} failures "
+        f"(worst {worst['packed']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
 
 
 def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
@@ -143,8 +143,10 @@ def _check_presets(dev, gen):
     fails = 0
     for c in kc.preset_lora_cases(dev, gen, CHECK_M, table=True):  # the table's tiles, TMA where it won
         E = c["w"].shape[0]
-        for build in ("tma", "layer", "packed", "packed_slot"):  # layer: ordered alignment, per-row shrink, pointer
-            lay = build in ("layer", "packed_slot")  # expand; packed: the table's tile as it is (persistent, sub-blocks)
+        # layer: ordered alignment, per-row shrink, pointer expand; packed: the table's tile as it is (persistent
+        # grids, sub-blocks); packed_slot: one expand dot per slot, on the ordered alignment
+        for build in ("tma", "layer", "packed", "packed_slot"):
+            lay = build in ("layer", "packed_slot")
             al = moe_align(c["ids"], E, c["align"].block_m, order_by=c["mapping"]) if lay else c["align"]
             if build.startswith("packed"):
                 n = al_pairs(c["x"], c["k"], c["gather"])
