@@ -36,11 +36,13 @@ timed region):
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
-           table's picks (`picked_all`); folded means the layer's build (configs.FOLDED_ORDER_BY_ROW: the
-           alignment ordered by LoRA row, the per-row shrink, the pointer expand); interleaved rounds;
+           table's picks (`picked_all`), and the packed build (`packed_all`, `packed_none`, `packed_down`:
+           configs.FOLD_BUILD "packed", one expand dot per slot on the alignment ordered by LoRA row); folded means
+           the "rows" build (configs.FOLDED_ORDER_BY_ROW: the alignment ordered by LoRA row, the per-row shrink, the
+           pointer expand); interleaved rounds;
            LoRA's share of the layer per round, its median and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
-           each build: TMA expand, pointer expand, ordered alignment + per-row shrink.
+           each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot.
 """
 from __future__ import annotations
 
@@ -469,6 +471,8 @@ def layer(preset, dev, reps):
         for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
                                     ("folded_all", "all", all_ops), ("folded_none", "none", all_ops),
                                     ("down_folded", "all", down_ops),
+                                    ("packed_all", "all", all_ops), ("packed_none", "none", all_ops),
+                                    ("packed_down", "all", down_ops),
                                     ("picked_all", "all", None)):  # None: the committed table decides
             hooks = []
             if adapters is not None:
@@ -476,7 +480,8 @@ def layer(preset, dev, reps):
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
                                                                             dev), RANK)
                 hooks = [LoRAHook(info, backend, sh.num_experts)]
-            f = (lambda h=hooks, t=table: _with_table(t, lambda: lay(x, h, backend)))
+            build = "packed" if nm.startswith("packed") else "rows" if table is not None else None
+            f = (lambda h=hooks, t=table, b_=build: _with_table(t, lambda: lay(x, h, backend), b_))
             arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
         for g in arms.values():
             g()
@@ -488,28 +493,33 @@ def layer(preset, dev, reps):
         fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
         ps = bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians")
         dn = bootstrap_paired(s_["down_folded"], s_["separate_all"], "ratio_of_medians")
+        pk = {nm: bootstrap_paired(s_[nm], s_["separate_all"], "ratio_of_medians") for nm in ("packed_all",
+                                                                                            "packed_down")}
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
             folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
             picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
             down_folded_over_separate=dn[0], down_folded_over_separate_lo=dn[1], down_folded_over_separate_hi=dn[2],
+            **{f"{nm}_over_separate{sfx}": pk[nm][j] for nm in pk for j, sfx in enumerate(("", "_lo", "_hi"))},
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
-            + f"  down_folded/separate {dn[0]:.3f} [{dn[1]:.3f}, {dn[2]:.3f}]  {wc.note}")
+            + f"  down_folded/separate {dn[0]:.3f} [{dn[1]:.3f}, {dn[2]:.3f}]  "
+            + "  ".join(f"{nm}/separate {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for nm, v in pk.items()) + f"  {wc.note}")
     torch.cuda.empty_cache()
 
 
-def _with_table(table, fn):
-    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (None: the committed table; the layer reads it at
-    each call)."""
-    keep = configs.FOLDED_LORA_TOKENS
-    configs.FOLDED_LORA_TOKENS = keep if table is None else table
+def _with_table(table, fn, build=None):
+    """fn() with configs.FOLDED_LORA_TOKENS set to `table` and configs.FOLD_BUILD to `build` (None: the committed
+    ones; the layer reads both at each call)."""
+    keep = configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD
+    configs.FOLDED_LORA_TOKENS = keep[0] if table is None else table
+    configs.FOLD_BUILD = keep[1] if build is None else build
     try:
         return fn()
     finally:
-        configs.FOLDED_LORA_TOKENS = keep
+        configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD = keep
 
 
 # ------------------------------------------------------------------------------------------------
@@ -530,14 +540,19 @@ def ncu_run(out, dev, gen):
         on = torch.ones_like(lids)
         al_ord = moe_align(s["ids"], E, al.block_m, order_by=s["slot"])
         builds = {"folded": dict(), "folded_ptr": dict(fold_desc=False),  # TMA expand, pointer expand,
-                  "folded_rows": dict(shrink_per_row=True)}               # ordered alignment + per-row shrink
+                  "folded_rows": dict(shrink_per_row=True),               # ordered alignment + per-row shrink
+                  "packed": dict(), "packed_slot": dict(per_slot=True)}   # the packed build, dense and per slot
+        bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
         for arm, kw in builds.items():
-            a_ = al_ord if arm == "folded_rows" else al
-            jobs += [lambda a_=a_, kw=kw: moe_gemm_lora_folded(s["x"], w13, a_, k, s["inter"], a13, b13, s["slot"],
-                                                               lids, on, **kw),
-                     lambda a_=a_, kw=kw: moe_gemm_lora_folded(s["act"], w2, a_, k, s["down"], a2, b2, s["slot"],
-                                                               lids, on, routed_weights=s["rw"], gather=False, **kw)]
+            a_ = al_ord if arm in ("folded_rows", "packed_slot") else al
+            pk = arm.startswith("packed")
+            f = moe_gemm_lora_packed if pk else moe_gemm_lora_folded
+            kw13, kw2 = (dict(kw, b_packed=bp13), dict(kw, b_packed=bp2)) if pk else (kw, kw)
+            jobs += [lambda a_=a_, kw=kw13, f=f: f(s["x"], w13, a_, k, s["inter"], a13, b13, s["slot"], lids, on,
+                                                   **kw),
+                     lambda a_=a_, kw=kw2, f=f: f(s["act"], w2, a_, k, s["down"], a2, b2, s["slot"], lids, on,
+                                                  routed_weights=s["rw"], gather=False, **kw)]
         harness.counted_launches(jobs)  # compiled and warmed first, then counted
         # Byte floors: what each kernel must move at least (bf16): its used weights once, its inputs once,
         # its outputs once. used: the (expert) and (slot, expert) pairs the routing touches.
@@ -550,8 +565,9 @@ def ncu_run(out, dev, gen):
                 shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
                 gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
                         + n_pairs * P * br * 2 + used_se * N * RANK * 2)
-                targets += [dict(kernel="lora_shrink_kernel", preset=preset, M=M, op=f"shrink_{op}", arm=arm,
-                                 tile="", byte_floor=shrink),
+                pk = arm.startswith("packed")
+                targets += [dict(kernel="packed_shrink_kernel" if pk else "lora_shrink_kernel", preset=preset, M=M,
+                                 op=f"shrink_{op}", arm=arm, tile="", byte_floor=shrink),
                             dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm=arm,
                                  tile="", byte_floor=gemm)]
         log(f"ncu targets {preset} M={M}: {', '.join(builds)}: gate_up (shrink, gemm), down (shrink, gemm)")

@@ -295,6 +295,10 @@ FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,
 # M = 8192): the folded GEMM 804 against 914 us on the pair-order alignment (qwen3 gate_up, ncu).
 FOLDED_ORDER_BY_ROW = True
+# Which folded build the layer runs where FOLDED_LORA_TOKENS folds: "packed" (kernels/fused_moe_lora_packed.py: the
+# shrink writes each pair's result in its slot's columns, the GEMM keeps the plain table's tile and adds TMA-fed K
+# iterations; with FOLDED_ORDER_BY_ROW, one expand dot per slot of the block) or "rows" (fused_moe_lora_folded.py).
+FOLD_BUILD = "packed"
 
 
 def _bucket_in(table: dict, op: str, num_tokens: int) -> bool:

@@ -7,7 +7,7 @@ nothing. Asking the GPU the same question later (`tensor.any().item()`) costs a 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,24 @@ class LayerLoRAWeights:
     gate_up_b: torch.Tensor  # (2, S, E, I, r)   scaling already folded in
     down_a: torch.Tensor  # (S, E, r, I)
     down_b: torch.Tensor  # (S, E, K, r)          scaling already folded in
+    # B of every slot side by side per output column, for the packed fold (kernels/fused_moe_lora_packed.py):
+    # built at first use, outside any graph (the layer's warm-up), then rewritten in place by every load and
+    # unload, so a captured graph that reads it sees the new adapter as it does the stacks
+    packed: dict = field(default_factory=dict, repr=False)
+
+    def packed_b(self, op: str) -> torch.Tensor:
+        """`pack_lora_b` of gate_up's or down's B, kept and refreshed in place by the pool."""
+        if op not in self.packed:
+            self.packed[op] = self._pack(op)
+        return self.packed[op]
+
+    def _pack(self, op):
+        from ..kernels.fused_moe_lora_packed import pack_lora_b  # the kernels import Triton: only when used
+        return pack_lora_b(self.gate_up_b if op == "gate_up" else self.down_b[None])
+
+    def refresh_packed(self) -> None:
+        for op, t in self.packed.items():
+            t.copy_(self._pack(op))
 
 
 class AdapterPool:
@@ -99,6 +117,7 @@ class AdapterPool:
         K, I = self.shape.hidden, self.shape.intermediate
         for w in self.layers:
             self._fill(w, slot, rank, scaling, K, I, gen)
+            w.refresh_packed()
         self.slot_names[slot], self.slot_ranks[slot] = name, rank
         return slot
 
@@ -121,6 +140,7 @@ class AdapterPool:
         for w in self.layers:
             for t in (w.gate_up_a[:, slot], w.gate_up_b[:, slot], w.down_a[slot], w.down_b[slot]):
                 t.zero_()
+            w.refresh_packed()
         self.slot_names[slot], self.slot_ranks[slot] = None, 0
         return slot
 

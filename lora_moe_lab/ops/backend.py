@@ -87,6 +87,18 @@ class Backend(ABC):
         raise NotImplementedError("this backend has no folded LoRA GEMM (use_folded_lora answers False)")
 
     @staticmethod
+    def fold_build() -> str:
+        """Where an op is folded: "packed" (`moe_gemm_lora_packed`) or "rows" (`moe_gemm_lora_folded`)."""
+        return "rows"
+
+    @staticmethod
+    def moe_gemm_lora_packed(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
+                             adapter_enabled, *, routed_weights=None, gather=True, b_packed=None, per_slot=False):
+        """`moe_gemm_lora`'s result, computed as the packed shrink + the base GEMM with the adapters' columns as
+        extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`)."""
+        raise NotImplementedError("this backend has no packed LoRA GEMM (fold_build answers 'rows')")
+
+    @staticmethod
     def moe_gemm_lora(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
                       adapter_enabled, *, routed_weights=None, gather=True):
         """moe_gemm with the LoRA delta of each pair's LoRA row added before the store; fully writes out."""

@@ -4,6 +4,7 @@ tables can pick so that a CUDA-graph capture never compiles.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -18,6 +19,7 @@ from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
 from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from ..kernels.fused_moe_lora_folded import moe_gemm_lora_folded
+from ..kernels.fused_moe_lora_packed import moe_gemm_lora_packed
 from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
@@ -42,9 +44,15 @@ class TritonBackend(Backend):
     silu_and_mul = staticmethod(silu_and_mul)
     rmsnorm = staticmethod(rmsnorm)
 
+    moe_gemm_lora_packed = staticmethod(moe_gemm_lora_packed)  # the packed shrink + K iterations on the plain tile
+
     @staticmethod
     def folded_order_by_row() -> bool:
         return configs.FOLDED_ORDER_BY_ROW  # read at each call: recordings and tests flip it
+
+    @staticmethod
+    def fold_build() -> str:
+        return configs.FOLD_BUILD
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,15 +110,17 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         # where an op folds, the layer aligns ordered by LoRA row (MoELayer: LoRAHook.fold_order): that alignment
         # is compiled here too, and the folded jobs run on it as the layer does
         al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al
+        packed = configs.FOLD_BUILD == "packed"
+        fold = (functools.partial(moe_gemm_lora_packed, per_slot=per_row) if packed
+                else functools.partial(moe_gemm_lora_folded, shrink_per_row=per_row))
         if fold13:
-            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
-                         lambda c, al=al_f: moe_gemm_lora_folded(
+            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: fold(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
-                config=c, shrink_per_row=per_row)))
+                config=c)))
         if fold2:
-            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: moe_gemm_lora_folded(
+            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: fold(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
-                routed_weights=rw, gather=False, config=c, shrink_per_row=per_row)))
+                routed_weights=rw, gather=False, config=c)))
         if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
             jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,

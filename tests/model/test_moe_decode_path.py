@@ -27,7 +27,11 @@ ALL = frozenset(2 ** i for i in range(15))
     (0, (), ()), (10 ** 6, (), ()),  # 0: always aligned; huge: always the decode path
     (0, ("gate_up",), ()), (10 ** 6, ("down",), ()), (0, ("gate_up", "down"), ()),  # the epilogue
     (0, (), ("gate_up", "down")), (0, ("gate_up",), ("down",)), (10 ** 6, ("down",), ("gate_up",))])  # folded
-def test_both_paths_match_the_reference(bound, fused, folded, device, monkeypatch):
+@pytest.mark.parametrize("build", ["packed", "rows"])
+def test_both_paths_match_the_reference(bound, fused, folded, build, device, monkeypatch):
+    if build == "rows" and not folded:
+        pytest.skip("the fold's build matters only where an op folds")
+    monkeypatch.setattr(configs, "FOLD_BUILD", build)
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
     monkeypatch.setattr(configs, "FUSED_LORA_TOKENS",
                         {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
@@ -92,12 +96,14 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, device, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
 @pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
-def test_folded_down_path_has_no_host_sync(guard, monkeypatch):
+@pytest.mark.parametrize("build", ["packed", "rows"])
+def test_folded_down_path_has_no_host_sync(guard, build, monkeypatch):
     """A table that folds the down GEMM (the committed one folds nothing since the sub-block base build) takes that
     path (the Triton alignment ordered by LoRA row, the per-row shrink, the folded GEMM): it must stay as sync-free
     as the separate deltas. Checked region
     over a whole forward, every M folded so the tiny model takes it."""
     from lora_moe_lab.instruments.recorders.syncs import checked_region
+    monkeypatch.setattr(configs, "FOLD_BUILD", build)
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
     lab = _lab(torch.device("cuda"))
@@ -108,3 +114,18 @@ def test_folded_down_path_has_no_host_sync(guard, monkeypatch):
     with checked_region():
         lab.model(x, batch, tensors, guard=guard)
     torch.cuda.synchronize()
+
+
+def test_packed_b_follows_every_load_in_place(device):
+    """The packed fold's B (`LayerLoRAWeights.packed_b`) is built once and rewritten in place by every load and
+    unload, so a CUDA graph captured over it sees the new adapter, as it does the stacks."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import pack_lora_b
+    lab = _lab(device)
+    w = lab.pool.layers[0]
+    before = {op: w.packed_b(op) for op in ("gate_up", "down")}
+    lab.pool.unload(lab.pool.slot_names[0])
+    lab.pool.load("fresh", rank=4, seed=11)
+    for op, t in before.items():
+        assert w.packed_b(op) is t  # the same buffer
+        b = w.gate_up_b if op == "gate_up" else w.down_b[None]
+        assert torch.equal(t, pack_lora_b(b))
