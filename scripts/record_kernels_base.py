@@ -572,8 +572,8 @@ def _num(v):
         return float("nan")
 
 
-KERNEL_NAMES = ("lora_shrink_kernel", "lora_decode_kernel", "fused_moe_lora_kernel",  # matched in this order
-                "fused_moe_kernel")
+KERNEL_NAMES = ("lora_shrink_kernel", "packed_shrink_kernel", "lora_decode_kernel", "fused_moe_lora_kernel",
+                "fused_moe_kernel")  # matched in this order
 
 
 def ncu_parse(raw_csv, out, stem="kernels_base_ncu"):

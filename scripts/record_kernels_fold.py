@@ -36,7 +36,8 @@ timed region):
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
-           table's picks (`picked_all`), and the packed build (`packed_all`, `packed_none`, `packed_down`:
+           table's picks (`picked_all`; `picked_none` with every adapter disabled), and the packed build
+           (`packed_all`, `packed_none`, `packed_down`:
            configs.FOLD_BUILD "packed", one expand dot per slot on the alignment ordered by LoRA row); folded means
            the "rows" build (configs.FOLDED_ORDER_BY_ROW: the alignment ordered by LoRA row, the per-row shrink, the
            pointer expand); interleaved rounds;
@@ -90,32 +91,35 @@ def _bits(t):
 
 
 # ------------------------------------------------------------------------------------------------
-def check(dev, gen, n_cases):
+def check(dev, gen, n_cases, diffs=("folded", "packed", "base")):
     fails = _check_presets(dev, gen)
     rng, g = random.Random(2), torch.Generator(device=dev).manual_seed(2)
-    worst, f_fold = {}, 0
-    for i in range(n_cases):  # the folded GEMM, random shapes
+    worst, f_fold = {"folded": float("nan"), "packed": float("nan")}, 0
+    for i in range(n_cases if "folded" in diffs else 0):  # the folded GEMM, random shapes
         err, same = _fold_case(rng, g, dev, i)
-        worst["folded"] = max(worst.get("folded", 0.0), err)
+        worst["folded"] = max(worst["folded"] if i else 0.0, err)
         f_fold += not (err < tolerance(BF, dev) and same)
     f_pack = 0
-    for i in range(n_cases):  # the packed build, random shapes and tiles
+    for i in range(n_cases if "packed" in diffs else 0):  # the packed build, random shapes and tiles
         err, same = _packed_case(rng, g, dev, i)
-        worst["packed"] = max(worst.get("packed", 0.0), err)
+        worst["packed"] = max(worst["packed"] if i else 0.0, err)
         f_pack += not (err < tolerance(BF, dev) and same)
-    row(section="check", op="random_packed", cases=n_cases, failures=f_pack, worst=worst["packed"])
+    row(section="check", op="random_packed", cases=n_cases if "packed" in diffs else 0, failures=f_pack,
+        worst=worst["packed"])
     f_base = 0
-    for i in range(n_cases):  # the base GEMM's builds
+    for i in range(n_cases if "base" in diffs else 0):  # the base GEMM's builds
         err, tile = _base_case(rng, g, dev, i)
         worst[tile] = max(worst.get(tile, 0.0), err)
         f_base += not err < tolerance(BF, dev)
-    row(section="check", op="random_folded", cases=n_cases, failures=f_fold, worst=worst["folded"])
-    row(section="check", op="random_base", cases=n_cases, failures=f_base,
-        worst=max(v for k, v in worst.items() if k not in ("folded", "packed")),
+    row(section="check", op="random_folded", cases=n_cases if "folded" in diffs else 0, failures=f_fold,
+        worst=worst["folded"])
+    row(section="check", op="random_base", cases=n_cases if "base" in diffs else 0, failures=f_base,
+        worst=max((v for k, v in worst.items() if k not in ("folded", "packed")), default=float("nan")),
         tiles=str(sorted(k for k in worst if k not in ("folded", "packed"))))
-    log(f"check: presets {fails} failures; folded {n_cases} random cases, {f_fold} failures "
-        f"(worst {worst['folded']:.1e}); packed {n_cases} random cases, {f_pack} failures "
-        f"(worst {worst['packed']:.1e}); base builds {n_cases} random cases, {f_base} failures; worst {worst}")
+    n = {d: n_cases if d in diffs else 0 for d in ("folded", "packed", "base")}
+    log(f"check: presets {fails} failures; folded {n['folded']} random cases, {f_fold} failures "
+        f"(worst {worst['folded']:.1e}); packed {n['packed']} random cases, {f_pack} failures "
+        f"(worst {worst['packed']:.1e}); base builds {n['base']} random cases, {f_base} failures; worst {worst}")
 
 
 def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
@@ -473,7 +477,8 @@ def layer(preset, dev, reps):
                                     ("down_folded", "all", down_ops),
                                     ("packed_all", "all", all_ops), ("packed_none", "none", all_ops),
                                     ("packed_down", "all", down_ops),
-                                    ("picked_all", "all", None)):  # None: the committed table decides
+                                    ("picked_all", "all", None),  # None: the committed table decides
+                                    ("picked_none", "none", None)):
             hooks = []
             if adapters is not None:
                 names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
@@ -581,6 +586,7 @@ def main(argv=None):
     ap.add_argument("--sections", default="check,kernels,layer", help="default: check,kernels,layer")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
     ap.add_argument("--cases", type=int, default=1000, help="random cases per differential (default 1000)")
+    ap.add_argument("--diffs", default="folded,packed,base", help="the random differentials of check (default all)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
@@ -597,7 +603,7 @@ def main(argv=None):
     secs = args.sections.split(",")
     t0 = time.time()
     if "check" in secs:
-        rec.section("check", check, dev, gen, args.cases)
+        rec.section("check", check, dev, gen, args.cases, args.diffs.split(","))
         log(f"[check done at {time.time() - t0:.0f}s]")
     for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("layer", layer, ())):
         if sec in secs:

@@ -281,15 +281,16 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 # store) is used for these (op, token bucket) pairs only; everywhere else the base GEMM and the
 # separate delta run. Filled from the H200 recording of scripts/record_kernels_fused.py.
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
-# The folded LoRA path (kernels/fused_moe_lora_folded.py: a shrink kernel, then the base GEMM with the
-# expand as extra K iterations) for these (op, token bucket) pairs; it takes precedence over the epilogue. Empty: the
-# layer runs the separate deltas at every size. The down GEMM folded at M >= 4097 beat the separate deltas on both
-# presets while the base GEMM at TP=4 down ran one program per SM (fold_s8, fold_s9: 0.967-0.997x the layer). Since
-# the tables took the sub-block build there (two programs per SM, 0.88-0.91x the tile before; the folded GEMM keeps
-# the alignment's 128 rows per tile), folding loses at TP=4 (fold_s10, fold_s11: 1.033-1.035x at M = 8192,
-# 1.005-1.006x at 16384) and wins nowhere at qwen3 (0.996-0.999x, no interval below 1): it pays on neither preset.
-# It loses at M <= 4096 and on gate_up at every M as before.
-FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
+# The folded LoRA path (a shrink kernel, then the base GEMM with the expand as extra K iterations; FOLD_BUILD below
+# says which build) for these (op, token bucket) pairs; it takes precedence over the epilogue; elsewhere the layer
+# runs the separate deltas. From fold_s12 (H200, packed build, the GEMM with its shrink over the separate delta with
+# its LoRA alignment, 20 paired rounds, bootstrap 95 %): the down GEMM wins at every M >= 128 on both presets
+# (0.78-0.96x), loses at M = 16 (1.05 / 1.15x); gate_up wins at M = 128 and 1024 (0.94-0.995x) and loses at
+# M >= 4096 (1.02-1.28x: its separate delta is a small share of a long GEMM, and the shrink reads x once more) and
+# at M <= 16. Buckets 256 and 512 were not timed on their own and follow their neighbours. The rows build lost to
+# the separate deltas everywhere once the base GEMM took sub-blocks (fold_s10, fold_s11).
+FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset({128, 256, 512, 1024}),
+                            "down": frozenset({128, 256, 512, 1024, 2048, 4096, 8192, 16384})}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,
@@ -297,8 +298,23 @@ FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 FOLDED_ORDER_BY_ROW = True
 # Which folded build the layer runs where FOLDED_LORA_TOKENS folds: "packed" (kernels/fused_moe_lora_packed.py: the
 # shrink writes each pair's result in its slot's columns, the GEMM keeps the plain table's tile and adds TMA-fed K
-# iterations; with FOLDED_ORDER_BY_ROW, one expand dot per slot of the block) or "rows" (fused_moe_lora_folded.py).
+# iterations) or "rows" (fused_moe_lora_folded.py).
 FOLD_BUILD = "packed"
+# The packed build's token buckets where the layer orders its alignment by LoRA row and the GEMM runs one expand dot
+# per slot of a block; elsewhere one dot over every slot on the plain alignment. fold_s12 (H200, the down GEMM with
+# its shrink over the separate delta with its LoRA alignment, paired 95 %): per slot 0.929 / 0.805 at M = 8192 and
+# 0.889 / 0.776 at 16384 (qwen3 / TP=4) against 0.935 / 0.855 and 0.957 / 0.862 for one dot; at M <= 1024 the
+# ordered alignment's extra launch costs more than the skipped slots save (per slot 1.061 / 1.019 at 1024, one dot
+# 0.928 / 0.847).
+PACKED_PER_SLOT_TOKENS = frozenset({8192, 16384})
+
+
+def folded_order_by_row(num_tokens: int) -> bool:
+    """Where an op folds: whether the layer orders its alignment by LoRA row (the rows build's per-row shrink, the
+    packed build's expand per slot); from static shapes only (capture-safe). FOLDED_ORDER_BY_ROW off: never."""
+    if not FOLDED_ORDER_BY_ROW:
+        return False
+    return FOLD_BUILD == "rows" or token_bucket(num_tokens) in PACKED_PER_SLOT_TOKENS
 
 
 def _bucket_in(table: dict, op: str, num_tokens: int) -> bool:

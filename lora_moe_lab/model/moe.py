@@ -85,14 +85,14 @@ class LoRAHook:
         """The per-token LoRA row to order the layer's alignment by (`moe_align(order_by=)`), when this hook
         folds an op and the backend takes the per-row build; else None (static shapes decide: capture-safe)."""
         folds = self._folds("gate_up", M, top_k, 2 * inter, hidden) or self._folds("down", M, top_k, hidden, inter)
-        return self.info.token_lora_mapping if folds and self.backend.folded_order_by_row() else None
+        return self.info.token_lora_mapping if folds and self.backend.folded_order_by_row(M) else None
 
     def _gemm(self, op, M, w, top_k):
         """The backend's base GEMM with the delta inside for `op`: folded into its K loop or in its epilogue."""
         b = self.backend
         if not self._folds(op, M, top_k, w.shape[1], w.shape[2]):
             return b.moe_gemm_lora
-        per_row = b.folded_order_by_row()  # the layer then ordered its alignment by LoRA row (fold_order)
+        per_row = b.folded_order_by_row(M)  # the layer then ordered its alignment by LoRA row (fold_order)
         if b.fold_build() == "packed":  # one expand dot per slot of a block where the alignment is ordered
             bp = self.info.weights.packed_b(op)
             return lambda *a, **kw: b.moe_gemm_lora_packed(*a, b_packed=bp, per_slot=per_row, **kw)

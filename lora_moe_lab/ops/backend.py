@@ -76,8 +76,9 @@ class Backend(ABC):
         return False
 
     @staticmethod
-    def folded_order_by_row() -> bool:
-        """Where an op is folded: whether the layer orders its alignment by LoRA row (the per-row shrink)."""
+    def folded_order_by_row(num_tokens: int) -> bool:
+        """Where an op is folded: whether the layer orders its alignment by LoRA row (the per-row shrink, the packed
+        expand per slot), from static shapes."""
         return False
 
     @staticmethod

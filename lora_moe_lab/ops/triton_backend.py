@@ -47,8 +47,8 @@ class TritonBackend(Backend):
     moe_gemm_lora_packed = staticmethod(moe_gemm_lora_packed)  # the packed shrink + K iterations on the plain tile
 
     @staticmethod
-    def folded_order_by_row() -> bool:
-        return configs.FOLDED_ORDER_BY_ROW  # read at each call: recordings and tests flip it
+    def folded_order_by_row(num_tokens: int) -> bool:
+        return configs.folded_order_by_row(num_tokens)  # read at each call: recordings and tests flip the tables
 
     @staticmethod
     def fold_build() -> str:
@@ -106,7 +106,7 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                                        gather=False, config=c)),
         ]
         fold13, fold2 = use_folded_lora("gate_up", M, k, E, 2 * I, K), use_folded_lora("down", M, k, E, K, I)
-        per_row = configs.FOLDED_ORDER_BY_ROW
+        per_row = configs.folded_order_by_row(M)
         # where an op folds, the layer aligns ordered by LoRA row (MoELayer: LoRAHook.fold_order): that alignment
         # is compiled here too, and the folded jobs run on it as the layer does
         al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al

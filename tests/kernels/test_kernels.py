@@ -477,6 +477,7 @@ def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
 
     monkeypatch.setattr(triton_backend, "moe_align", spy)
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": frozenset({1})})
+    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", frozenset({1}))  # the packed build orders there too
     triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     assert seen.count(True) == 1  # M=1 folds the down GEMM; M=2 (bucket 2) folds nothing
     monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", False)

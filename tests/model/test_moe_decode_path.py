@@ -61,19 +61,24 @@ def test_hook_takes_the_decode_path_from_static_shapes(device):
 
 
 @pytest.mark.parametrize("by_row", [True, False])
-def test_folding_orders_the_alignment_by_lora_row(by_row, device, monkeypatch):
-    """Where the first hook folds an op, the layer orders its alignment by LoRA row (per-row build) and the
-    result still matches the reference; with FOLDED_ORDER_BY_ROW off, or nothing folded, it does not."""
+@pytest.mark.parametrize("build,per_slot", [("rows", None), ("packed", True), ("packed", False)])
+def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, device, monkeypatch):
+    """Where the first hook folds an op, the layer orders its alignment by LoRA row (the rows build; the packed
+    build at PACKED_PER_SLOT_TOKENS) and the result still matches the reference; with FOLDED_ORDER_BY_ROW off, or
+    nothing folded, it does not."""
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", by_row)
+    monkeypatch.setattr(configs, "FOLD_BUILD", build)
+    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", ALL if per_slot else frozenset())
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
     M, sh = batch.num_tokens, lab.shape
-    assert hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate) is None  # the table folds nothing
+    assert hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate) is None  # the table folds nothing this small
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
     order = hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate)
     folds = lab.model.backend.use_folded_lora("down", M, sh.top_k, sh.num_experts, sh.hidden, sh.intermediate)
+    by_row = by_row and per_slot is not False  # the packed build orders only where it expands per slot
     assert (order is tensors.token_lora_mapping) == (folds and by_row)
     x = lab.random_input(M, seed=2)
     seen, align = [], lab.model.backend.align  # the layer's own alignment passes order_by; a hook's does not
