@@ -91,8 +91,8 @@ def _bits(t):
 
 
 # ------------------------------------------------------------------------------------------------
-def check(dev, gen, n_cases, diffs=("folded", "packed", "base")):
-    fails = _check_presets(dev, gen)
+def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
+    fails = _check_presets(dev, gen) if "presets" in diffs else 0
     rng, g = random.Random(2), torch.Generator(device=dev).manual_seed(2)
     worst, f_fold = {"folded": float("nan"), "packed": float("nan")}, 0
     for i in range(n_cases if "folded" in diffs else 0):  # the folded GEMM, random shapes
@@ -586,7 +586,8 @@ def main(argv=None):
     ap.add_argument("--sections", default="check,kernels,layer", help="default: check,kernels,layer")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
     ap.add_argument("--cases", type=int, default=1000, help="random cases per differential (default 1000)")
-    ap.add_argument("--diffs", default="folded,packed,base", help="the random differentials of check (default all)")
+    ap.add_argument("--diffs", default="presets,folded,packed,base",
+                    help="check's parts: the presets' shapes and the random differentials (default all)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)

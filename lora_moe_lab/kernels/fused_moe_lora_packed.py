@@ -34,16 +34,17 @@ LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth 
 def packed_shrink_kernel(
     x_ptr,  # (rows, K) activations, rows = M (GATHER) or M*top_k
     a_ptr,  # (P, S, E, R, K) LoRA A
-    u_ptr,  # (EM, P * S_POW2 * BLOCK_R) out: each pair's shrink in its slot's columns, zeros in the other slots
+    u_ptr,  # (EM, P, S_POW2 * BLOCK_R) out: each pair's shrink in its slot's columns, zeros in the other slots
     blk_ptr,  # (alignment blocks, 2) int32 out: columns [lo, hi) of the slots the block's live pairs use
     sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
     K, R, S, L, num_pairs, top_k,
-    stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr, P: tl.constexpr,
+    stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
+    p = tl.program_id(1)  # the slice
     if pid_m * BLOCK_M >= tl.load(ntpp_ptr):  # past the padded end: the GEMM reads nothing of this block
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -61,25 +62,22 @@ def packed_shrink_kernel(
     n_live = tl.sum(live.to(tl.int32), 0)
     s_lo = tl.min(tl.where(live, slot, S_POW2), 0)
     s_hi = tl.max(tl.where(live, slot, -1), 0) + 1
-    # (0, 0) when nothing is live: the GEMM adds nothing there
-    tl.store(blk_ptr + 2 * pid_m, tl.where(n_live > 0, s_lo * BLOCK_R, 0))
-    tl.store(blk_ptr + 2 * pid_m + 1, tl.where(n_live > 0, s_hi * BLOCK_R, 0))
+    if p == 0:  # one writer per block; (0, 0) when nothing is live: the GEMM adds nothing there
+        tl.store(blk_ptr + 2 * pid_m, tl.where(n_live > 0, s_lo * BLOCK_R, 0))
+        tl.store(blk_ptr + 2 * pid_m + 1, tl.where(n_live > 0, s_hi * BLOCK_R, 0))
     if n_live == 0:
         return
-    # Every slice's and slot's A side by side (P * S_POW2 * BLOCK_R columns): each x tile is loaded once for both
-    # slices of gate_up (a program per slice read it twice: 1.85x the byte floor, fold_s12 ncu); each pair keeps its
-    # own slot's columns, the rest become zeros.
-    offs_c = tl.arange(0, P * S_POW2 * BLOCK_R)
-    c_p = offs_c // (S_POW2 * BLOCK_R)  # slice of column c
-    c_s = (offs_c // BLOCK_R) % S_POW2  # slot of column c
+    # Every slot's A side by side (S_POW2 * BLOCK_R columns); each pair keeps its own slot's, the rest become zeros.
+    offs_c = tl.arange(0, S_POW2 * BLOCK_R)
+    c_s = offs_c // BLOCK_R  # slot of column c
     c_r = offs_c % BLOCK_R  # rank index of column c
     hit = live[:, None] & (slot[:, None] == c_s[None, :])
     use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading: slots in use, r < R
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    a_ptrs = (a_ptr + c_p[None, :] * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
+    a_ptrs = (a_ptr + p * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
               + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)  # (BLOCK_K, C): the A.T tiles side by side
-    t = tl.zeros((BLOCK_M, P * S_POW2 * BLOCK_R), dtype=tl.float32)
+    t = tl.zeros((BLOCK_M, S_POW2 * BLOCK_R), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         xt = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)  # pairs without adapter: no bytes
@@ -90,8 +88,8 @@ def packed_shrink_kernel(
     # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the same
     # way). Every real row is written, zeros where the pair has no live adapter: the GEMM masks nothing per row.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tl.store(u_ptr + rows[:, None] * stride_um + offs_c[None, :], tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty),
-             mask=valid[:, None])
+    tl.store(u_ptr + rows[:, None] * stride_um + p * stride_up + offs_c[None, :],
+             tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
@@ -112,25 +110,24 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 
 
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
-                       gather=True, block_k: int = 64, num_warps: int = 8, num_stages: int = 3):
-    """u[i] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`. One
-    program per alignment block computes every slice: a (BLOCK_M, P * C) accumulator, 8 warps by default."""
+                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
+    """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
     bm, br = align.block_m, u.shape[2] // pow2(S)
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
-    stages = stages_for(num_stages, (bm * bk + bk * P * u.shape[2]) * x.element_size())
-    packed_shrink_kernel[(nb_launch,)](
+    stages = stages_for(num_stages, (bm * bk + bk * u.shape[2]) * x.element_size())
+    packed_shrink_kernel[(nb_launch, P)](
         x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
-        K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0),
-        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), P=P, GATHER=bool(gather), num_warps=num_warps,
+        K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), num_warps=num_warps,
         num_stages=stages,
     )
-    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, PACK_C=u.shape[2],
-                              shrink_stages=stages, shrink_warps=num_warps)
+    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, PACK_C=u.shape[2],
+                              shrink_stages=stages)
     return u
 
 

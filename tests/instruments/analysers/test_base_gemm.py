@@ -152,7 +152,7 @@ def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
     rf.main(["--out", str(tmp_path), "--dry", "--sections", "check"])
     rows = [r for r in csv.DictReader(open(tmp_path / "kernels_fold.csv")) if r["section"] == "check"]
     rnd = [r for r in rows if r["op"].startswith("random")]
-    assert len(rnd) == 2 and all(r["failures"] == "0" for r in rnd)
+    assert len(rnd) == 3 and all(r["failures"] == "0" for r in rnd)  # folded, packed, base
     assert all(r["ok"] == "True" for r in rows if not r["op"].startswith("random"))
 
 
