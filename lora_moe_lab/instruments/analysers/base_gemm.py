@@ -275,6 +275,116 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
     return pd.DataFrame(rows)
 
 
+# The packed build (kernels/fused_moe_lora_packed.py), sections packed and layer of record_kernels_fold.py. fold_s13
+# timed a shrink variant (both slices per program, 8 warps) that lost to fold_s12's and was reverted; its figures are
+# not the committed kernels', so it is not a session of the headline.
+PACKED_SESSIONS = ("fold_s12", "fold_s14")
+PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c")
+PACKED_SHRINK_TRIAL = "fold_s13"
+# The layer as committed (`picked_*`) ran the committed packed table only from fold_s14 on (fold_s12's committed table
+# folded nothing; fold_s13's shrink was the reverted one): those figures are read over these sessions only.
+PACKED_FIGURE_SESSIONS = {f: ("fold_s14",) for f in ("picked_all_share_pct", "picked_none_share_pct",
+                                                       "picked_over_separate")}
+
+
+def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
+    """Per (preset, op, M): the base GEMM (µs), the packed build over the separate delta with its LoRA alignment
+    (one dot over every slot, `packed`; one per slot on the ordered alignment, `packed_slot`, its extra alignment
+    time included), every adapter disabled over the base (both kernels, `packed_off`; the GEMM alone,
+    `gemm_packed_off`), paired ratios with bootstrap 95 %; LoRA's added time in % of the base GEMM per path."""
+    k = (run or load_fold_run(PACKED_SESSIONS[-1])).section("packed")
+    cols = ["preset", "op", "M", "base_us", "separate_us", "packed_us", "packed_slot_us", "lora_align_us"]
+    for nm in ("packed_over_separate", "packed_slot_over_separate", "packed_off_over_base",
+               "gemm_packed_off_over_base", "separate_added_pct", "packed_added_pct", "packed_slot_added_pct"):
+        cols += _ci(nm)
+    return k.reindex(columns=cols + ["stable"]).reset_index(drop=True)
+
+
+def packed_layer(run: BaseRun | None = None) -> pd.DataFrame:
+    """Per (preset, M): one MoE layer without LoRA (µs) and LoRA's share of it (%, paired, bootstrap 95 %) with the
+    separate deltas, with both GEMMs packed at every size, with every adapter disabled on that path, with only the
+    down GEMM packed, and as the committed table picks (`picked_all`; `picked_none`: every adapter disabled)."""
+    k = (run or load_fold_run(PACKED_SESSIONS[-1])).section("layer")
+    cols = ["preset", "M", "base_us"]
+    for nm in ("separate_all", "packed_all", "packed_none", "packed_down", "picked_all", "picked_none"):
+        cols += _ci(f"{nm}_share_pct")
+    cols += _ci("packed_down_over_separate") + _ci("picked_over_separate") + ["stable"]
+    return k.reindex(columns=cols).reset_index(drop=True)
+
+
+def packed_sessions(names: tuple[str, ...] = PACKED_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The packed build's headlines per (figure, preset, op, M) in each session and between them
+    (stats.between_sessions): packed and packed_slot over separate, the disabled GEMM over the base, and LoRA's
+    share of the layer with the separate deltas and as the committed table picks (over PACKED_FIGURE_SESSIONS)."""
+    figs = {}
+    for name in names:
+        run = load_fold_run(name, path)
+        t, lay = packed_table(run), packed_layer(run)
+        for col, df, op in (("packed_over_separate", t, True), ("packed_slot_over_separate", t, True),
+                            ("gemm_packed_off_over_base", t, True), ("separate_all_share_pct", lay, False),
+                            ("picked_all_share_pct", lay, False), ("picked_none_share_pct", lay, False),
+                            ("picked_over_separate", lay, False)):
+            if name not in PACKED_FIGURE_SESSIONS.get(col, names):
+                continue
+            for _, x in df.iterrows():
+                if x[col] == x[col]:
+                    key = (col, x.preset, x.op if op else "layer", int(x.M))
+                    figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
+    rows = []
+    for (col, pre, op, M), got in figs.items():
+        b = between_sessions(*[g[1] for g in got])
+        rows.append(dict(figure=col, preset=pre, op=op, M=M, sessions=[g[0] for g in got],
+                         per_session=[round(float(g[1][0]), 3) for g in got], estimate=b["estimate"], lo=b["lo"],
+                         hi=b["hi"], spread=b["spread"], agree=b["agree"]))
+    return pd.DataFrame(rows)
+
+
+def packed_choice(sessions: pd.DataFrame | None = None) -> dict:
+    """Per op: the token buckets where the build the layer takes there (one dot per slot at
+    configs.PACKED_PER_SLOT_TOKENS, else one dot over every slot) beat the separate delta on both presets in every
+    session (`wins`: every interval below 1) and where it lost on some preset (`loses`: an interval at or above 1)."""
+    from ...kernels import configs
+    s = sessions if sessions is not None else packed_sessions()
+    out = {}
+    for op in ("gate_up", "down"):
+        wins, loses = set(), set()
+        for M, g in s[s.op == op].groupby("M"):
+            b = configs.token_bucket(int(M))
+            fig = "packed_slot_over_separate" if b in configs.PACKED_PER_SLOT_TOKENS else "packed_over_separate"
+            r = g[g.figure == fig]
+            if len(r) and (r.hi < 1).all() and r.preset.nunique() == 2:
+                wins.add(b)
+            if (r.lo >= 1).any():
+                loses.add(b)
+        out[op] = dict(wins=wins, loses=loses)
+    return out
+
+
+def packed_check(names: tuple[str, ...] = PACKED_CHECK_RUNS, path: str | Path | None = None) -> pd.DataFrame:
+    """The packed build's GPU differentials: per run, its random cases, failures and worst error (where it finished
+    them) and its presets' points and failures (fold_s12c's and fold_s13c's logs: the 1000 random cases did not fit
+    their calls; fold_s14c ran them alone)."""
+    rows = []
+    for name in names:
+        d = Path(path) if path is not None else KERNELS_DIR
+        if not (d / f"{name}_kernels_fold.csv").exists():
+            continue
+        rnd, pre = fold_check(name, path)
+        r = rnd[rnd.op == "random_packed"]
+        rows.append(dict(run=name, cases=int(r.cases.sum()), failures=int(r.failures.sum()),
+                         worst=float(r.worst.max()), preset_points=len(pre),
+                         preset_failures=int((~pre.ok.astype(bool)).sum()) if len(pre) else 0))
+    return pd.DataFrame(rows)
+
+
+def packed_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: int = 8192) -> pd.DataFrame:
+    """The packed build's shrink and GEMM under ncu at M (`packed`, `packed_slot`) beside the plain GEMM at the same
+    tile (NCU_NOW_RUN's `table` arm: today's tables) and the rows build (`folded_rows`): one profiled launch each."""
+    run = run or load_fold_run(PACKED_SESSIONS[0])
+    t = fold_counters(run, base or load_base_run(NCU_NOW_RUN), M)  # the plain GEMM at today's tables
+    return t[t.arm.isin(["plain", "folded_rows", "packed", "packed_slot"])].reset_index(drop=True)
+
+
 def gemm_share(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, M): LoRA's share of the layer's two GEMMs, (gate_up delta + down delta) over
     (gate_up + down base GEMM), for the separate deltas and the folded path (medians of the paired

@@ -89,16 +89,27 @@ def test_fold_layer_and_sessions():
 
 
 def test_fold_table_matches_the_committed_fold_table():
-    """configs.FOLDED_LORA_TOKENS folds exactly the sizes where the layer with the down GEMM folded beat the
-    separate deltas in every session that ran today's ordered alignment (a bucket of a timed M)."""
+    """configs.FOLDED_LORA_TOKENS folds every size where the packed build the layer takes there (one dot per slot at
+    PACKED_PER_SLOT_TOKENS, else one over every slot) beat the separate delta on both presets in every session, and
+    no size where it lost on a preset in some session (a bucket of a timed M)."""
     from lora_moe_lab.kernels import configs
-    s = base_gemm.fold_sessions(base_gemm.FOLD_LAYER_SESSIONS)
-    dn = s[s.figure == "down_folded_over_separate"]
-    assert dn.sessions.map(len).min() >= 2
-    wins = {configs.token_bucket(int(m)) for m in dn[dn.groupby("M").hi.transform("max") < 1.0].M}
-    loses = {configs.token_bucket(int(m)) for m in dn[dn.lo >= 1.0].M}
-    assert wins <= configs.FOLDED_LORA_TOKENS["down"] and not loses & configs.FOLDED_LORA_TOKENS["down"]
-    assert not configs.FOLDED_LORA_TOKENS["gate_up"]
+    assert configs.FOLD_BUILD == "packed" and len(base_gemm.PACKED_SESSIONS) >= 2
+    for op, c in base_gemm.packed_choice().items():
+        assert c["wins"] <= configs.FOLDED_LORA_TOKENS[op] and not c["loses"] & configs.FOLDED_LORA_TOKENS[op], op
+
+
+def test_packed_build_is_correct_and_the_layer_as_committed_beats_the_separate_deltas():
+    """The packed build's GPU differential (1000 random cases, 0 failures), and the layer as committed against the
+    separate deltas at every timed M on both presets (fold_s14: every interval below 1)."""
+    chk = base_gemm.packed_check()
+    assert (chk.cases >= 1000).any() and (chk.failures == 0).all() and (chk.preset_failures == 0).all()
+    s = base_gemm.packed_sessions()
+    p = s[s.figure == "picked_over_separate"]
+    assert len(p) == 10 and (p.hi < 1).all()
+    lay = base_gemm.packed_layer(base_gemm.load_fold_run("fold_s14"))
+    assert (lay.picked_all_share_pct < lay.separate_all_share_pct).all()
+    t = base_gemm.packed_counters()
+    assert {"plain", "folded_rows", "packed", "packed_slot"} == set(t.arm)
 
 
 def test_counters_per_kernel():
