@@ -27,8 +27,8 @@ Measured on the H200 (data/kernels/fold_s2_* .. fold_s6_*; docs/kernels.md): on 
 is slower than the separate deltas at every size. The layer's build (an alignment ordered by LoRA row,
 `shrink_per_row`, pointer loads in the expand) beats them on the down GEMM at M >= 4096 only. The whole
 layer gained at M >= 8192 (fold_s8, fold_s9) until the base GEMM at TP=4 down took its sub-block build, which the
-folded GEMM does not share; since then it loses at TP=4 (fold_s10, fold_s11), so configs.FOLDED_LORA_TOKENS folds
-nothing.
+folded GEMM does not share; since then it loses at TP=4 (fold_s10, fold_s11). The layer folds with the packed build
+(kernels/fused_moe_lora_packed.py; configs.FOLD_BUILD) instead.
 """
 import torch
 import triton

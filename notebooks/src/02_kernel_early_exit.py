@@ -613,3 +613,64 @@ fc.round(2)
 #   down runs two sub-blocks of 64 rows per alignment block (two programs per SM), the folded GEMM, which
 #   keeps the 128-row tile, loses there, so `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing and
 #   `picked_all` is the separate deltas.
+#   keeps the 128-row tile, loses there: this "rows" build folds nowhere. The packed build below is the one
+#   the table folds with now.
+
+# %% [markdown]
+# ## The packed build: the per-row work moved into the shrink (recorded on the H200)
+#
+# `kernels/fused_moe_lora_packed.py`: the shrink writes each pair's rank-R result into the columns of
+# its adapter's slot (zeros in the other slots, and in every row without a live adapter), so the GEMM's
+# expand is its own loop body again: a dense box of that buffer against every slot's B side by side,
+# read through TMA, with no row masks and no gathers. The GEMM keeps the plain GEMM's tile table
+# (persistent grids, sub-blocks) and about its registers. Each point: the GEMM with its shrink over the
+# base GEMM plus the separate delta with its LoRA alignment, paired, in two device sessions; below 1 the
+# packed build wins.
+
+# %%
+pses = base_gemm.packed_sessions()
+pk = pses[pses.op != "layer"].pivot_table(index=["preset", "op", "M"], columns="figure", values="estimate")
+choice = base_gemm.packed_choice(pses)
+print(f"recorded: {', '.join(base_gemm.PACKED_SESSIONS)}; wins on both presets in every session (the build the "
+      f"layer takes there): gate_up at {sorted(choice['gate_up']['wins'])}, down at {sorted(choice['down']['wins'])}; "
+      f"the table folds gate_up at {sorted(configs.FOLDED_LORA_TOKENS['gate_up'])}, down at "
+      f"{sorted(configs.FOLDED_LORA_TOKENS['down'])}")
+pk.round(3)
+
+# %% [markdown]
+# The layer as committed (the table's picks), LoRA's share of it against the separate deltas, and what a
+# graph pays with every adapter disabled (both kernels launched, the GPU decides):
+
+# %%
+play = base_gemm.packed_layer(base_gemm.load_fold_run(base_gemm.PACKED_FIGURE_SESSIONS["picked_all_share_pct"][-1]))
+big = play[play.M >= 1024]
+print("LoRA's share of the layer at M >= 1024, as committed: "
+      + ", ".join(f"{p} {g.picked_all_share_pct.min():.1f}-{g.picked_all_share_pct.max():.1f} % (separate "
+                  f"{g.separate_all_share_pct.min():.1f}-{g.separate_all_share_pct.max():.1f} %)"
+                  for p, g in big.groupby("preset", sort=False))
+      + "; the issue's goal: 12 % (qwen3), 20 % (TP=4)")
+play[["preset", "M", "base_us", "separate_all_share_pct", "picked_all_share_pct", "picked_none_share_pct",
+      "picked_over_separate", "picked_over_separate_lo", "picked_over_separate_hi"]].round(3)
+
+# %%
+base_gemm.packed_counters()[["preset", "op", "arm", "duration_us", "registers", "achieved_occupancy_pct",
+                             "dram_bytes_over_floor", "top_stall"]].round(2)
+
+# %% [markdown]
+# **Reading it.**
+# - **The registers came back:** the packed GEMM holds 205 registers at qwen3 gate_up where the rows build
+#   held 246 (the plain GEMM: 173), and at TP=4 it keeps the plain GEMM's 120-128 and its two programs per SM
+#   (`achieved_occupancy_pct` about 24 % for both). Pointer loads of the expand's B tile had staged it through
+#   registers (234-255 in a static compile); TMA puts it straight into shared memory.
+# - **The down GEMM wins at every M >= 128,** most at TP=4 (0.77-0.87x), where the separate delta's extra
+#   pass over `out` (2048 columns) dwarfs the GEMM's short K (192).
+# - **gate_up loses at M >= 4096:** its separate delta is a small share of a long GEMM, and the gate_up
+#   shrink alone costs about 170 µs at M = 8192 (`shrink_gate_up`): it reads x once per slice (DRAM bytes
+#   1.86x its floor) at about 12 % occupancy, stalled on loads. A shrink computing both slices per x tile at
+#   8 warps was slower (fold_s13: 184 µs) and was reverted.
+# - **Disabled:** the packed GEMM alone with nothing live costs 0.98-1.05x the plain one at most points (up to
+#   1.11x at qwen3 down M = 16384), but 1.21-1.28x at TP=4 down M >= 1024, whose tiles run a flattened
+#   persistent loop: that the expand's loop inside it costs the flattening is a hypothesis no counter checked yet (`GEMM off` in docs/results.md, block kernels-packed), above
+#   the 1.02x; with everything launched the layer pays 1.4-2.6 % (qwen3) and 5.7-9.3 % (TP=4).
+# - **Still far from the goal:** LoRA's share at M >= 1024 fell by 1.5-3 points (qwen3) and 3-9 points
+#   (TP=4), not to 12 % and 20 %.
