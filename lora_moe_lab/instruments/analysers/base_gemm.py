@@ -246,6 +246,18 @@ def fold_layer(run: BaseRun | None = None) -> pd.DataFrame:
     return k.reindex(columns=cols).reset_index(drop=True)
 
 
+def _session_rows(figs: dict) -> pd.DataFrame:
+    """{(figure, preset, op, M): [(session, (estimate, lo, hi)), ...]} -> one row per figure with each session's
+    estimate and stats.between_sessions over them (mean, union of the intervals, spread, agree)."""
+    rows = []
+    for (col, pre, op, M), got in figs.items():
+        b = between_sessions(*[g[1] for g in got])
+        rows.append(dict(figure=col, preset=pre, op=op, M=M, sessions=[g[0] for g in got],
+                         per_session=[round(float(g[1][0]), 3) for g in got], estimate=b["estimate"], lo=b["lo"],
+                         hi=b["hi"], spread=b["spread"], agree=b["agree"]))
+    return pd.DataFrame(rows)
+
+
 def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
     """The fold headlines per (figure, preset, op, M) in each device session that has them and between them
     (stats.between_sessions: mean of the estimates, union of the intervals, `agree`): folded / separate and
@@ -266,13 +278,7 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
                 if x[col] == x[col]:
                     key = (col, x.preset, x.op if op else "layer", int(x.M))
                     figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
-    rows = []
-    for (col, pre, op, M), got in figs.items():
-        b = between_sessions(*[g[1] for g in got])
-        rows.append(dict(figure=col, preset=pre, op=op, M=M, sessions=[g[0] for g in got],
-                         per_session=[round(float(g[1][0]), 3) for g in got], estimate=b["estimate"], lo=b["lo"],
-                         hi=b["hi"], spread=b["spread"], agree=b["agree"]))
-    return pd.DataFrame(rows)
+    return _session_rows(figs)
 
 
 # The packed build (kernels/fused_moe_lora_packed.py), sections packed and layer of record_kernels_fold.py. fold_s13
@@ -330,13 +336,7 @@ def packed_sessions(names: tuple[str, ...] = PACKED_SESSIONS, path: str | Path |
                 if x[col] == x[col]:
                     key = (col, x.preset, x.op if op else "layer", int(x.M))
                     figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
-    rows = []
-    for (col, pre, op, M), got in figs.items():
-        b = between_sessions(*[g[1] for g in got])
-        rows.append(dict(figure=col, preset=pre, op=op, M=M, sessions=[g[0] for g in got],
-                         per_session=[round(float(g[1][0]), 3) for g in got], estimate=b["estimate"], lo=b["lo"],
-                         hi=b["hi"], spread=b["spread"], agree=b["agree"]))
-    return pd.DataFrame(rows)
+    return _session_rows(figs)
 
 
 def packed_choice(sessions: pd.DataFrame | None = None) -> dict:
