@@ -581,7 +581,7 @@ lay = base_gemm.fold_layer(lay_run)
 wins = lay[lay.down_folded_over_separate_hi < 1]
 print(f"recorded: {lay_run.label}; the down GEMM alone folded beats the separate deltas in the layer at: "
       + (", ".join(f"{r.preset} M={r.M}" for r in wins.itertuples()) or "no size this run recorded")
-      + f"; the table folds the down GEMM at the token buckets {sorted(configs.FOLDED_LORA_TOKENS['down'])}")
+      + "; the rows build folds nowhere (the table folds with the packed build now, below)")
 lay[["preset", "M", "base_us", "separate_all_share_pct", "folded_all_share_pct", "folded_none_share_pct",
      "down_folded_share_pct", "picked_all_share_pct", "picked_over_separate"]].round(2)
 
@@ -611,10 +611,8 @@ fc.round(2)
 # - **What the layer folds:** only where the down GEMM alone folded beats the separate deltas on both
 #   presets (the line printed above the layer table) in two device sessions. Since the base GEMM at TP=4
 #   down runs two sub-blocks of 64 rows per alignment block (two programs per SM), the folded GEMM, which
-#   keeps the 128-row tile, loses there, so `kernels/configs.py: FOLDED_LORA_TOKENS` folds nothing and
-#   `picked_all` is the separate deltas.
-#   keeps the 128-row tile, loses there: this "rows" build folds nowhere. The packed build below is the one
-#   the table folds with now.
+#   keeps the 128-row tile, loses there: this "rows" build folds nowhere, and this session's `picked_all` (its
+#   day's table: nothing folded) is the separate deltas. The packed build below is the one the table folds with now.
 
 # %% [markdown]
 # ## The packed build: the per-row work moved into the shrink (recorded on the H200)
