@@ -229,6 +229,21 @@ def _base_case(rng, g, dev, i):
 
 
 # ------------------------------------------------------------------------------------------------
+def _aligned_sets(sh, M, dev, gen):
+    """Input sets of M tokens (several at small M: rotating sets keep small-M weights out of a hot L2), each with
+    the base alignment (`al`), the one ordered by LoRA row per expert (`al_ord`) and, off the decode path, the LoRA
+    alignment (`lal`): (sets, base BLOCK_M, LoRA BLOCK_M, decode path)."""
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    n_sets = 1 if harness.is_dry() else 8 if M <= 64 else 4 if M <= 1024 else 1
+    sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
+    bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
+    for s in sets:
+        s["al"] = moe_align(s["ids"], E, bm)
+        s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])
+        s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
+    return sets, bm, bml, dec
+
+
 def kernels(preset, dev, gen, reps):
     sh = get_shape(preset)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
@@ -237,14 +252,7 @@ def kernels(preset, dev, gen, reps):
     lids = torch.arange(S, dtype=torch.int32, device=dev)
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
     for M in KERNEL_M:
-        n_sets = 8 if M <= 64 else 4 if M <= 1024 else 1  # rotating sets keep small-M weights out of a hot L2
-        n_sets = 1 if harness.is_dry() else n_sets
-        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
-        bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
-        for s in sets:
-            s["al"] = moe_align(s["ids"], E, bm)
-            s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])  # pairs ordered by LoRA row per expert
-            s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
+        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
         cfg2 = lora_down_config(M, k, E, S, bml, K, I)
         inner = 4 if M <= 256 and not harness.is_dry() else 1
         for op in ("gate_up", "down"):
@@ -361,14 +369,8 @@ def packed(preset, dev, gen, reps):
     lids = torch.arange(S, dtype=torch.int32, device=dev)
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
     for M in KERNEL_M:
-        n_sets = 8 if M <= 64 else 4 if M <= 1024 else 1  # rotating sets keep small-M weights out of a hot L2
-        n_sets = 1 if harness.is_dry() else n_sets
-        sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
-        bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
+        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
         for s in sets:
-            s["al"] = moe_align(s["ids"], E, bm)
-            s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])
-            s["lal"] = None if dec else moe_align(s["ids"], E, bml, s["slot"], S)
             s["blk0"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)  # nothing live
         cfg2 = lora_down_config(M, k, E, S, bml, K, I)
         inner = 4 if M <= 256 and not harness.is_dry() else 1

@@ -246,6 +246,19 @@ def fold_layer(run: BaseRun | None = None) -> pd.DataFrame:
     return k.reindex(columns=cols).reset_index(drop=True)
 
 
+def _gather(figs: dict, name: str, kernel_figs, layer_figs, only: dict, names) -> None:
+    """Add session `name`'s estimates and intervals of each (figure, table) to figs, keyed (figure, preset, op or
+    "layer", M); a figure named in `only` is taken from the sessions listed there only (its path changed)."""
+    for specs, per_op in ((kernel_figs, True), (layer_figs, False)):
+        for col, df in specs:
+            if name not in only.get(col, names):
+                continue
+            for _, x in df.iterrows():
+                if x[col] == x[col]:
+                    key = (col, x.preset, x.op if per_op else "layer", int(x.M))
+                    figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
+
+
 def _session_rows(figs: dict) -> pd.DataFrame:
     """{(figure, preset, op, M): [(session, (estimate, lo, hi)), ...]} -> one row per figure with each session's
     estimate and stats.between_sessions over them (mean, union of the intervals, spread, agree)."""
@@ -269,15 +282,9 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
         has = set(run.rows["section"].unique())  # fold_s8 / fold_s9 ran the layer section only
         t = fold_table(run) if "kernels" in has else pd.DataFrame()
         lay = fold_layer(run) if "layer" in has else pd.DataFrame()
-        for col, df, op in (("folded_over_separate", t, True), ("rows_ptr_over_separate", t, True),
-                            ("separate_all_share_pct", lay, False), ("picked_all_share_pct", lay, False),
-                            ("down_folded_share_pct", lay, False), ("down_folded_over_separate", lay, False)):
-            if name not in FOLD_FIGURE_SESSIONS.get(col, names):
-                continue
-            for _, x in df.iterrows():
-                if x[col] == x[col]:
-                    key = (col, x.preset, x.op if op else "layer", int(x.M))
-                    figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
+        _gather(figs, name, (("folded_over_separate", t), ("rows_ptr_over_separate", t)),
+                (("separate_all_share_pct", lay), ("picked_all_share_pct", lay), ("down_folded_share_pct", lay),
+                 ("down_folded_over_separate", lay)), FOLD_FIGURE_SESSIONS, names)
     return _session_rows(figs)
 
 
@@ -326,16 +333,10 @@ def packed_sessions(names: tuple[str, ...] = PACKED_SESSIONS, path: str | Path |
     for name in names:
         run = load_fold_run(name, path)
         t, lay = packed_table(run), packed_layer(run)
-        for col, df, op in (("packed_over_separate", t, True), ("packed_slot_over_separate", t, True),
-                            ("gemm_packed_off_over_base", t, True), ("separate_all_share_pct", lay, False),
-                            ("picked_all_share_pct", lay, False), ("picked_none_share_pct", lay, False),
-                            ("picked_over_separate", lay, False)):
-            if name not in PACKED_FIGURE_SESSIONS.get(col, names):
-                continue
-            for _, x in df.iterrows():
-                if x[col] == x[col]:
-                    key = (col, x.preset, x.op if op else "layer", int(x.M))
-                    figs.setdefault(key, []).append((name, (x[col], x[f"{col}_lo"], x[f"{col}_hi"])))
+        _gather(figs, name, (("packed_over_separate", t), ("packed_slot_over_separate", t),
+                             ("gemm_packed_off_over_base", t)),
+                (("separate_all_share_pct", lay), ("picked_all_share_pct", lay), ("picked_none_share_pct", lay),
+                 ("picked_over_separate", lay)), PACKED_FIGURE_SESSIONS, names)
     return _session_rows(figs)
 
 
