@@ -244,6 +244,16 @@ def _aligned_sets(sh, M, dev, gen):
     return sets, bm, bml, dec
 
 
+def _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2):
+    """Today's separate delta on set s: the decode kernel at <= DECODE_MAX_PAIRS pairs, else the aligned kernel
+    over the LoRA alignment (the down delta with its own tile, cfg2)."""
+    if dec:
+        lora_delta_decode(s[X], a, b, s["ids"], s["slot"], lids, on, s[O], routed_weights=s["rw_op"], gather=gu)
+    else:
+        lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
+                   **({} if gu else dict(config=cfg2)))
+
+
 def kernels(preset, dev, gen, reps):
     sh = get_shape(preset)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
@@ -269,12 +279,7 @@ def kernels(preset, dev, gen, reps):
                 moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu)
 
             def delta(s):
-                if dec:
-                    lora_delta_decode(s[X], a, b, s["ids"], s["slot"], lids, on, s[O], routed_weights=s["rw_op"],
-                                      gather=gu)
-                else:
-                    lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
-                               **({} if gu else dict(config=cfg2)))
+                _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2)
 
             # the GEMM's tile with a register cap of 128 per thread: two programs of 8 warps per SM, the plain
             # GEMM's occupancy where it has <= 128 registers (TP=4 gate_up: 95, folded 154; ncu, fold_s2)
@@ -387,12 +392,7 @@ def packed(preset, dev, gen, reps):
                 moe_gemm(s[X], w, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu)
 
             def delta(s):
-                if dec:
-                    lora_delta_decode(s[X], a, b, s["ids"], s["slot"], lids, on, s[O], routed_weights=s["rw_op"],
-                                      gather=gu)
-                else:
-                    lora_delta(s[X], a, b, s["lal"], lids, on, k, s[O], routed_weights=s["rw_op"], gather=gu,
-                               **({} if gu else dict(config=cfg2)))
+                _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2)
 
             def pk(s, en, slot=False):
                 moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, en,

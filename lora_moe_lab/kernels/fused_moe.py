@@ -50,12 +50,13 @@ def _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L):
     """Each pair's LoRA row and whether its adapter is live: three dependent gathers (the row, then its slot
     and enabled flag), loaded before the base GEMM's K loop so that their latency passes under the MMAs
     instead of once per tile after them. lrow -1 and live False for padding rows and tokens without a row; a row
-    past the L rows is never live (and never read past the end of lora_ids)."""
+    past the L rows is never live (and never read past the end of lora_ids). Returns (lrow, slot, live); slot -1
+    where the pair has no row (kernels/fused_moe_lora_packed.py's shrink reads it too)."""
     lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
     has = valid & (lrow >= 0) & (lrow < L)
     lid = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
     en = tl.load(enabled_ptr + lrow, mask=has, other=0)
-    return lrow, has & (lid >= 0) & (en != 0)
+    return lrow, lid, has & (lid >= 0) & (en != 0)
 
 
 @triton.jit
@@ -273,7 +274,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         if HAS_RW:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         if LORA:
-            lrow, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
+            lrow, _, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
     if PACKED:  # the block's slot columns: two scalars, loaded before the K loop so their latency hides under it
         blk_lo = tl.load(blk)
         blk_hi = tl.load(blk + 1)
@@ -296,7 +297,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
 
     if LORA:
         if not EARLY_LOADS:
-            lrow, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
+            lrow, _, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
         acc = _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L,
                              NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc,
                              b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE, FOLD_DESC)

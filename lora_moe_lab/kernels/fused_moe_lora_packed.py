@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .common import pow2, stages_for
 from .configs import GemmConfig, block_r
-from .fused_moe import Packed, block_pairs, moe_gemm
+from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
@@ -54,11 +54,8 @@ def packed_shrink_kernel(
         row = tok
     else:
         row = pair
-    lrow = tl.load(mapping_ptr + tok, mask=valid, other=-1)
-    has = valid & (lrow >= 0) & (lrow < L)
-    slot = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
-    en = tl.load(enabled_ptr + lrow, mask=has, other=0)
-    live = has & (slot >= 0) & (slot < S) & (en != 0) & (expert >= 0)  # expert -1: a block no rank's expert owns
+    _, slot, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
+    live = live & (slot < S) & (expert >= 0)  # expert -1: a block no rank's expert owns
     n_live = tl.sum(live.to(tl.int32), 0)
     s_lo = tl.min(tl.where(live, slot, S_POW2), 0)
     s_hi = tl.max(tl.where(live, slot, -1), 0) + 1
