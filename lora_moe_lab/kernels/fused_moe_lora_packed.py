@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from .common import pow2, stages_for
-from .configs import GemmConfig, block_r
-from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
+from .configs import GemmConfig, block_r, gemm_config
+from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm, tail_unfit
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
@@ -106,6 +106,16 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
     return bp.reshape(E, P * NS, P * pow2(S) * br)
 
 
+def extend_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
+    """w (E, N, K) and `pack_lora_b`'s (E, N, P * C) side by side along K: w_ext (E, N, K + P * C), the tail build's
+    one weight tensor. Allocate it once with the base weights (the model then keeps w as w_ext[..., :K], a view) and
+    let the adapter pool write w_ext[..., K:] in place on every load; this copy is for benchmarks and tests."""
+    if w.dim() != 3 or b_packed.dim() != 3 or w.shape[:2] != b_packed.shape[:2] or w.dtype != b_packed.dtype:
+        raise ValueError(f"extend_weights: w (E, N, K) and b_packed (E, N, P * C) must share E, N and dtype; got "
+                         f"{w.dtype} {tuple(w.shape)} and {b_packed.dtype} {tuple(b_packed.shape)}")
+    return torch.cat([w, b_packed], dim=2).contiguous()
+
+
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`."""
@@ -130,7 +140,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False):
+                         shrink_out=None, per_slot: bool = False, w_ext=None):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -138,7 +148,10 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
 
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
-    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block)."""
+    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
+    w_ext: `extend_weights(w, b_packed)`'s layout with w = w_ext[..., :K] (a view of it): the tail build, the
+    expand as the last iterations of the base GEMM's one K loop (the plain GEMM's loop structure: a persistent
+    grid stays flattened), where the tile allows it (`tail_unfit`); elsewhere the extra loop on w_ext[..., K:]."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -147,9 +160,20 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     S, E = lora_a.shape[1], lora_a.shape[2]
     br = block_r(R)
     C = pow2(S) * br
+    tail = None
+    if w_ext is not None:
+        if (w_ext.shape != (E, N, K + P * C) or w_ext.dtype != x.dtype or not w_ext.is_contiguous()
+                or w.data_ptr() != w_ext.data_ptr() or w.stride() != w_ext.stride()):
+            raise ValueError(f"w_ext must be a contiguous {x.dtype} (E, N, K + P * C)={(E, N, K + P * C)} tensor and "
+                             f"w its view w_ext[..., :K]; got w_ext {w_ext.dtype} {tuple(w_ext.shape)}, w strides "
+                             f"{w.stride()} against w_ext's {w_ext.stride()}")
+        b_packed = w_ext[..., K:]
+        config = config or gemm_config(num_pairs // top_k, bm, N, K, E)
+        tail = None if tail_unfit(x, config, K, C) else w_ext
     if b_packed is None:
         b_packed = pack_lora_b(lora_b, br)
-    elif b_packed.shape != (E, N, P * C) or b_packed.dtype != x.dtype or not b_packed.is_contiguous():
+    elif b_packed.shape != (E, N, P * C) or b_packed.dtype != x.dtype or not (w_ext is not None
+                                                                              or b_packed.is_contiguous()):
         raise ValueError(f"b_packed must be pack_lora_b(lora_b): a contiguous {x.dtype} tensor of shape "
                          f"(E, N, P * C)={(E, N, P * C)}, got {b_packed.dtype} {tuple(b_packed.shape)}")
     shape = (align.sorted_token_ids.shape[1], P, C)
@@ -163,6 +187,6 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, br if per_slot else C))
-    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
+             packed=Packed(u, blk, b_packed, br if per_slot else C, tail, lora_ids, adapter_enabled))
+    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C, tail=tail is not None)
     return out
