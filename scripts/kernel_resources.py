@@ -117,17 +117,12 @@ def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, 
     rw = torch.rand(M, k) if op == "down" else None
     al = moe_align(_routing(M, E, k), E, bm)
     lora = packed = None
-    if folded in ("packed", "packed_slot", "packed_tail"):  # kernels/fused_moe_lora_packed.py: all slots'
-        # columns, or per slot, or as the tail of the base K loop (w_ext: w's columns, then B_packed's)
+    if folded in ("packed", "packed_slot"):  # kernels/fused_moe_lora_packed.py: all slots' columns, or per slot
         P, br = (2 if op == "gate_up" else 1), block_r(rank)
         u = torch.empty(al.sorted_token_ids.shape[1], P, slots * br, dtype=torch.bfloat16)
         blk = torch.zeros(al.expert_ids.shape[1], 2, dtype=torch.int32)
-        w_ext = torch.empty(E, N, K + P * slots * br, dtype=torch.bfloat16) if folded == "packed_tail" else None
-        if w_ext is not None:
-            w = w_ext[..., :K]
-        packed = fused_moe.Packed(u, blk, torch.empty(E, N, P * slots * br, dtype=torch.bfloat16) if w_ext is None
-                                  else w_ext[..., K:],
-                                  br if folded == "packed_slot" else slots * br, w_ext,
+        packed = fused_moe.Packed(u, blk, torch.empty(E, N, P * slots * br, dtype=torch.bfloat16),
+                                  br if folded == "packed_slot" else slots * br,
                                   torch.arange(slots, dtype=torch.int32), torch.ones(slots, dtype=torch.int32))
     elif folded:
         P = 2 if op == "gate_up" else 1
@@ -286,7 +281,7 @@ def main():
     ap.add_argument("--lora", action="append", help="the aligned LoRA delta: bn128/bk64/w8/s3/pf2[/cap128] or "
                                                     "'layer' (the layer's own config); repeatable")
     ap.add_argument("--block-m", type=int, help="the LoRA alignment's BLOCK_M (default: the layer's)")
-    ap.add_argument("--folded", action="append", choices=("ptr", "tma", "packed", "packed_slot", "packed_tail"),
+    ap.add_argument("--folded", action="append", choices=("ptr", "tma", "packed", "packed_slot"),
                     help="the GEMM's tile with the LoRA expand in its K loop too (repeatable)")
     a = ap.parse_args()
     if a.check:

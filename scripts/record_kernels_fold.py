@@ -32,10 +32,10 @@ timed region):
   packed   per preset, op and M: the packed build (kernels/fused_moe_lora_packed.py) against the base GEMM and the
            separate delta (with its LoRA alignment): one dot over every slot (`packed`), one per slot on the alignment
            ordered by LoRA row (`packed_slot`, priced with the ordered alignment's extra time), all disabled
-           (`packed_off`) and its GEMM alone with nothing live (`gemm_packed_off`); LoRA's added time in % of the base.
-  tail     per preset, op and M: the packed build's tail (the expand as the last iterations of the base GEMM's one K
-           loop, on w_ext = w | B_packed) against the base GEMM on w_ext's view and on a contiguous w, the separate
-           delta and the packed build's extra loop; enabled, all disabled, and its GEMM alone disabled.
+           (`packed_off`), its GEMM alone with every adapter disabled (`gemm_packed_off`: the launch-wide guard runs
+           the plain loop) and with adapters live but no pair in any block (`gemm_packed_idle`: the packed loop, every
+           block's range empty; fold_s12 and fold_s14, before the guard, measured this as `gemm_packed_off`);
+           LoRA's added time in % of the base.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -72,8 +72,7 @@ from lora_moe_lab.kernels.common import pow2
 from lora_moe_lab.kernels.fused_moe import Folded, Packed, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
-from lora_moe_lab.kernels.fused_moe_lora_packed import (LAST_PACKED_LAUNCH, extend_weights, moe_gemm_lora_packed,
-                                                     pack_lora_b)
+from lora_moe_lab.kernels.fused_moe_lora_packed import moe_gemm_lora_packed, pack_lora_b
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -109,7 +108,7 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
         worst["packed"] = max(worst["packed"] if i else 0.0, err)
         f_pack += not (err < tolerance(BF, dev) and same)
     row(section="check", op="random_packed", cases=n_cases if "packed" in diffs else 0, failures=f_pack,
-        worst=worst["packed"], tail_cases=TAIL_RAN[0])
+        worst=worst["packed"])
     f_base = 0
     for i in range(n_cases if "base" in diffs else 0):  # the base GEMM's builds
         err, tile = _base_case(rng, g, dev, i)
@@ -123,8 +122,7 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
     n = {d: n_cases if d in diffs else 0 for d in ("folded", "packed", "base")}
     log(f"check: presets {fails} failures; folded {n['folded']} random cases, {f_fold} failures "
         f"(worst {worst['folded']:.1e}); packed {n['packed']} random cases, {f_pack} failures "
-        f"(worst {worst['packed']:.1e}; {TAIL_RAN[0]} of them the tail build); base builds {n['base']} random cases, "
-        f"{f_base} failures; worst {worst}")
+        f"(worst {worst['packed']:.1e}); base builds {n['base']} random cases, {f_base} failures; worst {worst}")
 
 
 def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
@@ -194,7 +192,6 @@ def _fold_case(rng, g, dev, i):
     return _verdict(out, base, c["ref"], c["live"])
 
 
-TAIL_RAN = [0]  # random packed cases that ran the tail build (the differential's log says how many)
 # The packed build's tiles: a program per tile, and the persistent grids over sub-blocks of the tables (TMA weights).
 PACKED_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(64, 64, 8, 4, 3, w_desc=True, early_loads=True),
                 GemmConfig(64, 64, 8, 4, 2, w_desc=True, persistent=2, flatten=True, sub_m=16),
@@ -213,17 +210,12 @@ def _packed_case(rng, g, dev, i):
     slot = (i // 8) % 2 == 1
     al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if slot else None)
     x, w, rw = c["x"], c["w"], c["rw"]
-    # every other block of 16 cases: the tail build, on the GEMM's weights as the view w_ext[..., :K]
-    w_ext = extend_weights(w, pack_lora_b(c["b"])) if (i // 16) % 2 == 1 else None
-    if w_ext is not None:
-        w = w_ext[..., :K]
     base = torch.full((al_pairs(x, k, gather), w.shape[1]), float("nan"), dtype=x.dtype, device=dev)
     moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
     out = torch.full_like(base, float("nan"))
     u = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"), dtype=x.dtype, device=dev)
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
-                         gather=gather, config=cfg, shrink_out=u, per_slot=slot, w_ext=w_ext)
-    TAIL_RAN[0] += LAST_PACKED_LAUNCH["tail"]
+                         gather=gather, config=cfg, shrink_out=u, per_slot=slot)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -413,8 +405,13 @@ def packed(preset, dev, gen, reps):
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)),
                     "packed": lambda s: pk(s, on), "packed_slot": lambda s: pk(s, on, True),
                     "packed_off": lambda s: pk(s, off),
-                    "gemm_packed_off": lambda s: moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"],
-                                                          gather=gu, packed=Packed(s["u"], s["blk0"], bp, C)),
+                    "gemm_packed_off": lambda s: moe_gemm(
+                        s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                        packed=Packed(s["u"], s["blk0"], bp, C, lids, off)),
+                    # adapters live, no pair of any block: the packed branch with every block's range empty
+                    "gemm_packed_idle": lambda s: moe_gemm(
+                        s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                        packed=Packed(s["u"], s["blk0"], bp, C, lids, on)),
                     "base_ordered": lambda s: base(s, "al_ord"),
                     "align": lambda s: moe_align(s["ids"], E, bm),
                     "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
@@ -428,7 +425,8 @@ def packed(preset, dev, gen, reps):
             rat = {"packed": bootstrap_paired(s_["packed"], sep, "ratio_of_medians"),
                    "packed_slot": bootstrap_paired(slot_l, sep, "ratio_of_medians"),
                    "packed_off": bootstrap_paired(s_["packed_off"], s_["base"], "ratio_of_medians"),
-                   "gemm_packed_off": bootstrap_paired(s_["gemm_packed_off"], s_["base"], "ratio_of_medians")}
+                   "gemm_packed_off": bootstrap_paired(s_["gemm_packed_off"], s_["base"], "ratio_of_medians"),
+                   "gemm_packed_idle": bootstrap_paired(s_["gemm_packed_idle"], s_["base"], "ratio_of_medians")}
             share = {nm: bootstrap_paired(v, s_["base"], "median_change_pct")
                      for nm, v in (("separate", sep), ("packed", s_["packed"]), ("packed_slot", slot_l))}
             row(section="packed", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
@@ -439,79 +437,6 @@ def packed(preset, dev, gen, reps):
                 **{f"{nm}_added_pct{sfx}": share[nm][j] for nm in share for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
             log(f"packed {preset} {op:<7} M={M:>5}: base {med['base']:8.1f} us  LoRA adds: "
-                + "  ".join(f"{nm} {share[nm][0]:+.1f} % [{share[nm][1]:+.1f}, {share[nm][2]:+.1f}]" for nm in share)
-                + "  " + "  ".join(f"{nm} {rat[nm][0]:.3f} [{rat[nm][1]:.3f}, {rat[nm][2]:.3f}]" for nm in rat)
-                + f"  {wc.note}")
-        sets = None
-        torch.cuda.empty_cache()
-
-
-def tail(preset, dev, gen, reps):
-    """The packed build's tail (the expand as the last iterations of the base GEMM's one K loop, on w_ext = w |
-    B_packed) per op and M against the base GEMM (on w_ext's view: `base`; on a contiguous w: `base_contig`), the
-    separate delta (with its LoRA alignment) and the packed build's extra loop (`packed`, one dot over every slot):
-    enabled (`tail`), every adapter disabled (`tail_off`: both kernels launched) and its GEMM alone disabled
-    (`gemm_tail_off`, beside the extra loop's `gemm_packed_off`)."""
-    sh = get_shape(preset)
-    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w13, w2 = kc.base_weights(sh, dev, gen)
-    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
-    bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
-    we13, we2 = extend_weights(w13, bp13), extend_weights(w2, bp2)
-    lids = torch.arange(S, dtype=torch.int32, device=dev)
-    on, off = torch.ones_like(lids), torch.zeros_like(lids)
-    for M in KERNEL_M:
-        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
-        for s in sets:
-            s["blk0"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)  # nothing live
-        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
-        inner = 4 if M <= 256 and not harness.is_dry() else 1
-        for op in ("gate_up", "down"):
-            gu = op == "gate_up"
-            w, a, b, bp, we = (w13, a13, b13, bp13, we13) if gu else (w2, a2, b2, bp2, we2)
-            wv, Kin = we[..., :w.shape[2]], w.shape[2]
-            X, O = ("x", "inter") if gu else ("act", "down")
-            C = pow2(S) * block_r(a.shape[3])
-            for s in sets:
-                s["rw_op"] = None if gu else s["rw"]
-                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
-
-            def gemm(s, wt, packed=None):
-                moe_gemm(s[X], wt, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu, packed=packed)
-
-            def pk(s, en, ext=True):
-                moe_gemm_lora_packed(s[X], wv if ext else w, s["al"], k, s[O], a, b, s["slot"], lids, en,
-                                     routed_weights=s["rw_op"], gather=gu, b_packed=None if ext else bp,
-                                     shrink_out=s["u"], w_ext=we if ext else None)
-
-            pk(sets[0], on)
-            ran = bool(LAST_PACKED_LAUNCH["tail"])  # False: the tile does not fit the tail (kernels: tail_unfit)
-            arms = {"base": lambda s: gemm(s, wv), "base_contig": lambda s: gemm(s, w),
-                    "separate": lambda s: (gemm(s, w), _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2)),
-                    "packed": lambda s: pk(s, on, False), "tail": lambda s: pk(s, on), "tail_off": lambda s: pk(s, off),
-                    "gemm_tail_off": lambda s: gemm(s, wv, Packed(s["u"], s["blk0"], we[..., Kin:], C,
-                                                                  we if ran else None, lids, off)),
-                    "gemm_packed_off": lambda s: gemm(s, w, Packed(s["u"], s["blk0"], bp, C))}
-            if not dec:
-                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
-            med, s_, wc = _interleave(arms, sets, inner, reps)
-            sep = [v + la for v, la in zip(s_["separate"], s_.get("lora_align", [0.0] * len(s_["separate"])))]
-            rat = {"tail_over_separate": (s_["tail"], sep), "tail_over_packed": (s_["tail"], s_["packed"]),
-                   "tail_off_over_base": (s_["tail_off"], s_["base"]),
-                   "gemm_tail_off_over_base": (s_["gemm_tail_off"], s_["base"]),
-                   "gemm_packed_off_over_base": (s_["gemm_packed_off"], s_["base_contig"]),
-                   "base_over_base_contig": (s_["base"], s_["base_contig"])}
-            rat = {nm: bootstrap_paired(x_, y_, "ratio_of_medians") for nm, (x_, y_) in rat.items()}
-            share = {nm: bootstrap_paired(v, s_["base"], "median_change_pct")
-                     for nm, v in (("separate", sep), ("packed", s_["packed"]), ("tail", s_["tail"]))}
-            row(section="tail", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
-                tail_ran=ran, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
-                **{f"{nm}_us": v for nm, v in med.items()},
-                **{f"{nm}{sfx}": rat[nm][j] for nm in rat for j, sfx in enumerate(("", "_lo", "_hi"))},
-                **{f"{nm}_added_pct{sfx}": share[nm][j] for nm in share for j, sfx in enumerate(("", "_lo", "_hi"))},
-                interval=METHOD_BOOT)
-            log(f"tail {preset} {op:<7} M={M:>5} ({'tail' if ran else 'extra loop: tile unfit'}): base "
-                f"{med['base']:8.1f} us  LoRA adds: "
                 + "  ".join(f"{nm} {share[nm][0]:+.1f} % [{share[nm][1]:+.1f}, {share[nm][2]:+.1f}]" for nm in share)
                 + "  " + "  ".join(f"{nm} {rat[nm][0]:.3f} [{rat[nm][1]:.3f}, {rat[nm][2]:.3f}]" for nm in rat)
                 + f"  {wc.note}")
@@ -692,8 +617,7 @@ def main(argv=None):
     if "check" in secs:
         rec.section("check", check, dev, gen, args.cases, args.diffs.split(","))
         log(f"[check done at {time.time() - t0:.0f}s]")
-    for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("tail", tail, (gen,)),
-                           ("layer", layer, ())):
+    for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
                 rec.section(f"{sec} {preset}", fn, preset, dev, *extra, args.reps)

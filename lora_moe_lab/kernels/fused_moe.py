@@ -170,7 +170,8 @@ def fused_moe_kernel(
     # ---- the folded LoRA expand (read only when LORA; kernels/fused_moe_lora_folded.py) ----
     t_ptr,  # (EM, P, BLOCK_R) the shrink of each pair with a live adapter, in the alignment's order
     b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
-    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
+    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row (and,
+    # PACKED, whether any adapter is live)
     R, L, NS,
     stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     t_desc, b_desc,  # TMA descriptors of t (EM, P * BLOCK_R) and B (P*S*E*NS, R); read only when FOLD_DESC
@@ -186,18 +187,59 @@ def fused_moe_kernel(
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
-    PACK_DESC: tl.constexpr = False, TAIL: tl.constexpr = False, L_POW2: tl.constexpr = 1,
+    PACK_DESC: tl.constexpr = False, L_POW2: tl.constexpr = 1,
 ):
+    if PACKED:
+        # The packed expand's launch-wide guard, on the GPU: with no adapter live (every one disabled: the CUDA-graph
+        # replay of a batch without LoRA) every program runs the plain GEMM's own loop, flattened and pipelined as
+        # the plain GEMM is; the expand's extra loop in the other branch would otherwise cost its loop structure
+        # even where it runs no iteration (docs/kernels.md, "The disabled cost"). One uniform branch per program,
+        # outside every loop, from the L slot ids and flags.
+        offs_l = tl.arange(0, L_POW2)
+        lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
+        en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
+        if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) > 0:
+            _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs,
+                     num_blocks, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on,
+                     w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp,
+                     stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr,
+                     stride_um, stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER,
+                     HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN,
+                     EARLY_LOADS, SUB, True, PACK_C, EXPAND_K, PACK_DESC)
+        else:
+            _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs,
+                     num_blocks, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on,
+                     w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp,
+                     stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr,
+                     stride_um, stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER,
+                     HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN,
+                     EARLY_LOADS, SUB, False, PACK_C, EXPAND_K, PACK_DESC)
+    else:
+        _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs, num_blocks,
+                 top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc, t_ptr,
+                 b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs,
+                 stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr, stride_um, stride_pe,
+                 stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC,
+                 LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN, EARLY_LOADS, SUB, False, PACK_C, EXPAND_K,
+                 PACK_DESC)
+
+
+@triton.jit
+def _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs, num_blocks,
+             top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
+             t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
+             stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr, stride_um,
+             stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr,
+             EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr, LORA: tl.constexpr,
+             BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr, FOLD_DESC: tl.constexpr,
+             PERSIST: tl.constexpr, FLATTEN: tl.constexpr, EARLY_LOADS: tl.constexpr, SUB: tl.constexpr,
+             PACKED: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
+    """One program of `fused_moe_kernel`: its tile, or its share of the tiles on a persistent grid."""
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
     # one dense matmul too. A sub-block of padding only returns at once (a program per tile) or runs masked
     # (persistent: no branch inside the loop that Triton pipelines).
-    tail = 0
-    if TAIL:  # the adapters' columns every tile walks: none when no adapter is live (every tile the plain GEMM's)
-        offs_l = tl.arange(0, L_POW2)
-        lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
-        en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
-        tail = tl.where(tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) > 0, (P if STRADDLE else 1) * PACK_C, 0)
     if PERSIST:
         # Persistent grid (config `persistent`: programs per SM): a static number of programs, each takes
         # every nprog-th tile of the busy ones (counted from num_tokens_post_padded on the device, so the
@@ -212,12 +254,12 @@ def fused_moe_kernel(
             expert = tl.load(expert_ids_ptr + pid_m // SUB).to(tl.int64)
             # expert -1 (a block no expert of this rank owns): every row masked, nothing stored
             _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, tl.maximum(expert, 0),
-                       expert >= 0, tail, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+                       expert >= 0, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
                        stride_om, stride_on, w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
                        stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
-                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, TAIL)
+                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -233,17 +275,17 @@ def fused_moe_kernel(
         if SUB > 1:  # a sub-block of padding only (the end of its expert's rows): nothing to load or store
             if tl.min(tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)), 0) >= num_pairs:
                 return
-        _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, tail, N, K, num_pairs,
+        _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, N, K, num_pairs,
                    top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                    t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
                    stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
-                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, TAIL)
+                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
 
 
 @triton.jit
-def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, owned, tail, N, K, num_pairs, top_k,
+def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, owned, N, K, num_pairs, top_k,
                stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
                t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
                stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
@@ -252,10 +294,9 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
-               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, TAIL: tl.constexpr):
+               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
-    every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED);
-    tail (TAIL): the K columns of the adapters past K that every tile walks (0: the plain GEMM's trip count)."""
+    every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     valid = valid & owned
     if GATHER:
@@ -285,51 +326,22 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if PACKED:  # the block's slot columns: two scalars, loaded before the K loop so their latency hides under it
         blk_lo = tl.load(blk)
         blk_hi = tl.load(blk + 1)
-    if TAIL:
-        # The packed expand as the tail of this K loop: w is w_ext (E, N, K + P * PACK_C), the adapters' B_packed in
-        # the K columns past the base weight's; iterations past K read the tile's rows of u (one dense box) against
-        # them, a tile inside one slice its slice's columns, one across the gate/up boundary both slices'. k_end is
-        # the same for every tile (K + `tail`, from the launch's adapters, loaded before any tile loop): Triton
-        # flattens a persistent grid's tile loop and K loop into one only where the K loop's bounds do not change
-        # from tile to tile, so a per-block trip count would cost the plain GEMM's flattening (and pipelining across
-        # tiles). A block with nothing live reads no u bytes (masked) and adds zeros.
-        k_end = K + tail
-        col0 = 0 if STRADDLE else ((pid_n * BLOCK_N) // NS) * PACK_C
-        x_rows = x_ptr + row * stride_xm
-        # u's row pointers, offset so that u_rows + k0 is column col0 + k0 - K of the block's row in u
-        u_rows = u_ptr + (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64) * stride_um + (col0 - K)
-        u_ok = valid & (blk_hi > 0)  # a block with nothing live: the shrink wrote none of its rows
-        w_cols = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    else:
-        k_end = K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
-    for k0 in range(0, k_end, BLOCK_K):
-        if TAIL:  # EVEN_K, unit K strides (the launcher checks): no K predicates, a select of the row pointers
-            in_tail = k0 >= K
-            xt = tl.load(tl.where(in_tail, u_rows, x_rows)[:, None] + (k0 + offs_k)[None, :],
-                         mask=tl.where(in_tail, u_ok, valid)[:, None], other=0.0)
-            kw = tl.where(in_tail, k0 + col0, k0)
-            if W_DESC:
-                wt = w_desc.load([w_row, kw]).T
-            elif EVEN_N:
-                wt = tl.load(w_cols + kw)
-            else:
-                wt = tl.load(w_cols + kw, mask=n_ok[None, :], other=0.0)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=valid[:, None], other=0.0)
         else:
-            k_ok = offs_k < K - k0
-            if EVEN_K:
-                xt = tl.load(x_ptrs, mask=valid[:, None], other=0.0)
-            else:
-                xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            if W_DESC:
-                wt = w_desc.load([w_row, k0]).T
-            elif EVEN_K and EVEN_N:
-                wt = tl.load(w_ptrs)
-            else:
-                wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            x_ptrs += BLOCK_K * stride_xk
-            w_ptrs += BLOCK_K * stride_wk
+            xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        if W_DESC:
+            wt = w_desc.load([w_row, k0]).T
+        elif EVEN_K and EVEN_N:
+            wt = tl.load(w_ptrs)
+        else:
+            wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, wt, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
 
     if LORA:
         if not EARLY_LOADS:
@@ -337,7 +349,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         acc = _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L,
                              NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc,
                              b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE, FOLD_DESC)
-    if PACKED and not TAIL:
+    if PACKED:
         acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
                              bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
                              EXPAND_K, PACK_DESC)
@@ -358,10 +370,7 @@ def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe
     check_tensor("x", x, 2, FLOAT_DTYPES)
     dev = x.device
     check_compute_dtype(x)
-    check_tensor("w", w, 3, (x.dtype,), dev, contiguous=False)
-    if not rows_even(w):
-        raise ValueError(f"w must be contiguous, or the first K columns of a contiguous wider (E, N, K') tensor "
-                         f"(unit K stride, evenly spaced rows); got shape {tuple(w.shape)}, strides {w.stride()}")
+    check_tensor("w", w, 3, (x.dtype,), dev)
     check_tensor("out", out, 2, (x.dtype,), dev)
     E, N, K = w.shape
     if x.shape[1] != K:
@@ -376,23 +385,12 @@ def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe
     return N, K, num_pairs, bm
 
 
-def rows_even(w) -> bool:
-    """Whether (E, N, K) w is E * N evenly spaced rows of unit K stride: contiguous, or the first K columns of a
-    contiguous wider tensor (w_ext of the packed build's tail, `extend_weights`)."""
-    return w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1) and w.stride(1) >= w.shape[2]
-
-
 def tma_ok(w) -> bool:
-    """Whether w can be read through a TMA descriptor: evenly spaced (E, N, K) rows (`rows_even`) at a 16-byte
-    multiple apart from a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper); the
-    interpreter runs descriptors too."""
-    return _tma_device(w) and ((rows_even(w) and (w.stride(1) * w.element_size()) % 16 == 0
+    """Whether w can be read through a TMA descriptor: a contiguous (E, N, K) tensor whose rows are
+    16-byte multiples at a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper);
+    the interpreter runs descriptors too."""
+    return _tma_device(w) and ((w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0
                                 and w.data_ptr() % 16 == 0 and w.shape[0] * w.shape[1] < 2 ** 31))
-
-
-def rows_desc(w, block):
-    """A TMA descriptor of (E, N, K) w (`tma_ok`) as its E * N rows of K columns, block (BLOCK_N, BLOCK_K)."""
-    return TensorDescriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.stride(1), 1], block)
 
 
 def _tma_device(t) -> bool:
@@ -422,32 +420,23 @@ def fold_tma_ok(t, b) -> bool:
                                and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
 
 
-def tail_unfit(x, cfg, K, C) -> str:
-    """Why the packed tail build cannot run this tile ('' when it can): its K loop steps BLOCK_K columns at a time
-    through x's columns, then u's, with no K predicates."""
-    if x.stride(1) != 1:
-        return f"x with unit column stride, got strides {x.stride()}"
-    if K % cfg.block_k or C % cfg.block_k:
-        return f"BLOCK_K={cfg.block_k} to divide K={K} and the slot columns C={C}"
-    return ""
+def packed_tma_ok(bp) -> bool:
+    """Whether B_packed (E, N, P * C) can be read through TMA: 16-byte aligned base, 32-bit row coordinates."""
+    return bp.data_ptr() % 16 == 0 and bp.shape[0] * bp.shape[1] < 2 ** 31
 
 
 class Packed(NamedTuple):
     """The packed LoRA expand's operands (kernels/fused_moe_lora_packed.py builds them): u (EM, P, C) each pair's
     shrink in its slice's and slot's columns, blk (alignment blocks, 2) int32 the columns [lo, hi) each block's
     live pairs use, b_packed (E, N, P * C) every slot's B side by side; expand_k: the depth of one expand dot (C, or
-    BLOCK_R: one per slot in the block's range). TMA descriptors where the GPU and the tensors allow them.
-    w_ext (E, N, K + P * C), when given: the tail build, w's columns and then b_packed's in one tensor
-    (`extend_weights`; b_packed is then its view w_ext[..., K:]), walked by one K loop (`tail_unfit` says where it
-    cannot); lora_ids and enabled (L,) then decide on the GPU whether any adapter is live (every tile walks
-    b_packed's columns) or none (every tile the plain GEMM's trip count)."""
+    BLOCK_R: one per slot in the block's range). TMA descriptors where the GPU and the tensors allow them. lora_ids,
+    enabled (L,) int32: the launch's slot ids and flags; with none live every program runs the plain GEMM's loop."""
     u: torch.Tensor
     blk: torch.Tensor
     b_packed: torch.Tensor
     expand_k: int
-    w_ext: torch.Tensor | None = None
-    lora_ids: torch.Tensor | None = None
-    enabled: torch.Tensor | None = None
+    lora_ids: torch.Tensor
+    enabled: torch.Tensor
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -484,9 +473,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
     use_desc = cfg.w_desc and tma_ok(w)
-    tail = packed is not None and packed.w_ext is not None
-    wk = packed.w_ext if tail else w  # the tail build's K loop runs over w_ext, w's columns and then B_packed's
-    w_desc = rows_desc(wk, [cfg.block_n, cfg.block_k]) if use_desc else wk
+    w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
         fold, fold_ints, fold_descs, fold_kw = (out,) * 5, (0,) * 10, (out, out), {}
     else:
@@ -505,27 +492,20 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
             raise ValueError("moe_gemm: pass lora (the folded expand) or packed, not both")
         u, bp, ek = packed.u, packed.b_packed, packed.expand_k
         P, C = u.shape[1], u.shape[2]
-        u2 = u.view(u.shape[0], P * C)
-        if tail:
-            why = tail_unfit(x, cfg, K, C)
-            if why:
-                raise ValueError(f"moe_gemm: the packed tail build needs {why}")
-            descs = (out, out)  # B_packed comes through w_desc, u through pointer loads (rows of x or u per step)
-        else:
-            pdesc = _tma_device(u) and u.is_contiguous() and tma_ok(bp)
-            descs = ((TensorDescriptor.from_tensor(u2, [sub_m, ek]), rows_desc(bp, [cfg.block_n, ek]))
-                     if pdesc else (out, out))
+        pdesc = _tma_device(u) and u.is_contiguous() and bp.is_contiguous() and packed_tma_ok(bp)
+        u2, bp2 = u.view(u.shape[0], P * C), bp.view(-1, P * C)
+        descs = ((TensorDescriptor.from_tensor(u2, [sub_m, ek]), TensorDescriptor.from_tensor(bp2, [cfg.block_n, ek]))
+                 if pdesc else (out, out))
         pack, pack_ints = (u2, packed.blk, bp), (u2.stride(0), bp.stride(0), bp.stride(1)) + descs
-        L = packed.lora_ids.shape[0] if tail else 0
-        if tail:  # the launch's adapters decide the tail's length (kernel: `tail`)
-            fold = (out, out, out, packed.lora_ids, packed.enabled)
+        L = packed.lora_ids.shape[0]  # the launch-wide guard reads the (L,) slot ids and flags
+        fold = (out, out, out, packed.lora_ids, packed.enabled)
         fold_ints = (0, L, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
         fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
-                       PACK_DESC=not tail and pdesc, TAIL=tail, L_POW2=pow2(L) if tail else 1)
+                       PACK_DESC=pdesc, L_POW2=pow2(L))
     fused_moe_kernel[grid](
-        x, wk, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
+        x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
-        x.stride(0), x.stride(1), wk.stride(0), wk.stride(1), wk.stride(2), out.stride(0), out.stride(1), w_desc,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
         *fold, *fold_ints, *fold_descs, *pack, *pack_ints,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,

@@ -16,15 +16,17 @@ expand is the base loop's own dot on a dense box of u against a slice of B_packe
 the GEMM keeps the plain GEMM's tile table (persistent grids, sub-blocks). The shrink also writes each alignment
 block's column range [lo, hi) of the slots its live pairs use; a block with nothing live gets (0, 0) and the GEMM
 runs no extra iteration there. With every adapter disabled both kernels launch (the CUDA-graph case) and the GPU
-decides: the shrink reads the metadata and exits, the GEMM reads two integers per tile.
+decides, launch-wide, from the L slot ids and flags: every shrink program exits, and every GEMM program runs the plain
+GEMM's own loop (the expand's loop in the other branch would cost the plain GEMM's loop structure: a persistent grid's
+tile loop and K loop are flattened into one only where no other loop sits beside the K loop).
 """
 import torch
 import triton
 import triton.language as tl
 
 from .common import pow2, stages_for
-from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm, tail_unfit
+from .configs import GemmConfig, block_r
+from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
@@ -41,10 +43,17 @@ def packed_shrink_kernel(
     K, R, S, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
-    GATHER: tl.constexpr,
+    GATHER: tl.constexpr, L_POW2: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     p = tl.program_id(1)  # the slice
+    # No adapter live in the launch (the CUDA-graph replay of a batch without LoRA): the GEMM takes its plain loop
+    # and reads neither u nor blk (`fused_moe_kernel`'s launch-wide guard), so every program ends here.
+    offs_l = tl.arange(0, L_POW2)
+    lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
+    en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
+    if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) == 0:
+        return
     if pid_m * BLOCK_M >= tl.load(ntpp_ptr):  # past the padded end: the GEMM reads nothing of this block
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
@@ -106,16 +115,6 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
     return bp.reshape(E, P * NS, P * pow2(S) * br)
 
 
-def extend_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
-    """w (E, N, K) and `pack_lora_b`'s (E, N, P * C) side by side along K: w_ext (E, N, K + P * C), the tail build's
-    one weight tensor. Allocate it once with the base weights (the model then keeps w as w_ext[..., :K], a view) and
-    let the adapter pool write w_ext[..., K:] in place on every load; this copy is for benchmarks and tests."""
-    if w.dim() != 3 or b_packed.dim() != 3 or w.shape[:2] != b_packed.shape[:2] or w.dtype != b_packed.dtype:
-        raise ValueError(f"extend_weights: w (E, N, K) and b_packed (E, N, P * C) must share E, N and dtype; got "
-                         f"{w.dtype} {tuple(w.shape)} and {b_packed.dtype} {tuple(b_packed.shape)}")
-    return torch.cat([w, b_packed], dim=2).contiguous()
-
-
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`."""
@@ -130,7 +129,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
-        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), num_warps=num_warps,
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), num_warps=num_warps,
         num_stages=stages,
     )
     LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, PACK_C=u.shape[2],
@@ -140,7 +139,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False, w_ext=None):
+                         shrink_out=None, per_slot: bool = False):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -148,10 +147,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
 
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
-    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
-    w_ext: `extend_weights(w, b_packed)`'s layout with w = w_ext[..., :K] (a view of it): the tail build, the
-    expand as the last iterations of the base GEMM's one K loop (the plain GEMM's loop structure: a persistent
-    grid stays flattened), where the tile allows it (`tail_unfit`); elsewhere the extra loop on w_ext[..., K:]."""
+    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -160,20 +156,9 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     S, E = lora_a.shape[1], lora_a.shape[2]
     br = block_r(R)
     C = pow2(S) * br
-    tail = None
-    if w_ext is not None:
-        if (w_ext.shape != (E, N, K + P * C) or w_ext.dtype != x.dtype or not w_ext.is_contiguous()
-                or w.data_ptr() != w_ext.data_ptr() or w.stride() != w_ext.stride()):
-            raise ValueError(f"w_ext must be a contiguous {x.dtype} (E, N, K + P * C)={(E, N, K + P * C)} tensor and "
-                             f"w its view w_ext[..., :K]; got w_ext {w_ext.dtype} {tuple(w_ext.shape)}, w strides "
-                             f"{w.stride()} against w_ext's {w_ext.stride()}")
-        b_packed = w_ext[..., K:]
-        config = config or gemm_config(num_pairs // top_k, bm, N, K, E)
-        tail = None if tail_unfit(x, config, K, C) else w_ext
     if b_packed is None:
         b_packed = pack_lora_b(lora_b, br)
-    elif b_packed.shape != (E, N, P * C) or b_packed.dtype != x.dtype or not (w_ext is not None
-                                                                              or b_packed.is_contiguous()):
+    elif b_packed.shape != (E, N, P * C) or b_packed.dtype != x.dtype or not b_packed.is_contiguous():
         raise ValueError(f"b_packed must be pack_lora_b(lora_b): a contiguous {x.dtype} tensor of shape "
                          f"(E, N, P * C)={(E, N, P * C)}, got {b_packed.dtype} {tuple(b_packed.shape)}")
     shape = (align.sorted_token_ids.shape[1], P, C)
@@ -187,6 +172,6 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, br if per_slot else C, tail, lora_ids, adapter_enabled))
-    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C, tail=tail is not None)
+             packed=Packed(u, blk, b_packed, br if per_slot else C, lora_ids, adapter_enabled))
+    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
     return out

@@ -20,8 +20,7 @@ from lora_moe_lab.kernels.configs import GemmConfig, block_r
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
 from lora_moe_lab.kernels.fused_moe_lora_folded import LAST_FOLDED_LAUNCH, moe_gemm_lora_folded
-from lora_moe_lab.kernels.fused_moe_lora_packed import (LAST_PACKED_LAUNCH, extend_weights, moe_gemm_lora_packed,
-                                                     pack_lora_b)
+from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH, moe_gemm_lora_packed
 from lora_moe_lab.ops.reference import ref_moe_gemm, tolerance
 from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
@@ -179,54 +178,24 @@ def test_folded_path_has_no_host_sync(variant, sync_check):
                              **FOLD_VARIANTS[variant])
 
 
-def packed_tail(x, w, al, top_k, out, a, b, *args, **kw):
-    """The tail build: w_ext = w | B_packed along K (`extend_weights`), the GEMM on its view w_ext[..., :K]."""
-    w_ext = extend_weights(w, pack_lora_b(b))
-    return moe_gemm_lora_packed(x, w_ext[..., :w.shape[2]], al, top_k, out, a, b, *args, w_ext=w_ext, **kw)
+@pytest.mark.parametrize("variant", ["all", "persist_sub"])
+def test_packed_live_adapters_but_no_live_pair_is_the_plain_gemm(variant):
+    """Adapters live in the launch but no token uses one: the GEMM takes its packed branch (the launch-wide guard
+    passes), every block's range is empty, and every row equals the plain GEMM's bit for bit."""
+    c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[-1, -1, -1, -1], enabled=[1, 1])
+    codes = run_fused(c, torch.float32, 4, 2, 2, 16,
+                      impl=functools.partial(moe_gemm_lora_packed, **PACKED_VARIANTS[variant]))
+    assert (codes != 0).all()
 
 
-TAIL_TILES = {"tile": GemmConfig(32, 32, 4, 4, 2), "tile_tma": GemmConfig(16, 32, 4, 4, 2, w_desc=True),
-              # a persistent grid of sub-blocks with flattened loops: the tail keeps one K loop
-              "persist_sub": GemmConfig(16, 32, 4, 4, 2, w_desc=True, persistent=2, flatten=True, sub_m=16,
-                                        early_loads=True)}
-
-
-@pytest.mark.parametrize("tile", TAIL_TILES)
-@pytest.mark.parametrize("bm", [16, 32])
-def test_packed_tail_random(bm, tile):
-    """The tail build (the expand as the last iterations of the base GEMM's one K loop) on fresh random cases:
-    K and the slot columns multiples of BLOCK_K, gate_up (with tiles across the gate/up boundary) and down,
-    many slots per block, rows without adapter (bit-exact with the plain GEMM), u NaN-poisoned."""
-    for seed in range(3):
-        g = torch.Generator().manual_seed(31 * bm + seed)
-        M, N = (int(v) for v in torch.randint(12, 40, (2,), generator=g))
-        K = 32 * int(torch.randint(1, 4, (1,), generator=g))
-        P, gather = (2, True) if seed % 2 == 0 else (1, False)
-        c = make_case(bm + seed, M, K, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
-                      lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
-        impl = functools.partial(packed_tail, config=TAIL_TILES[tile])
-        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, impl=impl)
-        assert LAST_PACKED_LAUNCH["tail"], "the tail build did not run"
-        assert (codes == 0).any()
-
-
-def test_packed_tail_falls_back_where_the_tile_does_not_fit():
-    """K = 40 is no multiple of BLOCK_K = 32: the extra loop over w_ext[..., K:] runs instead, the same sums."""
-    c = make_case(4, 7, 40, 24, 5, 3, 4, 3, 16, 2, lora_ids=[2, -1, 0], enabled=[1, 1, 0])
-    run_fused(c, torch.float32, 5, 3, 2, 24, impl=functools.partial(packed_tail, config=TAIL_TILES["tile"]))
-    assert not LAST_PACKED_LAUNCH["tail"]
-
-
-def test_packed_tail_errors():
-    c = make_case(1, 2, 32, 8, 4, 2, 2, 2, 4, 2)
-    x, a, b, ids, m, lid, en = (c[k].to(DEV) for k in ("x", "a", "b", "ids", "mapping", "lora_ids", "enabled"))
-    w = torch.randn(4, 16, 32, device=DEV)
-    al = moe_align(ids, 4, 16)
-    out = torch.empty(4, 16, device=DEV)
-    w_ext = extend_weights(w, pack_lora_b(b))
-    with pytest.raises(ValueError, match="w its view"):  # w is not the view of w_ext
-        moe_gemm_lora_packed(x, w, al, 2, out, a, b, m, lid, en, w_ext=w_ext)
-    with pytest.raises(ValueError, match="evenly spaced rows"):
-        moe_gemm(x, torch.randn(4, 16, 64, device=DEV)[:, :, ::2], al, 2, out)  # K stride 2
-    with pytest.raises(ValueError, match="share E, N"):
-        extend_weights(w, pack_lora_b(b)[:, :8])
+def test_packed_shrink_with_nothing_live_writes_nothing():
+    """Every adapter disabled: every shrink program ends before its block (the GEMM then runs its plain loop and
+    reads neither u nor the block ranges), so both stay as they were."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
+    c = make_case(5, 6, 32, 16, 4, 2, 2, 2, 8, 2, enabled=[0, 0])
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    al = moe_align(d["ids"], 4, 16)
+    u = torch.full((al.sorted_token_ids.shape[1], 2, 2 * 16), float("nan"), device=DEV)
+    blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+    lora_shrink_packed(d["x"], d["a"], al, 2, d["mapping"], d["lora_ids"], d["enabled"], u, blk)
+    assert torch.isnan(u).all() and (blk == -7).all()
