@@ -36,6 +36,7 @@ timed region):
            the plain loop) and with adapters live but no pair in any block (`gemm_packed_idle`: the packed loop, every
            block's range empty; fold_s12 and fold_s14, before the guard, measured this as `gemm_packed_off`);
            LoRA's added time in % of the base.
+  shrink   the packed shrink's tiles (block_k, warps, stages) per op at SHRINK_M against the committed one.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -72,7 +73,7 @@ from lora_moe_lab.kernels.common import pow2
 from lora_moe_lab.kernels.fused_moe import Folded, Packed, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
-from lora_moe_lab.kernels.fused_moe_lora_packed import moe_gemm_lora_packed, pack_lora_b
+from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, moe_gemm_lora_packed, pack_lora_b
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -444,6 +445,48 @@ def packed(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+SHRINK_M = (1024, 8192)
+SHRINK_TILES = tuple((bk, nw, st) for bk in (32, 64, 128) for nw in (4, 8) for st in (2, 3, 4))
+
+
+def shrink(preset, dev, gen, reps):
+    """The packed shrink's tile sweep (block_k, warps, stages; BLOCK_M is the alignment's) per op at SHRINK_M, every
+    tile against the committed one (64, 4, 3), interleaved: which tile the next table should take."""
+    sh = get_shape(preset)
+    k = sh.top_k
+    a13, _, a2, _ = kc.weights(sh, dev, gen)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)
+    on = torch.ones_like(lids)
+    for M in SHRINK_M:
+        sets, bm, _, _ = _aligned_sets(sh, M, dev, gen)
+        for op in ("gate_up", "down"):
+            gu = op == "gate_up"
+            a, X = (a13, "x") if gu else (a2, "act")
+            C = pow2(S) * block_r(a.shape[3])
+            for s in sets:
+                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
+                s["blk"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+
+            def run(s, t):
+                lora_shrink_packed(s[X], a, s["al"], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu,
+                                   block_k=t[0], num_warps=t[1], num_stages=t[2])
+
+            arms = {f"bk{t[0]}/w{t[1]}/s{t[2]}": (lambda s, t=t: run(s, t)) for t in SHRINK_TILES
+                    if _compiles(lambda t=t: run(sets[0], t))}
+            med, s_, wc = _interleave(arms, sets, 1, reps)
+            ref = "bk64/w4/s3"
+            for nm in arms:
+                r = bootstrap_paired(s_[nm], s_[ref], "ratio_of_medians")
+                row(section="shrink", preset=preset, op=op, M=M, block_m=bm, tile=nm, us=med[nm],
+                    over_committed=r[0], over_committed_lo=r[1], over_committed_hi=r[2], reps=reps,
+                    kept=len(s_[nm]), stable=wc.stable, warmup=wc.note, interval=METHOD_BOOT)
+            best = min(med, key=med.get)
+            log(f"shrink {preset} {op:<7} M={M:>5}: committed {med[ref]:7.1f} us, best {best} {med[best]:7.1f} us; "
+                + "  ".join(f"{nm} {med[nm]:.1f}" for nm in sorted(med, key=med.get)[:6]) + f"  {wc.note}")
+        sets = None
+        torch.cuda.empty_cache()
+
+
 def _compiles(fn) -> bool:
     """fn() once; False (and the compiler's reason logged) where ptxas refuses it, e.g. a register cap below
     what one instruction needs: that arm is left out of the point, not the whole preset."""
@@ -617,7 +660,8 @@ def main(argv=None):
     if "check" in secs:
         rec.section("check", check, dev, gen, args.cases, args.diffs.split(","))
         log(f"[check done at {time.time() - t0:.0f}s]")
-    for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("layer", layer, ())):
+    for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("shrink", shrink, (gen,)),
+                           ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
                 rec.section(f"{sec} {preset}", fn, preset, dev, *extra, args.reps)
