@@ -122,8 +122,7 @@ def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, 
         u = torch.empty(al.sorted_token_ids.shape[1], P, slots * br, dtype=torch.bfloat16)
         blk = torch.zeros(al.expert_ids.shape[1], 2, dtype=torch.int32)
         packed = fused_moe.Packed(u, blk, torch.empty(E, N, P * slots * br, dtype=torch.bfloat16),
-                                  br if folded == "packed_slot" else slots * br,
-                                  torch.arange(slots, dtype=torch.int32), torch.ones(slots, dtype=torch.int32))
+                                  br if folded == "packed_slot" else slots * br)
     elif folded:
         P = 2 if op == "gate_up" else 1
         t = torch.empty(al.sorted_token_ids.shape[1], P, block_r(rank), dtype=torch.bfloat16)

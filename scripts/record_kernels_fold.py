@@ -31,12 +31,13 @@ timed region):
            checked for drift; percentile-bootstrap 95 % intervals of the paired ratios and differences.
   packed   per preset, op and M: the packed build (kernels/fused_moe_lora_packed.py) against the base GEMM and the
            separate delta (with its LoRA alignment): one dot over every slot (`packed`), one per slot on the alignment
-           ordered by LoRA row (`packed_slot`, priced with the ordered alignment's extra time), all disabled
-           (`packed_off`), its GEMM alone with every adapter disabled (`gemm_packed_off`: the launch-wide guard runs
-           the plain loop) and with adapters live but no pair in any block (`gemm_packed_idle`: the packed loop, every
-           block's range empty; fold_s12 and fold_s14, before the guard, measured this as `gemm_packed_off`);
-           LoRA's added time in % of the base.
-  shrink   the packed shrink's tiles (block_k, warps, stages) per op at SHRINK_M against the committed one.
+           ordered by LoRA row (`packed_slot`, priced with the ordered alignment's extra time), both with the shrink
+           in programs of 64 or 32 rows (`packed_sub64`, `packed_slot_sub32`, ...), all disabled
+           (`packed_off`) and its GEMM alone with nothing live (`gemm_packed_off`: every block's range empty; in
+           fold_s15, whose GEMM had a launch-wide guard, the guard's plain branch, and `gemm_packed_idle` the packed
+           branch with every range empty); LoRA's added time in % of the base.
+  shrink   the packed shrink's tiles (block_k, warps, stages, rows per program) per op at SHRINK_M against the
+           committed one.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -200,8 +201,9 @@ PACKED_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(64, 64, 8, 4, 3, w_desc=
 
 
 def _packed_case(rng, g, dev, i):
-    """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES; `out`
-    and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
+    """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES, the
+    shrink in whole blocks or in programs of 16 rows; `out` and u NaN-poisoned; (error against float64, rows without
+    a live adapter bit-exact with the plain GEMM)."""
     P, gather = (2, True) if i % 2 == 0 else (1, False)
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
@@ -215,8 +217,9 @@ def _packed_case(rng, g, dev, i):
     moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gather, config=cfg)
     out = torch.full_like(base, float("nan"))
     u = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"), dtype=x.dtype, device=dev)
+    sub = 16 if (i // 4) % 2 == 1 and bm > 16 else 0  # the shrink in programs of 16 rows
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
-                         gather=gather, config=cfg, shrink_out=u, per_slot=slot)
+                         gather=gather, config=cfg, shrink_out=u, per_slot=slot, shrink_sub_m=sub)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -398,21 +401,20 @@ def packed(preset, dev, gen, reps):
             def delta(s):
                 _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2)
 
-            def pk(s, en, slot=False):
+            def pk(s, en, slot=False, sub=0):
                 moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, en,
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
-                                     per_slot=slot)
+                                     per_slot=slot, shrink_sub_m=sub)
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)),
                     "packed": lambda s: pk(s, on), "packed_slot": lambda s: pk(s, on, True),
+                    # the shrink in programs of 64 / 32 rows (the alignment's BLOCK_M when that is no more)
+                    **{f"packed{sl}_sub{r}": (lambda s, r=r, sl=sl: pk(s, on, sl == "_slot", r))
+                       for r in SUB_ROWS for sl in ("", "_slot")},
                     "packed_off": lambda s: pk(s, off),
                     "gemm_packed_off": lambda s: moe_gemm(
                         s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                        packed=Packed(s["u"], s["blk0"], bp, C, lids, off)),
-                    # adapters live, no pair of any block: the packed branch with every block's range empty
-                    "gemm_packed_idle": lambda s: moe_gemm(
-                        s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                        packed=Packed(s["u"], s["blk0"], bp, C, lids, on)),
+                        packed=Packed(s["u"], s["blk0"], bp, C)),
                     "base_ordered": lambda s: base(s, "al_ord"),
                     "align": lambda s: moe_align(s["ids"], E, bm),
                     "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
@@ -423,17 +425,20 @@ def packed(preset, dev, gen, reps):
             # needs the ordered base alignment in place of the plain one
             sep = [v + la for v, la in zip(s_["separate"], s_.get("lora_align", [0.0] * len(s_["separate"])))]
             slot_l = [v + ao - al for v, ao, al in zip(s_["packed_slot"], s_["align_ordered"], s_["align"])]
+            subs = {f"packed{sl}_sub{r}": [v + (ao - al if sl else 0.0) for v, ao, al in
+                                           zip(s_[f"packed{sl}_sub{r}"], s_["align_ordered"], s_["align"])]
+                    for r in SUB_ROWS for sl in ("", "_slot")}
             rat = {"packed": bootstrap_paired(s_["packed"], sep, "ratio_of_medians"),
                    "packed_slot": bootstrap_paired(slot_l, sep, "ratio_of_medians"),
+                   **{nm: bootstrap_paired(v, sep, "ratio_of_medians") for nm, v in subs.items()},
                    "packed_off": bootstrap_paired(s_["packed_off"], s_["base"], "ratio_of_medians"),
-                   "gemm_packed_off": bootstrap_paired(s_["gemm_packed_off"], s_["base"], "ratio_of_medians"),
-                   "gemm_packed_idle": bootstrap_paired(s_["gemm_packed_idle"], s_["base"], "ratio_of_medians")}
+                   "gemm_packed_off": bootstrap_paired(s_["gemm_packed_off"], s_["base"], "ratio_of_medians")}
             share = {nm: bootstrap_paired(v, s_["base"], "median_change_pct")
                      for nm, v in (("separate", sep), ("packed", s_["packed"]), ("packed_slot", slot_l))}
             row(section="packed", preset=preset, op=op, M=M, block_m=bm, path="decode" if dec else "aligned",
                 reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
                 **{f"{nm}_us": v for nm, v in med.items()},
-                **{f"{nm}_over_{'separate' if nm in ('packed', 'packed_slot') else 'base'}{sfx}": rat[nm][j]
+                **{f"{nm}_over_{'base' if nm.endswith('_off') else 'separate'}{sfx}": rat[nm][j]
                    for nm in rat for j, sfx in enumerate(("", "_lo", "_hi"))},
                 **{f"{nm}_added_pct{sfx}": share[nm][j] for nm in share for j, sfx in enumerate(("", "_lo", "_hi"))},
                 interval=METHOD_BOOT)
@@ -445,13 +450,16 @@ def packed(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+SUB_ROWS = (64, 32)  # the packed section's shrinks in programs of fewer rows than the alignment's BLOCK_M
 SHRINK_M = (1024, 8192)
-SHRINK_TILES = tuple((bk, nw, st) for bk in (32, 64, 128) for nw in (4, 8) for st in (2, 3, 4))
+SHRINK_TILES = ((64, 4, 3, 0), (64, 4, 4, 0), (32, 4, 4, 0), (64, 4, 3, 64), (64, 4, 4, 64), (32, 4, 4, 64),
+                (128, 4, 3, 64), (64, 8, 3, 64), (64, 4, 3, 32), (64, 4, 4, 32), (32, 4, 4, 32), (128, 4, 3, 32),
+                (64, 4, 2, 32), (128, 4, 2, 32))  # (block_k, warps, stages, sub_m: rows per program, 0 = BLOCK_M)
 
 
 def shrink(preset, dev, gen, reps):
-    """The packed shrink's tile sweep (block_k, warps, stages; BLOCK_M is the alignment's) per op at SHRINK_M, every
-    tile against the committed one (64, 4, 3), interleaved: which tile the next table should take."""
+    """The packed shrink's tile sweep (block_k, warps, stages, rows per program) per op at SHRINK_M, every tile
+    against the committed one (64, 4, 3, the alignment's BLOCK_M), interleaved: which tile the table should take."""
     sh = get_shape(preset)
     k = sh.top_k
     a13, _, a2, _ = kc.weights(sh, dev, gen)
@@ -469,10 +477,10 @@ def shrink(preset, dev, gen, reps):
 
             def run(s, t):
                 lora_shrink_packed(s[X], a, s["al"], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu,
-                                   block_k=t[0], num_warps=t[1], num_stages=t[2])
+                                   block_k=t[0], num_warps=t[1], num_stages=t[2], sub_m=t[3])
 
-            arms = {f"bk{t[0]}/w{t[1]}/s{t[2]}": (lambda s, t=t: run(s, t)) for t in SHRINK_TILES
-                    if _compiles(lambda t=t: run(sets[0], t))}
+            arms = {f"bk{t[0]}/w{t[1]}/s{t[2]}" + (f"/sub{t[3]}" if t[3] else ""): (lambda s, t=t: run(s, t))
+                    for t in SHRINK_TILES if (not t[3] or t[3] < bm) and _compiles(lambda t=t: run(sets[0], t))}
             med, s_, wc = _interleave(arms, sets, 1, reps)
             ref = "bk64/w4/s3"
             for nm in arms:
@@ -670,10 +678,10 @@ def main(argv=None):
 
 
 def _dry():
-    global KERNEL_M, LAYER_M, CHECK_M, BF
+    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF
     harness.set_dry()
     kc.set_tiny()
-    KERNEL_M, LAYER_M, CHECK_M, BF = (1, 16), (16,), (1, 16), torch.float32
+    KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF = (1, 16), (16,), (1, 16), (16,), torch.float32
     torch.cuda.synchronize = lambda *a: None
     return torch.device("cpu")
 

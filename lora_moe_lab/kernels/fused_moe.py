@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from .common import (BASE_SMEM_BUDGET, FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
-                     check_tensor, num_pairs_of, num_sms, pow2, reg_cap, stages_for)
+                     check_tensor, num_pairs_of, num_sms, reg_cap, stages_for)
 from .configs import GemmConfig, gemm_config
 
 
@@ -170,8 +170,7 @@ def fused_moe_kernel(
     # ---- the folded LoRA expand (read only when LORA; kernels/fused_moe_lora_folded.py) ----
     t_ptr,  # (EM, P, BLOCK_R) the shrink of each pair with a live adapter, in the alignment's order
     b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
-    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row (and,
-    # PACKED, whether any adapter is live)
+    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
     R, L, NS,
     stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
     t_desc, b_desc,  # TMA descriptors of t (EM, P * BLOCK_R) and B (P*S*E*NS, R); read only when FOLD_DESC
@@ -187,55 +186,8 @@ def fused_moe_kernel(
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
-    PACK_DESC: tl.constexpr = False, L_POW2: tl.constexpr = 1,
+    PACK_DESC: tl.constexpr = False,
 ):
-    if PACKED:
-        # The packed expand's launch-wide guard, on the GPU: with no adapter live (every one disabled: the CUDA-graph
-        # replay of a batch without LoRA) every program runs the plain GEMM's own loop, flattened and pipelined as
-        # the plain GEMM is; the expand's extra loop in the other branch would otherwise cost its loop structure
-        # even where it runs no iteration (docs/kernels.md, "The disabled cost"). One uniform branch per program,
-        # outside every loop, from the L slot ids and flags.
-        offs_l = tl.arange(0, L_POW2)
-        lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
-        en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
-        if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) > 0:
-            _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs,
-                     num_blocks, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on,
-                     w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp,
-                     stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr,
-                     stride_um, stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER,
-                     HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN,
-                     EARLY_LOADS, SUB, True, PACK_C, EXPAND_K, PACK_DESC)
-        else:
-            _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs,
-                     num_blocks, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on,
-                     w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp,
-                     stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr,
-                     stride_um, stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER,
-                     HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN,
-                     EARLY_LOADS, SUB, False, PACK_C, EXPAND_K, PACK_DESC)
-    else:
-        _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs, num_blocks,
-                 top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc, t_ptr,
-                 b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp, stride_bs,
-                 stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr, stride_um, stride_pe,
-                 stride_pn, u_desc, bp_desc, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC,
-                 LORA, BLOCK_R, P, STRADDLE, FOLD_DESC, PERSIST, FLATTEN, EARLY_LOADS, SUB, False, PACK_C, EXPAND_K,
-                 PACK_DESC)
-
-
-@triton.jit
-def _program(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, rw_ptr, N, K, num_pairs, num_blocks,
-             top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
-             t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
-             stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc, u_ptr, blk_ptr, bp_ptr, stride_um,
-             stride_pe, stride_pn, u_desc, bp_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, GATHER: tl.constexpr, HAS_RW: tl.constexpr,
-             EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr, LORA: tl.constexpr,
-             BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr, FOLD_DESC: tl.constexpr,
-             PERSIST: tl.constexpr, FLATTEN: tl.constexpr, EARLY_LOADS: tl.constexpr, SUB: tl.constexpr,
-             PACKED: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
-    """One program of `fused_moe_kernel`: its tile, or its share of the tiles on a persistent grid."""
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
     # one dense matmul too. A sub-block of padding only returns at once (a program per tile) or runs masked
@@ -429,14 +381,11 @@ class Packed(NamedTuple):
     """The packed LoRA expand's operands (kernels/fused_moe_lora_packed.py builds them): u (EM, P, C) each pair's
     shrink in its slice's and slot's columns, blk (alignment blocks, 2) int32 the columns [lo, hi) each block's
     live pairs use, b_packed (E, N, P * C) every slot's B side by side; expand_k: the depth of one expand dot (C, or
-    BLOCK_R: one per slot in the block's range). TMA descriptors where the GPU and the tensors allow them. lora_ids,
-    enabled (L,) int32: the launch's slot ids and flags; with none live every program runs the plain GEMM's loop."""
+    BLOCK_R: one per slot in the block's range). TMA descriptors where the GPU and the tensors allow them."""
     u: torch.Tensor
     blk: torch.Tensor
     b_packed: torch.Tensor
     expand_k: int
-    lora_ids: torch.Tensor
-    enabled: torch.Tensor
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -497,11 +446,9 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         descs = ((TensorDescriptor.from_tensor(u2, [sub_m, ek]), TensorDescriptor.from_tensor(bp2, [cfg.block_n, ek]))
                  if pdesc else (out, out))
         pack, pack_ints = (u2, packed.blk, bp), (u2.stride(0), bp.stride(0), bp.stride(1)) + descs
-        L = packed.lora_ids.shape[0]  # the launch-wide guard reads the (L,) slot ids and flags
-        fold = (out, out, out, packed.lora_ids, packed.enabled)
-        fold_ints = (0, L, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
+        fold_ints = (0, 0, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
         fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
-                       PACK_DESC=pdesc, L_POW2=pow2(L))
+                       PACK_DESC=pdesc)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,

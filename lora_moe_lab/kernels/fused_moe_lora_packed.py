@@ -16,9 +16,9 @@ expand is the base loop's own dot on a dense box of u against a slice of B_packe
 the GEMM keeps the plain GEMM's tile table (persistent grids, sub-blocks). The shrink also writes each alignment
 block's column range [lo, hi) of the slots its live pairs use; a block with nothing live gets (0, 0) and the GEMM
 runs no extra iteration there. With every adapter disabled both kernels launch (the CUDA-graph case) and the GPU
-decides, launch-wide, from the L slot ids and flags: every shrink program exits, and every GEMM program runs the plain
-GEMM's own loop (the expand's loop in the other branch would cost the plain GEMM's loop structure: a persistent grid's
-tile loop and K loop are flattened into one only where no other loop sits beside the K loop).
+decides: every shrink program reads the L slot ids and flags, writes its block's empty range and exits, and the GEMM
+reads two integers per tile. (A launch-wide branch in the GEMM to the plain loop was slower at the persistent tiles,
+in both branches: data/kernels/fold_s15.)
 """
 import torch
 import triton
@@ -43,21 +43,28 @@ def packed_shrink_kernel(
     K, R, S, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
-    GATHER: tl.constexpr, L_POW2: tl.constexpr,
+    GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1,
 ):
-    pid_m = tl.program_id(0)
+    # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
+    # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
+    pid = tl.program_id(0)
+    pid_m = pid // SUB  # the alignment block
     p = tl.program_id(1)  # the slice
-    # No adapter live in the launch (the CUDA-graph replay of a batch without LoRA): the GEMM takes its plain loop
-    # and reads neither u nor blk (`fused_moe_kernel`'s launch-wide guard), so every program ends here.
+    writer = (p == 0) & (pid % SUB == 0)  # one writer of the block's range
+    # No adapter live in the launch (the CUDA-graph replay of a batch without LoRA): the block's range is empty,
+    # written from the L slot ids and flags alone, before any of the block's metadata gathers.
     offs_l = tl.arange(0, L_POW2)
     lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
     en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
     if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) == 0:
+        if writer:
+            tl.store(blk_ptr + 2 * pid_m, 0)
+            tl.store(blk_ptr + 2 * pid_m + 1, 0)
         return
-    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):  # past the padded end: the GEMM reads nothing of this block
+    if pid_m * SUB * BLOCK_M >= tl.load(ntpp_ptr):  # past the padded end: the GEMM reads nothing of this block
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
+    pair, valid = block_pairs(sorted_ids_ptr, pid, num_pairs, BLOCK_M)  # this program's rows
     tok = pair // top_k
     if GATHER:
         row = tok
@@ -66,12 +73,24 @@ def packed_shrink_kernel(
     _, slot, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
     live = live & (slot < S) & (expert >= 0)  # expert -1: a block no rank's expert owns
     n_live = tl.sum(live.to(tl.int32), 0)
-    s_lo = tl.min(tl.where(live, slot, S_POW2), 0)
-    s_hi = tl.max(tl.where(live, slot, -1), 0) + 1
-    if p == 0:  # one writer per block; (0, 0) when nothing is live: the GEMM adds nothing there
-        tl.store(blk_ptr + 2 * pid_m, tl.where(n_live > 0, s_lo * BLOCK_R, 0))
-        tl.store(blk_ptr + 2 * pid_m + 1, tl.where(n_live > 0, s_hi * BLOCK_R, 0))
+    if SUB == 1:
+        blk_slot, blk_live = slot, live
+    else:  # the range covers the whole alignment block: its first program reads every row's slot
+        pair_b, valid_b = block_pairs(sorted_ids_ptr, pid_m, num_pairs, SUB * BLOCK_M)
+        _, blk_slot, blk_live = _folded_rows(pair_b, valid_b & writer, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr,
+                                             L)
+        blk_live = blk_live & (blk_slot < S) & (expert >= 0)
+    if writer:  # (0, 0) when nothing is live: the GEMM adds nothing there
+        any_b = tl.sum(blk_live.to(tl.int32), 0) > 0
+        tl.store(blk_ptr + 2 * pid_m, tl.where(any_b, tl.min(tl.where(blk_live, blk_slot, S_POW2), 0) * BLOCK_R, 0))
+        tl.store(blk_ptr + 2 * pid_m + 1, tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R,
+                                                   0))
     if n_live == 0:
+        if SUB > 1:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
+            offs_c0 = tl.arange(0, S_POW2 * BLOCK_R)
+            rows0 = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+            tl.store(u_ptr + rows0[:, None] * stride_um + p * stride_up + offs_c0[None, :],
+                     tl.zeros((BLOCK_M, S_POW2 * BLOCK_R), dtype=u_ptr.dtype.element_ty), mask=valid[:, None])
         return
     # Every slot's A side by side (S_POW2 * BLOCK_R columns); each pair keeps its own slot's, the rest become zeros.
     offs_c = tl.arange(0, S_POW2 * BLOCK_R)
@@ -93,7 +112,7 @@ def packed_shrink_kernel(
         a_ptrs += BLOCK_K * stride_ak
     # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the same
     # way). Every real row is written, zeros where the pair has no live adapter: the GEMM masks nothing per row.
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     tl.store(u_ptr + rows[:, None] * stride_um + p * stride_up + offs_c[None, :],
              tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -116,30 +135,34 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 
 
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
-                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
-    """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`."""
+                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0):
+    """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
+    sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them)."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
     bm, br = align.block_m, u.shape[2] // pow2(S)
+    rows = sub_m if sub_m and sub_m < bm else bm
+    if bm % rows or rows < 16:
+        raise ValueError(f"lora_shrink_packed: sub_m={sub_m} must be a power of two >= 16 dividing BLOCK_M={bm}")
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
-    stages = stages_for(num_stages, (bm * bk + bk * u.shape[2]) * x.element_size())
-    packed_shrink_kernel[(nb_launch, P)](
+    stages = stages_for(num_stages, (rows * bk + bk * u.shape[2]) * x.element_size())
+    packed_shrink_kernel[(nb_launch * (bm // rows), P)](
         x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
-        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), num_warps=num_warps,
-        num_stages=stages,
+        BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
+        num_warps=num_warps, num_stages=stages,
     )
-    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br, PACK_C=u.shape[2],
-                              shrink_stages=stages)
+    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
+                              PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows)
     return u
 
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False):
+                         shrink_out=None, per_slot: bool = False, shrink_sub_m: int = 0):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -147,7 +170,8 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
 
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
-    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block)."""
+    columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
+    shrink_sub_m: the shrink's rows per program (`lora_shrink_packed`'s sub_m)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -170,8 +194,9 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     else:
         u = shrink_out
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
-    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather)
+    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
+                       sub_m=shrink_sub_m)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, br if per_slot else C, lora_ids, adapter_enabled))
+             packed=Packed(u, blk, b_packed, br if per_slot else C))
     LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
     return out

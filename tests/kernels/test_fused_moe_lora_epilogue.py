@@ -127,7 +127,9 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    # the plain GEMM's tile table as it is: a persistent grid over sub-blocks, flattened loops
                    "persist_sub": dict(per_slot=True, config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True,
                                                                          sub_m=16, early_loads=True)),
-                   "sub": dict(config=GemmConfig(32, 16, 4, 4, 2, sub_m=16))}
+                   "sub": dict(config=GemmConfig(32, 16, 4, 4, 2, sub_m=16)),
+                   # the shrink in programs of 16 rows: a program without live rows in a live block writes zeros
+                   "shrink_sub": dict(shrink_sub_m=16)}
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -180,17 +182,17 @@ def test_folded_path_has_no_host_sync(variant, sync_check):
 
 @pytest.mark.parametrize("variant", ["all", "persist_sub"])
 def test_packed_live_adapters_but_no_live_pair_is_the_plain_gemm(variant):
-    """Adapters live in the launch but no token uses one: the GEMM takes its packed branch (the launch-wide guard
-    passes), every block's range is empty, and every row equals the plain GEMM's bit for bit."""
+    """Adapters live in the launch but no token uses one: every block's range is empty, and every row equals the
+    plain GEMM's bit for bit."""
     c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[-1, -1, -1, -1], enabled=[1, 1])
     codes = run_fused(c, torch.float32, 4, 2, 2, 16,
                       impl=functools.partial(moe_gemm_lora_packed, **PACKED_VARIANTS[variant]))
     assert (codes != 0).all()
 
 
-def test_packed_shrink_with_nothing_live_writes_nothing():
-    """Every adapter disabled: every shrink program ends before its block (the GEMM then runs its plain loop and
-    reads neither u nor the block ranges), so both stay as they were."""
+def test_packed_shrink_with_nothing_live_writes_empty_ranges_only():
+    """Every adapter disabled: every shrink program writes its block's empty range and ends before its block's
+    metadata, so u stays as it was (the GEMM reads no column of it)."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
     c = make_case(5, 6, 32, 16, 4, 2, 2, 2, 8, 2, enabled=[0, 0])
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
@@ -198,4 +200,29 @@ def test_packed_shrink_with_nothing_live_writes_nothing():
     u = torch.full((al.sorted_token_ids.shape[1], 2, 2 * 16), float("nan"), device=DEV)
     blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
     lora_shrink_packed(d["x"], d["a"], al, 2, d["mapping"], d["lora_ids"], d["enabled"], u, blk)
-    assert torch.isnan(u).all() and (blk == -7).all()
+    launched = min(al.expert_ids.shape[1], d["ids"].numel())  # the shrink's grid (as moe_gemm's)
+    assert torch.isnan(u).all() and (blk[:launched] == 0).all()
+
+
+@pytest.mark.parametrize("bm", [32, 64])
+def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
+    """sub_m: each alignment block as several programs of 16 rows; the block ranges equal the whole-block shrink's,
+    u has the same rows written (u starts NaN: every row the GEMM may read) with the same values (to fp32
+    rounding: the interpreter's matmul may sum a 16-row tile in another order than a 32-row one)."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
+    c = make_case(bm, 40, 32, 16, 4, 3, 4, 4, 16, 2, lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    al = moe_align(d["ids"], 4, bm)
+    got = []
+    for sub in (0, 16):
+        u = torch.full((al.sorted_token_ids.shape[1], 2, 4 * 16), float("nan"), device=DEV)
+        blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+        lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, sub_m=sub)
+        got.append((u.cpu(), blk.cpu()))
+    assert LAST_PACKED_LAUNCH["shrink_rows"] == 16
+    assert torch.equal(got[0][1], got[1][1]) and (got[1][1] != -7).any()
+    (u0, _), (u1, _) = got
+    assert torch.equal(u0.isnan(), u1.isnan()) and (~u0.isnan()).any()
+    torch.testing.assert_close(u1.nan_to_num(7.0), u0.nan_to_num(7.0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="sub_m=24"):
+        lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, sub_m=24)
