@@ -300,6 +300,34 @@ PACKED_FIGURE_SESSIONS = {f: ("fold_s14",) for f in ("picked_all_share_pct", "pi
                                                        "picked_over_separate")}
 
 
+# Two trials on the packed GEMM's disabled cost, both rejected (docs/kernels.md, "Two trials on the disabled cost"):
+# the expand as the tail of the base GEMM's one K loop (tail_s1, 98de79c) and a launch-wide guard in the GEMM (fold_s15,
+# 87b0771: with no adapter live, the plain GEMM's loop in the same kernel).
+TAIL_TRIAL = "tail_s1"
+GUARD_TRIAL = "fold_s15"
+
+
+def disabled_trials(path: str | Path | None = None) -> pd.DataFrame:
+    """Per (preset, op, M): the packed GEMM alone with every adapter disabled over the plain GEMM (paired, bootstrap
+    95 %) as committed (PACKED_SESSIONS[-1], every block's range empty), in the tail trial (`tail`), and in the guard
+    trial its plain branch (`guard_off`) and its packed branch with every range empty (`guard_idle`); and, enabled,
+    the guard trial's packed build over the separate delta (`guard_enabled`) beside the committed one's."""
+    com = packed_table(load_fold_run(PACKED_SESSIONS[-1], path))
+    tail = load_base_run(TAIL_TRIAL, path, stem="kernels_fold").section("tail")
+    guard = packed_table(load_fold_run(GUARD_TRIAL, path))
+    gk = load_fold_run(GUARD_TRIAL, path).section("packed")
+    key = ["preset", "op", "M"]
+    out = com[key + _ci("gemm_packed_off_over_base") + _ci("packed_over_separate")].rename(
+        columns=lambda c: c.replace("gemm_packed_off_over_base", "committed").replace("packed_over_separate",
+                                                                                       "committed_enabled"))
+    for nm, frame, col in (("tail", tail, "gemm_tail_off_over_base"), ("guard_off", guard, "gemm_packed_off_over_base"),
+                           ("guard_idle", gk, "gemm_packed_idle_over_base"),
+                           ("guard_enabled", guard, "packed_over_separate")):
+        part = frame[key + _ci(col)].rename(columns=lambda c: c.replace(col, nm))
+        out = out.merge(part, on=key, how="left")
+    return out
+
+
 def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the base GEMM (µs), the packed build over the separate delta with its LoRA alignment
     (one dot over every slot, `packed`; one per slot on the ordered alignment, `packed_slot`, its extra alignment
