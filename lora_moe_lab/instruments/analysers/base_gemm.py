@@ -328,6 +328,21 @@ def disabled_trials(path: str | Path | None = None) -> pd.DataFrame:
     return out
 
 
+def shrink_sweep(run: BaseRun | None = None) -> pd.DataFrame:
+    """The packed shrink's tile sweep (record_kernels_fold.py, section shrink; GUARD_TRIAL's shrink is the committed
+    one): per (preset, op, M) the committed tile's µs, the fastest tile, its µs and its paired ratio to the committed
+    one (bootstrap 95 %)."""
+    k = (run or load_fold_run(GUARD_TRIAL)).section("shrink")
+    rows = []
+    for (preset, op, M), g in k.groupby(["preset", "op", "M"], sort=False):
+        best = g.loc[g.us.idxmin()]
+        rows.append(dict(preset=preset, op=op, M=int(M), committed_us=float(g[g.tile == "bk64/w4/s3"].us.iloc[0]),
+                         best=best.tile, best_us=float(best.us), best_over_committed=float(best.over_committed),
+                         best_over_committed_lo=float(best.over_committed_lo),
+                         best_over_committed_hi=float(best.over_committed_hi), tiles=len(g)))
+    return pd.DataFrame(rows)
+
+
 def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the base GEMM (µs), the packed build over the separate delta with its LoRA alignment
     (one dot over every slot, `packed`; one per slot on the ordered alignment, `packed_slot`, its extra alignment

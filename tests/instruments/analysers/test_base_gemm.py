@@ -112,6 +112,18 @@ def test_packed_build_is_correct_and_the_layer_as_committed_beats_the_separate_d
     assert {"plain", "folded_rows", "packed", "packed_slot"} == set(t.arm)
 
 
+def test_the_disabled_cost_trials_lost_where_the_tables_run_persistent_grids():
+    """tail_s1 and fold_s15 (docs/kernels.md, "Two trials on the disabled cost"): both builds cost more with every
+    adapter disabled than the committed packed GEMM at TP=4 down M >= 1024, where the table's grids are persistent;
+    and the committed shrink tile was the fastest of the sweep or within 4 % of it at every point."""
+    t = base_gemm.disabled_trials()
+    tp4 = t[(t.preset == "qwen3-30b-a3b-tp4") & (t.op == "down") & (t.M >= 1024)]
+    assert len(tp4) == 4 and (tp4.tail_lo > tp4.committed_hi).all() and (tp4.guard_off_lo > tp4.committed_hi).all()
+    assert (tp4.guard_enabled_lo > tp4.committed_enabled_hi).all()
+    sw = base_gemm.shrink_sweep()
+    assert len(sw) == 8 and (sw.best_over_committed > 0.95).all() and (sw.tiles >= 12).all()
+
+
 def test_counters_per_kernel():
     k = base_gemm.kernel_counters()
     assert {"base GEMM", "LoRA delta"} == set(k.path) and {"lora_decode_kernel", "fused_moe_lora_kernel",
