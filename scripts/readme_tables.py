@@ -1229,7 +1229,7 @@ def kernels_fold_headline_block() -> str:
             f"({', '.join(pk.sessions.iloc[0])}), and LoRA's share of it at M ≥ 1024 is "
             + ", ".join(f"{p_} {g.picked_all_share_pct_lo.min():.1f}–{g.picked_all_share_pct_hi.max():.1f} %"
                         for p_, g in big.groupby("preset", sort=False))
-            + " (separate deltas, " + ", ".join(bg.PACKED_SESSIONS) + ": "
+            + " (separate deltas, " + ", ".join(sep.sessions.iloc[0]) + ": "
             + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in sep.groupby("preset", sort=False))
             + "), still above the issue's 12 % and 20 %. `docs/results.md`, block kernels-packed.")
 

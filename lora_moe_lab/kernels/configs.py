@@ -287,7 +287,8 @@ FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # its LoRA alignment, 20 paired rounds, bootstrap 95 %): the down GEMM wins at every M >= 128 on both presets
 # (0.78-0.96x), loses at M = 16 (1.05 / 1.15x); gate_up wins at M = 128 and 1024 (0.94-0.995x) and loses at
 # M >= 4096 (1.02-1.28x: its separate delta is a small share of a long GEMM, and the shrink reads x once more) and
-# at M <= 16. fold_s14 (a second fresh machine) agrees, with qwen3 gate_up at M = 128 a tie (0.998 [0.996, 1.000]).
+# at M <= 16. fold_s14 (a second fresh machine) agrees, with qwen3 gate_up at M = 128 a tie (0.998 [0.996, 1.000]);
+# so does fold_s16 (a third), qwen3 gate_up M = 128 a tie again (1.000), kept in the table as no loss.
 # Buckets 256, 512 and 2048 were not timed on their own and follow their neighbours; the layer as committed is
 # 0.938-0.991x the separate deltas at M = 256-16384 on both presets (fold_s14, layer section). The rows build lost to
 # the separate deltas everywhere once the base GEMM took sub-blocks (fold_s10, fold_s11).

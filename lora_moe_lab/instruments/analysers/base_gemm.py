@@ -291,7 +291,7 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
 # The packed build (kernels/fused_moe_lora_packed.py), sections packed and layer of record_kernels_fold.py. fold_s13
 # timed a shrink variant (both slices per program, 8 warps) that lost to fold_s12's and was reverted; its figures are
 # not the committed kernels', so it is not a session of the headline.
-PACKED_SESSIONS = ("fold_s12", "fold_s14")
+PACKED_SESSIONS = ("fold_s12", "fold_s14", "fold_s16")  # fold_s16 (08cbb61): the packed section only
 PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c")
 PACKED_SHRINK_TRIAL = "fold_s13"
 # The layer as committed (`picked_*`) ran the committed packed table only from fold_s14 on (fold_s12's committed table
@@ -375,11 +375,13 @@ def packed_sessions(names: tuple[str, ...] = PACKED_SESSIONS, path: str | Path |
     figs = {}
     for name in names:
         run = load_fold_run(name, path)
-        t, lay = packed_table(run), packed_layer(run)
+        t = packed_table(run)
+        lay = packed_layer(run) if "layer" in set(run.rows["section"]) else None  # fold_s16: the packed section only
         _gather(figs, name, (("packed_over_separate", t), ("packed_slot_over_separate", t),
                              ("gemm_packed_off_over_base", t)),
-                (("separate_all_share_pct", lay), ("picked_all_share_pct", lay), ("picked_none_share_pct", lay),
-                 ("picked_over_separate", lay)), PACKED_FIGURE_SESSIONS, names)
+                () if lay is None else (("separate_all_share_pct", lay), ("picked_all_share_pct", lay),
+                                        ("picked_none_share_pct", lay), ("picked_over_separate", lay)),
+                PACKED_FIGURE_SESSIONS, names)
     return _session_rows(figs)
 
 

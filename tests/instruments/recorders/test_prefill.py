@@ -141,10 +141,16 @@ def test_engine_costs_cost_host_time_and_are_recorded(lab):
     base.warmup("sync")
     r0 = min((base.run("sync") for _ in range(3)), key=lambda r: r["prefill_ms"])  # the least noisy
     r1 = slow.run("sync")
-    # 2 forwards x (2 layers x 2 ms + 3 ms of host work) = 14 ms more, at least; on a CPU also the 2 ms
-    # of the earlier batch (run inline), which on a GPU runs WHILE the host works, hidden behind it
+    # 2 forwards x (2 layers x 2 ms + 3 ms of host work) = 14 ms of host work. On a CPU everything runs inline, so
+    # it adds at least that, plus the 2 ms of the earlier batch. On a GPU the kernels launched before each host
+    # stretch run WHILE the host works, so the forward takes at least the host work and never less than without it,
+    # but the difference can be smaller: GPU time that was exposed in r0 hides behind the host work in r1 (the whole
+    # suite under 12 workers on one H200, data/gpu_tests/gpu_check_08cbb61.log: 25.5 - 13.0 ms against 14 ms).
     host_ms = 2 * (2 * 2.0 + 3.0)
-    assert r1["prefill_ms"] - r0["prefill_ms"] >= (host_ms if slow.cuda else host_ms + 4.0) * 0.95
+    if slow.cuda:
+        assert r1["prefill_ms"] >= max(host_ms, r0["prefill_ms"]) * 0.95
+    else:
+        assert r1["prefill_ms"] - r0["prefill_ms"] >= (host_ms + 4.0) * 0.95
     assert r1["other_batch_ms"] == 4.0 and r1["input_tok_per_s_net"] > r1["input_tok_per_s"]
     assert r1["first_blocked_ms"] >= 0 and r1["later_blocked_median_us"] >= 0  # perf_counter per .item()
     assert lab.model.host_us_per_layer == 2000.0
