@@ -38,6 +38,10 @@ timed region):
            branch with every range empty); LoRA's added time in % of the base.
   shrink   the packed shrink's tiles (block_k, warps, stages, rows per program) per op at SHRINK_M against the
            committed one.
+  window   the packed shrink one window of slots per dot and both slices per program (WINDOW_SHRINKS), alone
+           against the committed shrink on the same alignment, and end to end (`packed_slot_w1`: the per-slot expand
+           on the ordered alignment with a shrink window of one slot, both slices per program) against the committed
+           builds and the separate delta, at WINDOW_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -48,7 +52,9 @@ timed region):
            pointer expand); interleaved rounds;
            LoRA's share of the layer per round, its median and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
-           each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot.
+           each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
+           and packed per slot with a shrink window of one slot (`packed_slot_w1`: both slices per program; `_w1p`:
+           a program per slice); `--ncu-builds` picks some.
 """
 from __future__ import annotations
 
@@ -202,8 +208,8 @@ PACKED_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(64, 64, 8, 4, 3, w_desc=
 
 def _packed_case(rng, g, dev, i):
     """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES, the
-    shrink in whole blocks or in programs of 16 rows; `out` and u NaN-poisoned; (error against float64, rows without
-    a live adapter bit-exact with the plain GEMM)."""
+    shrink in whole blocks or in programs of 16 rows, over every slot or windows of 1 or 2, per slice or both;
+    `out` and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
     P, gather = (2, True) if i % 2 == 0 else (1, False)
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
@@ -218,8 +224,10 @@ def _packed_case(rng, g, dev, i):
     out = torch.full_like(base, float("nan"))
     u = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"), dtype=x.dtype, device=dev)
     sub = 16 if (i // 4) % 2 == 1 and bm > 16 else 0  # the shrink in programs of 16 rows
+    win, both = (0, 1, 2)[(i // 16) % 3], (i // 48) % 2 == 1  # slots per shrink dot; both slices per program
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
-                         gather=gather, config=cfg, shrink_out=u, per_slot=slot, shrink_sub_m=sub)
+                         gather=gather, config=cfg, shrink_out=u, per_slot=slot, shrink_sub_m=sub,
+                         shrink_window=win, shrink_both=both)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -495,6 +503,84 @@ def shrink(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+WINDOW_M = (1024, 4096, 8192, 16384)
+# the shrink's builds in the window section: (alignment, slots per dot (0: all), both slices per program)
+WINDOW_SHRINKS = {"all": ("al", 0, False), "all_ord": ("al_ord", 0, False), "all_both": ("al", 0, True),
+                  "w1_ord": ("al_ord", 1, False), "w1_both_ord": ("al_ord", 1, True),
+                  "w2_both_ord": ("al_ord", 2, True), "w1_both": ("al", 1, True)}
+
+
+def window(preset, dev, gen, reps):
+    """The packed shrink one window of slots per dot (`slot_window`) and both slices per program (`both_slices`):
+    the shrink alone in each build (WINDOW_SHRINKS, each against the committed one-dot shrink on the same
+    alignment), then the packed path end to end with the per-slot expand on the ordered alignment, committed shrink
+    against a window of one slot with both slices, each priced as the layer pays it (the ordered alignment in place
+    of the plain one) against the base GEMM + the separate delta with its LoRA alignment."""
+    sh = get_shape(preset)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    w13, w2 = kc.base_weights(sh, dev, gen)
+    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+    bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
+    lids = torch.arange(S, dtype=torch.int32, device=dev)
+    on = torch.ones_like(lids)
+    for M in WINDOW_M:
+        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+        for op in ("gate_up", "down"):
+            gu = op == "gate_up"
+            w, a, b, bp = (w13, a13, b13, bp13) if gu else (w2, a2, b2, bp2)
+            X, O = ("x", "inter") if gu else ("act", "down")
+            C = pow2(S) * block_r(a.shape[3])
+            for s in sets:
+                s["rw_op"] = None if gu else s["rw"]
+                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
+                s["blk"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+
+            def shr(s, al, win, both):
+                lora_shrink_packed(s[X], a, s[al], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu,
+                                   slot_window=win, both_slices=both)
+
+            def pk(s, win=0, both=False, slot=True):
+                moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, on,
+                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
+                                     per_slot=slot, shrink_window=win, shrink_both=both)
+
+            builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if gu or not v[2]}  # down has one slice
+            arms = {f"shrink_{nm}": (lambda s, v=v: shr(s, *v)) for nm, v in builds.items()}
+            arms.update(base=lambda s: moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu),
+                        packed=lambda s: pk(s, slot=False), packed_slot=lambda s: pk(s),
+                        packed_slot_w1=lambda s: pk(s, 1, gu),
+                        align=lambda s: moe_align(s["ids"], E, bm),
+                        align_ordered=lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"]))
+            if not dec:
+                arms["separate"] = lambda s: (arms["base"](s), _separate_delta(s, X, O, a, b, lids, on, k, gu, dec,
+                                                                               cfg2))
+                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            med, s_, wc = _interleave(arms, sets, 1, reps)
+            out = {}
+            for nm, (al, _, _) in builds.items():  # each shrink against the committed one on its alignment
+                ref = "shrink_all_ord" if al == "al_ord" else "shrink_all"
+                out[f"shrink_{nm}_over_committed"] = bootstrap_paired(s_[f"shrink_{nm}"], s_[ref], "ratio_of_medians")
+            d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
+            priced = {"packed": s_["packed"], **{nm: [v + d for v, d in zip(s_[nm], d_al)]
+                                                 for nm in ("packed_slot", "packed_slot_w1")}}
+            out["packed_slot_w1_over_packed_slot"] = bootstrap_paired(s_["packed_slot_w1"], s_["packed_slot"],
+                                                                      "ratio_of_medians")
+            if not dec:
+                sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+                for nm, v in priced.items():
+                    out[f"{nm}_over_separate"] = bootstrap_paired(v, sep, "ratio_of_medians")
+            row(section="window", preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]),
+                stable=wc.stable, warmup=wc.note, **{f"{nm}_us": v for nm, v in med.items()},
+                **{f"{nm}{sfx}": r[j] for nm, r in out.items() for j, sfx in enumerate(("", "_lo", "_hi"))},
+                interval=METHOD_BOOT)
+            log(f"window {preset} {op:<7} M={M:>5}: " + "  ".join(f"{nm} {med[nm]:.1f}" for nm in arms)
+                + "  |  " + "  ".join(f"{nm} {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for nm, r in out.items())
+                + f"  {wc.note}")
+        sets = None
+        torch.cuda.empty_cache()
+
+
 def _compiles(fn) -> bool:
     """fn() once; False (and the compiler's reason logged) where ptxas refuses it, e.g. a register cap below
     what one instruction needs: that arm is left out of the point, not the whole preset."""
@@ -590,6 +676,9 @@ def _with_table(table, fn, build=None):
 
 
 # ------------------------------------------------------------------------------------------------
+NCU_BUILDS: tuple = ()  # --ncu-builds: the builds ncu_run launches (empty: all)
+
+
 def ncu_run(out, dev, gen):
     """One launch of the folded path (shrink, then GEMM) per build, preset and GEMM at M=8192, all 4 adapters live
     (builds: TMA expand, pointer expand, ordered alignment + per-row shrink);
@@ -608,11 +697,14 @@ def ncu_run(out, dev, gen):
         al_ord = moe_align(s["ids"], E, al.block_m, order_by=s["slot"])
         builds = {"folded": dict(), "folded_ptr": dict(fold_desc=False),  # TMA expand, pointer expand,
                   "folded_rows": dict(shrink_per_row=True),               # ordered alignment + per-row shrink
-                  "packed": dict(), "packed_slot": dict(per_slot=True)}   # the packed build, dense and per slot
+                  "packed": dict(), "packed_slot": dict(per_slot=True),   # the packed build, dense and per slot
+                  "packed_slot_w1": dict(per_slot=True, shrink_window=1, shrink_both=True),  # one slot per dot
+                  "packed_slot_w1p": dict(per_slot=True, shrink_window=1)}
+        builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
         for arm, kw in builds.items():
-            a_ = al_ord if arm in ("folded_rows", "packed_slot") else al
+            a_ = al_ord if arm == "folded_rows" or arm.startswith("packed_slot") else al
             pk = arm.startswith("packed")
             f = moe_gemm_lora_packed if pk else moe_gemm_lora_folded
             kw13, kw2 = (dict(kw, b_packed=bp13), dict(kw, b_packed=bp2)) if pk else (kw, kw)
@@ -651,6 +743,7 @@ def main(argv=None):
     ap.add_argument("--diffs", default="presets,folded,packed,base",
                     help="check's parts: the presets' shapes and the random differentials (default all)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
+    ap.add_argument("--ncu-builds", default="", help="with --ncu-run: the builds to launch, comma-separated")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
     dev = _dry() if args.dry else torch.device("cuda")
@@ -658,6 +751,8 @@ def main(argv=None):
         args.cases, args.reps = min(args.cases, 4), 10
     gen = torch.Generator(device=dev).manual_seed(0)
     if args.ncu_run:
+        global NCU_BUILDS
+        NCU_BUILDS = tuple(b for b in args.ncu_builds.split(",") if b)
         os.makedirs(args.out, exist_ok=True)
         return ncu_run(args.out, dev, gen)
     rec = Recorder("kernels_fold", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
@@ -669,6 +764,7 @@ def main(argv=None):
         rec.section("check", check, dev, gen, args.cases, args.diffs.split(","))
         log(f"[check done at {time.time() - t0:.0f}s]")
     for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("shrink", shrink, (gen,)),
+                           ("window", window, (gen,)),
                            ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
@@ -678,10 +774,11 @@ def main(argv=None):
 
 
 def _dry():
-    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF
+    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF, WINDOW_M
     harness.set_dry()
     kc.set_tiny()
     KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF = (1, 16), (16,), (1, 16), (16,), torch.float32
+    WINDOW_M = (16, 64)
     torch.cuda.synchronize = lambda *a: None
     return torch.device("cpu")
 

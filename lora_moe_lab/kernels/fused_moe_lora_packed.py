@@ -43,14 +43,18 @@ def packed_shrink_kernel(
     K, R, S, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
-    GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1,
+    GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
+    P_ALL: tl.constexpr = 1,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
+    # SLOT_W: slots per dot. The block's rows are walked one window of SLOT_W slots at a time, and a window
+    # without a live row costs only its zeros (SLOT_W = S_POW2: one dot over every slot). P_ALL: the slices one
+    # program computes from one x tile (P: both, x read once; 1: a program per slice, grid axis 1).
     pid = tl.program_id(0)
     pid_m = pid // SUB  # the alignment block
-    p = tl.program_id(1)  # the slice
-    writer = (p == 0) & (pid % SUB == 0)  # one writer of the block's range
+    p0 = tl.program_id(1) * P_ALL  # the program's first slice
+    writer = (p0 == 0) & (pid % SUB == 0)  # one writer of the block's range
     # No adapter live in the launch (the CUDA-graph replay of a batch without LoRA): the block's range is empty,
     # written from the L slot ids and flags alone, before any of the block's metadata gathers.
     offs_l = tl.arange(0, L_POW2)
@@ -85,37 +89,42 @@ def packed_shrink_kernel(
         tl.store(blk_ptr + 2 * pid_m, tl.where(any_b, tl.min(tl.where(blk_live, blk_slot, S_POW2), 0) * BLOCK_R, 0))
         tl.store(blk_ptr + 2 * pid_m + 1, tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R,
                                                    0))
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    W: tl.constexpr = SLOT_W if SLOT_W > 0 else S_POW2
+    CW: tl.constexpr = P_ALL * W * BLOCK_R  # the columns of one dot: P_ALL slices x W slots x BLOCK_R
+    offs_c = tl.arange(0, CW)
+    c_p = p0 + offs_c // (W * BLOCK_R)  # slice of column c
+    c_r = offs_c % BLOCK_R  # rank index of column c
+    u_cols = u_ptr + rows[:, None] * stride_um + c_p[None, :] * stride_up + (offs_c % (W * BLOCK_R))[None, :]
     if n_live == 0:
         if SUB > 1:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
-            offs_c0 = tl.arange(0, S_POW2 * BLOCK_R)
-            rows0 = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-            tl.store(u_ptr + rows0[:, None] * stride_um + p * stride_up + offs_c0[None, :],
-                     tl.zeros((BLOCK_M, S_POW2 * BLOCK_R), dtype=u_ptr.dtype.element_ty), mask=valid[:, None])
+            for w0 in tl.static_range(0, S_POW2, W):
+                tl.store(u_cols + w0 * BLOCK_R, tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty),
+                         mask=valid[:, None])
         return
-    # Every slot's A side by side (S_POW2 * BLOCK_R columns); each pair keeps its own slot's, the rest become zeros.
-    offs_c = tl.arange(0, S_POW2 * BLOCK_R)
-    c_s = offs_c // BLOCK_R  # slot of column c
-    c_r = offs_c % BLOCK_R  # rank index of column c
-    hit = live[:, None] & (slot[:, None] == c_s[None, :])
-    use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading: slots in use, r < R
     offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    a_ptrs = (a_ptr + p * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
-              + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)  # (BLOCK_K, C): the A.T tiles side by side
-    t = tl.zeros((BLOCK_M, S_POW2 * BLOCK_R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = offs_k < K - k0
-        xt = tl.load(x_ptrs, mask=live[:, None] & k_ok[None, :], other=0.0)  # pairs without adapter: no bytes
-        at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0)
-        t = tl.dot(xt, at, t)
-        x_ptrs += BLOCK_K * stride_xk
-        a_ptrs += BLOCK_K * stride_ak
-    # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the same
-    # way). Every real row is written, zeros where the pair has no live adapter: the GEMM masks nothing per row.
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    tl.store(u_ptr + rows[:, None] * stride_um + p * stride_up + offs_c[None, :],
-             tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
-
+    # One window of W slots side by side per dot; each pair keeps its own slot's columns, the rest become zeros.
+    for w0 in tl.range(0, S_POW2, W):
+        c_s = w0 + (offs_c // BLOCK_R) % W  # slot of column c
+        hit = live[:, None] & (slot[:, None] == c_s[None, :])
+        row_w = tl.max(hit.to(tl.int32), axis=1) > 0  # rows whose slot is in the window
+        use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading: slots in use, r < R
+        t = tl.zeros((BLOCK_M, CW), dtype=tl.float32)
+        if tl.sum(row_w.to(tl.int32), 0) > 0:
+            x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
+            a_ptrs = (a_ptr + c_p[None, :] * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
+                      + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)  # (BLOCK_K, CW): A.T tiles side by side
+            for k0 in range(0, K, BLOCK_K):
+                k_ok = offs_k < K - k0
+                xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0)  # other rows: no bytes
+                at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0)
+                t = tl.dot(xt, at, t)
+                x_ptrs += BLOCK_K * stride_xk
+                a_ptrs += BLOCK_K * stride_ak
+        # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the
+        # same way). Every real row is written, zeros where the pair has no live adapter in the window's slots: the
+        # GEMM masks nothing per row.
+        tl.store(u_cols + w0 * BLOCK_R, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
 
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
     """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
@@ -135,9 +144,14 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 
 
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
-                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0):
+                       gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
+                       slot_window: int = 0, both_slices: bool = False):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
-    sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them)."""
+    sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
+    slot_window: slots per dot (a power of two; 0: every slot in one dot). A block's windows without a live row
+    cost their zeros only, so on the alignment ordered by LoRA row (few slots per block) a window of 1 computes
+    the rank columns each pair needs instead of every slot's. both_slices: gate_up's two slices from one x tile
+    (x read once) instead of one program per slice."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
@@ -145,24 +159,31 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     rows = sub_m if sub_m and sub_m < bm else bm
     if bm % rows or rows < 16:
         raise ValueError(f"lora_shrink_packed: sub_m={sub_m} must be a power of two >= 16 dividing BLOCK_M={bm}")
+    win = slot_window or pow2(S)
+    if win != pow2(win) or win > pow2(S):
+        raise ValueError(f"lora_shrink_packed: slot_window={slot_window} must be a power of two <= {pow2(S)} "
+                         f"(the slots rounded up to a power of two), or 0 for all of them")
+    p_all = P if both_slices else 1
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
-    stages = stages_for(num_stages, (rows * bk + bk * u.shape[2]) * x.element_size())
-    packed_shrink_kernel[(nb_launch * (bm // rows), P)](
+    stages = stages_for(num_stages, (rows * bk + bk * p_all * win * br) * x.element_size())
+    packed_shrink_kernel[(nb_launch * (bm // rows), P // p_all)](
         x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
-        num_warps=num_warps, num_stages=stages,
+        SLOT_W=win, P_ALL=p_all, num_warps=num_warps, num_stages=stages,
     )
-    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * P, BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br,
-                              PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows)
+    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
+                              BLOCK_R=br, PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows,
+                              shrink_window=win, shrink_slices=p_all)
     return u
 
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False, shrink_sub_m: int = 0):
+                         shrink_out=None, per_slot: bool = False, shrink_sub_m: int = 0, shrink_window: int = 0,
+                         shrink_both: bool = False):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -171,7 +192,8 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
-    shrink_sub_m: the shrink's rows per program (`lora_shrink_packed`'s sub_m)."""
+    shrink_sub_m, shrink_window, shrink_both: the shrink's rows per program, slots per dot and slices per program
+    (`lora_shrink_packed`'s sub_m, slot_window, both_slices)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -195,7 +217,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
         u = shrink_out
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
-                       sub_m=shrink_sub_m)
+                       sub_m=shrink_sub_m, slot_window=shrink_window, both_slices=shrink_both)
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
              packed=Packed(u, blk, b_packed, br if per_slot else C))
     LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)

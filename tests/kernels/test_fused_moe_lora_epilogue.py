@@ -129,7 +129,13 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                                                                          sub_m=16, early_loads=True)),
                    "sub": dict(config=GemmConfig(32, 16, 4, 4, 2, sub_m=16)),
                    # the shrink in programs of 16 rows: a program without live rows in a live block writes zeros
-                   "shrink_sub": dict(shrink_sub_m=16)}
+                   "shrink_sub": dict(shrink_sub_m=16),
+                   # the shrink one slot (two slots) per dot, both slices from one x tile; on the ordered alignment
+                   # (few slots per block) and on the plain one (every slot: every window computed)
+                   "win1_both_ordered": dict(per_slot=True, shrink_window=1, shrink_both=True),
+                   "win1_both": dict(shrink_window=1, shrink_both=True),
+                   "win2_sub": dict(shrink_window=2, shrink_sub_m=16)}
+ORDERED = ("slot_ordered", "win1_both_ordered")
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -143,7 +149,7 @@ def test_packed_random_blocks_and_ranks(bm, variant):
         P, gather = (2, True) if seed % 2 == 0 else (1, False)
         c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
                       lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
-        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant == "slot_ordered",
+        codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant in ORDERED,
                           impl=functools.partial(moe_gemm_lora_packed, **PACKED_VARIANTS[variant]))
         assert (codes == 0).any()
 
@@ -226,3 +232,28 @@ def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
     torch.testing.assert_close(u1.nan_to_num(7.0), u0.nan_to_num(7.0), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="sub_m=24"):
         lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, sub_m=24)
+
+
+@pytest.mark.parametrize("window,both,sub", [(1, True, 0), (1, False, 16), (2, True, 16), (4, True, 0)])
+def test_packed_shrink_windows_write_what_one_dot_writes(window, both, sub):
+    """slot_window / both_slices: u and the block ranges as the one-dot shrink's, on the ordered alignment and the
+    plain one (u starts NaN: every row the GEMM may read is written; values to fp32 rounding)."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
+    c = make_case(11, 40, 32, 16, 4, 3, 4, 4, 16, 2, lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    for order in (None, d["mapping"]):
+        al = moe_align(d["ids"], 4, 32, order_by=order)
+        got = []
+        for kw in ({}, dict(slot_window=window, both_slices=both, sub_m=sub)):
+            u = torch.full((al.sorted_token_ids.shape[1], 2, 4 * 16), float("nan"), device=DEV)
+            blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+            lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, **kw)
+            got.append((u.cpu(), blk.cpu()))
+        assert LAST_PACKED_LAUNCH["shrink_window"] == window and LAST_PACKED_LAUNCH["shrink_slices"] == (2 if both
+                                                                                                       else 1)
+        (u0, b0), (u1, b1) = got
+        assert torch.equal(b0, b1) and (b1 != -7).any()
+        assert torch.equal(u0.isnan(), u1.isnan()) and (~u0.isnan()).any()
+        torch.testing.assert_close(u1.nan_to_num(7.0), u0.nan_to_num(7.0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="slot_window=3"):
+        lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, slot_window=3)
