@@ -38,10 +38,10 @@ timed region):
            branch with every range empty); LoRA's added time in % of the base.
   shrink   the packed shrink's tiles (block_k, warps, stages, rows per program) per op at SHRINK_M against the
            committed one.
-  window   the packed shrink one window of slots per dot and both slices per program (WINDOW_SHRINKS), alone
-           against the committed shrink on the same alignment, and end to end (`packed_slot_w1`: the per-slot expand
-           on the ordered alignment with a shrink window of one slot, both slices per program) against the committed
-           builds and the separate delta, at WINDOW_M.
+  window   the packed shrink one window of slots per dot, both slices per program, pointer tiles rebuilt per step
+           and x kept in L2 (WINDOW_SHRINKS), alone against the committed shrink on the same alignment, and end to
+           end (WINDOW_PATHS, e.g. `packed_slot_w1k`: the per-slot expand on the ordered alignment with a shrink
+           window of one slot, both slices per program, x kept) against the separate delta, at WINDOW_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -225,9 +225,10 @@ def _packed_case(rng, g, dev, i):
     u = torch.full((al.sorted_token_ids.shape[1], P, pow2(S) * block_r(R)), float("nan"), dtype=x.dtype, device=dev)
     sub = 16 if (i // 4) % 2 == 1 and bm > 16 else 0  # the shrink in programs of 16 rows
     win, both = (0, 1, 2)[(i // 16) % 3], (i // 48) % 2 == 1  # slots per shrink dot; both slices per program
+    fast = (i // 96) % 2 == 1  # pointer tiles rebuilt per step, x kept in L2
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
-                         gather=gather, config=cfg, shrink_out=u, per_slot=slot, shrink_sub_m=sub,
-                         shrink_window=win, shrink_both=both)
+                         gather=gather, config=cfg, shrink_out=u, per_slot=slot,
+                         shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast))
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -412,7 +413,7 @@ def packed(preset, dev, gen, reps):
             def pk(s, en, slot=False, sub=0):
                 moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, en,
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
-                                     per_slot=slot, shrink_sub_m=sub)
+                                     per_slot=slot, shrink=dict(sub_m=sub))
 
             arms = {"base": base, "separate": lambda s: (base(s), delta(s)),
                     "packed": lambda s: pk(s, on), "packed_slot": lambda s: pk(s, on, True),
@@ -504,18 +505,29 @@ def shrink(preset, dev, gen, reps):
 
 
 WINDOW_M = (1024, 4096, 8192, 16384)
-# the shrink's builds in the window section: (alignment, slots per dot (0: all), both slices per program)
-WINDOW_SHRINKS = {"all": ("al", 0, False), "all_ord": ("al_ord", 0, False), "all_both": ("al", 0, True),
-                  "w1_ord": ("al_ord", 1, False), "w1_both_ord": ("al_ord", 1, True),
-                  "w2_both_ord": ("al_ord", 2, True), "w1_both": ("al", 1, True)}
+WINDOW_KEEP = dict(row_ptrs=True, x_keep=True)  # pointer tiles rebuilt per step; x evict_last, A and u evict_first
+W1B = dict(slot_window=1, both_slices=True)
+# the shrink's builds in the window section: name -> (alignment, lora_shrink_packed's options); "all" and "all_ord"
+# are the committed shrink on the plain and the ordered alignment
+WINDOW_SHRINKS = {"all": ("al", {}), "all_ord": ("al_ord", {}), "all_keep": ("al", WINDOW_KEEP),
+                  "all_ord_keep": ("al_ord", WINDOW_KEEP), "w1_ord": ("al_ord", dict(slot_window=1)),
+                  "w1_ord_keep": ("al_ord", dict(WINDOW_KEEP, slot_window=1)),
+                  "w1_both_ord": ("al_ord", W1B), "w1_both_ord_rp": ("al_ord", dict(W1B, row_ptrs=True)),
+                  "w1_both_ord_keep": ("al_ord", dict(W1B, **WINDOW_KEEP)),
+                  "w1_both_ord_keep_w8": ("al_ord", dict(W1B, **WINDOW_KEEP, num_warps=8)),
+                  "w1_both_ord_keep_sub64": ("al_ord", dict(W1B, **WINDOW_KEEP, sub_m=64))}
+# end to end: name -> (per-slot expand on the ordered alignment, shrink options)
+WINDOW_PATHS = {"packed": (False, {}), "packed_keep": (False, WINDOW_KEEP), "packed_slot": (True, {}),
+                "packed_slot_w1": (True, W1B), "packed_slot_w1k": (True, dict(W1B, **WINDOW_KEEP)),
+                "packed_slot_w1k_w8": (True, dict(W1B, **WINDOW_KEEP, num_warps=8))}
 
 
 def window(preset, dev, gen, reps):
-    """The packed shrink one window of slots per dot (`slot_window`) and both slices per program (`both_slices`):
-    the shrink alone in each build (WINDOW_SHRINKS, each against the committed one-dot shrink on the same
-    alignment), then the packed path end to end with the per-slot expand on the ordered alignment, committed shrink
-    against a window of one slot with both slices, each priced as the layer pays it (the ordered alignment in place
-    of the plain one) against the base GEMM + the separate delta with its LoRA alignment."""
+    """The packed shrink one window of slots per dot (`slot_window`), both slices per program (`both_slices`), its
+    pointer tiles rebuilt per step and x kept in L2 (`row_ptrs`, `x_keep`): the shrink alone in each build
+    (WINDOW_SHRINKS, each against the committed shrink on the same alignment), then the packed path end to end
+    (WINDOW_PATHS), each priced as the layer pays it (the ordered alignment in place of the plain one where its
+    expand is per slot) against the base GEMM + the separate delta with its LoRA alignment."""
     sh = get_shape(preset)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     w13, w2 = kc.base_weights(sh, dev, gen)
@@ -536,20 +548,21 @@ def window(preset, dev, gen, reps):
                 s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
                 s["blk"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
 
-            def shr(s, al, win, both):
-                lora_shrink_packed(s[X], a, s[al], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu,
-                                   slot_window=win, both_slices=both)
+            def shr(s, al, opts):
+                lora_shrink_packed(s[X], a, s[al], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu, **opts)
 
-            def pk(s, win=0, both=False, slot=True):
+            def pk(s, slot, opts):
                 moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, on,
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
-                                     per_slot=slot, shrink_window=win, shrink_both=both)
+                                     per_slot=slot, shrink=opts)
 
-            builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if gu or not v[2]}  # down has one slice
-            arms = {f"shrink_{nm}": (lambda s, v=v: shr(s, *v)) for nm, v in builds.items()}
+            one = (lambda v: gu or not v.get("both_slices"))  # down has one slice: its "both" builds are the same
+            builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if one(v[1])}
+            paths = dict(WINDOW_PATHS)  # down: the "both" paths run its one slice
+            arms = {f"shrink_{nm}": (lambda s, v=v: shr(s, *v)) for nm, v in builds.items()
+                    if _compiles(lambda v=v: shr(sets[0], *v))}
+            arms.update({nm: (lambda s, v=v: pk(s, *v)) for nm, v in paths.items()})
             arms.update(base=lambda s: moe_gemm(s[X], w, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu),
-                        packed=lambda s: pk(s, slot=False), packed_slot=lambda s: pk(s),
-                        packed_slot_w1=lambda s: pk(s, 1, gu),
                         align=lambda s: moe_align(s["ids"], E, bm),
                         align_ordered=lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"]))
             if not dec:
@@ -558,14 +571,13 @@ def window(preset, dev, gen, reps):
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             med, s_, wc = _interleave(arms, sets, 1, reps)
             out = {}
-            for nm, (al, _, _) in builds.items():  # each shrink against the committed one on its alignment
-                ref = "shrink_all_ord" if al == "al_ord" else "shrink_all"
-                out[f"shrink_{nm}_over_committed"] = bootstrap_paired(s_[f"shrink_{nm}"], s_[ref], "ratio_of_medians")
+            for nm, (al, _) in builds.items():  # each shrink against the committed one on its alignment
+                if f"shrink_{nm}" in s_:
+                    ref = "shrink_all_ord" if al == "al_ord" else "shrink_all"
+                    out[f"shrink_{nm}_over_committed"] = bootstrap_paired(s_[f"shrink_{nm}"], s_[ref],
+                                                                          "ratio_of_medians")
             d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
-            priced = {"packed": s_["packed"], **{nm: [v + d for v, d in zip(s_[nm], d_al)]
-                                                 for nm in ("packed_slot", "packed_slot_w1")}}
-            out["packed_slot_w1_over_packed_slot"] = bootstrap_paired(s_["packed_slot_w1"], s_["packed_slot"],
-                                                                      "ratio_of_medians")
+            priced = {nm: [v + d for v, d in zip(s_[nm], d_al)] if paths[nm][0] else s_[nm] for nm in paths}
             if not dec:
                 sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
                 for nm, v in priced.items():
@@ -698,8 +710,11 @@ def ncu_run(out, dev, gen):
         builds = {"folded": dict(), "folded_ptr": dict(fold_desc=False),  # TMA expand, pointer expand,
                   "folded_rows": dict(shrink_per_row=True),               # ordered alignment + per-row shrink
                   "packed": dict(), "packed_slot": dict(per_slot=True),   # the packed build, dense and per slot
-                  "packed_slot_w1": dict(per_slot=True, shrink_window=1, shrink_both=True),  # one slot per dot
-                  "packed_slot_w1p": dict(per_slot=True, shrink_window=1)}
+                  # one slot per shrink dot, both slices per program; x kept in L2 (WINDOW_KEEP)
+                  "packed_slot_w1": dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True)),
+                  "packed_slot_w1k": dict(per_slot=True, shrink=dict(WINDOW_KEEP, slot_window=1, both_slices=True)),
+                  "packed_slot_w1p": dict(per_slot=True, shrink=dict(slot_window=1)),
+                  "packed_keep": dict(shrink=WINDOW_KEEP)}
         builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []

@@ -44,7 +44,7 @@ def packed_shrink_kernel(
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
-    P_ALL: tl.constexpr = 1,
+    P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
@@ -111,20 +111,33 @@ def packed_shrink_kernel(
         use_c = (tl.max(hit.to(tl.int32), axis=0) > 0) & (c_r < R)  # columns worth loading: slots in use, r < R
         t = tl.zeros((BLOCK_M, CW), dtype=tl.float32)
         if tl.sum(row_w.to(tl.int32), 0) > 0:
-            x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
-            a_ptrs = (a_ptr + c_p[None, :] * stride_ap + c_s[None, :].to(tl.int64) * stride_as + expert * stride_ae
-                      + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)  # (BLOCK_K, CW): A.T tiles side by side
+            if ROW_PTRS:  # 1-D row and column bases; the 2-D pointer tiles are rebuilt each step, not carried
+                x_rows = x_ptr + row * stride_xm
+                a_cols = a_ptr + c_p * stride_ap + c_s.to(tl.int64) * stride_as + expert * stride_ae + c_r * stride_ar
+            else:
+                x_ptrs = x_ptr + row[:, None] * stride_xm + offs_k[None, :] * stride_xk
+                a_ptrs = (a_ptr + c_p[None, :] * stride_ap + c_s[None, :].to(tl.int64) * stride_as
+                          + expert * stride_ae + c_r[None, :] * stride_ar + offs_k[:, None] * stride_ak)
             for k0 in range(0, K, BLOCK_K):
                 k_ok = offs_k < K - k0
-                xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0)  # other rows: no bytes
-                at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0)
+                if ROW_PTRS:
+                    x_ptrs = x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xk
+                    a_ptrs = a_cols[None, :] + (k0 + offs_k)[:, None] * stride_ak
+                # x rows come back for each of a token's top_k experts: with X_KEEP they stay in L2 (evict_last)
+                # while A and u, each used once, stream through it (evict_first)
+                xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0,
+                             eviction_policy="evict_last" if X_KEEP else "")  # rows of other windows: no bytes
+                at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0,
+                             eviction_policy="evict_first" if X_KEEP else "")  # (BLOCK_K, CW): A.T tiles side by side
                 t = tl.dot(xt, at, t)
-                x_ptrs += BLOCK_K * stride_xk
-                a_ptrs += BLOCK_K * stride_ak
+                if not ROW_PTRS:
+                    x_ptrs += BLOCK_K * stride_xk
+                    a_ptrs += BLOCK_K * stride_ak
         # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the
         # same way). Every real row is written, zeros where the pair has no live adapter in the window's slots: the
         # GEMM masks nothing per row.
-        tl.store(u_cols + w0 * BLOCK_R, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(u_cols + w0 * BLOCK_R, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None],
+                 eviction_policy="evict_first" if X_KEEP else "")
 
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
     """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
@@ -145,13 +158,16 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
-                       slot_window: int = 0, both_slices: bool = False):
+                       slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
+                       x_keep: bool = False):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). A block's windows without a live row
     cost their zeros only, so on the alignment ordered by LoRA row (few slots per block) a window of 1 computes
     the rank columns each pair needs instead of every slot's. both_slices: gate_up's two slices from one x tile
-    (x read once) instead of one program per slice."""
+    (x read once) instead of one program per slice. row_ptrs: the pointer tiles rebuilt from 1-D bases each K step
+    (fewer registers). x_keep: x loaded evict_last, A and u evict_first (x rows, read once per expert of a token,
+    stay in L2)."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
@@ -172,7 +188,8 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
-        SLOT_W=win, P_ALL=p_all, num_warps=num_warps, num_stages=stages,
+        SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), num_warps=num_warps,
+        num_stages=stages,
     )
     LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
                               BLOCK_R=br, PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows,
@@ -182,8 +199,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False, shrink_sub_m: int = 0, shrink_window: int = 0,
-                         shrink_both: bool = False):
+                         shrink_out=None, per_slot: bool = False, shrink: dict | None = None):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -192,8 +208,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
-    shrink_sub_m, shrink_window, shrink_both: the shrink's rows per program, slots per dot and slices per program
-    (`lora_shrink_packed`'s sub_m, slot_window, both_slices)."""
+    shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...)."""
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -217,7 +232,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
         u = shrink_out
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
-                       sub_m=shrink_sub_m, slot_window=shrink_window, both_slices=shrink_both)
+                       **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
              packed=Packed(u, blk, b_packed, br if per_slot else C))
     LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)

@@ -129,12 +129,12 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                                                                          sub_m=16, early_loads=True)),
                    "sub": dict(config=GemmConfig(32, 16, 4, 4, 2, sub_m=16)),
                    # the shrink in programs of 16 rows: a program without live rows in a live block writes zeros
-                   "shrink_sub": dict(shrink_sub_m=16),
+                   "shrink_sub": dict(shrink=dict(sub_m=16)),
                    # the shrink one slot (two slots) per dot, both slices from one x tile; on the ordered alignment
                    # (few slots per block) and on the plain one (every slot: every window computed)
-                   "win1_both_ordered": dict(per_slot=True, shrink_window=1, shrink_both=True),
-                   "win1_both": dict(shrink_window=1, shrink_both=True),
-                   "win2_sub": dict(shrink_window=2, shrink_sub_m=16)}
+                   "win1_both_ordered": dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True)),
+                   "win1_both": dict(shrink=dict(slot_window=1, both_slices=True, row_ptrs=True, x_keep=True)),
+                   "win2_sub": dict(shrink=dict(slot_window=2, sub_m=16, row_ptrs=True))}
 ORDERED = ("slot_ordered", "win1_both_ordered")
 
 
@@ -234,17 +234,19 @@ def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
         lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, sub_m=24)
 
 
-@pytest.mark.parametrize("window,both,sub", [(1, True, 0), (1, False, 16), (2, True, 16), (4, True, 0)])
-def test_packed_shrink_windows_write_what_one_dot_writes(window, both, sub):
+@pytest.mark.parametrize("window,both,sub,fast", [(1, True, 0, False), (1, False, 16, True), (2, True, 16, False),
+                                                  (4, True, 0, True), (1, True, 0, True)])
+def test_packed_shrink_windows_write_what_one_dot_writes(window, both, sub, fast):
     """slot_window / both_slices: u and the block ranges as the one-dot shrink's, on the ordered alignment and the
-    plain one (u starts NaN: every row the GEMM may read is written; values to fp32 rounding)."""
+    plain one, with the pointer tiles rebuilt per step and the cache hints or not (u starts NaN: every row the GEMM
+    may read is written; values to fp32 rounding)."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
     c = make_case(11, 40, 32, 16, 4, 3, 4, 4, 16, 2, lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     for order in (None, d["mapping"]):
         al = moe_align(d["ids"], 4, 32, order_by=order)
         got = []
-        for kw in ({}, dict(slot_window=window, both_slices=both, sub_m=sub)):
+        for kw in ({}, dict(slot_window=window, both_slices=both, sub_m=sub, row_ptrs=fast, x_keep=fast)):
             u = torch.full((al.sorted_token_ids.shape[1], 2, 4 * 16), float("nan"), device=DEV)
             blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
             lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, **kw)
