@@ -343,6 +343,29 @@ def shrink_sweep(run: BaseRun | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# The packed shrink in slot windows (record_kernels_fold.py, section window): win_s1 at e5255d2 (windows, both slices),
+# then the windows with the pointer tiles rebuilt per step and x kept in L2.
+WINDOW_SESSIONS = ("win_s1",)
+
+
+def shrink_windows(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """Per session, preset, op and M: each window-section ratio (a shrink build over the committed shrink on its
+    alignment, `shrink_*_over_committed`; a path over the separate delta, `*_over_separate`) as figure, value and
+    its bootstrap 95 % interval (lo, hi), with the microseconds of the arms it compares."""
+    rows = []
+    for name in names:
+        k = load_fold_run(name, path).section("window")
+        for _, r in k.iterrows():
+            for col in k.columns:
+                if not (col.endswith("_over_committed") or col.endswith("_over_separate")) or pd.isna(r[col]):
+                    continue
+                arm = col.rsplit("_over_", 1)[0]
+                rows.append(dict(session=name, preset=r.preset, op=r.op, M=int(r.M), figure=col, value=float(r[col]),
+                                 lo=float(r[f"{col}_lo"]), hi=float(r[f"{col}_hi"]),
+                                 us=float(r.get(f"{arm}_us", float("nan")))))
+    return pd.DataFrame(rows)
+
+
 def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the base GEMM (µs), the packed build over the separate delta with its LoRA alignment
     (one dot over every slot, `packed`; one per slot on the ordered alignment, `packed_slot`, its extra alignment
