@@ -310,6 +310,14 @@ FOLD_BUILD = "packed"
 # ordered alignment's extra launch costs more than the skipped slots save (per slot 1.061 / 1.019 at 1024, one dot
 # 0.928 / 0.847).
 PACKED_PER_SLOT_TOKENS = frozenset({8192, 16384})
+# The packed shrink's options (`lora_shrink_packed`'s keywords) per token bucket where the layer packs an op;
+# elsewhere the one-dot shrink ({}).
+PACKED_SHRINK_TOKENS: dict = {}
+
+
+def packed_shrink(num_tokens: int) -> dict:
+    """The packed shrink's options at this token count (a copy; static shapes only: capture-safe)."""
+    return dict(PACKED_SHRINK_TOKENS.get(token_bucket(num_tokens), {}))
 
 
 def folded_order_by_row(num_tokens: int) -> bool:

@@ -93,10 +93,16 @@ class Backend(ABC):
         return "rows"
 
     @staticmethod
+    def packed_shrink(num_tokens: int) -> dict:
+        """Where an op is packed: the packed shrink's options at this token count (static shapes only)."""
+        return {}
+
+    @staticmethod
     def moe_gemm_lora_packed(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
-                             adapter_enabled, *, routed_weights=None, gather=True, b_packed=None, per_slot=False):
+                             adapter_enabled, *, routed_weights=None, gather=True, b_packed=None, per_slot=False,
+                             shrink=None):
         """`moe_gemm_lora`'s result, computed as the packed shrink + the base GEMM with the adapters' columns as
-        extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`)."""
+        extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`; shrink: `packed_shrink`'s options)."""
         raise NotImplementedError("this backend has no packed LoRA GEMM (fold_build answers 'rows')")
 
     @staticmethod

@@ -99,6 +99,30 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, devic
     assert rel_err(y, want) < fp32_tol(device)
 
 
+def test_packed_layer_takes_the_shrink_table(device, monkeypatch):
+    """Where configs.PACKED_SHRINK_TOKENS names a bucket, the packed layer's shrink runs with those options (here
+    one slot per dot, both slices per program, x kept in L2) and the forward still matches the reference."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    monkeypatch.setattr(configs, "FOLD_BUILD", "packed")
+    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", ALL)
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": ALL})
+    monkeypatch.setattr(configs, "PACKED_SHRINK_TOKENS", {b: dict(slot_window=1, both_slices=True, row_ptrs=True,
+                                                                  x_keep=True) for b in ALL})
+    lab = _lab(device)
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    x = lab.random_input(batch.num_tokens, seed=4)
+    LAST_PACKED_LAUNCH.clear()
+    lab.model.routing_log = []
+    y = lab.model(x, batch, tensors, guard="launch_always")
+    assert LAST_PACKED_LAUNCH["shrink_window"] == 1
+    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
+                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
+    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
+    lab.model.routing_log = None
+    assert rel_err(y, want) < fp32_tol(device)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
 @pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
 @pytest.mark.parametrize("build", ["packed", "rows"])
