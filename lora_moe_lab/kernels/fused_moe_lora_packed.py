@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import pow2, stages_for
+from .common import pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r
 from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
@@ -177,7 +177,7 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
-                       x_keep: bool = False):
+                       x_keep: bool = False, max_regs: int = 0):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). A block's windows without a live row
@@ -185,7 +185,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     the rank columns each pair needs instead of every slot's. both_slices: gate_up's two slices from one x tile
     (x read once) instead of one program per slice. row_ptrs: the pointer tiles rebuilt from 1-D bases each K step
     (fewer registers). x_keep: x loaded evict_last, A and u evict_first (x rows, read once per expert of a token,
-    stay in L2)."""
+    stay in L2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per SM)."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
@@ -207,7 +207,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
         SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), num_warps=num_warps,
-        num_stages=stages,
+        num_stages=stages, **reg_cap(max_regs),
     )
     LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
                               BLOCK_R=br, PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows,
