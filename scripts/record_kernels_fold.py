@@ -227,7 +227,9 @@ def _packed_case(rng, g, dev, i):
     sub = 16 if (i // 4) % 2 == 1 and bm > 16 else 0  # the shrink in programs of 16 rows
     win, both = (0, 1, 2)[(i // 16) % 3], (i // 48) % 2 == 1  # slots per shrink dot; both slices per program
     fast = (i // 96) % 2 == 1  # pointer tiles rebuilt per step, x kept in L2
-    cap = 128 if (i // 192) % 2 == 1 else 0  # a register cap (4 programs of 4 warps per SM)
+    # a register cap (4 programs of 4 warps per SM) on one-slot windows only: a wider dot's accumulator needs more
+    # (ptxas C7602 asked for 154 at every slot, both slices, rank 32: win_s3c)
+    cap = 128 if (i // 192) % 2 == 1 and win == 1 else 0
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
