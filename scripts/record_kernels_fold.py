@@ -115,6 +115,8 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
         err, same = _packed_case(rng, g, dev, i)
         worst["packed"] = max(worst["packed"] if i else 0.0, err)
         f_pack += not (err < tolerance(BF, dev) and same)
+        if (i + 1) % 100 == 0:  # progress: a call cut short still says how many cases passed
+            log(f"packed differential: {i + 1} cases, {f_pack} failures, worst {worst['packed']:.1e}")
     row(section="check", op="random_packed", cases=n_cases if "packed" in diffs else 0, failures=f_pack,
         worst=worst["packed"])
     f_base = 0
