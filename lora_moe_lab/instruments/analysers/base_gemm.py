@@ -343,9 +343,12 @@ def shrink_sweep(run: BaseRun | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# The packed shrink in slot windows (record_kernels_fold.py, section window): win_s1 at e5255d2 (windows, both slices),
-# then the windows with the pointer tiles rebuilt per step and x kept in L2.
-WINDOW_SESSIONS = ("win_s1",)
+# The packed shrink in slot windows (record_kernels_fold.py, section window), three machines: win_s1 (e5255d2: its
+# one-dot shrink held 214 registers where the committed one holds 128, so its `shrink_*_over_committed` figures are
+# against a slowed reference), win_s2 (3775a0a: fixed; x kept in L2, 8 warps, two slots per dot), win_s3 (dc7a25f:
+# programs of 64 rows under a register cap of 128). The figures the sessions share are compared between them.
+WINDOW_SESSIONS = ("win_s1", "win_s2", "win_s3")
+WINDOW_COMPARED = ("win_s2", "win_s3")  # the sessions after the fix
 
 
 def shrink_windows(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
@@ -363,6 +366,19 @@ def shrink_windows(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | 
                 rows.append(dict(session=name, preset=r.preset, op=r.op, M=int(r.M), figure=col, value=float(r[col]),
                                  lo=float(r[f"{col}_lo"]), hi=float(r[f"{col}_hi"]),
                                  us=float(r.get(f"{arm}_us", float("nan")))))
+    return pd.DataFrame(rows)
+
+
+def window_spread(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
+    """The window figures timed in every one of `names`, per (figure, preset, op, M): each session's value, and the
+    union of their 95 % intervals (lo, hi) with the spread of the values (max / min - 1)."""
+    t = shrink_windows(names, path)
+    rows = []
+    for (fig, preset, op, M), g in t.groupby(["figure", "preset", "op", "M"], sort=False):
+        if g.session.nunique() < len(names):
+            continue
+        rows.append(dict(figure=fig, preset=preset, op=op, M=M, **{s: float(v) for s, v in zip(g.session, g.value)},
+                         lo=float(g.lo.min()), hi=float(g.hi.max()), spread=float(g.value.max() / g.value.min() - 1)))
     return pd.DataFrame(rows)
 
 

@@ -124,6 +124,24 @@ def test_the_disabled_cost_trials_lost_where_the_tables_run_persistent_grids():
     assert len(sw) == 8 and (sw.best_over_committed > 0.95).all() and (sw.tiles >= 12).all()
 
 
+def test_shrink_windows_cut_the_gate_up_shrink_at_large_m():
+    """win_s1..s3 (docs/kernels.md, "The packed shrink in slot windows"): one slot per dot with both slices per
+    program on the ordered alignment cuts the gate_up shrink at M >= 8192 on both presets (win_s2 and win_s3 agree),
+    programs of 64 rows under a cap of 128 cut it to <= 0.75x (win_s3); at M = 1024 the windows lose (win_s2); end to
+    end the gate_up GEMM still does not beat the separate delta at TP=4 M = 8192."""
+    sp = base_gemm.window_spread()
+    w1 = sp[(sp.figure == "shrink_w1_both_ord_keep_over_committed") & (sp.op == "gate_up") & (sp.M >= 8192)]
+    assert len(w1) == 4 and (w1.hi < 1).all()
+    t = base_gemm.shrink_windows()
+    s3 = t[(t.session == "win_s3") & (t.op == "gate_up")]
+    cap = s3[(s3.figure == "shrink_w1_both_ord_sub64_cap_over_committed") & (s3.M >= 8192)]
+    assert len(cap) == 4 and (cap.hi <= 0.75).all()
+    small = t[(t.session == "win_s2") & (t.M == 1024) & (t.figure == "shrink_w1_both_ord_keep_over_committed")]
+    assert len(small) == 2 and (small.lo > 1.5).all()
+    e2e = s3[(s3.figure == "packed_slot_w1s_over_separate") & (s3.preset == "qwen3-30b-a3b-tp4") & (s3.M == 8192)]
+    assert len(e2e) == 1 and (e2e.hi >= 1).all()
+
+
 def test_counters_per_kernel():
     k = base_gemm.kernel_counters()
     assert {"base GEMM", "LoRA delta"} == set(k.path) and {"lora_decode_kernel", "fused_moe_lora_kernel",
