@@ -382,6 +382,14 @@ def window_spread(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | N
     return pd.DataFrame(rows)
 
 
+def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
+    """The window sessions' ncu passes (`<name>_kernels_fold_ncu.csv`: one profiled launch of each build's shrink and
+    GEMM at M = 8192, never a timing), with the session's name."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    return pd.concat([pd.read_csv(d / f"{n}_kernels_fold_ncu.csv").assign(session=n) for n in names],
+                     ignore_index=True)
+
+
 def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
     """Per (preset, op, M): the base GEMM (µs), the packed build over the separate delta with its LoRA alignment
     (one dot over every slot, `packed`; one per slot on the ordered alignment, `packed_slot`, its extra alignment
