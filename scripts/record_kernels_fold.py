@@ -102,7 +102,10 @@ def _bits(t):
 
 
 # ------------------------------------------------------------------------------------------------
-def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
+def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base"), first=0):
+    """first > 0 (`--cases-from`): the packed differential's cases first .. first + n_cases - 1, each drawn from a
+    seed of its own index, so shards in parallel processes (their compiles on separate CPUs) together run the
+    cases one process would; every other part runs from 0 as before."""
     fails = _check_presets(dev, gen) if "presets" in diffs else 0
     rng, g = random.Random(2), torch.Generator(device=dev).manual_seed(2)
     worst, f_fold = {"folded": float("nan"), "packed": float("nan")}, 0
@@ -111,14 +114,17 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base")):
         worst["folded"] = max(worst["folded"] if i else 0.0, err)
         f_fold += not (err < tolerance(BF, dev) and same)
     f_pack = 0
-    for i in range(n_cases if "packed" in diffs else 0):  # the packed build, random shapes and tiles
+    for i in range(first, first + n_cases if "packed" in diffs else 0):  # the packed build, random shapes and tiles
+        if first:
+            rng, g = random.Random(1_000_003 + i), torch.Generator(device=dev).manual_seed(1_000_003 + i)
         err, same = _packed_case(rng, g, dev, i)
-        worst["packed"] = max(worst["packed"] if i else 0.0, err)
+        worst["packed"] = max(worst["packed"] if i > first else 0.0, err)
         f_pack += not (err < tolerance(BF, dev) and same)
-        if (i + 1) % 100 == 0:  # progress: a call cut short still says how many cases passed
-            log(f"packed differential: {i + 1} cases, {f_pack} failures, worst {worst['packed']:.1e}")
+        if (i + 1 - first) % 100 == 0:  # progress: a call cut short still says how many cases passed
+            log(f"packed differential: {i + 1 - first} cases from {first}, {f_pack} failures, "
+                f"worst {worst['packed']:.1e}")
     row(section="check", op="random_packed", cases=n_cases if "packed" in diffs else 0, failures=f_pack,
-        worst=worst["packed"])
+        worst=worst["packed"], first=first)
     f_base = 0
     for i in range(n_cases if "base" in diffs else 0):  # the base GEMM's builds
         err, tile = _base_case(rng, g, dev, i)
@@ -766,6 +772,8 @@ def main(argv=None):
     ap.add_argument("--diffs", default="presets,folded,packed,base",
                     help="check's parts: the presets' shapes and the random differentials (default all)")
     ap.add_argument("--ncu-run", action="store_true", help="launch the counted targets once (run under ncu)")
+    ap.add_argument("--cases-from", type=int, default=0,
+                    help="the packed differential's first case (shards run in parallel processes; default 0)")
     ap.add_argument("--ncu-builds", default="", help="with --ncu-run: the builds to launch, comma-separated")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
@@ -784,7 +792,7 @@ def main(argv=None):
     secs = args.sections.split(",")
     t0 = time.time()
     if "check" in secs:
-        rec.section("check", check, dev, gen, args.cases, args.diffs.split(","))
+        rec.section("check", check, dev, gen, args.cases, args.diffs.split(","), args.cases_from)
         log(f"[check done at {time.time() - t0:.0f}s]")
     for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("shrink", shrink, (gen,)),
                            ("window", window, (gen,)),
