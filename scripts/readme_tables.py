@@ -1206,6 +1206,14 @@ def _fold_layer_verdict(lay) -> str:
             "so these sessions' `picked_all` (the table of their day: nothing folded) is not the layer as committed.")
 
 
+def _runs_of_cases(chk) -> str:
+    """'1000 random cases in each of 2 runs' (one run: '1000 random cases'), from `packed_check()`'s rows."""
+    n = sorted(set(int(c) for c in chk.cases))
+    per = f"{n[0]}" if len(n) == 1 else f"{n[0]}-{n[-1]}"
+    return f"{per} random cases" + (f" in each of {len(chk)} runs" if len(chk) > 1 else "")
+
+
+
 def kernels_fold_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
     from lora_moe_lab.kernels import configs
@@ -1222,7 +1230,7 @@ def kernels_fold_headline_block() -> str:
     n = len(bg.PACKED_SESSIONS)
     return ("LoRA packed into the base GEMM (`kernels/fused_moe_lora_packed.py`: a shrink kernel writes each pair's "
             "rank-R result in its adapter slot's columns, the base GEMM adds them as TMA-fed extra K iterations on its "
-            f"own tile table): correct ({int(chk.cases.sum())} random cases on the H200, {int(chk.failures.sum())} "
+            f"own tile table): correct ({_runs_of_cases(chk)} on the H200, {int(chk.failures.sum())} "
             f"failures). The down GEMM with it is {dn.lo.min():.2f}–{dn.hi.max():.2f}× the separate delta at "
             f"M ≥ 128 ({n} sessions, union of the 95 % intervals); the layer folds {folds}. The layer as "
             f"committed is {pk.lo.min():.3f}–{pk.hi.max():.3f}× the separate deltas at every timed M "
@@ -1282,10 +1290,11 @@ def kernels_packed_block() -> str:
             f"{sorted(configs.PACKED_PER_SLOT_TOKENS)}); `analysers.base_gemm.packed_choice()` re-derives where the "
             "build the layer takes beat the separate delta on both presets in every session, and a test holds the "
             "table to it.",
-            f"- Correct against float64 on the H200: {int(chk.cases.sum())} random cases of the packed build "
+            f"- Correct against float64 on the H200: {_runs_of_cases(chk)} of the packed build "
             f"({int(chk.failures.sum())} failures, worst relative error {chk.worst.max():.1e}; dense and per slot, "
-            "plain and ordered alignment, persistent grids over sub-blocks), rows without a live adapter bit for bit "
-            "the plain GEMM's (`data/kernels/fold_s14c_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
+            "plain and ordered alignment, persistent grids over sub-blocks; the last run also every shrink option: "
+            "slot windows, both slices, a register cap), rows without a live adapter bit for bit the plain GEMM's "
+            f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]
     return "\n".join(out)

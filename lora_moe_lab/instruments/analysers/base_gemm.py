@@ -292,7 +292,7 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
 # timed a shrink variant (both slices per program, 8 warps) that lost to fold_s12's and was reverted; its figures are
 # not the committed kernels', so it is not a session of the headline.
 PACKED_SESSIONS = ("fold_s12", "fold_s14", "fold_s16")  # fold_s16 (08cbb61): the packed section only
-PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c")
+PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c", "win_s4c")  # win_s4c: every shrink option, eight shards of 125
 PACKED_SHRINK_TRIAL = "fold_s13"
 # The layer as committed (`picked_*`) ran the committed packed table only from fold_s14 on (fold_s12's committed table
 # folded nothing; fold_s13's shrink was the reverted one): those figures are read over these sessions only.
