@@ -390,17 +390,34 @@ def kernels(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+def _packed_weights(preset, dev, gen):
+    """The packed sections' weights: (shape, the gate_up w, A, B, B_packed then the down four, the L slot ids)."""
+    sh = get_shape(preset)
+    w13, w2 = kc.base_weights(sh, dev, gen)
+    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
+    wts = (w13, a13, b13, pack_lora_b(b13), w2, a2, b2, pack_lora_b(b2))
+    return sh, wts, torch.arange(S, dtype=torch.int32, device=dev)
+
+
+def _packed_op(op, sets, wts, dev):
+    """One op of the packed sections: (gate_up?, w, A, B, B_packed, input key, output key, C) from wts = the gate_up
+    four then the down four; each set gets the op's routed weights (`rw_op`) and a zeroed u (EM, P, C)."""
+    gu = op == "gate_up"
+    w, a, b, bp = wts[:4] if gu else wts[4:]
+    C = pow2(S) * block_r(a.shape[3])
+    for s in sets:
+        s["rw_op"] = None if gu else s["rw"]
+        s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
+    return (gu, w, a, b, bp) + (("x", "inter") if gu else ("act", "down")) + (C,)
+
+
 def packed(preset, dev, gen, reps):
     """The packed build (kernels/fused_moe_lora_packed.py) per op and M against the base GEMM and today's separate
     delta: all slots' columns in one dot on the base alignment (`packed`), one dot per slot on the alignment ordered
     by LoRA row (`packed_slot`), every adapter disabled (`packed_off`: both kernels launched), and its GEMM alone with
     nothing live (`gemm_packed_off`: the disabled cost of the GEMM)."""
-    sh = get_shape(preset)
+    sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w13, w2 = kc.base_weights(sh, dev, gen)
-    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
-    bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
-    lids = torch.arange(S, dtype=torch.int32, device=dev)
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
     for M in KERNEL_M:
         sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
@@ -409,13 +426,7 @@ def packed(preset, dev, gen, reps):
         cfg2 = lora_down_config(M, k, E, S, bml, K, I)
         inner = 4 if M <= 256 and not harness.is_dry() else 1
         for op in ("gate_up", "down"):
-            gu = op == "gate_up"
-            w, a, b, bp = (w13, a13, b13, bp13) if gu else (w2, a2, b2, bp2)
-            X, O = ("x", "inter") if gu else ("act", "down")
-            C = pow2(S) * block_r(a.shape[3])
-            for s in sets:
-                s["rw_op"] = None if gu else s["rw"]
-                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
+            gu, w, a, b, bp, X, O, C = _packed_op(op, sets, wts, dev)
 
             def base(s, al="al"):
                 moe_gemm(s[X], w, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu)
@@ -542,24 +553,15 @@ def window(preset, dev, gen, reps):
     (WINDOW_SHRINKS, each against the committed shrink on the same alignment), then the packed path end to end
     (WINDOW_PATHS), each priced as the layer pays it (the ordered alignment in place of the plain one where its
     expand is per slot) against the base GEMM + the separate delta with its LoRA alignment."""
-    sh = get_shape(preset)
+    sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w13, w2 = kc.base_weights(sh, dev, gen)
-    a13, b13, a2, b2 = kc.weights(sh, dev, gen)
-    bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
-    lids = torch.arange(S, dtype=torch.int32, device=dev)
     on = torch.ones_like(lids)
     for M in WINDOW_M:
         sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
         cfg2 = lora_down_config(M, k, E, S, bml, K, I)
         for op in ("gate_up", "down"):
-            gu = op == "gate_up"
-            w, a, b, bp = (w13, a13, b13, bp13) if gu else (w2, a2, b2, bp2)
-            X, O = ("x", "inter") if gu else ("act", "down")
-            C = pow2(S) * block_r(a.shape[3])
+            gu, w, a, b, bp, X, O, C = _packed_op(op, sets, wts, dev)
             for s in sets:
-                s["rw_op"] = None if gu else s["rw"]
-                s["u"] = torch.zeros(s["al"].sorted_token_ids.shape[1], a.shape[0], C, dtype=BF, device=dev)
                 s["blk"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
 
             def shr(s, al, opts):

@@ -19,6 +19,12 @@ runs no extra iteration there. With every adapter disabled both kernels launch (
 decides: every shrink program reads the L slot ids and flags, writes its block's empty range and exits, and the GEMM
 reads two integers per tile. (A launch-wide branch in the GEMM to the plain loop was slower at the persistent tiles,
 in both branches: data/kernels/fold_s15.)
+
+The shrink's options (`lora_shrink_packed`; all off by default, `configs.PACKED_SHRINK_TOKENS` picks them per
+token bucket for the layer): one window of slots per dot instead of every slot's columns (on the alignment ordered
+by LoRA row a block holds one or two slots), both slices from one x tile, programs of fewer rows, a register cap.
+At M >= 8192 one slot per dot with both slices, 64-row programs and a cap of 128 ran the gate_up shrink in 0.60-0.75x
+the one-dot shrink's time (data/kernels/win_s3; docs/kernels.md, "The packed shrink in slot windows").
 """
 import torch
 import triton
