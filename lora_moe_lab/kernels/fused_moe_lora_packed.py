@@ -61,9 +61,10 @@ def packed_shrink_kernel(
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
-    # SLOT_W: slots per dot. The block's rows are walked one window of SLOT_W slots at a time, and a window
-    # without a live row costs only its zeros (SLOT_W = S_POW2: one dot over every slot). P_ALL: the slices one
-    # program computes from one x tile (P: both, x read once; 1: a program per slice, grid axis 1).
+    # SLOT_W: slots per dot. The windows of SLOT_W slots from the first to the last slot the program's live rows
+    # use are computed one after another; the others only get their zeros (SLOT_W = S_POW2: one dot over every
+    # slot). P_ALL: the slices one program computes from one x tile (P: both, x read once; 1: a program per slice,
+    # grid axis 1).
     pid = tl.program_id(0)
     pid_m = pid // SUB  # the alignment block
     p0 = tl.program_id(1) * P_ALL  # the program's first slice
@@ -146,8 +147,8 @@ def packed_shrink_kernel(
             if ROW_PTRS:
                 x_ptrs = x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xk
                 a_ptrs = a_cols[None, :] + (k0 + offs_k)[:, None] * stride_ak
-            # x rows come back for each of a token's top_k experts: with X_KEEP they stay in L2 (evict_last)
-            # while A and u, each used once, stream through it (evict_first)
+            # x rows come back for each of a token's top_k experts: X_KEEP asks L2 to keep them (evict_last) and to
+            # stream A and u, each used once (evict_first); ncu saw the L2 hit rate unchanged (data/kernels/win_s2)
             xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0,
                          eviction_policy="evict_last" if X_KEEP else "")  # rows of other windows: no bytes
             at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0,
@@ -162,6 +163,7 @@ def packed_shrink_kernel(
         tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, W * BLOCK_R, BLOCK_R),
                  tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None],
                  eviction_policy="evict_first" if X_KEEP else "")
+
 
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
     """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
@@ -186,12 +188,14 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                        x_keep: bool = False, max_regs: int = 0):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
-    slot_window: slots per dot (a power of two; 0: every slot in one dot). A block's windows without a live row
-    cost their zeros only, so on the alignment ordered by LoRA row (few slots per block) a window of 1 computes
-    the rank columns each pair needs instead of every slot's. both_slices: gate_up's two slices from one x tile
-    (x read once) instead of one program per slice. row_ptrs: the pointer tiles rebuilt from 1-D bases each K step
-    (fewer registers). x_keep: x loaded evict_last, A and u evict_first (x rows, read once per expert of a token,
-    stay in L2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per SM)."""
+    slot_window: slots per dot (a power of two; 0: every slot in one dot). Only the windows between the program's
+    first and last live slot are computed (the others get zeros), so on the alignment ordered by LoRA row (one or two
+    slots per block) a window of 1 computes about the rank columns each pair needs instead of every slot's.
+    both_slices: gate_up's two slices from one x tile (x read once) instead of one program per slice.
+    row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). x_keep: x loaded evict_last,
+    A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change:
+    data/kernels/win_s2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
+    SM; a dot over every slot needs more)."""
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
