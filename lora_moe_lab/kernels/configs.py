@@ -311,7 +311,10 @@ FOLD_BUILD = "packed"
 # 0.928 / 0.847).
 PACKED_PER_SLOT_TOKENS = frozenset({8192, 16384})
 # The packed shrink's options (`lora_shrink_packed`'s keywords) per token bucket where the layer packs an op;
-# elsewhere the one-dot shrink ({}).
+# elsewhere the one-dot shrink ({}). Empty: one slot per dot with both slices (win_s2, win_s3) and with 64-row
+# programs under a cap of 128 (win_s3) cut the gate_up shrink to 0.60-0.90x at M >= 8192, but the layer keeps gate_up
+# separate at M >= 4096 (FOLDED_LORA_TOKENS is per op, and TP=4 gate_up only ties end to end), and for down the
+# windows moved nothing end to end (docs/kernels.md, "The packed shrink in slot windows").
 PACKED_SHRINK_TOKENS: dict = {}
 
 
