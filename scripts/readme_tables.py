@@ -1213,7 +1213,6 @@ def _runs_of_cases(chk) -> str:
     return f"{per} random cases" + (f" in each of {len(chk)} runs" if len(chk) > 1 else "")
 
 
-
 def kernels_fold_headline_block() -> str:
     from lora_moe_lab.instruments.analysers import base_gemm as bg
     from lora_moe_lab.kernels import configs

@@ -572,8 +572,8 @@ def window(preset, dev, gen, reps):
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
                                      per_slot=slot, shrink=opts)
 
-            one = (lambda v: gu or not v.get("both_slices"))  # down has one slice: its "both" builds are the same
-            builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if one(v[1])}
+            # down has one slice: its "both" shrink builds would repeat the others
+            builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if gu or not v[1].get("both_slices")}
             paths = dict(WINDOW_PATHS)  # down: the "both" paths run its one slice
             arms = {f"shrink_{nm}": (lambda s, v=v: shr(s, *v)) for nm, v in builds.items()
                     if _compiles(lambda v=v: shr(sets[0], *v))}
