@@ -42,6 +42,9 @@ timed region):
            and x kept in L2 (WINDOW_SHRINKS), alone against the committed shrink on the same alignment, and end to
            end (WINDOW_PATHS, e.g. `packed_slot_w1k`: the per-slot expand on the ordered alignment with a shrink
            window of one slot, both slices per program, x kept) against the separate delta, at WINDOW_M.
+  expand   the packed GEMM's expand (EXPAND_BUILDS): the committed loop, guarded steps without a loop (`un`), its
+           operands prefetched into L2 before the K loop (`pf`), both (`unpf`); per slot on the ordered alignment:
+           the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -54,7 +57,7 @@ timed region):
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
            and packed per slot with a shrink window of one slot (`packed_slot_w1`: both slices per program; `_w1p`:
-           a program per slice); `--ncu-builds` picks some.
+           a program per slice), and the expand's builds (`packed_slot_pf`, `_un`, `_unpf`); `--ncu-builds` picks some.
 """
 from __future__ import annotations
 
@@ -217,7 +220,8 @@ PACKED_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(64, 64, 8, 4, 3, w_desc=
 def _packed_case(rng, g, dev, i):
     """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES, the
     shrink in whole blocks or in programs of 16 rows, over every slot or windows of 1 or 2, per slice or both, with
-    the pointer tiles rebuilt per step and x kept in L2 or not, under a register cap of 128 or not;
+    the pointer tiles rebuilt per step and x kept in L2 or not, under a register cap of 128 or not, the expand
+    unrolled or not and prefetched into L2 or not;
     `out` and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
     P, gather = (2, True) if i % 2 == 0 else (1, False)
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
@@ -238,10 +242,11 @@ def _packed_case(rng, g, dev, i):
     # a register cap (4 programs of 4 warps per SM) on one-slot windows only: a wider dot's accumulator needs more
     # (ptxas C7602 asked for 154 at every slot, both slices, rank 32: win_s3c)
     cap = 128 if (i // 192) % 2 == 1 and win == 1 else 0
+    expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5)  # the expand's guarded steps, L2 prefetch
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
-                                     max_regs=cap))
+                                     max_regs=cap), expand=expand)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -609,6 +614,78 @@ def window(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+EXPAND_M = (1024, 4096, 8192, 16384)
+# the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
+EXPAND_BUILDS = {"loop": {}, "pf": dict(prefetch=True), "un": dict(unroll=True), "unpf": dict(unroll=True, prefetch=True)}
+
+
+def expand(preset, dev, gen, reps):
+    """The packed GEMM's expand without a loop (`unroll`: guarded steps, so a persistent tile loop stays flattened)
+    and with its operands prefetched into L2 before the K loop (`prefetch`), per slot on the ordered alignment:
+    the GEMM alone on a u and blk written once (`gemm_<build>`, against the committed loop's GEMM and the plain GEMM
+    on the same alignment), the GEMM with every adapter disabled (`off_<build>`, blk all empty, against the plain
+    GEMM), and the path end to end with the committed shrink (`path_<build>`, priced as the layer pays it, against
+    the base GEMM + the separate delta with its LoRA alignment)."""
+    sh, wts, lids = _packed_weights(preset, dev, gen)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    on = torch.ones_like(lids)
+    for M in EXPAND_M:
+        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+        for op in ("gate_up", "down"):
+            gu, w, a, b, bp, X, O, C = _packed_op(op, sets, wts, dev)
+            br = block_r(a.shape[3])
+            for s in sets:
+                nb = s["al_ord"].expert_ids.shape[1]
+                s["blk"] = torch.zeros(nb, 2, dtype=torch.int32, device=dev)
+                s["blk0"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+                s["u_g"] = torch.zeros_like(s["u"])
+                lora_shrink_packed(s[X], a, s["al_ord"], k, s["slot"], lids, on, s["u_g"], s["blk"], gather=gu)
+
+            def gemm(s, opts, off=False):
+                moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                         packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, br, bool(opts.get("unroll")),
+                                       bool(opts.get("prefetch"))))
+
+            def path(s, opts):
+                moe_gemm_lora_packed(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on,
+                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
+                                     per_slot=True, expand=opts)
+
+            base = (lambda s, al="al": moe_gemm(s[X], w, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu))
+            arms = {"base": base, "base_ordered": lambda s: base(s, "al_ord"),
+                    "align": lambda s: moe_align(s["ids"], E, bm),
+                    "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
+            for nm, opts in EXPAND_BUILDS.items():
+                arms[f"gemm_{nm}"] = lambda s, o=opts: gemm(s, o)
+                arms[f"off_{nm}"] = lambda s, o=opts: gemm(s, o, off=True)
+                arms[f"path_{nm}"] = lambda s, o=opts: path(s, o)
+            if not dec:
+                arms["separate"] = lambda s: (base(s), _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2))
+                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            med, s_, wc = _interleave(arms, sets, 1, reps)
+            out = {}
+            d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
+            for nm in EXPAND_BUILDS:
+                out[f"gemm_{nm}_over_loop"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["gemm_loop"], "ratio_of_medians")
+                out[f"gemm_{nm}_over_base"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["base_ordered"],
+                                                               "ratio_of_medians")
+                out[f"off_{nm}_over_base"] = bootstrap_paired(s_[f"off_{nm}"], s_["base"], "ratio_of_medians")
+                if not dec:
+                    sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+                    priced = [v + d for v, d in zip(s_[f"path_{nm}"], d_al)]
+                    out[f"path_{nm}_over_separate"] = bootstrap_paired(priced, sep, "ratio_of_medians")
+            row(section="expand", preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]),
+                stable=wc.stable, warmup=wc.note, **{f"{nm}_us": v for nm, v in med.items()},
+                **{f"{nm}{sfx}": r[j] for nm, r in out.items() for j, sfx in enumerate(("", "_lo", "_hi"))},
+                interval=METHOD_BOOT)
+            log(f"expand {preset} {op:<7} M={M:>5}: " + "  ".join(f"{nm} {med[nm]:.1f}" for nm in arms)
+                + "  |  " + "  ".join(f"{nm} {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for nm, r in out.items())
+                + f"  {wc.note}")
+        sets = None
+        torch.cuda.empty_cache()
+
+
 def _compiles(fn) -> bool:
     """fn() once; False (and the compiler's reason logged) where ptxas refuses it, e.g. a register cap below
     what one instruction needs: that arm is left out of the point, not the whole preset."""
@@ -730,7 +807,10 @@ def ncu_run(out, dev, gen):
                   "packed_slot_w1": dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True)),
                   "packed_slot_w1k": dict(per_slot=True, shrink=dict(WINDOW_KEEP, slot_window=1, both_slices=True)),
                   "packed_slot_w1p": dict(per_slot=True, shrink=dict(slot_window=1)),
-                  "packed_keep": dict(shrink=WINDOW_KEEP), "packed_slot_w1s": dict(per_slot=True, shrink=W1S)}
+                  "packed_keep": dict(shrink=WINDOW_KEEP), "packed_slot_w1s": dict(per_slot=True, shrink=W1S),
+                  # the expand's builds (EXPAND_BUILDS), per slot with the committed shrink
+                  **{f"packed_slot_{nm}": dict(per_slot=True, expand=o) for nm, o in EXPAND_BUILDS.items()
+                     if nm != "loop"}}
         builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
@@ -797,7 +877,7 @@ def main(argv=None):
         rec.section("check", check, dev, gen, args.cases, args.diffs.split(","), args.cases_from)
         log(f"[check done at {time.time() - t0:.0f}s]")
     for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("shrink", shrink, (gen,)),
-                           ("window", window, (gen,)),
+                           ("window", window, (gen,)), ("expand", expand, (gen,)),
                            ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
@@ -807,11 +887,11 @@ def main(argv=None):
 
 
 def _dry():
-    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF, WINDOW_M
+    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF, WINDOW_M, EXPAND_M
     harness.set_dry()
     kc.set_tiny()
     KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF = (1, 16), (16,), (1, 16), (16,), torch.float32
-    WINDOW_M = (16, 64)
+    WINDOW_M = EXPAND_M = (16, 64)
     torch.cuda.synchronize = lambda *a: None
     return torch.device("cpu")
 

@@ -112,7 +112,8 @@ def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b
 @triton.jit
 def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc, bp_desc, N, NS,
                    stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
-                   STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
+                   STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr,
+                   UNROLL: tl.constexpr):
     """The packed LoRA expand (kernels/fused_moe_lora_packed.py): more K iterations of the base GEMM, no per-row
     logic. u (EM, P * PACK_C) holds each pair's shrink in the columns of its slice and its adapter's slot (zeros
     elsewhere, and in every real row without a live adapter), in the alignment's order, so the tile's rows are one
@@ -133,18 +134,65 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
     offs_c = tl.arange(0, EXPAND_K)
     for q in tl.static_range(P if STRADDLE else 1):
         base = (p0 + q) * PACK_C
-        # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
-        for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
-            if PACK_DESC:
-                ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
-                bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
-            else:
-                ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :], mask=valid[:, None],
-                             other=0.0)
-                bt = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn
-                             + (c0 + offs_c)[:, None], mask=(offs_n < N)[None, :], other=0.0)
-            acc = tl.dot(ut, bt, acc)
+        if UNROLL:
+            # No loop: PACK_C / EXPAND_K guarded steps. A second loop inside a persistent tile loop stops Triton from
+            # flattening the two (FuseNestedLoops wants the K loop alone), and the flattened loop is where the plain
+            # GEMM's next tile loads while this one drains (docs/kernels.md, "The expand without a loop").
+            for j in tl.static_range(PACK_C // EXPAND_K):
+                c0 = base + lo + j * EXPAND_K
+                if c0 < base + hi:
+                    acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr,
+                                       u_desc, bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N,
+                                       PACK_DESC)
+        else:
+            # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
+            for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
+                acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc,
+                                   bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC)
     return acc
+
+
+@triton.jit
+def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc, bp_desc, N,
+                 stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PACK_DESC: tl.constexpr):
+    """One expand step: acc += u[tile rows, c0 : c0 + EXPAND_K] @ B_packed[tile columns, c0 : c0 + EXPAND_K].T."""
+    if PACK_DESC:
+        ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
+        bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
+    else:
+        ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :], mask=valid[:, None], other=0.0)
+        bt = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn + (c0 + offs_c)[:, None],
+                     mask=(offs_n < N)[None, :], other=0.0)
+    return tl.dot(ut, bt, acc)
+
+
+@triton.jit
+def _l2_prefetch(ptrs, mask):
+    """prefetch.global.L2 of each pointer's line where mask: the line's DRAM read starts now and nothing waits for
+    it; a later load of the line is an L2 hit. (PTX: not run by Triton's CPU interpreter; launchers turn it off.)"""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _packed_prefetch(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe, stride_pn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STRADDLE: tl.constexpr, PACK_C: tl.constexpr):
+    """Before the K loop: the expand's u rows and B_packed rows, the first 128 columns of the block's range, into L2
+    (two 128-byte lines per row), so the expand's loads after the loop wait for L2, not for DRAM."""
+    if STRADDLE:
+        p0 = 0
+    else:
+        p0 = (pid_n * BLOCK_N) // NS
+    c0 = p0 * PACK_C + (blk_lo // 64) * 64
+    on = blk_hi > blk_lo
+    rows_u = u_ptr + (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64) * stride_um + c0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_b = bp_ptr + expert * stride_pe + offs_n.to(tl.int64) * stride_pn + c0
+    for h in tl.static_range(2):
+        more = on & (blk_lo // 64 * 64 + h * 64 < blk_hi)
+        _l2_prefetch(rows_u + h * 64, tl.full((BLOCK_M,), 0, tl.int1) | more)
+        _l2_prefetch(rows_b + h * 64, (offs_n < N) & more)
 
 
 # num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
@@ -186,7 +234,7 @@ def fused_moe_kernel(
     FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
-    PACK_DESC: tl.constexpr = False,
+    PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
 ):
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -211,7 +259,8 @@ def fused_moe_kernel(
                        stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
-                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
+                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
+                       EXPAND_PREFETCH)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -233,7 +282,8 @@ def fused_moe_kernel(
                    stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
-                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC)
+                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
+                       EXPAND_PREFETCH)
 
 
 @triton.jit
@@ -246,7 +296,8 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
-               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
+               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
+               EXPAND_PREFETCH: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
@@ -278,6 +329,9 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if PACKED:  # the block's slot columns: two scalars, loaded before the K loop so their latency hides under it
         blk_lo = tl.load(blk)
         blk_hi = tl.load(blk + 1)
+        if EXPAND_PREFETCH:
+            _packed_prefetch(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe,
+                             stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -304,7 +358,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if PACKED:
         acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
                              bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
-                             EXPAND_K, PACK_DESC)
+                             EXPAND_K, PACK_DESC, EXPAND_UNROLL)
     if HAS_RW:
         if not EARLY_LOADS:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -386,6 +440,8 @@ class Packed(NamedTuple):
     blk: torch.Tensor
     b_packed: torch.Tensor
     expand_k: int
+    unroll: bool = False  # the expand as guarded steps, no loop (EXPAND_UNROLL)
+    prefetch: bool = False  # its operands' first lines into L2 before the K loop (EXPAND_PREFETCH; GPU only)
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -448,7 +504,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         pack, pack_ints = (u2, packed.blk, bp), (u2.stride(0), bp.stride(0), bp.stride(1)) + descs
         fold_ints = (0, 0, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
         fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
-                       PACK_DESC=pdesc)
+                       PACK_DESC=pdesc, EXPAND_UNROLL=bool(packed.unroll),
+                       EXPAND_PREFETCH=bool(packed.prefetch) and not runtime.interpreter())  # inline PTX
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,

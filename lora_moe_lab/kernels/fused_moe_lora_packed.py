@@ -35,6 +35,7 @@ from .configs import GemmConfig, block_r
 from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
+EXPAND_OPTIONS = frozenset({"unroll", "prefetch"})  # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
 
 
@@ -227,7 +228,8 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
 
 def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled, *,
                          routed_weights=None, gather=True, config: GemmConfig | None = None, b_packed=None,
-                         shrink_out=None, per_slot: bool = False, shrink: dict | None = None):
+                         shrink_out=None, per_slot: bool = False, shrink: dict | None = None,
+                         expand: dict | None = None):
     """out[pair] = (x[row] @ w[e].T + delta[pair]) (* routed weight), as `moe_gemm_lora` (same arguments, same
     result), computed as the packed shrink + the base GEMM with the adapters' columns as extra K iterations. Fully
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit (0 * finite B: every slot's
@@ -236,7 +238,13 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     b_packed: `pack_lora_b(lora_b)`, built once (else built here, per call). shrink_out: an optional (EM, P, C)
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
-    shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...)."""
+    shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...).
+    expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop) and `prefetch` (its operands'
+    first lines into L2 before the K loop; the GPU only)."""
+    expand = dict(expand or {})
+    if set(expand) - EXPAND_OPTIONS:
+        raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
+                         f"known: {sorted(EXPAND_OPTIONS)}")
     N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
@@ -262,6 +270,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, br if per_slot else C))
+             packed=Packed(u, blk, b_packed, br if per_slot else C, bool(expand.get("unroll")),
+                           bool(expand.get("prefetch"))))
     LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
     return out

@@ -134,8 +134,14 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    # (few slots per block) and on the plain one (every slot: every window computed)
                    "win1_both_ordered": dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True)),
                    "win1_both": dict(shrink=dict(slot_window=1, both_slices=True, row_ptrs=True, x_keep=True)),
-                   "win2_sub": dict(shrink=dict(slot_window=2, sub_m=16, row_ptrs=True))}
-ORDERED = ("slot_ordered", "win1_both_ordered")
+                   "win2_sub": dict(shrink=dict(slot_window=2, sub_m=16, row_ptrs=True)),
+                   # the expand as guarded steps, no loop: per slot, over every slot, in a flattened persistent loop
+                   # (the L2 prefetch is inline PTX: the interpreter runs without it, the GPU differential with it)
+                   "unroll_ordered": dict(per_slot=True, expand=dict(unroll=True, prefetch=True)),
+                   "unroll_all": dict(expand=dict(unroll=True)),
+                   "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
+                                          config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
+ORDERED = ("slot_ordered", "win1_both_ordered", "unroll_ordered")
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -152,6 +158,14 @@ def test_packed_random_blocks_and_ranks(bm, variant):
         codes = run_fused(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant in ORDERED,
                           impl=functools.partial(moe_gemm_lora_packed, **PACKED_VARIANTS[variant]))
         assert (codes == 0).any()
+
+
+def test_packed_unknown_expand_option_is_an_error():
+    c = make_case(1, 2, 16, 8, 4, 2, 2, 2, 4, 2)
+    x, a, b, ids, m, lid, en = (c[k].to(DEV) for k in ("x", "a", "b", "ids", "mapping", "lora_ids", "enabled"))
+    with pytest.raises(ValueError, match="unknown expand options \\['unrol'\\]"):
+        moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
+                             torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(unrol=True))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
