@@ -616,7 +616,8 @@ def window(preset, dev, gen, reps):
 
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
-EXPAND_BUILDS = {"loop": {}, "pf": dict(prefetch=True), "un": dict(unroll=True), "unpf": dict(unroll=True, prefetch=True)}
+EXPAND_BUILDS = {"loop": {}, "pf": dict(prefetch=True), "un": dict(unroll=True),
+                 "unpf": dict(unroll=True, prefetch=True)}
 
 
 def expand(preset, dev, gen, reps):
