@@ -43,7 +43,8 @@ timed region):
            end (WINDOW_PATHS, e.g. `packed_slot_w1k`: the per-slot expand on the ordered alignment with a shrink
            window of one slot, both slices per program, x kept) against the separate delta, at WINDOW_M.
   expand   the packed GEMM's expand (EXPAND_BUILDS): the committed loop, guarded steps without a loop (`un`), its
-           operands prefetched into L2 before the K loop (`pf`), both (`unpf`); per slot on the ordered alignment:
+           operands prefetched into L2 before the K loop (`pf`), both (`unpf`), two slots per dot (`d64`); per slot
+           on the ordered alignment:
            the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
@@ -52,12 +53,14 @@ timed region):
            (`packed_all`, `packed_none`, `packed_down`:
            configs.FOLD_BUILD "packed", one expand dot per slot on the alignment ordered by LoRA row); folded means
            the "rows" build (configs.FOLDED_ORDER_BY_ROW: the alignment ordered by LoRA row, the per-row shrink, the
-           pointer expand); interleaved rounds;
+           pointer expand); `prev_all` / `prev_none`: the committed per-op table without the per-shape folds and
+           shrink options (configs.FOLDED_LORA_SHAPE_TOKENS, PACKED_SHRINK_TOKENS); interleaved rounds;
            LoRA's share of the layer per round, its median and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
            and packed per slot with a shrink window of one slot (`packed_slot_w1`: both slices per program; `_w1p`:
-           a program per slice), and the expand's builds (`packed_slot_pf`, `_un`, `_unpf`); `--ncu-builds` picks some.
+           a program per slice), and the expand's builds (`packed_slot_pf`, `_un`, `_unpf`, `_d64`); `--ncu-builds`
+           picks some.
 """
 from __future__ import annotations
 
@@ -221,7 +224,7 @@ def _packed_case(rng, g, dev, i):
     """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES, the
     shrink in whole blocks or in programs of 16 rows, over every slot or windows of 1 or 2, per slice or both, with
     the pointer tiles rebuilt per step and x kept in L2 or not, under a register cap of 128 or not, the expand
-    unrolled or not and prefetched into L2 or not;
+    unrolled or not, prefetched into L2 or not, one or two slots per expand dot;
     `out` and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
     P, gather = (2, True) if i % 2 == 0 else (1, False)
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
@@ -242,7 +245,8 @@ def _packed_case(rng, g, dev, i):
     # a register cap (4 programs of 4 warps per SM) on one-slot windows only: a wider dot's accumulator needs more
     # (ptxas C7602 asked for 154 at every slot, both slices, rank 32: win_s3c)
     cap = 128 if (i // 192) % 2 == 1 and win == 1 else 0
-    expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5)  # the expand's guarded steps, L2 prefetch
+    # the expand's guarded steps, L2 prefetch, two slots per dot
+    expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5, depth=rng.choice((0, 2 * block_r(R))))
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
@@ -617,7 +621,7 @@ def window(preset, dev, gen, reps):
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
 EXPAND_BUILDS = {"loop": {}, "pf": dict(prefetch=True), "un": dict(unroll=True),
-                 "unpf": dict(unroll=True, prefetch=True)}
+                 "unpf": dict(unroll=True, prefetch=True), "d64": dict(depth=64)}
 
 
 def expand(preset, dev, gen, reps):
@@ -645,8 +649,8 @@ def expand(preset, dev, gen, reps):
 
             def gemm(s, opts, off=False):
                 moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, br, bool(opts.get("unroll")),
-                                       bool(opts.get("prefetch"))))
+                         packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br),
+                                       bool(opts.get("unroll")), bool(opts.get("prefetch"))))
 
             def path(s, opts):
                 moe_gemm_lora_packed(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on,
@@ -732,14 +736,16 @@ def layer(preset, dev, reps):
                                     ("packed_all", "all", all_ops), ("packed_none", "none", all_ops),
                                     ("packed_down", "all", down_ops),
                                     ("picked_all", "all", None),  # None: the committed table decides
-                                    ("picked_none", "none", None)):
+                                    ("picked_none", "none", None),
+                                    # the committed per-op table alone: no per-shape folds, the one-dot shrink
+                                    ("prev_all", "all", PREV), ("prev_none", "none", PREV)):
             hooks = []
             if adapters is not None:
                 names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
                                                                             dev), RANK)
                 hooks = [LoRAHook(info, backend, sh.num_experts)]
-            build = "packed" if nm.startswith("packed") else "rows" if table is not None else None
+            build = "packed" if nm.startswith("packed") else "rows" if table not in (None, PREV) else None
             f = (lambda h=hooks, t=table, b_=build: _with_table(t, lambda: lay(x, h, backend), b_))
             arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
         for g in arms.values():
@@ -754,13 +760,15 @@ def layer(preset, dev, reps):
         dn = bootstrap_paired(s_["down_folded"], s_["separate_all"], "ratio_of_medians")
         pk = {nm: bootstrap_paired(s_[nm], s_["separate_all"], "ratio_of_medians") for nm in ("packed_all",
                                                                                             "packed_down")}
+        pk["picked_all_over_prev"] = bootstrap_paired(s_["picked_all"], s_["prev_all"], "ratio_of_medians")
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
             folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
             picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
             down_folded_over_separate=dn[0], down_folded_over_separate_lo=dn[1], down_folded_over_separate_hi=dn[2],
-            **{f"{nm}_over_separate{sfx}": pk[nm][j] for nm in pk for j, sfx in enumerate(("", "_lo", "_hi"))},
+            **{f"{nm if nm.endswith('_prev') else nm + '_over_separate'}{sfx}": pk[nm][j] for nm in pk
+               for j, sfx in enumerate(("", "_lo", "_hi"))},
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
@@ -769,16 +777,24 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
+PREV = "prev"  # the layer section's table before this session: the per-op table alone, the one-dot shrink
+
+
 def _with_table(table, fn, build=None):
     """fn() with configs.FOLDED_LORA_TOKENS set to `table` and configs.FOLD_BUILD to `build` (None: the committed
-    ones; the layer reads both at each call)."""
-    keep = configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD
-    configs.FOLDED_LORA_TOKENS = keep[0] if table is None else table
+    ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
+    per-op table with no per-shape folds and no shrink options."""
+    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
+            configs.PACKED_SHRINK_TOKENS)
+    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
     configs.FOLD_BUILD = keep[1] if build is None else build
+    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table is None else {}
+    configs.PACKED_SHRINK_TOKENS = {} if table == PREV else keep[3]
     try:
         return fn()
     finally:
-        configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD = keep
+        (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
+         configs.PACKED_SHRINK_TOKENS) = keep
 
 
 # ------------------------------------------------------------------------------------------------

@@ -294,6 +294,11 @@ FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # the separate deltas everywhere once the base GEMM took sub-blocks (fold_s10, fold_s11).
 FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset({128, 256, 512, 1024}),
                             "down": frozenset({128, 256, 512, 1024, 2048, 4096, 8192, 16384})}
+# Per GEMM shape (op, N, K): token buckets where the layer folds that GEMM beside FOLDED_LORA_TOKENS's per-op ones.
+# qwen3-30b-a3b's gate_up (N = 1536, K = 2048) at M >= 8192, with the shrink in one-slot windows (PACKED_SHRINK_TOKENS):
+# 0.925-0.978x the separate delta (win_s3) where its TP=4 shape (N = 384) only ties (0.993-1.008x), so a per-op
+# table could not take it (docs/kernels.md, "The packed shrink in slot windows").
+FOLDED_LORA_SHAPE_TOKENS: dict = {("gate_up", 1536, 2048): frozenset({8192, 16384})}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,
@@ -311,11 +316,11 @@ FOLD_BUILD = "packed"
 # 0.928 / 0.847).
 PACKED_PER_SLOT_TOKENS = frozenset({8192, 16384})
 # The packed shrink's options (`lora_shrink_packed`'s keywords) per token bucket where the layer packs an op;
-# elsewhere the one-dot shrink ({}). Empty: one slot per dot with both slices (win_s2, win_s3) and with 64-row
-# programs under a cap of 128 (win_s3) cut the gate_up shrink to 0.60-0.90x at M >= 8192, but the layer keeps gate_up
-# separate at M >= 4096 (FOLDED_LORA_TOKENS is per op, and TP=4 gate_up only ties end to end), and for down the
-# windows moved nothing end to end (docs/kernels.md, "The packed shrink in slot windows").
-PACKED_SHRINK_TOKENS: dict = {}
+# elsewhere the one-dot shrink ({}). At M >= 8192: one slot per dot, both slices from one x tile, 64-row programs
+# under a register cap of 128 (W1S): the gate_up shrink in 0.60-0.75x the one-dot shrink's time (win_s3); for down
+# it moves nothing end to end (0.80-0.92x the separate delta either way), so one table serves both ops.
+W1S = dict(slot_window=1, both_slices=True, row_ptrs=True, sub_m=64, max_regs=128)
+PACKED_SHRINK_TOKENS: dict = {8192: W1S, 16384: W1S}
 
 
 def packed_shrink(num_tokens: int) -> dict:
@@ -339,8 +344,10 @@ def _bucket_in(table: dict, op: str, num_tokens: int) -> bool:
 
 def use_folded_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:
     """Whether the MoE layer runs `op` ("gate_up" or "down") as the folded LoRA GEMM (shrink kernel +
-    base GEMM with the expand in its K loop); from static shapes only (capture-safe)."""
-    return _bucket_in(FOLDED_LORA_TOKENS, op, num_tokens)
+    base GEMM with the expand in its K loop); from static shapes only (capture-safe): FOLDED_LORA_TOKENS per op, then
+    FOLDED_LORA_SHAPE_TOKENS per GEMM shape (op, N, K)."""
+    return (_bucket_in(FOLDED_LORA_TOKENS, op, num_tokens)
+            or token_bucket(num_tokens) in FOLDED_LORA_SHAPE_TOKENS.get((op, N, K), frozenset()))
 
 
 def use_fused_lora(op: str, num_tokens: int, top_k: int, num_experts: int, N: int, K: int) -> bool:

@@ -35,7 +35,7 @@ from .configs import GemmConfig, block_r
 from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
-EXPAND_OPTIONS = frozenset({"unroll", "prefetch"})  # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
+EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth"})  # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
 
 
@@ -239,8 +239,9 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
     shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...).
-    expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop) and `prefetch` (its operands'
-    first lines into L2 before the K loop; the GPU only)."""
+    expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop), `prefetch` (its operands'
+    first lines into L2 before the K loop; the GPU only) and `depth` (the columns of one expand dot, a power of two
+    from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C)."""
     expand = dict(expand or {})
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
@@ -266,11 +267,14 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
                          f"got {shrink_out.dtype} {tuple(shrink_out.shape)}")
     else:
         u = shrink_out
+    ek = int(expand.get("depth") or (br if per_slot else C))
+    if ek < br or ek > C or ek & (ek - 1):
+        raise ValueError(f"moe_gemm_lora_packed: expand depth must be a power of two from BLOCK_R={br} to C={C}, "
+                         f"got {ek}")
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, br if per_slot else C, bool(expand.get("unroll")),
-                           bool(expand.get("prefetch"))))
-    LAST_PACKED_LAUNCH.update(expand_k=br if per_slot else C)
+             packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch"))))
+    LAST_PACKED_LAUNCH.update(expand_k=ek)
     return out

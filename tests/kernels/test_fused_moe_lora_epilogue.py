@@ -139,9 +139,10 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    # (the L2 prefetch is inline PTX: the interpreter runs without it, the GPU differential with it)
                    "unroll_ordered": dict(per_slot=True, expand=dict(unroll=True, prefetch=True)),
                    "unroll_all": dict(expand=dict(unroll=True)),
+                   "depth2_ordered": dict(per_slot=True, expand=dict(depth=32)),  # two slots of BLOCK_R 16 per dot
                    "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
                                           config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
-ORDERED = ("slot_ordered", "win1_both_ordered", "unroll_ordered")
+ORDERED = ("slot_ordered", "win1_both_ordered", "unroll_ordered", "depth2_ordered")
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -166,6 +167,9 @@ def test_packed_unknown_expand_option_is_an_error():
     with pytest.raises(ValueError, match="unknown expand options \\['unrol'\\]"):
         moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
                              torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(unrol=True))
+    with pytest.raises(ValueError, match="expand depth must be a power of two from BLOCK_R=16 to C=32, got 48"):
+        moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
+                             torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(depth=48))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

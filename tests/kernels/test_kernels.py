@@ -486,6 +486,17 @@ def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
     assert not any(seen)
 
 
+def test_fold_table_per_gemm_shape():
+    """FOLDED_LORA_SHAPE_TOKENS folds one GEMM shape at buckets its op's table leaves separate: qwen3-30b-a3b's
+    gate_up (N = 1536, K = 2048) at M >= 8192, not its TP=4 shape (N = 384), and never the other op."""
+    E, k = 128, 8
+    assert configs.use_folded_lora("gate_up", 8192, k, E, 1536, 2048)
+    assert configs.use_folded_lora("gate_up", 16384, k, E, 1536, 2048)
+    assert not configs.use_folded_lora("gate_up", 4096, k, E, 1536, 2048)
+    assert not configs.use_folded_lora("gate_up", 8192, k, E, 384, 2048)
+    assert configs.packed_shrink(8192) == configs.W1S and configs.packed_shrink(4096) == {}
+
+
 def test_warmup_runs_every_config():
     n = triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     if runtime.interpreter():  # one config per kernel there: 3 base GEMMs, 2 aligned LoRA, 2 decode launches
