@@ -620,8 +620,8 @@ def window(preset, dev, gen, reps):
 
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
-EXPAND_BUILDS = {"loop": {}, "pf": dict(prefetch=True), "un": dict(unroll=True),
-                 "unpf": dict(unroll=True, prefetch=True), "d64": dict(depth=64)}
+# exp_s1 and exp_s2 ran pf (prefetch=True), un (unroll=True) and unpf (both) too (their commits' tables): each lost
+EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64)}
 
 
 def expand(preset, dev, gen, reps):
@@ -665,12 +665,22 @@ def expand(preset, dev, gen, reps):
                 arms[f"gemm_{nm}"] = lambda s, o=opts: gemm(s, o)
                 arms[f"off_{nm}"] = lambda s, o=opts: gemm(s, o, off=True)
                 arms[f"path_{nm}"] = lambda s, o=opts: path(s, o)
+            # the committed build below PACKED_PER_SLOT_TOKENS: one dot over every slot on the plain alignment
+            arms["path_dense"] = lambda s: moe_gemm_lora_packed(
+                s[X], w, s["al"], k, s[O], a, b, s["slot"], lids, on, routed_weights=s["rw_op"], gather=gu,
+                b_packed=bp, shrink_out=s["u"])
             if not dec:
                 arms["separate"] = lambda s: (base(s), _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2))
                 arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
             med, s_, wc = _interleave(arms, sets, 1, reps)
             out = {}
             d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
+            for nm in EXPAND_BUILDS:  # per slot on the ordered alignment (its extra time in) against the dense build
+                out[f"path_{nm}_over_dense"] = bootstrap_paired([v + d for v, d in zip(s_[f"path_{nm}"], d_al)],
+                                                                s_["path_dense"], "ratio_of_medians")
+            if not dec:
+                out["path_dense_over_separate"] = bootstrap_paired(
+                    s_["path_dense"], [v + la for v, la in zip(s_["separate"], s_["lora_align"])], "ratio_of_medians")
             for nm in EXPAND_BUILDS:
                 out[f"gemm_{nm}_over_loop"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["gemm_loop"], "ratio_of_medians")
                 out[f"gemm_{nm}_over_base"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["base_ordered"],
@@ -738,14 +748,16 @@ def layer(preset, dev, reps):
                                     ("picked_all", "all", None),  # None: the committed table decides
                                     ("picked_none", "none", None),
                                     # the committed per-op table alone: no per-shape folds, the one-dot shrink
-                                    ("prev_all", "all", PREV), ("prev_none", "none", PREV)):
+                                    ("prev_all", "all", PREV), ("prev_none", "none", PREV),
+                                    # the candidate: per slot with two slots per expand dot at M = 4096 too
+                                    ("cand_all", "all", CAND), ("cand_none", "none", CAND)):
             hooks = []
             if adapters is not None:
                 names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
                                                                             dev), RANK)
                 hooks = [LoRAHook(info, backend, sh.num_experts)]
-            build = "packed" if nm.startswith("packed") else "rows" if table not in (None, PREV) else None
+            build = "packed" if nm.startswith("packed") else "rows" if table not in (None, PREV, CAND) else None
             f = (lambda h=hooks, t=table, b_=build: _with_table(t, lambda: lay(x, h, backend), b_))
             arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
         for g in arms.values():
@@ -758,26 +770,27 @@ def layer(preset, dev, reps):
         fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
         ps = bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians")
         dn = bootstrap_paired(s_["down_folded"], s_["separate_all"], "ratio_of_medians")
-        pk = {nm: bootstrap_paired(s_[nm], s_["separate_all"], "ratio_of_medians") for nm in ("packed_all",
-                                                                                            "packed_down")}
+        pk = {f"{nm}_over_separate": bootstrap_paired(s_[nm], s_["separate_all"], "ratio_of_medians")
+              for nm in ("packed_all", "packed_down")}
         pk["picked_all_over_prev"] = bootstrap_paired(s_["picked_all"], s_["prev_all"], "ratio_of_medians")
+        pk["cand_all_over_picked"] = bootstrap_paired(s_["cand_all"], s_["picked_all"], "ratio_of_medians")
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
             folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
             picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
             down_folded_over_separate=dn[0], down_folded_over_separate_lo=dn[1], down_folded_over_separate_hi=dn[2],
-            **{f"{nm if nm.endswith('_prev') else nm + '_over_separate'}{sfx}": pk[nm][j] for nm in pk
-               for j, sfx in enumerate(("", "_lo", "_hi"))},
+            **{f"{nm}{sfx}": pk[nm][j] for nm in pk for j, sfx in enumerate(("", "_lo", "_hi"))},
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
             + f"  down_folded/separate {dn[0]:.3f} [{dn[1]:.3f}, {dn[2]:.3f}]  "
-            + "  ".join(f"{nm}/separate {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for nm, v in pk.items()) + f"  {wc.note}")
+            + "  ".join(f"{nm} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for nm, v in pk.items()) + f"  {wc.note}")
     torch.cuda.empty_cache()
 
 
 PREV = "prev"  # the layer section's table before this session: the per-op table alone, the one-dot shrink
+CAND = "cand"  # the committed tables + per slot, two slots per expand dot, at M = 4096
 
 
 def _with_table(table, fn, build=None):
@@ -785,16 +798,19 @@ def _with_table(table, fn, build=None):
     ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
     per-op table with no per-shape folds and no shrink options."""
     keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-            configs.PACKED_SHRINK_TOKENS)
-    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
+            configs.PACKED_SHRINK_TOKENS, configs.PACKED_PER_SLOT_TOKENS, configs.PACKED_EXPAND_TOKENS)
+    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV, CAND) else table
     configs.FOLD_BUILD = keep[1] if build is None else build
-    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table is None else {}
+    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, CAND) else {}
     configs.PACKED_SHRINK_TOKENS = {} if table == PREV else keep[3]
+    if table == CAND:
+        configs.PACKED_PER_SLOT_TOKENS = keep[4] | {4096}
+        configs.PACKED_EXPAND_TOKENS = dict(keep[5], **{4096: dict(depth=64)})
     try:
         return fn()
     finally:
         (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-         configs.PACKED_SHRINK_TOKENS) = keep
+         configs.PACKED_SHRINK_TOKENS, configs.PACKED_PER_SLOT_TOKENS, configs.PACKED_EXPAND_TOKENS) = keep
 
 
 # ------------------------------------------------------------------------------------------------

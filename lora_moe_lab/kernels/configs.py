@@ -323,6 +323,15 @@ W1S = dict(slot_window=1, both_slices=True, row_ptrs=True, sub_m=64, max_regs=12
 PACKED_SHRINK_TOKENS: dict = {8192: W1S, 16384: W1S}
 
 
+# The packed GEMM's expand options (`moe_gemm_lora_packed(expand=)`) per token bucket; elsewhere its defaults.
+PACKED_EXPAND_TOKENS: dict = {}
+
+
+def packed_expand(num_tokens: int) -> dict:
+    """The packed GEMM's expand options at this token count (a copy; static shapes only: capture-safe)."""
+    return dict(PACKED_EXPAND_TOKENS.get(token_bucket(num_tokens), {}))
+
+
 def packed_shrink(num_tokens: int) -> dict:
     """The packed shrink's options at this token count (a copy; static shapes only: capture-safe)."""
     return dict(PACKED_SHRINK_TOKENS.get(token_bucket(num_tokens), {}))

@@ -98,11 +98,17 @@ class Backend(ABC):
         return {}
 
     @staticmethod
+    def packed_expand(num_tokens: int) -> dict:
+        """Where an op is packed: the packed GEMM's expand options at this token count (static shapes only)."""
+        return {}
+
+    @staticmethod
     def moe_gemm_lora_packed(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
                              adapter_enabled, *, routed_weights=None, gather=True, b_packed=None, per_slot=False,
-                             shrink=None):
+                             shrink=None, expand=None):
         """`moe_gemm_lora`'s result, computed as the packed shrink + the base GEMM with the adapters' columns as
-        extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`; shrink: `packed_shrink`'s options)."""
+        extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`; shrink, expand: `packed_shrink`'s and
+        `packed_expand`'s options)."""
         raise NotImplementedError("this backend has no packed LoRA GEMM (fold_build answers 'rows')")
 
     @staticmethod

@@ -58,6 +58,10 @@ class TritonBackend(Backend):
     def packed_shrink(num_tokens: int) -> dict:
         return configs.packed_shrink(num_tokens)
 
+    @staticmethod
+    def packed_expand(num_tokens: int) -> dict:
+        return configs.packed_expand(num_tokens)
+
 
 # --------------------------------------------------------------------------------------------
 # Warm-up: compile every config the table can pick, before any CUDA-graph capture
@@ -115,7 +119,8 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         # is compiled here too, and the folded jobs run on it as the layer does
         al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al
         packed = configs.FOLD_BUILD == "packed"
-        fold = (functools.partial(moe_gemm_lora_packed, per_slot=per_row, shrink=configs.packed_shrink(M)) if packed
+        fold = (functools.partial(moe_gemm_lora_packed, per_slot=per_row, shrink=configs.packed_shrink(M),
+                                  expand=configs.packed_expand(M)) if packed
                 else functools.partial(moe_gemm_lora_folded, shrink_per_row=per_row))
         if fold13:
             jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: fold(

@@ -99,9 +99,10 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, devic
     assert rel_err(y, want) < fp32_tol(device)
 
 
-def test_packed_layer_takes_the_shrink_table(device, monkeypatch):
-    """Where configs.PACKED_SHRINK_TOKENS names a bucket, the packed layer's shrink runs with those options (here
-    one slot per dot, both slices per program, x kept in L2) and the forward still matches the reference."""
+def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
+    """Where configs.PACKED_SHRINK_TOKENS and PACKED_EXPAND_TOKENS name a bucket, the packed layer's shrink and
+    expand run with those options (here one slot per shrink dot, both slices per program, x kept in L2; two slots
+    per expand dot) and the forward still matches the reference."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     monkeypatch.setattr(configs, "FOLD_BUILD", "packed")
@@ -109,13 +110,14 @@ def test_packed_layer_takes_the_shrink_table(device, monkeypatch):
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": ALL})
     monkeypatch.setattr(configs, "PACKED_SHRINK_TOKENS", {b: dict(slot_window=1, both_slices=True, row_ptrs=True,
                                                                   x_keep=True) for b in ALL})
+    monkeypatch.setattr(configs, "PACKED_EXPAND_TOKENS", {b: dict(depth=32) for b in ALL})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=4)
     LAST_PACKED_LAUNCH.clear()
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
-    assert LAST_PACKED_LAUNCH["shrink_window"] == 1
+    assert LAST_PACKED_LAUNCH["shrink_window"] == 1 and LAST_PACKED_LAUNCH["expand_k"] == 32
     lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
                  lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
