@@ -805,7 +805,7 @@ def _with_table(table, fn, build=None):
     configs.PACKED_SHRINK_TOKENS = {} if table == PREV else keep[3]
     if table == CAND:
         configs.PACKED_PER_SLOT_TOKENS = keep[4] | {4096}
-        configs.PACKED_EXPAND_TOKENS = dict(keep[5], **{4096: dict(depth=64)})
+        configs.PACKED_EXPAND_TOKENS = {**keep[5], 4096: dict(depth=64)}
     try:
         return fn()
     finally:
