@@ -351,28 +351,30 @@ WINDOW_SESSIONS = ("win_s1", "win_s2", "win_s3")
 WINDOW_COMPARED = ("win_s2", "win_s3")  # the sessions after the fix
 
 
-def shrink_windows(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
-    """Per session, preset, op and M: each window-section ratio (a shrink build over the committed shrink on its
-    alignment, `shrink_*_over_committed`; a path over the separate delta, `*_over_separate`) as figure, value and
-    its bootstrap 95 % interval (lo, hi), with the microseconds of the arms it compares."""
+def section_ratios(names: tuple[str, ...], section: str, suffixes: tuple[str, ...],
+                   path: str | Path | None = None) -> pd.DataFrame:
+    """Per session, preset, op and M of one record_kernels_fold.py section: each figure whose column ends with one of
+    `suffixes` (a paired ratio `<arm>_over_<ref>`, or LoRA's share `<arm>_share_pct`) as figure, value and its
+    bootstrap 95 % interval (lo, hi), with the microseconds of its arm (op "layer" for the layer section's rows)."""
     rows = []
     for name in names:
-        k = load_fold_run(name, path).section("window")
+        k = load_fold_run(name, path).section(section)
         for _, r in k.iterrows():
             for col in k.columns:
-                if not (col.endswith("_over_committed") or col.endswith("_over_separate")) or pd.isna(r[col]):
+                suf = next((x for x in suffixes if col.endswith(x)), None)
+                if suf is None or pd.isna(r[col]) or f"{col}_lo" not in k.columns:
                     continue
-                arm = col.rsplit("_over_", 1)[0]
-                rows.append(dict(session=name, preset=r.preset, op=r.op, M=int(r.M), figure=col, value=float(r[col]),
-                                 lo=float(r[f"{col}_lo"]), hi=float(r[f"{col}_hi"]),
+                arm = col[:-len(suf)] if suf == "_share_pct" else col.rsplit("_over_", 1)[0]
+                op = r.get("op")
+                rows.append(dict(session=name, preset=r.preset, op=op if isinstance(op, str) else "layer", M=int(r.M),
+                                 figure=col, value=float(r[col]), lo=float(r[f"{col}_lo"]), hi=float(r[f"{col}_hi"]),
                                  us=float(r.get(f"{arm}_us", float("nan")))))
     return pd.DataFrame(rows)
 
 
-def window_spread(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
-    """The window figures timed in every one of `names`, per (figure, preset, op, M): each session's value, and the
-    union of their 95 % intervals (lo, hi) with the spread of the values (max / min - 1)."""
-    t = shrink_windows(names, path)
+def ratio_spread(t: pd.DataFrame, names: tuple[str, ...]) -> pd.DataFrame:
+    """The figures of `section_ratios` timed in every one of `names`, per (figure, preset, op, M): each session's
+    value, and the union of their 95 % intervals (lo, hi) with the spread of the values (max / min - 1)."""
     rows = []
     for (fig, preset, op, M), g in t.groupby(["figure", "preset", "op", "M"], sort=False):
         if g.session.nunique() < len(names):
@@ -382,12 +384,53 @@ def window_spread(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | N
     return pd.DataFrame(rows)
 
 
-def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
-    """The window sessions' ncu passes (`<name>_kernels_fold_ncu.csv`: one profiled launch of each build's shrink and
-    GEMM at M = 8192, never a timing), with the session's name."""
+def fold_counters_of(names: tuple[str, ...], path: str | Path | None = None) -> pd.DataFrame:
+    """The sessions' ncu passes (`<name>_kernels_fold_ncu.csv`: one profiled launch of each build's shrink and GEMM at
+    M = 8192, never a timing), with the session's name."""
     d = Path(path) if path is not None else KERNELS_DIR
     return pd.concat([pd.read_csv(d / f"{n}_kernels_fold_ncu.csv").assign(session=n) for n in names],
                      ignore_index=True)
+
+
+def shrink_windows(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The window section's ratios per session (`section_ratios`): a shrink build over the committed shrink on its
+    alignment (`shrink_*_over_committed`), a path over the separate delta (`*_over_separate`)."""
+    return section_ratios(names, "window", ("_over_committed", "_over_separate"), path)
+
+
+def window_spread(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
+    """The window figures timed in every one of `names` and their spread between sessions (`ratio_spread`)."""
+    return ratio_spread(shrink_windows(names, path), names)
+
+
+def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path | None = None) -> pd.DataFrame:
+    """The window sessions' ncu passes (`fold_counters_of`)."""
+    return fold_counters_of(names, path)
+
+
+# The packed GEMM's expand (record_kernels_fold.py, section expand), three machines: exp_s1 (2b38260) and exp_s2
+# (3466e02) ran the loop, its L2 prefetch (`pf`), guarded steps without a loop (`un`), both (`unpf`), and exp_s2 two
+# slots per dot (`d64`); exp_s3 (6dc8b10) the loop, `d64` and the dense build on the plain alignment. The layer section
+# of exp_s2, exp_s3 and exp_s4 priced the per-shape fold table and the W1S shrink (`picked_all`) against the table
+# before them (`prev_all`); exp_s3 also the candidate per slot with two slots per dot at M = 4096 (`cand_all`), which
+# exp_s4's committed table is.
+EXPAND_SESSIONS = ("exp_s1", "exp_s2", "exp_s3")
+EXPAND_CHECK_RUNS = ("exp_s1c", "exp_s2c")  # the 1000-case differential with the expand options, eight shards each
+LAYER_TABLE_SESSIONS = ("exp_s2", "exp_s3")
+
+
+def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The expand section's ratios per session (`section_ratios`): the GEMM alone over the committed loop's
+    (`gemm_*_over_loop`) and over the plain GEMM (`_over_base`), disabled over the plain GEMM (`off_*_over_base`),
+    the path over the separate delta (`path_*_over_separate`) and per slot over the dense build (`_over_dense`)."""
+    return section_ratios(names, "expand", ("_over_loop", "_over_base", "_over_separate", "_over_dense"), path)
+
+
+def layer_tables(names: tuple[str, ...] = LAYER_TABLE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The layer section's figures per session (`section_ratios`): LoRA's share of the layer per arm (`*_share_pct`),
+    the committed table over the previous one (`picked_all_over_prev`) and the candidate over the committed one
+    (`cand_all_over_picked`)."""
+    return section_ratios(names, "layer", ("_share_pct", "_over_prev", "_over_picked"), path)
 
 
 def packed_table(run: BaseRun | None = None) -> pd.DataFrame:
