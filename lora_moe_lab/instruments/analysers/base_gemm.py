@@ -417,6 +417,10 @@ def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path |
 EXPAND_SESSIONS = ("exp_s1", "exp_s2", "exp_s3")
 EXPAND_CHECK_RUNS = ("exp_s1c", "exp_s2c")  # the 1000-case differential with the expand options, eight shards each
 LAYER_TABLE_SESSIONS = ("exp_s2", "exp_s3")
+# The layer at the committed table: exp_s3's candidate is the table committed since, and exp_s4 ran it as `picked`
+# (its `cand` then repeated the same table: an A/A check of the paired method). In exp_s4 `prev` kept the 4096
+# per-slot change (the layer section's PREV clears the per-shape folds and the shrink options only).
+COMMITTED_LAYER = (("exp_s3", "cand"), ("exp_s4", "picked"))
 
 
 def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
@@ -424,6 +428,24 @@ def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | N
     (`gemm_*_over_loop`) and over the plain GEMM (`_over_base`), disabled over the plain GEMM (`off_*_over_base`),
     the path over the separate delta (`path_*_over_separate`) and per slot over the dense build (`_over_dense`)."""
     return section_ratios(names, "expand", ("_over_loop", "_over_base", "_over_separate", "_over_dense"), path)
+
+
+def committed_layer(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER,
+                    path: str | Path | None = None) -> pd.DataFrame:
+    """LoRA's share of the layer (%, paired, bootstrap 95 %) at the committed table per session, preset and M: every
+    adapter active (`all`) and every adapter disabled with every kernel launched (`none`), beside the separate
+    deltas (`separate`)."""
+    t = layer_tables(tuple(n for n, _ in runs), path)
+    arm = dict(runs)
+    rows = []
+    for (name, preset, M), g in t.groupby(["session", "preset", "M"], sort=False):
+        fig = g.set_index("figure")
+        row = dict(session=name, preset=preset, M=M, arm=arm[name])
+        for out, col in (("all", f"{arm[name]}_all_share_pct"), ("none", f"{arm[name]}_none_share_pct"),
+                         ("separate", "separate_all_share_pct")):
+            row.update({out: fig.value[col], f"{out}_lo": fig.lo[col], f"{out}_hi": fig.hi[col]})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def layer_tables(names: tuple[str, ...] = LAYER_TABLE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
