@@ -1218,27 +1218,32 @@ def kernels_fold_headline_block() -> str:
     from lora_moe_lab.kernels import configs
 
     ses, chk = bg.packed_sessions(), bg.packed_check()
-    last = bg.packed_layer(bg.load_fold_run(bg.PACKED_FIGURE_SESSIONS["picked_all_share_pct"][-1]))
-    big = last[last.M >= 1024]
-    sep = ses[(ses.figure == "separate_all_share_pct") & (ses.M >= 1024)]
-    pk = ses[ses.figure == "picked_over_separate"]
+    cl = bg.committed_layer()
+    big = cl[cl.M >= 1024]
     dn = ses[(ses.op == "down") & (ses.M >= 128)]
     dn = dn[dn.figure == dn.M.map(lambda m: "packed_slot_over_separate" if configs.token_bucket(int(m))
                                   in configs.PACKED_PER_SLOT_TOKENS else "packed_over_separate")]
-    folds = ", ".join(f"{op} at the token buckets {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items() if b)
     n = len(bg.PACKED_SESSIONS)
     return ("LoRA packed into the base GEMM (`kernels/fused_moe_lora_packed.py`: a shrink kernel writes each pair's "
             "rank-R result in its adapter slot's columns, the base GEMM adds them as TMA-fed extra K iterations on its "
             f"own tile table): correct ({_runs_of_cases(chk)} on the H200, {int(chk.failures.sum())} "
             f"failures). The down GEMM with it is {dn.lo.min():.2f}–{dn.hi.max():.2f}× the separate delta at "
-            f"M ≥ 128 ({n} sessions, union of the 95 % intervals); the layer folds {folds}. The layer as "
-            f"committed is {pk.lo.min():.3f}–{pk.hi.max():.3f}× the separate deltas at every timed M "
-            f"({', '.join(pk.sessions.iloc[0])}), and LoRA's share of it at M ≥ 1024 is "
-            + ", ".join(f"{p_} {g.picked_all_share_pct_lo.min():.1f}–{g.picked_all_share_pct_hi.max():.1f} %"
+            f"M ≥ 128 ({n} sessions, union of the 95 % intervals); the layer folds {_folds_text()}. At the committed "
+            f"table ({', '.join(big.session.unique())}) LoRA's share of the layer at M ≥ 1024 is "
+            + ", ".join(f"{p_} {g.all_lo.min():.1f}–{g.all_hi.max():.1f} % (separate deltas "
+                        f"{g.separate_lo.min():.1f}–{g.separate_hi.max():.1f} %)"
                         for p_, g in big.groupby("preset", sort=False))
-            + " (separate deltas, " + ", ".join(sep.sessions.iloc[0]) + ": "
-            + ", ".join(f"{p_} {g.lo.min():.1f}–{g.hi.max():.1f} %" for p_, g in sep.groupby("preset", sort=False))
-            + "), still above the issue's 12 % and 20 %. `docs/results.md`, block kernels-packed.")
+            + ", still above the issue's 12 % and 20 %. `docs/results.md`, block kernels-packed.")
+
+
+def _folds_text() -> str:
+    """Where the layer folds: per op (FOLDED_LORA_TOKENS), then per GEMM shape (FOLDED_LORA_SHAPE_TOKENS)."""
+    from lora_moe_lab.kernels import configs
+
+    out = [f"{op} at the token buckets {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items() if b]
+    out += [f"{op} of shape N={n}, K={k} also at {sorted(b)}" for (op, n, k), b in
+            configs.FOLDED_LORA_SHAPE_TOKENS.items() if b]
+    return ", ".join(out)
 
 
 def kernels_packed_block() -> str:
@@ -1248,8 +1253,7 @@ def kernels_packed_block() -> str:
     from lora_moe_lab.kernels import configs
 
     ses, chk, c = bg.packed_sessions(), bg.packed_check(), bg.packed_counters()
-    lay_run = bg.PACKED_FIGURE_SESSIONS["picked_all_share_pct"][-1]
-    lay = bg.packed_layer(bg.load_fold_run(lay_run))
+    cl = bg.committed_layer()
     out = ["The packed LoRA path (`kernels/fused_moe_lora_packed.py`; `configs.FOLD_BUILD = \"packed\"`) against "
            "today's separate delta with its LoRA alignment, per GEMM: the GEMM with its shrink over the base GEMM + "
            "the separate delta (paired ratios, 20 rounds, percentile bootstrap 95 %, the mean over "
@@ -1264,17 +1268,17 @@ def kernels_packed_block() -> str:
         cells = [f"{piv[f].loc[key, 'estimate']:.3f} [{piv[f].loc[key, 'lo']:.3f}, {piv[f].loc[key, 'hi']:.3f}]"
                  for f in piv]
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
-    folds = ", ".join(f"{op} at {sorted(b)}" for op, b in configs.FOLDED_LORA_TOKENS.items() if b)
-    out += ["", f"The layer (one MoE layer, CUDA-graph replay; {lay_run}, the only session at the committed table): "
-            "LoRA's share of the layer in % (paired, bootstrap 95 %).", "",
-            "| preset | M | separate deltas | as committed | committed, every adapter disabled "
-            "| committed / separate |", "| --- | --- | --- | --- | --- | --- |"]
+    out += ["", "The layer (one MoE layer, CUDA-graph replay) at the committed table, in each session that ran it "
+            f"({', '.join(f'{n}: `{a}_*`' for n, a in bg.COMMITTED_LAYER)}): LoRA's share of the layer in % "
+            "(paired, bootstrap 95 %).", "",
+            "| session | preset | M | separate deltas | as committed | committed, every adapter disabled |",
+            "| --- | --- | --- | --- | --- | --- |"]
+
     def ci(r, col, f=".1f"):
         return f"{getattr(r, col):{f}} [{getattr(r, col + '_lo'):{f}}, {getattr(r, col + '_hi'):{f}}]"
 
-    for r in lay.itertuples():
-        out.append(f"| {r.preset} | {r.M} | {ci(r, 'separate_all_share_pct')} | {ci(r, 'picked_all_share_pct')} | "
-                   f"{ci(r, 'picked_none_share_pct')} | {ci(r, 'picked_over_separate', '.3f')} |")
+    for r in cl.itertuples():
+        out.append(f"| {r.session} | {r.preset} | {r.M} | {ci(r, 'separate')} | {ci(r, 'all')} | {ci(r, 'none')} |")
     g = c.set_index(["preset", "op", "arm"])
     cnt = []
     for pre in dict.fromkeys(c.preset):
@@ -1285,14 +1289,16 @@ def kernels_packed_block() -> str:
                        f"{pk.duration_us:.0f} µs at {pk.registers:.0f}, occupancy {pl.achieved_occupancy_pct:.0f} → "
                        f"{pk.achieved_occupancy_pct:.0f} %; shrink {sh.duration_us:.0f} µs, DRAM bytes "
                        f"{sh.dram_bytes_over_floor:.2f}× its floor, top stall {sh.top_stall}")
-    out += ["", f"- The table folds {folds} (`configs.FOLDED_LORA_TOKENS`, one dot per slot at the buckets "
-            f"{sorted(configs.PACKED_PER_SLOT_TOKENS)}); `analysers.base_gemm.packed_choice()` re-derives where the "
-            "build the layer takes beat the separate delta on both presets in every session, and a test holds the "
-            "table to it.",
+    out += ["", f"- The table folds {_folds_text()} (`configs.FOLDED_LORA_TOKENS`, `FOLDED_LORA_SHAPE_TOKENS`; one "
+            f"dot per slot at the buckets {sorted(configs.PACKED_PER_SLOT_TOKENS)}, the shrink's and the expand's "
+            f"options per bucket in `PACKED_SHRINK_TOKENS` and `PACKED_EXPAND_TOKENS`); "
+            "`analysers.base_gemm.packed_choice()` re-derives where the per-op build the layer takes beat the "
+            "separate delta on both presets in every session, and a test holds the per-op table to it.",
             f"- Correct against float64 on the H200: {_runs_of_cases(chk)} of the packed build "
             f"({int(chk.failures.sum())} failures, worst relative error {chk.worst.max():.1e}; dense and per slot, "
-            "plain and ordered alignment, persistent grids over sub-blocks; the last run also every shrink option: "
-            "slot windows, both slices, a register cap), rows without a live adapter bit for bit the plain GEMM's "
+            "plain and ordered alignment, persistent grids over sub-blocks; win_s4c on also every shrink option: "
+            "slot windows, both slices, a register cap; exp_s1c and exp_s2c also the expand without a loop, its L2 "
+            "prefetch and two slots per dot), rows without a live adapter bit for bit the plain GEMM's "
             f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]

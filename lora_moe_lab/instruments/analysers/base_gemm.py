@@ -292,7 +292,9 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
 # timed a shrink variant (both slices per program, 8 warps) that lost to fold_s12's and was reverted; its figures are
 # not the committed kernels', so it is not a session of the headline.
 PACKED_SESSIONS = ("fold_s12", "fold_s14", "fold_s16")  # fold_s16 (08cbb61): the packed section only
-PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c", "win_s4c")  # win_s4c: every shrink option, eight shards of 125
+# win_s4c: every shrink option; exp_s1c: + the expand without a loop and its L2 prefetch; exp_s2c: + two slots per
+# expand dot (eight shards of 125 cases each)
+PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c", "win_s4c", "exp_s1c", "exp_s2c")
 PACKED_SHRINK_TRIAL = "fold_s13"
 # The layer as committed (`picked_*`) ran the committed packed table only from fold_s14 on (fold_s12's committed table
 # folded nothing; fold_s13's shrink was the reverted one): those figures are read over these sessions only.
@@ -415,7 +417,6 @@ def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path |
 # before them (`prev_all`); exp_s3 also the candidate per slot with two slots per dot at M = 4096 (`cand_all`), which
 # exp_s4's committed table is.
 EXPAND_SESSIONS = ("exp_s1", "exp_s2", "exp_s3")
-EXPAND_CHECK_RUNS = ("exp_s1c", "exp_s2c")  # the 1000-case differential with the expand options, eight shards each
 LAYER_TABLE_SESSIONS = ("exp_s2", "exp_s3")
 # The layer at the committed table: exp_s3's candidate is the table committed since, and exp_s4 ran it as `picked`
 # (its `cand` then repeated the same table: an A/A check of the paired method). In exp_s4 `prev` kept the 4096

@@ -142,6 +142,33 @@ def test_shrink_windows_cut_the_gate_up_shrink_at_large_m():
     assert len(e2e) == 1 and (e2e.hi >= 1).all()
 
 
+def test_expand_trials_reject_the_prefetch_and_the_loop_free_expand():
+    """exp_s1, exp_s2 (docs/kernels.md, "The expand's waits"): the L2 prefetch never makes the packed GEMM faster by
+    more than 3 % in either session, and the expand without a loop loses at TP=4 down at every M (its registers take
+    the second program per SM) in both; two slots per dot wins at M = 1024 on both presets in exp_s2 and exp_s3."""
+    sp = base_gemm.ratio_spread(base_gemm.expand_trials(base_gemm.EXPAND_SESSIONS[:2]), base_gemm.EXPAND_SESSIONS[:2])
+    pf = sp[sp.figure == "gemm_pf_over_loop"]
+    assert len(pf) == 16 and (pf.lo > 0.97).all()
+    un = sp[(sp.figure == "gemm_un_over_loop") & (sp.preset == "qwen3-30b-a3b-tp4") & (sp.op == "down")]
+    assert len(un) == 4 and (un.lo > 1.4).all()
+    d = base_gemm.ratio_spread(base_gemm.expand_trials(base_gemm.EXPAND_SESSIONS[1:]), base_gemm.EXPAND_SESSIONS[1:])
+    d64 = d[(d.figure == "gemm_d64_over_loop") & (d.M == 1024)]
+    assert len(d64) == 4 and (d64.hi < 1).all()
+
+
+def test_the_per_shape_fold_table_cuts_qwen3_share_at_large_m():
+    """exp_s2, exp_s3: the committed table (qwen3 gate_up folded at M >= 8192 with the W1S shrink) over the one before
+    it: below 1 at qwen3 M >= 8192 in both sessions, no interval above 1.01 anywhere; at the committed table (exp_s3's
+    candidate, exp_s4) qwen3's share at M >= 8192 stays below 21.5 % and below the separate deltas' in every session."""
+    t = base_gemm.layer_tables()
+    r = t[t.figure == "picked_all_over_prev"]
+    big = r[(r.preset == "qwen3-30b-a3b") & (r.M >= 8192)]
+    assert len(big) == 4 and (big.hi < 1).all() and (r.lo < 1.01).all()
+    c = base_gemm.committed_layer()
+    q = c[(c.preset == "qwen3-30b-a3b") & (c.M >= 8192)]
+    assert len(q) == 4 and (q.all_hi < 21.5).all() and (q.all_hi < q.separate_lo).all()
+
+
 def test_counters_per_kernel():
     k = base_gemm.kernel_counters()
     assert {"base GEMM", "LoRA delta"} == set(k.path) and {"lora_decode_kernel", "fused_moe_lora_kernel",
