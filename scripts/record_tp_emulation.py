@@ -101,7 +101,15 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
     if regime == "prodlike":
         key = (size, chunk)
         if key not in cal:
-            cal[key] = P.calibrate_host_work(lab, plan, names, PS["later_blocked_mean_us"], group=group)
+            try:
+                cal[key] = P.calibrate_host_work(lab, plan, names, PS["later_blocked_mean_us"], group=group)
+            except ValueError as e:  # production's target lies below this run's round trips
+                if not a.smoke:
+                    raise
+                # a smoke run shares its GPU with the test suite's other workers, whose kernels can hold every
+                # sync's round trip above production's target (gpu_check_4fc992d: 1056 us against 116): the smoke
+                # checks the plumbing, so it runs without engine host work and says so
+                cal[key] = dict(host_us_per_layer=0.0, not_calibrated=str(e))
             print(f"calibration {task}: {json.dumps(cal[key])}", flush=True)
         costs = P.EngineCosts(host_us_per_layer=cal[key]["host_us_per_layer"],
                               overlap_ms=PS["first_sync_ms"] * (1e-3 if a.smoke else 1.0))

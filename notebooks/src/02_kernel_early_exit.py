@@ -755,7 +755,8 @@ ecnt[ecnt.op.str.startswith("folded")][["preset", "op", "arm", "duration_us", "r
 lt = base_gemm.layer_tables()
 lsp = base_gemm.ratio_spread(lt, base_gemm.LAYER_TABLE_SESSIONS)
 big_t = lsp[(lsp.M >= 1024) & (lsp.figure == "picked_all_share_pct")]
-print(f"sessions: {', '.join(base_gemm.LAYER_TABLE_SESSIONS)}; LoRA's share at M >= 1024 with the committed table: "
+print(f"sessions: {', '.join(base_gemm.LAYER_TABLE_SESSIONS)}; LoRA's share at M >= 1024 with the per-shape fold and "
+      "the W1S shrink (before the 4096 change): "
       + ", ".join(f"{p} {g.lo.min():.1f}-{g.hi.max():.1f} %" for p, g in big_t.groupby("preset", sort=False))
       + "; the issue's goal: 12 % (qwen3), 20 % (TP=4)")
 span(lsp, ["separate_all_share_pct", "prev_all_share_pct", "picked_all_share_pct", "picked_all_over_prev"],
