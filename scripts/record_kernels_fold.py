@@ -607,13 +607,7 @@ def window(preset, dev, gen, reps):
                 sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
                 for nm, v in priced.items():
                     out[f"{nm}_over_separate"] = bootstrap_paired(v, sep, "ratio_of_medians")
-            row(section="window", preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]),
-                stable=wc.stable, warmup=wc.note, **{f"{nm}_us": v for nm, v in med.items()},
-                **{f"{nm}{sfx}": r[j] for nm, r in out.items() for j, sfx in enumerate(("", "_lo", "_hi"))},
-                interval=METHOD_BOOT)
-            log(f"window {preset} {op:<7} M={M:>5}: " + "  ".join(f"{nm} {med[nm]:.1f}" for nm in arms)
-                + "  |  " + "  ".join(f"{nm} {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for nm, r in out.items())
-                + f"  {wc.note}")
+            _ratio_row("window", preset, op, M, bm, reps, s_, wc, med, out)
         sets = None
         torch.cuda.empty_cache()
 
@@ -690,15 +684,19 @@ def expand(preset, dev, gen, reps):
                     sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
                     priced = [v + d for v, d in zip(s_[f"path_{nm}"], d_al)]
                     out[f"path_{nm}_over_separate"] = bootstrap_paired(priced, sep, "ratio_of_medians")
-            row(section="expand", preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]),
-                stable=wc.stable, warmup=wc.note, **{f"{nm}_us": v for nm, v in med.items()},
-                **{f"{nm}{sfx}": r[j] for nm, r in out.items() for j, sfx in enumerate(("", "_lo", "_hi"))},
-                interval=METHOD_BOOT)
-            log(f"expand {preset} {op:<7} M={M:>5}: " + "  ".join(f"{nm} {med[nm]:.1f}" for nm in arms)
-                + "  |  " + "  ".join(f"{nm} {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for nm, r in out.items())
-                + f"  {wc.note}")
+            _ratio_row("expand", preset, op, M, bm, reps, s_, wc, med, out)
         sets = None
         torch.cuda.empty_cache()
+
+
+def _ratio_row(section, preset, op, M, bm, reps, s_, wc, med, out):
+    """One point of a section: every arm's median (µs) and every paired ratio in `out` (value, lo, hi), logged."""
+    row(section=section, preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]), stable=wc.stable,
+        warmup=wc.note, **{f"{nm}_us": v for nm, v in med.items()},
+        **{f"{nm}{sfx}": r[j] for nm, r in out.items() for j, sfx in enumerate(("", "_lo", "_hi"))},
+        interval=METHOD_BOOT)
+    log(f"{section} {preset} {op:<7} M={M:>5}: " + "  ".join(f"{nm} {v:.1f}" for nm, v in med.items())
+        + "  |  " + "  ".join(f"{nm} {r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for nm, r in out.items()) + f"  {wc.note}")
 
 
 def _compiles(fn) -> bool:
