@@ -43,7 +43,8 @@ timed region):
            end (WINDOW_PATHS, e.g. `packed_slot_w1k`: the per-slot expand on the ordered alignment with a shrink
            window of one slot, both slices per program, x kept) against the separate delta, at WINDOW_M.
   expand   the packed GEMM's expand (EXPAND_BUILDS): the committed loop, guarded steps without a loop (`un`), its
-           operands prefetched into L2 before the K loop (`pf`), both (`unpf`), two slots per dot (`d64`); per slot
+           operands prefetched into L2 before the K loop (`pf`), both (`unpf`), two slots per dot (`d64`), u by
+           pointer loads beside B's TMA copy (`uptr`); per slot
            on the ordered alignment:
            the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
@@ -246,7 +247,8 @@ def _packed_case(rng, g, dev, i):
     # (ptxas C7602 asked for 154 at every slot, both slices, rank 32: win_s3c)
     cap = 128 if (i // 192) % 2 == 1 and win == 1 else 0
     # the expand's guarded steps, L2 prefetch, two slots per dot
-    expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5, depth=rng.choice((0, 2 * block_r(R))))
+    expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5, depth=rng.choice((0, 2 * block_r(R))),
+                  u_ptr=rng.random() < 0.5)
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
@@ -615,7 +617,7 @@ def window(preset, dev, gen, reps):
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
 # exp_s1 and exp_s2 ran pf (prefetch=True), un (unroll=True) and unpf (both) too (their commits' tables): each lost
-EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64)}
+EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "uptr": dict(u_ptr=True)}
 
 
 def expand(preset, dev, gen, reps):
@@ -644,7 +646,7 @@ def expand(preset, dev, gen, reps):
             def gemm(s, opts, off=False):
                 moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
                          packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br),
-                                       bool(opts.get("unroll")), bool(opts.get("prefetch"))))
+                                       bool(opts.get("unroll")), bool(opts.get("prefetch")), bool(opts.get("u_ptr"))))
 
             def path(s, opts):
                 moe_gemm_lora_packed(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on,

@@ -113,7 +113,7 @@ def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b
 def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc, bp_desc, N, NS,
                    stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
                    STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr,
-                   UNROLL: tl.constexpr):
+                   UNROLL: tl.constexpr, U_PTR: tl.constexpr):
     """The packed LoRA expand (kernels/fused_moe_lora_packed.py): more K iterations of the base GEMM, no per-row
     logic. u (EM, P * PACK_C) holds each pair's shrink in the columns of its slice and its adapter's slot (zeros
     elsewhere, and in every real row without a live adapter), in the alignment's order, so the tile's rows are one
@@ -143,22 +143,25 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
                 if c0 < base + hi:
                     acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr,
                                        u_desc, bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N,
-                                       PACK_DESC)
+                                       PACK_DESC, U_PTR)
         else:
             # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
             for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
                 acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc,
-                                   bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC)
+                                   bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC, U_PTR)
     return acc
 
 
 @triton.jit
 def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc, bp_desc, N,
                  stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PACK_DESC: tl.constexpr):
+                 PACK_DESC: tl.constexpr, U_PTR: tl.constexpr):
     """One expand step: acc += u[tile rows, c0 : c0 + EXPAND_K] @ B_packed[tile columns, c0 : c0 + EXPAND_K].T."""
     if PACK_DESC:
-        ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
+        if U_PTR:  # u's rows by pointer loads: issued before B's TMA copy, so the two round trips overlap
+            ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :])
+        else:  # each TMA copy is waited for before the next is issued (ncu source view, docs/kernels.md)
+            ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
         bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
     else:
         ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :], mask=valid[:, None], other=0.0)
@@ -235,6 +238,7 @@ def fused_moe_kernel(
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
+    EXPAND_U_PTR: tl.constexpr = False,
 ):
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -260,7 +264,7 @@ def fused_moe_kernel(
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
                        STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH)
+                       EXPAND_PREFETCH, EXPAND_U_PTR)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -283,7 +287,7 @@ def fused_moe_kernel(
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
                    FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH)
+                       EXPAND_PREFETCH, EXPAND_U_PTR)
 
 
 @triton.jit
@@ -297,7 +301,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
                EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
-               EXPAND_PREFETCH: tl.constexpr):
+               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
@@ -358,7 +362,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if PACKED:
         acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
                              bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
-                             EXPAND_K, PACK_DESC, EXPAND_UNROLL)
+                             EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_U_PTR)
     if HAS_RW:
         if not EARLY_LOADS:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -442,6 +446,7 @@ class Packed(NamedTuple):
     expand_k: int
     unroll: bool = False  # the expand as guarded steps, no loop (EXPAND_UNROLL)
     prefetch: bool = False  # its operands' first lines into L2 before the K loop (EXPAND_PREFETCH; GPU only)
+    u_ptr: bool = False  # u by pointer loads, B through TMA: the two loads in flight together (EXPAND_U_PTR)
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -505,7 +510,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         fold_ints = (0, 0, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
         fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
                        PACK_DESC=pdesc, EXPAND_UNROLL=bool(packed.unroll),
-                       EXPAND_PREFETCH=bool(packed.prefetch) and not runtime.interpreter())  # inline PTX
+                       EXPAND_PREFETCH=bool(packed.prefetch) and not runtime.interpreter(),  # inline PTX
+                       EXPAND_U_PTR=bool(packed.u_ptr))
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,

@@ -35,7 +35,8 @@ from .configs import GemmConfig, block_r
 from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
-EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth"})  # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
+# moe_gemm_lora_packed(expand=...): see fused_moe.Packed
+EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr"})
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
 
 
@@ -240,8 +241,9 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
     shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...).
     expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop), `prefetch` (its operands'
-    first lines into L2 before the K loop; the GPU only) and `depth` (the columns of one expand dot, a power of two
-    from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C)."""
+    first lines into L2 before the K loop; the GPU only), `depth` (the columns of one expand dot, a power of two
+    from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C) and `u_ptr` (u by
+    pointer loads beside B's TMA copy, so the two are in flight together)."""
     expand = dict(expand or {})
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
@@ -275,6 +277,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch"))))
+             packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch")),
+                           bool(expand.get("u_ptr"))))
     LAST_PACKED_LAUNCH.update(expand_k=ek)
     return out

@@ -138,7 +138,8 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    # the expand as guarded steps, no loop: over every slot, per slot in a flattened persistent loop
                    # (the L2 prefetch is inline PTX: the interpreter runs without it, the GPU differential with it)
                    "unroll_all": dict(expand=dict(unroll=True, prefetch=True)),
-                   "depth2_ordered": dict(per_slot=True, expand=dict(depth=32)),  # two slots of BLOCK_R 16 per dot
+                   # two slots of BLOCK_R 16 per dot; u by pointer loads beside B's TMA copy
+                   "depth2_ordered": dict(per_slot=True, expand=dict(depth=32, u_ptr=True)),
                    "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
                                           config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
 ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered")
