@@ -747,6 +747,17 @@ ecnt[ecnt.op.str.startswith("folded")][["preset", "op", "arm", "duration_us", "r
                                         "l2_hit_pct", "top_stall"]].round(2)
 
 # %% [markdown]
+# Where the packed GEMM's warps wait (ncu's source view: warp stall samples per SASS instruction, qwen3 at M = 8192,
+# per slot, one profiled launch each, exp_src): the expand's share of the samples and, of those, the share spent in
+# its TMA waits. Then the build that puts u on pointer loads, so the expand's two copies are in flight together
+# (`uptr`, exp_s5, one session):
+
+# %%
+print(base_gemm.packed_source_view().round(3).to_string(index=False))
+u5 = base_gemm.expand_trials(("exp_s5",))
+span(u5, ["gemm_uptr_over_loop", "gemm_d64_over_loop", "gemm_loop_over_base"], ["preset", "op", "M"])
+
+# %% [markdown]
 # The layer: the committed table (`picked_all`: qwen3's gate_up folded at M >= 8192 by a table per GEMM shape, the
 # shrink in W1S windows at M >= 8192, per slot with two slots per expand dot at M = 4096) against the table before
 # (`prev_all`), LoRA's share of the layer, and the ratio of the two (paired, 95 %, in every session listed):
@@ -786,8 +797,12 @@ cl.round(2)
 #   again (two `scf.for` in the compiled IR, as the plain GEMM), but it pipelines the expand's loads with the rest:
 #   qwen3 down spills (255 registers and 352 bytes of stack, 3.1x the loop's time, top stall `long_scoreboard`) and
 #   TP=4 down drops to one program per SM (186 registers, occupancy 25 → 12.5 %, 1.45-1.67x).
-# - **Two slots per dot:** the GEMM alone in 0.90-0.98x the loop's time at M = 1024-4096, about 1.0x above; at
-#   M = 4096 it makes the per-slot path beat the dense one (0.976-0.981x), so the layer runs it there.
+# - **Two slots per dot:** the GEMM alone in 0.89-1.00x the loop's time at M = 1024-4096, about 1.0x above; at
+#   M = 4096 it makes the per-slot path beat the dense one (0.966-0.986x, exp_s3), so the layer runs it there.
+# - **The source view:** the expand holds 20 % of the down GEMM's warp samples (12 % of gate_up's), and 56-63 % of
+#   those sit on its two TMA waits, one after the other. Putting u on pointer loads overlaps them (one wait left in
+#   the SASS), yet the GEMM moved by 0.98-1.02x: the waits' length is not the round trips alone, and what they stand
+#   for is still open.
 # - **The layer:** qwen3's share at M >= 8192 went from about 23 % to about 20 % (`picked_all_over_prev`
 #   0.969-0.991 in exp_s2 and exp_s3); the other points are unchanged within their intervals. The 4096 change gained
 #   TP=4 about 1 % of the layer in exp_s3 (0.985-0.993), the size of the A/A check's own miss (the same table

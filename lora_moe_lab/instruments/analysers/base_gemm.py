@@ -431,6 +431,51 @@ def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | N
     return section_ratios(names, "expand", ("_over_loop", "_over_base", "_over_separate", "_over_dense"), path)
 
 
+# ncu's source view (SourceCounters: warp stall samples per SASS instruction) of the packed GEMM per slot at M = 8192,
+# qwen3-30b-a3b gate_up then down, one profiled launch each (7218fc1's tree; `ncu --page source --print-source sass`).
+SOURCE_VIEW = "exp_src"
+SOURCE_VIEW_OPS = ("gate_up", "down")
+
+
+def packed_source_view(name: str = SOURCE_VIEW, path: str | Path | None = None) -> pd.DataFrame:
+    """Where the packed GEMM's warps were sampled, per op and region of its SASS: the K loop (the instructions
+    executed most), the expand (executed more often than once per tile but less than the K loop: its steps), the rest
+    of each tile (executed once per tile and warp: set-up, epilogue, stores) and the out-of-line retries of the
+    barrier waits (executed 0 times in the counts, sampled while a wait spins). Per region: samples, their share, and
+    the share of those on TMA waits (`SYNCS.PHASECHK` and the branch that retries it)."""
+    import csv
+    import gzip
+    d = Path(path) if path is not None else KERNELS_DIR
+    text = gzip.open(d / f"{name}_source_sass.csv.gz", "rt").read().splitlines()
+    blocks, cur = [], None
+    for ln in text:
+        if ln.startswith('"Kernel Name"'):
+            cur = []
+            blocks.append(cur)
+        elif cur is not None:
+            cur.append(ln)
+    rows = []
+    for op, b in zip(SOURCE_VIEW_OPS, blocks):
+        recs = list(csv.reader(b))
+        hdr, data = recs[0], recs[1:]
+        iS, iE = hdr.index("Warp Stall Sampling (All Samples)"), hdr.index("Instructions Executed")
+        ins = [(r[1].strip(), int(r[iS] or 0), int(r[iE] or 0)) for r in data]
+        loop = max(e for _, _, e in ins)
+        tile = int(pd.Series([e for _, _, e in ins if 0 < e < loop]).mode().iloc[0])
+        total = sum(smp for _, smp, _ in ins)
+        regions: dict = {}
+        for k, (src, smp, e) in enumerate(ins):
+            reg = ("K loop" if e == loop else "expand" if tile < e < loop else "rest of the tile" if e > 0
+                   else "wait retries")
+            wait = "PHASECHK" in src or ("BRA" in src and k and "PHASECHK" in ins[k - 1][0])
+            a = regions.setdefault(reg, [0, 0])
+            a[0] += smp
+            a[1] += smp if wait else 0
+        for reg, (smp, wt) in regions.items():
+            rows.append(dict(op=op, region=reg, samples=smp, share=smp / total, on_tma_waits=wt / max(smp, 1)))
+    return pd.DataFrame(rows)
+
+
 def committed_layer(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER,
                     path: str | Path | None = None) -> pd.DataFrame:
     """LoRA's share of the layer (%, paired, bootstrap 95 %) at the committed table per session, preset and M: every
