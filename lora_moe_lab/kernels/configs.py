@@ -317,7 +317,7 @@ FOLD_BUILD = "packed"
 # exp_s2, exp_s3 (this lab's expand section): at M = 4096 the down GEMM per slot with two slots per expand dot
 # (PACKED_EXPAND_TOKENS) beats one dot over every slot on the plain alignment, 0.976-0.986x (both presets, its ordered
 # alignment's time in); the layer with it at 4096: 0.990x [0.985, 0.993] at TP=4, 1.002x [0.992, 1.005] for qwen3
-# (exp_s3; docs/kernels.md, "The expand's waits: three builds and a per-shape table").
+# (exp_s3; docs/kernels.md, "The expand's waits").
 PACKED_PER_SLOT_TOKENS = frozenset({4096, 8192, 16384})
 # The packed shrink's options (`lora_shrink_packed`'s keywords) per token bucket where the layer packs an op;
 # elsewhere the one-dot shrink ({}). At M >= 8192: one slot per dot, both slices from one x tile, 64-row programs

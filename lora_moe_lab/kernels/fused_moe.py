@@ -137,7 +137,8 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
         if UNROLL:
             # No loop: PACK_C / EXPAND_K guarded steps. A second loop inside a persistent tile loop stops Triton from
             # flattening the two (FuseNestedLoops wants the K loop alone), and the flattened loop is where the plain
-            # GEMM's next tile loads while this one drains (docs/kernels.md, "The expand without a loop").
+            # GEMM's next tile loads while this one drains. Rejected on the H200: the flattened loop pipelines these
+            # loads too and spills (docs/kernels.md, "The expand's waits").
             for j in tl.static_range(PACK_C // EXPAND_K):
                 c0 = base + lo + j * EXPAND_K
                 if c0 < base + hi:
@@ -286,8 +287,8 @@ def fused_moe_kernel(
                    stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
-                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR)
+                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
+                   EXPAND_U_PTR)
 
 
 @triton.jit
