@@ -621,12 +621,12 @@ EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "uptr": dict(u_ptr=True)}
 
 
 def expand(preset, dev, gen, reps):
-    """The packed GEMM's expand without a loop (`unroll`: guarded steps, so a persistent tile loop stays flattened)
-    and with its operands prefetched into L2 before the K loop (`prefetch`), per slot on the ordered alignment:
-    the GEMM alone on a u and blk written once (`gemm_<build>`, against the committed loop's GEMM and the plain GEMM
-    on the same alignment), the GEMM with every adapter disabled (`off_<build>`, blk all empty, against the plain
-    GEMM), and the path end to end with the committed shrink (`path_<build>`, priced as the layer pays it, against
-    the base GEMM + the separate delta with its LoRA alignment)."""
+    """The packed GEMM's expand builds (EXPAND_BUILDS: `moe_gemm_lora_packed(expand=...)`), per slot on the ordered
+    alignment: the GEMM alone on a u and blk written once (`gemm_<build>`, against the committed loop's GEMM and the
+    plain GEMM on the same alignment), the GEMM with every adapter disabled (`off_<build>`, blk all empty, against
+    the plain GEMM), and the path end to end with the committed shrink (`path_<build>`, priced as the layer pays it,
+    against the base GEMM + the separate delta with its LoRA alignment, and against the dense build on the plain
+    alignment, `path_dense`)."""
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     on = torch.ones_like(lids)
@@ -674,16 +674,15 @@ def expand(preset, dev, gen, reps):
             for nm in EXPAND_BUILDS:  # per slot on the ordered alignment (its extra time in) against the dense build
                 out[f"path_{nm}_over_dense"] = bootstrap_paired([v + d for v, d in zip(s_[f"path_{nm}"], d_al)],
                                                                 s_["path_dense"], "ratio_of_medians")
-            if not dec:
-                out["path_dense_over_separate"] = bootstrap_paired(
-                    s_["path_dense"], [v + la for v, la in zip(s_["separate"], s_["lora_align"])], "ratio_of_medians")
+            sep = None if dec else [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+            if sep:
+                out["path_dense_over_separate"] = bootstrap_paired(s_["path_dense"], sep, "ratio_of_medians")
             for nm in EXPAND_BUILDS:
                 out[f"gemm_{nm}_over_loop"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["gemm_loop"], "ratio_of_medians")
                 out[f"gemm_{nm}_over_base"] = bootstrap_paired(s_[f"gemm_{nm}"], s_["base_ordered"],
                                                                "ratio_of_medians")
                 out[f"off_{nm}_over_base"] = bootstrap_paired(s_[f"off_{nm}"], s_["base"], "ratio_of_medians")
-                if not dec:
-                    sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+                if sep:
                     priced = [v + d for v, d in zip(s_[f"path_{nm}"], d_al)]
                     out[f"path_{nm}_over_separate"] = bootstrap_paired(priced, sep, "ratio_of_medians")
             _ratio_row("expand", preset, op, M, bm, reps, s_, wc, med, out)

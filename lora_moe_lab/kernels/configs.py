@@ -314,8 +314,8 @@ FOLD_BUILD = "packed"
 # 0.889 / 0.776 at 16384 (qwen3 / TP=4) against 0.935 / 0.855 and 0.957 / 0.862 for one dot; at M <= 1024 the
 # ordered alignment's extra launch costs more than the skipped slots save (per slot 1.061 / 1.019 at 1024, one dot
 # 0.928 / 0.847).
-# exp_s2, exp_s3 (this lab's expand section): at M = 4096 the down GEMM per slot with two slots per expand dot
-# (PACKED_EXPAND_TOKENS) beats one dot over every slot on the plain alignment, 0.976-0.986x (both presets, its ordered
+# exp_s3 (this lab's expand section): at M = 4096 the down GEMM per slot with two slots per expand dot
+# (PACKED_EXPAND_TOKENS) beats one dot over every slot on the plain alignment, 0.966-0.986x (both presets, its ordered
 # alignment's time in); the layer with it at 4096: 0.990x [0.985, 0.993] at TP=4, 1.002x [0.992, 1.005] for qwen3
 # (exp_s3; docs/kernels.md, "The expand's waits").
 PACKED_PER_SLOT_TOKENS = frozenset({4096, 8192, 16384})
@@ -328,8 +328,8 @@ PACKED_SHRINK_TOKENS: dict = {8192: W1S, 16384: W1S}
 
 
 # The packed GEMM's expand options (`moe_gemm_lora_packed(expand=)`) per token bucket; elsewhere its defaults. Two slots
-# (64 columns) per expand dot: the packed GEMM alone in 0.90-0.98x the one-slot loop's time at M = 1024-4096, about
-# 1.0x at M >= 8192 (exp_s2, exp_s3); taken at 4096, the one bucket that runs per slot and gains from it.
+# (64 columns) per expand dot: the packed GEMM alone in 0.89-1.00x the one-slot loop's time at M = 1024-4096, about
+# 1.0x at M >= 8192 (exp_s2, exp_s3, exp_s5); taken at 4096, the one bucket that runs per slot and gains from it.
 PACKED_EXPAND_TOKENS: dict = {4096: dict(depth=64)}
 
 

@@ -488,7 +488,8 @@ def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
 
 def test_fold_table_per_gemm_shape():
     """FOLDED_LORA_SHAPE_TOKENS folds one GEMM shape at buckets its op's table leaves separate: qwen3-30b-a3b's
-    gate_up (N = 1536, K = 2048) at M >= 8192, not its TP=4 shape (N = 384), and never the other op."""
+    gate_up (N = 1536, K = 2048) at M >= 8192, not below, and not its TP=4 shape (N = 384); the W1S shrink is the
+    packed shrink's option at M >= 8192 only."""
     E, k = 128, 8
     assert configs.use_folded_lora("gate_up", 8192, k, E, 1536, 2048)
     assert configs.use_folded_lora("gate_up", 16384, k, E, 1536, 2048)
