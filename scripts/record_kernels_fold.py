@@ -44,8 +44,8 @@ timed region):
            window of one slot, both slices per program, x kept) against the separate delta, at WINDOW_M.
   expand   the packed GEMM's expand (EXPAND_BUILDS): the committed loop, guarded steps without a loop (`un`), its
            operands prefetched into L2 before the K loop (`pf`), both (`unpf`), two slots per dot (`d64`), u by
-           pointer loads beside B's TMA copy (`uptr`); per slot
-           on the ordered alignment:
+           pointer loads beside B's TMA copy (`uptr`), the first step's operands loaded before the K loop (`early`,
+           `early_d64`); per slot on the ordered alignment:
            the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
@@ -60,8 +60,8 @@ timed region):
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
            and packed per slot with a shrink window of one slot (`packed_slot_w1`: both slices per program; `_w1p`:
-           a program per slice), and the expand's builds (`packed_slot_pf`, `_un`, `_unpf`, `_d64`); `--ncu-builds`
-           picks some.
+           a program per slice), and the expand's builds (`packed_slot_<EXPAND_BUILDS>`, e.g. `_d64`, `_early`);
+           `--ncu-builds` picks some.
 """
 from __future__ import annotations
 
@@ -225,7 +225,8 @@ def _packed_case(rng, g, dev, i):
     """The packed build on a random case: dense or per slot, base or ordered alignment, one of PACKED_TILES, the
     shrink in whole blocks or in programs of 16 rows, over every slot or windows of 1 or 2, per slice or both, with
     the pointer tiles rebuilt per step and x kept in L2 or not, under a register cap of 128 or not, the expand
-    unrolled or not, prefetched into L2 or not, one or two slots per expand dot;
+    unrolled or not, prefetched into L2 or not, one or two slots per expand dot, u by pointers or TMA, the first
+    step loaded before the K loop or not;
     `out` and u NaN-poisoned; (error against float64, rows without a live adapter bit-exact with the plain GEMM)."""
     P, gather = (2, True) if i % 2 == 0 else (1, False)
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
@@ -249,6 +250,7 @@ def _packed_case(rng, g, dev, i):
     # the expand's guarded steps, L2 prefetch, two slots per dot
     expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5, depth=rng.choice((0, 2 * block_r(R))),
                   u_ptr=rng.random() < 0.5)
+    expand["early"] = not expand["unroll"] and rng.random() < 0.5  # the first step loaded before the K loop
     moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
@@ -616,8 +618,9 @@ def window(preset, dev, gen, reps):
 
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
-# exp_s1 and exp_s2 ran pf (prefetch=True), un (unroll=True) and unpf (both) too (their commits' tables): each lost
-EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "uptr": dict(u_ptr=True)}
+# exp_s1 and exp_s2 ran pf (prefetch=True), un (unroll=True) and unpf (both) too (their commits' tables): each lost;
+# exp_s5 ran uptr (u_ptr=True): it tied
+EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "early": dict(early=True), "early_d64": dict(early=True, depth=64)}
 
 
 def expand(preset, dev, gen, reps):
@@ -646,7 +649,7 @@ def expand(preset, dev, gen, reps):
             def gemm(s, opts, off=False):
                 moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
                          packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br),
-                                       bool(opts.get("unroll")), bool(opts.get("prefetch")), bool(opts.get("u_ptr"))))
+                                       **{o: bool(opts.get(o)) for o in ("unroll", "prefetch", "u_ptr", "early")}))
 
             def path(s, opts):
                 moe_gemm_lora_packed(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on,

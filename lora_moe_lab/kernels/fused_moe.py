@@ -113,7 +113,7 @@ def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b
 def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc, bp_desc, N, NS,
                    stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
                    STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr,
-                   UNROLL: tl.constexpr, U_PTR: tl.constexpr):
+                   UNROLL: tl.constexpr, U_PTR: tl.constexpr, eu, eb, EARLY: tl.constexpr):
     """The packed LoRA expand (kernels/fused_moe_lora_packed.py): more K iterations of the base GEMM, no per-row
     logic. u (EM, P * PACK_C) holds each pair's shrink in the columns of its slice and its adapter's slot (zeros
     elsewhere, and in every real row without a live adapter), in the alignment's order, so the tile's rows are one
@@ -123,7 +123,8 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
     over every slot). A tile inside one slice reads that slice's columns; one across the gate/up boundary
     (STRADDLE) reads both, and the zeros of B_packed keep each column to its own slice. PACK_DESC: both operands
     through TMA descriptors, straight into shared memory (pointer loads would stage the (EXPAND_K, BLOCK_N) tile
-    through registers beside the accumulator)."""
+    through registers beside the accumulator). EARLY: eu, eb are the first step's operands of the first slice,
+    loaded before the K loop (`_packed_first`)."""
     lo = (blk_lo // EXPAND_K) * EXPAND_K
     hi = blk_hi
     if STRADDLE:
@@ -146,8 +147,18 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
                                        u_desc, bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N,
                                        PACK_DESC, U_PTR)
         else:
+            start = base + lo
+            if EARLY and q == 0:
+                if lo < hi:
+                    # Columns past the block's last slot to zero (u's are zero already): a select the compiler
+                    # cannot drop, so eu and eb stay in registers across the K loop. Copied into shared memory at
+                    # their load instead, they would wait for their data there, before the loop's first copies.
+                    in_u = (start + offs_c)[None, :] < base + hi
+                    in_b = (start + offs_c)[:, None] < base + hi
+                    acc = tl.dot(tl.where(in_u, eu, 0.0).to(eu.dtype), tl.where(in_b, eb, 0.0).to(eb.dtype), acc)
+                start += EXPAND_K
             # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
-            for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
+            for c0 in tl.range(start, base + hi, EXPAND_K, num_stages=1):
                 acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc,
                                    bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC, U_PTR)
     return acc
@@ -169,6 +180,30 @@ def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u
         bt = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn + (c0 + offs_c)[:, None],
                      mask=(offs_n < N)[None, :], other=0.0)
     return tl.dot(ut, bt, acc)
+
+
+@triton.jit
+def _packed_first(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe, stride_pn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STRADDLE: tl.constexpr, PACK_C: tl.constexpr,
+                  EXPAND_K: tl.constexpr):
+    """Before the K loop: the expand's first step (the first slice's EXPAND_K columns from the block's first slot),
+    u's (BLOCK_M, EXPAND_K) and B_packed's (EXPAND_K, BLOCK_N) tiles, by pointer loads. A load does not block until
+    its registers are read, so both round trips pass under the K loop's MMAs; the price is their registers, held
+    across the loop. Their addresses wait only for blk, loaded beside the expert id the K loop waits for anyway.
+    Nothing is read where the block has no live slot (zeros: the expand then skips the step)."""
+    if STRADDLE:
+        p0 = 0
+    else:
+        p0 = (pid_n * BLOCK_N) // NS
+    c0 = p0 * PACK_C + (blk_lo // EXPAND_K) * EXPAND_K
+    on = blk_hi > blk_lo
+    offs_c = tl.arange(0, EXPAND_K)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    eu = tl.load(u_ptr + rows[:, None] * stride_um + (c0 + offs_c)[None, :], mask=on, other=0.0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    eb = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn + (c0 + offs_c)[:, None],
+                 mask=(offs_n < N)[None, :] & on, other=0.0)
+    return eu, eb
 
 
 @triton.jit
@@ -239,7 +274,7 @@ def fused_moe_kernel(
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
-    EXPAND_U_PTR: tl.constexpr = False,
+    EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
 ):
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -265,7 +300,7 @@ def fused_moe_kernel(
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
                        STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR)
+                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -288,7 +323,7 @@ def fused_moe_kernel(
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
                    FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
-                   EXPAND_U_PTR)
+                   EXPAND_U_PTR, EXPAND_EARLY)
 
 
 @triton.jit
@@ -302,7 +337,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
                EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
-               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr):
+               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
@@ -337,6 +372,11 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         if EXPAND_PREFETCH:
             _packed_prefetch(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe,
                              stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C)
+        if EXPAND_EARLY:
+            eu, eb = _packed_first(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe,
+                                   stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C, EXPAND_K)
+        else:
+            eu, eb = 0, 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -363,7 +403,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if PACKED:
         acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
                              bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
-                             EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_U_PTR)
+                             EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_U_PTR, eu, eb, EXPAND_EARLY)
     if HAS_RW:
         if not EARLY_LOADS:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -448,6 +488,7 @@ class Packed(NamedTuple):
     unroll: bool = False  # the expand as guarded steps, no loop (EXPAND_UNROLL)
     prefetch: bool = False  # its operands' first lines into L2 before the K loop (EXPAND_PREFETCH; GPU only)
     u_ptr: bool = False  # u by pointer loads, B through TMA: the two loads in flight together (EXPAND_U_PTR)
+    early: bool = False  # the first step's u and B tiles loaded before the K loop, by pointers (EXPAND_EARLY)
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
@@ -512,7 +553,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
                        PACK_DESC=pdesc, EXPAND_UNROLL=bool(packed.unroll),
                        EXPAND_PREFETCH=bool(packed.prefetch) and not runtime.interpreter(),  # inline PTX
-                       EXPAND_U_PTR=bool(packed.u_ptr))
+                       EXPAND_U_PTR=bool(packed.u_ptr), EXPAND_EARLY=bool(packed.early))
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,

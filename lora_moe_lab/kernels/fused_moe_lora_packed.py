@@ -36,7 +36,7 @@ from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
-EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr"})
+EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr", "early"})
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
 
 
@@ -243,7 +243,8 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop), `prefetch` (its operands'
     first lines into L2 before the K loop; the GPU only), `depth` (the columns of one expand dot, a power of two
     from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C) and `u_ptr` (u by
-    pointer loads beside B's TMA copy, so the two are in flight together)."""
+    pointer loads beside B's TMA copy, so the two are in flight together) and `early` (the first step's operands
+    loaded before the K loop, by pointers; not with `unroll`)."""
     expand = dict(expand or {})
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
@@ -273,11 +274,14 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     if ek < br or ek > C or ek & (ek - 1):
         raise ValueError(f"moe_gemm_lora_packed: expand depth must be a power of two from BLOCK_R={br} to C={C}, "
                          f"got {ek}")
+    if expand.get("early") and expand.get("unroll"):
+        raise ValueError("moe_gemm_lora_packed: expand options `early` and `unroll` exclude each other (`early` "
+                         "loads the first step of the expand's loop, `unroll` has no loop)")
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
              packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch")),
-                           bool(expand.get("u_ptr"))))
+                           bool(expand.get("u_ptr")), bool(expand.get("early"))))
     LAST_PACKED_LAUNCH.update(expand_k=ek)
     return out

@@ -140,9 +140,14 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    "unroll_all": dict(expand=dict(unroll=True, prefetch=True)),
                    # two slots of BLOCK_R 16 per dot; u by pointer loads beside B's TMA copy
                    "depth2_ordered": dict(per_slot=True, expand=dict(depth=32, u_ptr=True)),
+                   # the first step's operands loaded before the K loop: per slot in a persistent loop, and two
+                   # slots per dot over both slices of a tile that splits them
+                   "early_persist": dict(per_slot=True, expand=dict(early=True),
+                                         config=GemmConfig(16, 32, 4, 4, 2, persistent=2, sub_m=16)),
+                   "early_d2": dict(expand=dict(early=True, depth=32)),
                    "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
                                           config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
-ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered")
+ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered", "early_persist")
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -170,6 +175,9 @@ def test_packed_unknown_expand_option_is_an_error():
     with pytest.raises(ValueError, match="expand depth must be a power of two from BLOCK_R=16 to C=32, got 48"):
         moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
                              torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(depth=48))
+    with pytest.raises(ValueError, match="`early` and `unroll` exclude each other"):
+        moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
+                             torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(early=True, unroll=True))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
