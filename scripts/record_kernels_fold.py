@@ -45,7 +45,8 @@ timed region):
   expand   the packed GEMM's expand (EXPAND_BUILDS): the committed loop, guarded steps without a loop (`un`), its
            operands prefetched into L2 before the K loop (`pf`), both (`unpf`), two slots per dot (`d64`), u by
            pointer loads beside B's TMA copy (`uptr`), the first step's operands loaded before the K loop (`early`,
-           `early_d64`); per slot on the ordered alignment:
+           `early_d64`), the packed GEMM on a program per tile where the plain GEMM's table runs a persistent grid
+           (`ppt`, `ppt_d64`); per slot on the ordered alignment:
            the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
@@ -619,8 +620,12 @@ def window(preset, dev, gen, reps):
 EXPAND_M = (1024, 4096, 8192, 16384)
 # the GEMM's expand builds (moe_gemm_lora_packed(expand=...)): name -> options; "loop" is the committed one
 # exp_s1 and exp_s2 ran pf (prefetch=True), un (unroll=True) and unpf (both) too (their commits' tables): each lost;
-# exp_s5 ran uptr (u_ptr=True): it tied
-EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "early": dict(early=True), "early_d64": dict(early=True, depth=64)}
+# exp_s5 ran uptr (u_ptr=True): it tied; exp_s6 ran early_d64 (early=True, depth=64): it tied d64.
+# ppt: the packed GEMM on a program per tile (expand option `tile`: GemmConfig fields replaced in the plain GEMM's
+# table tile), no persistent loop for the expand's loop to unflatten
+PPT = dict(persistent=0, flatten=False)
+EXPAND_BUILDS = {"loop": {}, "d64": dict(depth=64), "early": dict(early=True), "ppt": dict(tile=PPT),
+                 "ppt_d64": dict(depth=64, tile=PPT)}
 
 
 def expand(preset, dev, gen, reps):
@@ -646,8 +651,14 @@ def expand(preset, dev, gen, reps):
                 s["u_g"] = torch.zeros_like(s["u"])
                 lora_shrink_packed(s[X], a, s["al_ord"], k, s["slot"], lids, on, s["u_g"], s["blk"], gather=gu)
 
+            table = configs.gemm_config(M, bm, w.shape[1], w.shape[2], E)  # the plain GEMM's tile at M
+
+            def tile(opts):
+                return replace(table, **opts["tile"]) if "tile" in opts else None
+
             def gemm(s, opts, off=False):
                 moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
+                         config=tile(opts),
                          packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br),
                                        **{o: bool(opts.get(o)) for o in ("unroll", "prefetch", "u_ptr", "early")}))
 
@@ -688,6 +699,7 @@ def expand(preset, dev, gen, reps):
                 if sep:
                     priced = [v + d for v, d in zip(s_[f"path_{nm}"], d_al)]
                     out[f"path_{nm}_over_separate"] = bootstrap_paired(priced, sep, "ratio_of_medians")
+            log(f"expand {preset} {op} M={M}: the table's tile {table}")
             _ratio_row("expand", preset, op, M, bm, reps, s_, wc, med, out)
         sets = None
         torch.cuda.empty_cache()
@@ -751,7 +763,7 @@ def layer(preset, dev, reps):
                                     ("picked_none", "none", None),
                                     # the committed per-op table alone: no per-shape folds, the one-dot shrink
                                     ("prev_all", "all", PREV), ("prev_none", "none", PREV),
-                                    # the candidate: per slot with two slots per expand dot at M = 4096 too
+                                    # the candidate: a program per tile where the plain tile is a flattened grid
                                     ("cand_all", "all", CAND), ("cand_none", "none", CAND)):
             hooks = []
             if adapters is not None:
@@ -792,7 +804,10 @@ def layer(preset, dev, reps):
 
 
 PREV = "prev"  # the layer section's table before this session: the per-op table alone, the one-dot shrink
-CAND = "cand"  # the committed tables + per slot, two slots per expand dot, at M = 4096
+CAND = "cand"  # the committed tables + the packed GEMM on a program per tile where the plain GEMM's tile is a
+# flattened persistent grid (CAND_TILES)
+CAND_TILES = {("gate_up", 1536, 2048): {16384: PPT}, ("down", 2048, 768): {8192: PPT, 16384: PPT},
+              ("down", 2048, 192): {b: PPT for b in (1024, 4096, 8192, 16384)}}
 
 
 def _with_table(table, fn, build=None):
@@ -800,19 +815,18 @@ def _with_table(table, fn, build=None):
     ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
     per-op table with no per-shape folds and no shrink options."""
     keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-            configs.PACKED_SHRINK_TOKENS, configs.PACKED_PER_SLOT_TOKENS, configs.PACKED_EXPAND_TOKENS)
+            configs.PACKED_SHRINK_TOKENS, configs.PACKED_TILE_SHAPE_TOKENS)
     configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV, CAND) else table
     configs.FOLD_BUILD = keep[1] if build is None else build
     configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, CAND) else {}
     configs.PACKED_SHRINK_TOKENS = {} if table == PREV else keep[3]
     if table == CAND:
-        configs.PACKED_PER_SLOT_TOKENS = keep[4] | {4096}
-        configs.PACKED_EXPAND_TOKENS = {**keep[5], 4096: dict(depth=64)}
+        configs.PACKED_TILE_SHAPE_TOKENS = {**keep[4], **CAND_TILES}
     try:
         return fn()
     finally:
         (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-         configs.PACKED_SHRINK_TOKENS, configs.PACKED_PER_SLOT_TOKENS, configs.PACKED_EXPAND_TOKENS) = keep
+         configs.PACKED_SHRINK_TOKENS, configs.PACKED_TILE_SHAPE_TOKENS) = keep
 
 
 # ------------------------------------------------------------------------------------------------

@@ -333,9 +333,20 @@ PACKED_SHRINK_TOKENS: dict = {8192: W1S, 16384: W1S}
 PACKED_EXPAND_TOKENS: dict = {4096: dict(depth=64)}
 
 
-def packed_expand(num_tokens: int) -> dict:
-    """The packed GEMM's expand options at this token count (a copy; static shapes only: capture-safe)."""
-    return dict(PACKED_EXPAND_TOKENS.get(token_bucket(num_tokens), {}))
+# The packed GEMM's tile per GEMM shape (op, N, K) and token bucket: GemmConfig fields replaced in the plain GEMM's
+# table tile (the expand option `tile`); elsewhere the packed GEMM runs the plain GEMM's tile as it is.
+PACKED_TILE_SHAPE_TOKENS: dict = {}
+
+
+def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
+    """The packed GEMM's expand options at this token count, with its tile (`tile`) where PACKED_TILE_SHAPE_TOKENS
+    names the GEMM shape (op, N, K) and bucket (a copy; static shapes only: capture-safe)."""
+    b = token_bucket(num_tokens)
+    opts = dict(PACKED_EXPAND_TOKENS.get(b, {}))
+    tile = PACKED_TILE_SHAPE_TOKENS.get((op, N, K), {}).get(b)
+    if tile:
+        opts["tile"] = dict(tile)
+    return opts
 
 
 def packed_shrink(num_tokens: int) -> dict:

@@ -26,17 +26,19 @@ by LoRA row a block holds one or two slots), both slices from one x tile, progra
 At M >= 8192 one slot per dot with both slices, 64-row programs and a cap of 128 ran the gate_up shrink in 0.60-0.75x
 the one-dot shrink's time (data/kernels/win_s3; docs/kernels.md, "The packed shrink in slot windows").
 """
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
 from .common import pow2, reg_cap, stages_for
-from .configs import GemmConfig, block_r
+from .configs import GemmConfig, block_r, gemm_config
 from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
-EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr", "early"})
+EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr", "early", "tile"})
 LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
 
 
@@ -244,7 +246,8 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     first lines into L2 before the K loop; the GPU only), `depth` (the columns of one expand dot, a power of two
     from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C) and `u_ptr` (u by
     pointer loads beside B's TMA copy, so the two are in flight together) and `early` (the first step's operands
-    loaded before the K loop, by pointers; not with `unroll`)."""
+    loaded before the K loop, by pointers; not with `unroll`) and `tile` (GemmConfig fields replaced in the GEMM's
+    tile, `config` else the table's: e.g. dict(persistent=0, flatten=False), a program per tile)."""
     expand = dict(expand or {})
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
@@ -277,11 +280,18 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     if expand.get("early") and expand.get("unroll"):
         raise ValueError("moe_gemm_lora_packed: expand options `early` and `unroll` exclude each other (`early` "
                          "loads the first step of the expand's loop, `unroll` has no loop)")
+    if expand.get("tile"):
+        cfg = config or gemm_config(num_pairs // top_k, bm, N, K, E)
+        try:
+            config = replace(cfg, **expand["tile"])
+        except TypeError as e:
+            raise ValueError(f"moe_gemm_lora_packed: expand tile {expand['tile']} names a field GemmConfig does not "
+                             f"have") from e
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
              packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch")),
                            bool(expand.get("u_ptr")), bool(expand.get("early"))))
-    LAST_PACKED_LAUNCH.update(expand_k=ek)
+    LAST_PACKED_LAUNCH.update(expand_k=ek, tile=config)  # tile: None = the plain GEMM's table tile
     return out

@@ -96,7 +96,8 @@ class LoRAHook:
         if b.fold_build() == "packed":  # one expand dot per slot of a block where the alignment is ordered
             bp = self.info.weights.packed_b(op)
             return lambda *a, **kw: b.moe_gemm_lora_packed(*a, b_packed=bp, per_slot=per_row,
-                                                           shrink=b.packed_shrink(M), expand=b.packed_expand(M),
+                                                           shrink=b.packed_shrink(M),
+                                                           expand=b.packed_expand(M, op, w.shape[1], w.shape[2]),
                                                            **kw)
         return lambda *a, **kw: b.moe_gemm_lora_folded(*a, shrink_per_row=per_row, **kw)
 

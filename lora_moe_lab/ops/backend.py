@@ -98,8 +98,9 @@ class Backend(ABC):
         return {}
 
     @staticmethod
-    def packed_expand(num_tokens: int) -> dict:
-        """Where an op is packed: the packed GEMM's expand options at this token count (static shapes only)."""
+    def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
+        """Where an op is packed: the packed GEMM's expand options at this token count and GEMM shape (static shapes
+        only)."""
         return {}
 
     @staticmethod

@@ -59,8 +59,8 @@ class TritonBackend(Backend):
         return configs.packed_shrink(num_tokens)
 
     @staticmethod
-    def packed_expand(num_tokens: int) -> dict:
-        return configs.packed_expand(num_tokens)
+    def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
+        return configs.packed_expand(num_tokens, op, N, K)
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,15 +119,16 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         # is compiled here too, and the folded jobs run on it as the layer does
         al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al
         packed = configs.FOLD_BUILD == "packed"
-        fold = (functools.partial(moe_gemm_lora_packed, per_slot=per_row, shrink=configs.packed_shrink(M),
-                                  expand=configs.packed_expand(M)) if packed
-                else functools.partial(moe_gemm_lora_folded, shrink_per_row=per_row))
+        def fold(op, N, K_, M=M, per_row=per_row, packed=packed):  # the packed GEMM's tile is per GEMM shape
+            return (functools.partial(moe_gemm_lora_packed, per_slot=per_row, shrink=configs.packed_shrink(M),
+                                      expand=configs.packed_expand(M, op, N, K_)) if packed
+                    else functools.partial(moe_gemm_lora_folded, shrink_per_row=per_row))
         if fold13:
             jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: fold(
-                x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
-                config=c)))
+                "gate_up", 2 * I, K)(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13,
+                                     slot, lora_ids, enabled, config=c)))
         if fold2:
-            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: fold(
+            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: fold("down", K, I)(
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
                 routed_weights=rw, gather=False, config=c)))
         if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:

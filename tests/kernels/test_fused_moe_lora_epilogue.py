@@ -145,6 +145,9 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    "early_persist": dict(per_slot=True, expand=dict(early=True),
                                          config=GemmConfig(16, 32, 4, 4, 2, persistent=2, sub_m=16)),
                    "early_d2": dict(expand=dict(early=True, depth=32)),
+                   # the GEMM's tile through the expand option: the config's fields replaced (a flattened grid)
+                   "tile_persist": dict(per_slot=True, config=GemmConfig(16, 32, 4, 4, 2),
+                                        expand=dict(tile=dict(persistent=2, flatten=True))),
                    "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
                                           config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
 ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered", "early_persist")
@@ -175,6 +178,9 @@ def test_packed_unknown_expand_option_is_an_error():
     with pytest.raises(ValueError, match="expand depth must be a power of two from BLOCK_R=16 to C=32, got 48"):
         moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
                              torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(depth=48))
+    with pytest.raises(ValueError, match="expand tile \\{'persist': 0\\} names a field GemmConfig does not have"):
+        moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
+                             torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(tile=dict(persist=0)))
     with pytest.raises(ValueError, match="`early` and `unroll` exclude each other"):
         moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
                              torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(early=True, unroll=True))

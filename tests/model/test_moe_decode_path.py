@@ -100,9 +100,14 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, devic
 
 
 def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
-    """Where configs.PACKED_SHRINK_TOKENS and PACKED_EXPAND_TOKENS name a bucket, the packed layer's shrink and
-    expand run with those options (here one slot per shrink dot, both slices per program, x kept in L2; two slots
-    per expand dot) and the forward still matches the reference."""
+    """Where configs.PACKED_SHRINK_TOKENS, PACKED_EXPAND_TOKENS and PACKED_TILE_SHAPE_TOKENS name a bucket (and GEMM
+    shape), the packed layer's shrink and expand run with those options (here one slot per shrink dot, both slices
+    per program, x kept in L2; two slots per expand dot; the down GEMM on a persistent grid of 2 programs per SM) and
+    the forward still matches the reference."""
+    from lora_moe_lab.config import get_shape
+    sh = get_shape("tiny")
+    monkeypatch.setattr(configs, "PACKED_TILE_SHAPE_TOKENS",
+                        {("down", sh.hidden, sh.intermediate): {b: dict(persistent=2) for b in ALL}})
     from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     monkeypatch.setattr(configs, "FOLD_BUILD", "packed")
@@ -118,6 +123,7 @@ def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
     assert LAST_PACKED_LAUNCH["shrink_window"] == 1 and LAST_PACKED_LAUNCH["expand_k"] == 32
+    assert LAST_PACKED_LAUNCH["tile"].persistent == 2  # the last packed launch: layer 2's down GEMM
     lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
                  lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
