@@ -55,8 +55,8 @@ timed region):
            (`packed_all`, `packed_none`, `packed_down`:
            configs.FOLD_BUILD "packed", one expand dot per slot on the alignment ordered by LoRA row); folded means
            the "rows" build (configs.FOLDED_ORDER_BY_ROW: the alignment ordered by LoRA row, the per-row shrink, the
-           pointer expand); `prev_all` / `prev_none`: the committed per-op table without the per-shape folds and
-           shrink options (configs.FOLDED_LORA_SHAPE_TOKENS, PACKED_SHRINK_TOKENS); interleaved rounds;
+           pointer expand); `prev_all` / `prev_none`: PREV, the committed tables without the packed GEMM's tiles
+           per shape (configs.PACKED_TILE_SHAPE_TOKENS); `cand_*`: CAND_TILES added; interleaved rounds;
            LoRA's share of the layer per round, its median and bootstrap 95 %.
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
@@ -803,23 +803,25 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's table before this session: the per-op table alone, the one-dot shrink
-CAND = "cand"  # the committed tables + the packed GEMM on a program per tile where the plain GEMM's tile is a
-# flattened persistent grid (CAND_TILES)
-CAND_TILES = {("gate_up", 1536, 2048): {16384: PPT}, ("down", 2048, 768): {8192: PPT, 16384: PPT},
-              ("down", 2048, 192): {b: PPT for b in (1024, 4096, 8192, 16384)}}
+PREV = "prev"  # the layer section's table before this session: the committed one without the packed GEMM's tiles
+# per shape (configs.PACKED_TILE_SHAPE_TOKENS); in exp_s2-exp_s4 it was the per-op table alone with the one-dot shrink
+CAND = "cand"  # the committed tables + the packed GEMM on a program per tile at more shapes (CAND_TILES)
+# exp_s6's candidate: a program per tile wherever the plain GEMM's tile is a flattened persistent grid (qwen3 gate_up
+# 16384, qwen3 down 8192-16384, TP=4 down 1024-16384); taken at TP=4 down 1024, lost at TP=4 down >= 4096
+CAND_TILES = {("gate_up", 1536, 2048): {16384: PPT}, ("down", 2048, 768): {8192: PPT, 16384: PPT}}
 
 
 def _with_table(table, fn, build=None):
     """fn() with configs.FOLDED_LORA_TOKENS set to `table` and configs.FOLD_BUILD to `build` (None: the committed
     ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
-    per-op table with no per-shape folds and no shrink options."""
+    tables without the packed GEMM's per-shape tiles; CAND: the committed ones with CAND_TILES added."""
     keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
             configs.PACKED_SHRINK_TOKENS, configs.PACKED_TILE_SHAPE_TOKENS)
     configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV, CAND) else table
     configs.FOLD_BUILD = keep[1] if build is None else build
-    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, CAND) else {}
-    configs.PACKED_SHRINK_TOKENS = {} if table == PREV else keep[3]
+    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, PREV, CAND) else {}
+    if table == PREV:
+        configs.PACKED_TILE_SHAPE_TOKENS = {}
     if table == CAND:
         configs.PACKED_TILE_SHAPE_TOKENS = {**keep[4], **CAND_TILES}
     try:

@@ -498,6 +498,16 @@ def test_fold_table_per_gemm_shape():
     assert configs.packed_shrink(8192) == configs.W1S and configs.packed_shrink(4096) == {}
 
 
+def test_packed_tile_per_gemm_shape():
+    """PACKED_TILE_SHAPE_TOKENS gives the packed GEMM a program per tile at TP=4 down (N = 2048, K = 192) of M = 1024
+    only: not at 4096, not at qwen3's down (K = 768), and the bucket's expand options stay beside it."""
+    ppt = dict(persistent=0, flatten=False)
+    assert configs.packed_expand(1024, "down", 2048, 192) == dict(tile=ppt)
+    assert "tile" not in configs.packed_expand(4096, "down", 2048, 192)
+    assert configs.packed_expand(1024, "down", 2048, 768) == {}
+    assert configs.packed_expand(4096) == dict(depth=64)
+
+
 def test_warmup_runs_every_config():
     n = triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     if runtime.interpreter():  # one config per kernel there: 3 base GEMMs, 2 aligned LoRA, 2 decode launches
