@@ -336,9 +336,10 @@ PACKED_EXPAND_TOKENS: dict = {4096: dict(depth=64)}
 # The packed GEMM's tile per GEMM shape (op, N, K) and token bucket: GemmConfig fields replaced in the plain GEMM's
 # table tile (the expand option `tile`); elsewhere the packed GEMM runs the plain GEMM's tile as it is. A program per
 # tile at the TP=4 down GEMM (N = 2048, K = 192) of M = 1024, where the plain table runs a flattened persistent grid
-# (3 programs per SM) that the expand's loop unflattens: the packed GEMM alone 0.850x [0.845, 0.853] the persistent
-# build's time, with every adapter disabled 1.096x the plain GEMM (persistent: 1.217x), the layer 0.975x
-# [0.973, 0.979] (exp_s6). At M >= 4096 it lost (1.02-1.06x; docs/kernels.md, "A program per tile for the packed GEMM").
+# (3 programs per SM) that the expand's loop unflattens: the packed GEMM alone 0.842-0.853x the persistent build's
+# time, with every adapter disabled 1.09-1.10x the plain GEMM (persistent: 1.21-1.23x; exp_s7, exp_s8), the layer
+# 0.976-0.986x the layer without it (exp_s7-exp_s9). At M >= 4096 it lost (1.01-1.07x; docs/kernels.md, "Loads before
+# the K loop, and a program per tile").
 PACKED_TILE_SHAPE_TOKENS: dict = {("down", 2048, 192): {1024: dict(persistent=0, flatten=False)}}
 
 

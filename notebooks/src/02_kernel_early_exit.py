@@ -774,8 +774,9 @@ span(lsp, ["separate_all_share_pct", "prev_all_share_pct", "picked_all_share_pct
      ["preset", "M"])
 
 # %% [markdown]
-# The layer at the committed table, in the two sessions that ran it (exp_s3's candidate is that table; exp_s4 ran it as
-# committed and timed it against itself too, `cand_all_over_picked`: an A/A check of the paired method):
+# The layer at the committed table, in the two sessions that ran it (exp_s8 and exp_s9: the table above with the
+# packed GEMM on a program per tile at TP=4 down M = 1024, next section), and the A/A check of the paired method
+# (exp_s4 timed the table before against itself, `cand_all_over_picked`):
 
 # %%
 cl = base_gemm.committed_layer()
@@ -808,4 +809,56 @@ cl.round(2)
 #   TP=4 about 1 % of the layer in exp_s3 (0.985-0.993), the size of the A/A check's own miss (the same table
 #   against itself: estimates down to 0.993, two intervals in ten exclude 1): differences under 1 % are not called
 #   here. Still above the goals.
+
+# %% [markdown]
+# ## Loads before the K loop, and a program per tile
+#
+# Two more builds of the packed GEMM's expand (`record_kernels_fold.py --sections expand`, the GEMM alone on the same
+# u, paired, 95 %):
+# - `early`: the expand's first step (u's and B_packed's tiles of the block's first slot) loaded by pointers before the
+#   K loop and held in registers across it, so no wait is left after the loop for that step. Three sessions
+#   (exp_s6-exp_s8).
+# - `ppt`: the packed GEMM on a program per tile where the plain GEMM's table runs a flattened persistent grid (the
+#   expand's loop stops Triton from flattening it; expand option `tile`). Two sessions (exp_s7, exp_s8).
+
+# %%
+ea = base_gemm.ratio_spread(base_gemm.expand_trials(base_gemm.EARLY_SESSIONS), base_gemm.EARLY_SESSIONS)
+print(f"sessions: {', '.join(base_gemm.EARLY_SESSIONS)} (early); {', '.join(base_gemm.TILE_SESSIONS)} (ppt, ppt_d64)")
+span(ea, ["gemm_early_over_loop", "off_early_over_base"], ["preset", "op", "M"])
+
+# %% [markdown]
+# Where the warps wait with `early` (ncu's source view, qwen3 at M = 8192, the loop and `early` in one file, exp_src2):
+
+# %%
+sv2 = base_gemm.packed_source_view(base_gemm.SOURCE_VIEW2, ops=base_gemm.SOURCE_VIEW2_OPS)
+print(sv2.round(3).to_string(index=False))
+tot2 = sv2.groupby("op").samples.sum()
+print(f"all samples, down: early / loop = {tot2['down/early'] / tot2['down/loop']:.3f}")
+
+# %%
+tp = base_gemm.ratio_spread(base_gemm.expand_trials(base_gemm.TILE_SESSIONS), base_gemm.TILE_SESSIONS)
+span(tp[tp.op == "down"], ["gemm_ppt_over_loop", "gemm_ppt_d64_over_loop", "off_ppt_over_base", "off_loop_over_base"],
+     ["preset", "M"])
+
+# %%
+tl_ = base_gemm.packed_tile_layer()
+tl_ = tl_[tl_.M >= 1024][["session", "preset", "M", "figure", "value", "lo", "hi"]].round(3)
+print("the layer with the committed tile over the layer without it (exp_s7: the candidate with a program per tile at "
+      "every flattened shape; exp_s8, exp_s9: the committed table over PREV)")
+tl_.pivot(index=["preset", "M"], columns="session", values="value")
+
+# %% [markdown]
+# **Reading it.**
+# - **Not the loads' latency, a third time:** with the first step's operands in registers before the K loop the
+#   qwen3 GEMMs moved by 0.98-1.04x (estimates) in three sessions, and the source view shows why nothing was gained: the down
+#   GEMM's samples total the same, the expand's TMA waits are gone and the same number of samples sit in the rest of
+#   the tile instead. At TP=4 down M >= 4096 the 24-32 registers it holds take the second program per SM
+#   (1.68-1.74x). Rejected. Three builds now (L2 prefetch, overlapped copies, loads before the loop) rule out the
+#   expand's operand latency; what the tile waits for is per tile, not per load.
+# - **A program per tile where the expand unflattens the grid:** at TP=4 down M = 1024 the packed GEMM alone runs in
+#   0.85x its persistent build's time (0.78x with two slots per dot) and, with every adapter disabled, costs 1.10x
+#   the plain GEMM instead of 1.22x; at M >= 4096 it loses (1.02-1.06x). The layer takes it at TP=4 down M = 1024
+#   (`configs.PACKED_TILE_SHAPE_TOKENS`): 0.976-0.986x the layer without it in three sessions, LoRA's share there
+#   42.2-42.7 % → 39.8-40.6 %, disabled 5.7-6.4 % → 3.6-4.0 %. Elsewhere the layer did not move (qwen3's candidate
+#   tiles: 0.990-1.000x). Still above the goals.
 

@@ -294,7 +294,7 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
 PACKED_SESSIONS = ("fold_s12", "fold_s14", "fold_s16")  # fold_s16 (08cbb61): the packed section only
 # win_s4c: every shrink option; exp_s1c: + the expand without a loop and its L2 prefetch; exp_s2c: + two slots per
 # expand dot (eight shards of 125 cases each)
-PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c", "win_s4c", "exp_s1c", "exp_s2c")
+PACKED_CHECK_RUNS = ("fold_s12c", "fold_s14c", "win_s4c", "exp_s1c", "exp_s2c", "exp_s6c")
 PACKED_SHRINK_TRIAL = "fold_s13"
 # The layer as committed (`picked_*`) ran the committed packed table only from fold_s14 on (fold_s12's committed table
 # folded nothing; fold_s13's shrink was the reverted one): those figures are read over these sessions only.
@@ -421,7 +421,25 @@ LAYER_TABLE_SESSIONS = ("exp_s2", "exp_s3")
 # The layer at the committed table: exp_s3's candidate is the table committed since, and exp_s4 ran it as `picked`
 # (its `cand` then repeated the same table: an A/A check of the paired method). In exp_s4 `prev` kept the 4096
 # per-slot change (the layer section's PREV clears the per-shape folds and the shrink options only).
-COMMITTED_LAYER = (("exp_s3", "cand"), ("exp_s4", "picked"))
+# The twenty-first session: exp_s6 (33d68fb) the expand's first step loaded before the K loop (`early`, `early_d64`);
+# exp_s7 (90719fe) and exp_s8 (0827783) `early` again and the packed GEMM on a program per tile (`ppt`, `ppt_d64`).
+EARLY_SESSIONS = ("exp_s6", "exp_s7", "exp_s8")
+TILE_SESSIONS = ("exp_s7", "exp_s8")
+# The layer with configs.PACKED_TILE_SHAPE_TOKENS (a program per tile at TP=4 down M = 1024) over the layer without
+# it: exp_s7's candidate (then a program per tile at every flattened shape: the figure at TP=4 M = 1024 is the taken
+# tile's alone, since TP=4 gate_up is not flattened there) and the committed table over PREV in exp_s8 and exp_s9.
+TILE_LAYER = (("exp_s7", "cand_all_over_picked"), ("exp_s8", "picked_all_over_prev"),
+              ("exp_s9", "picked_all_over_prev"))
+# The layer at the committed table since the packed tiles per shape: exp_s8 and exp_s9 (`picked`). Before them:
+# exp_s3's candidate and exp_s4 (`picked`), the same table without the tile.
+COMMITTED_LAYER = (("exp_s8", "picked"), ("exp_s9", "picked"))
+
+
+def packed_tile_layer(runs: tuple[tuple[str, str], ...] = TILE_LAYER, path: str | Path | None = None) -> pd.DataFrame:
+    """The layer with the packed GEMM's tile per shape over the layer without it, per session (TILE_LAYER), preset
+    and M: value, lo, hi (paired, bootstrap 95 %)."""
+    t = layer_tables(tuple(n for n, _ in runs), path)
+    return pd.concat([t[(t.session == n) & (t.figure == f)] for n, f in runs], ignore_index=True)
 
 
 def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
@@ -435,9 +453,14 @@ def expand_trials(names: tuple[str, ...] = EXPAND_SESSIONS, path: str | Path | N
 # qwen3-30b-a3b gate_up then down, one profiled launch each (7218fc1's tree; `ncu --page source --print-source sass`).
 SOURCE_VIEW = "exp_src"
 SOURCE_VIEW_OPS = ("gate_up", "down")
+# exp_src2 (33d68fb): the same two launches (`loop`), then the same GEMMs with the first step loaded before the K loop
+# (`early`); ncu's default clock control (exp_src ran without it): compare samples within the file only.
+SOURCE_VIEW2 = "exp_src2"
+SOURCE_VIEW2_OPS = ("gate_up/loop", "down/loop", "gate_up/early", "down/early")
 
 
-def packed_source_view(name: str = SOURCE_VIEW, path: str | Path | None = None) -> pd.DataFrame:
+def packed_source_view(name: str = SOURCE_VIEW, path: str | Path | None = None,
+                       ops: tuple[str, ...] = SOURCE_VIEW_OPS) -> pd.DataFrame:
     """Where the packed GEMM's warps were sampled, per op and region of its SASS: the K loop (the instructions
     executed most), the expand (executed more often than once per tile but less than the K loop: its steps), the rest
     of each tile (executed once per tile and warp: set-up, epilogue, stores) and the out-of-line retries of the
@@ -455,7 +478,9 @@ def packed_source_view(name: str = SOURCE_VIEW, path: str | Path | None = None) 
         elif cur is not None:
             cur.append(ln)
     rows = []
-    for op, b in zip(SOURCE_VIEW_OPS, blocks):
+    if len(blocks) != len(ops):
+        raise ValueError(f"{name}: the source view holds {len(blocks)} launches, {len(ops)} names given: {ops}")
+    for op, b in zip(ops, blocks):
         recs = list(csv.reader(b))
         hdr, data = recs[0], recs[1:]
         iS, iE = hdr.index("Warp Stall Sampling (All Samples)"), hdr.index("Instructions Executed")

@@ -168,10 +168,43 @@ def test_the_source_view_puts_a_fifth_of_the_down_gemm_in_the_expand_and_u_ptr_m
     assert len(u) == 16 and (u.lo > 0.97).all() and (u.hi < 1.03).all()
 
 
+def test_early_expand_loads_move_nothing_and_their_registers_cost_tp4_down():
+    """exp_s6-exp_s8, exp_src2 (docs/kernels.md, "Loads before the K loop, and a program per tile"): the first step
+    loaded before the K loop moves the qwen3 GEMMs' estimates by under 4 % in every session; at TP=4 down M >= 4096
+    its registers take the second program per SM (1.6x and more). The source view moves the expand's samples to the
+    rest of the tile: the down GEMM's total samples change by under 2 %."""
+    e = base_gemm.expand_trials(base_gemm.EARLY_SESSIONS)
+    q = e[(e.figure == "gemm_early_over_loop") & (e.preset == "qwen3-30b-a3b")]
+    assert len(q) == 24 and (q.value > 0.98).all() and (q.value < 1.04).all()
+    t = e[(e.figure == "gemm_early_over_loop") & (e.preset == "qwen3-30b-a3b-tp4") & (e.op == "down") & (e.M >= 4096)]
+    assert len(t) == 9 and (t.lo > 1.6).all()
+    v = base_gemm.packed_source_view(base_gemm.SOURCE_VIEW2, ops=base_gemm.SOURCE_VIEW2_OPS)
+    tot = v.groupby("op").samples.sum()
+    assert abs(tot["down/early"] / tot["down/loop"] - 1) < 0.02
+    with pytest.raises(ValueError, match="holds 4 launches, 2 names given"):
+        base_gemm.packed_source_view(base_gemm.SOURCE_VIEW2)
+
+
+def test_a_program_per_tile_wins_at_tp4_down_1024_only():
+    """exp_s7, exp_s8, exp_s9 (configs.PACKED_TILE_SHAPE_TOKENS): at TP=4 down M = 1024 the packed GEMM on a program per
+    tile beats its persistent build below 0.86x and its disabled cost falls from above 1.2x to below 1.11x in both
+    sessions; at TP=4 down M >= 4096 it loses; the layer with the tile is below 1 at TP=4 M = 1024 in three sessions."""
+    e = base_gemm.expand_trials(base_gemm.TILE_SESSIONS)
+    d = e[(e.preset == "qwen3-30b-a3b-tp4") & (e.op == "down")].set_index(["session", "M", "figure"]).hi
+    lo = e[(e.preset == "qwen3-30b-a3b-tp4") & (e.op == "down")].set_index(["session", "M", "figure"]).lo
+    for s_ in base_gemm.TILE_SESSIONS:
+        assert d[(s_, 1024, "gemm_ppt_over_loop")] < 0.86 and d[(s_, 1024, "off_ppt_over_base")] < 1.11
+        assert lo[(s_, 1024, "off_loop_over_base")] > 1.2
+        assert all(lo[(s_, M, "gemm_ppt_over_loop")] > 1.0 for M in (4096, 8192, 16384))
+    lay = base_gemm.packed_tile_layer()
+    t = lay[(lay.preset == "qwen3-30b-a3b-tp4") & (lay.M == 1024)]
+    assert len(t) == 3 and (t.hi < 1).all()
+
+
 def test_the_per_shape_fold_table_cuts_qwen3_share_at_large_m():
     """exp_s2, exp_s3: the committed table (qwen3 gate_up folded at M >= 8192 with the W1S shrink) over the one before
-    it: below 1 at qwen3 M >= 8192 in both sessions, no interval above 1.01 anywhere; at the committed table (exp_s3's
-    candidate, exp_s4) qwen3's share at M >= 8192 stays below 21.5 % and below the separate deltas' in every session."""
+    it: below 1 at qwen3 M >= 8192 in both sessions, no interval above 1.01 anywhere; at the committed table (exp_s8,
+    exp_s9) qwen3's share at M >= 8192 stays below 21.5 % and below the separate deltas' in every session."""
     t = base_gemm.layer_tables()
     r = t[t.figure == "picked_all_over_prev"]
     big = r[(r.preset == "qwen3-30b-a3b") & (r.M >= 8192)]
