@@ -853,7 +853,7 @@ tl_.pivot(index=["preset", "M"], columns="session", values="value")
 #   qwen3 GEMMs moved by 0.98-1.04x (estimates) in three sessions, and the source view shows why nothing was gained: the down
 #   GEMM's samples total the same, the expand's TMA waits are gone and the same number of samples sit in the rest of
 #   the tile instead. At TP=4 down M >= 4096 the 24-32 registers it holds take the second program per SM
-#   (1.68-1.74x). Rejected. Three builds now (L2 prefetch, overlapped copies, loads before the loop) rule out the
+#   (1.67-1.75x). Rejected. Three builds now (L2 prefetch, overlapped copies, loads before the loop) rule out the
 #   expand's operand latency; what the tile waits for is per tile, not per load.
 # - **A program per tile where the expand unflattens the grid:** at TP=4 down M = 1024 the packed GEMM alone runs in
 #   0.85x its persistent build's time (0.78x with two slots per dot) and, with every adapter disabled, costs 1.10x
