@@ -806,8 +806,9 @@ def layer(preset, dev, reps):
 PREV = "prev"  # the layer section's table before this session: the committed one without the packed GEMM's tiles
 # per shape (configs.PACKED_TILE_SHAPE_TOKENS); in exp_s2-exp_s4 it was the per-op table alone with the one-dot shrink
 CAND = "cand"  # the committed tables + the packed GEMM on a program per tile at more shapes (CAND_TILES)
-# exp_s6's candidate: a program per tile wherever the plain GEMM's tile is a flattened persistent grid (qwen3 gate_up
-# 16384, qwen3 down 8192-16384, TP=4 down 1024-16384); taken at TP=4 down 1024, lost at TP=4 down >= 4096
+# exp_s7's candidate was a program per tile wherever the plain GEMM's tile is a flattened persistent grid (qwen3
+# gate_up 16384, qwen3 down 8192-16384, TP=4 down 1024-16384): taken at TP=4 down 1024, lost at TP=4 down >= 4096;
+# exp_s8 and exp_s9 ran the qwen3 shapes below (within the method's resolution: not taken)
 CAND_TILES = {("gate_up", 1536, 2048): {16384: PPT}, ("down", 2048, 768): {8192: PPT, 16384: PPT}}
 
 
@@ -816,19 +817,19 @@ def _with_table(table, fn, build=None):
     ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
     tables without the packed GEMM's per-shape tiles; CAND: the committed ones with CAND_TILES added."""
     keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-            configs.PACKED_SHRINK_TOKENS, configs.PACKED_TILE_SHAPE_TOKENS)
+            configs.PACKED_TILE_SHAPE_TOKENS)
     configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV, CAND) else table
     configs.FOLD_BUILD = keep[1] if build is None else build
     configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, PREV, CAND) else {}
     if table == PREV:
         configs.PACKED_TILE_SHAPE_TOKENS = {}
     if table == CAND:
-        configs.PACKED_TILE_SHAPE_TOKENS = {**keep[4], **CAND_TILES}
+        configs.PACKED_TILE_SHAPE_TOKENS = {**keep[3], **CAND_TILES}
     try:
         return fn()
     finally:
         (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-         configs.PACKED_SHRINK_TOKENS, configs.PACKED_TILE_SHAPE_TOKENS) = keep
+         configs.PACKED_TILE_SHAPE_TOKENS) = keep
 
 
 # ------------------------------------------------------------------------------------------------
