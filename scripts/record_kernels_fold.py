@@ -48,6 +48,11 @@ timed region):
            `early_d64`), the packed GEMM on a program per tile where the plain GEMM's table runs a persistent grid
            (`ppt`, `ppt_d64`); per slot on the ordered alignment:
            the GEMM alone (`gemm_*`), disabled (`off_*`) and the path end to end (`path_*`), at EXPAND_M.
+  wide     the down GEMM's wide build (`moe_gemm_lora_wide`: u and B_packed as columns past K of its own x and w,
+           walked by the plain GEMM's loop when any adapter is live): the GEMM alone (`gemm_wide`), with nothing
+           live (`off_wide`), on the views (`base_view`), the path end to end on the plain alignment (`path_wide`)
+           and the ordered one with the W1S shrink (`path_wide_w1`), disabled (`path_wide_off`), against the
+           committed packed path (`path_committed`, `_off`) and the separate delta, at WIDE_M.
   layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
            folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
            disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
@@ -85,10 +90,11 @@ from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, block_r, lora_block_m, lora_down_config, moe_block_m
 from lora_moe_lab.kernels.common import pow2
-from lora_moe_lab.kernels.fused_moe import Folded, Packed, moe_gemm
+from lora_moe_lab.kernels.fused_moe import Folded, Packed, Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
-from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, moe_gemm_lora_packed, pack_lora_b
+from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_packed, moe_gemm_lora_wide,
+                                                        pack_lora_b, wide_weights)
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -122,17 +128,19 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base"), firs
         worst["folded"] = max(worst["folded"] if i else 0.0, err)
         f_fold += not (err < tolerance(BF, dev) and same)
     f_pack = 0
-    for i in range(first, first + n_cases if "packed" in diffs else 0):  # the packed build, random shapes and tiles
-        if first:
-            rng, g = random.Random(1_000_003 + i), torch.Generator(device=dev).manual_seed(1_000_003 + i)
-        err, same = _packed_case(rng, g, dev, i)
-        worst["packed"] = max(worst["packed"] if i > first else 0.0, err)
-        f_pack += not (err < tolerance(BF, dev) and same)
-        if (i + 1 - first) % 100 == 0:  # progress: a call cut short still says how many cases passed
-            log(f"packed differential: {i + 1 - first} cases from {first}, {f_pack} failures, "
-                f"worst {worst['packed']:.1e}")
-    row(section="check", op="random_packed", cases=n_cases if "packed" in diffs else 0, failures=f_pack,
-        worst=worst["packed"], first=first)
+    for name, case in (("packed", _packed_case), ("wide", _wide_case)):  # random shapes and tiles, sharded
+        f, worst[name] = 0, float("nan")
+        for i in range(first, first + n_cases if name in diffs else 0):
+            if first:
+                rng, g = random.Random(1_000_003 + i), torch.Generator(device=dev).manual_seed(1_000_003 + i)
+            err, same = case(rng, g, dev, i)
+            worst[name] = max(worst[name] if i > first else 0.0, err)
+            f += not (err < tolerance(BF, dev) and same)
+            if (i + 1 - first) % 100 == 0:  # progress: a call cut short still says how many cases passed
+                log(f"{name} differential: {i + 1 - first} cases from {first}, {f} failures, worst {worst[name]:.1e}")
+        if name in diffs:
+            row(section="check", op=f"random_{name}", cases=n_cases, failures=f, worst=worst[name], first=first)
+        f_pack += f
     f_base = 0
     for i in range(n_cases if "base" in diffs else 0):  # the base GEMM's builds
         err, tile = _base_case(rng, g, dev, i)
@@ -140,13 +148,15 @@ def check(dev, gen, n_cases, diffs=("presets", "folded", "packed", "base"), firs
         f_base += not err < tolerance(BF, dev)
     row(section="check", op="random_folded", cases=n_cases if "folded" in diffs else 0, failures=f_fold,
         worst=worst["folded"])
+    builds = ("folded", "packed", "wide")
     row(section="check", op="random_base", cases=n_cases if "base" in diffs else 0, failures=f_base,
-        worst=max((v for k, v in worst.items() if k not in ("folded", "packed")), default=float("nan")),
-        tiles=str(sorted(k for k in worst if k not in ("folded", "packed"))))
-    n = {d: n_cases if d in diffs else 0 for d in ("folded", "packed", "base")}
+        worst=max((v for k, v in worst.items() if k not in builds), default=float("nan")),
+        tiles=str(sorted(k for k in worst if k not in builds)))
+    n = {d: n_cases if d in diffs else 0 for d in builds + ("base",)}
     log(f"check: presets {fails} failures; folded {n['folded']} random cases, {f_fold} failures "
-        f"(worst {worst['folded']:.1e}); packed {n['packed']} random cases, {f_pack} failures "
-        f"(worst {worst['packed']:.1e}); base builds {n['base']} random cases, {f_base} failures; worst {worst}")
+        f"(worst {worst['folded']:.1e}); packed {n['packed']} and wide {n['wide']} random cases, {f_pack} failures "
+        f"(worst {worst['packed']:.1e}, {worst['wide']:.1e}); base builds {n['base']} random cases, {f_base} "
+        f"failures; worst {worst}")
 
 
 def _fold_run(x, w, al, k, a, b, mapping, lids, en, rw, gather, cfg=None, desc=True, rows=False):
@@ -256,6 +266,34 @@ def _packed_case(rng, g, dev, i):
                          gather=gather, config=cfg, shrink_out=u, per_slot=slot,
                          shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
                                      max_regs=cap), expand=expand)
+    return _verdict(out, base, c["ref"], c["live"])
+
+
+def _wide_case(rng, g, dev, i):
+    """The wide build (`moe_gemm_lora_wide`, the down GEMM) on a random case: one of PACKED_TILES, the base or the
+    ordered alignment, the shrink in whole blocks or programs of 16 rows, over every slot or windows of 1 or 2, the
+    pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not; K a multiple of 64 or
+    of 8 only (K predicates); x_wide's u columns and `out` NaN-poisoned (with no adapter live the GEMM must not read
+    u: the shrink writes none of it); (error against float64, rows without a live adapter bit-exact)."""
+    M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
+    L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
+    K, N = rng.choice((64, 128, 192, 72, 200)), rng.choice((64, 96, 136))
+    cfg = PACKED_TILES[i % len(PACKED_TILES)]
+    c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=1, gather=False)
+    al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if rng.random() < 0.5 else None)
+    C = pow2(S) * block_r(R)
+    x_wide = torch.full((c["x"].shape[0], K + C), float("nan"), dtype=BF, device=dev)
+    x_wide[:, :K] = c["x"]
+    w_wide = wide_weights(c["w"], pack_lora_b(c["b"]))
+    x, w, rw = x_wide[:, :K], w_wide[..., :K], c["rw"]
+    base = torch.full((x.shape[0], N), float("nan"), dtype=BF, device=dev)
+    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=False, config=cfg)
+    out = torch.full_like(base, float("nan"))
+    win = rng.choice((0, 1, 2))
+    shrink = dict(sub_m=16 if bm > 16 and rng.random() < 0.5 else 0, slot_window=win, row_ptrs=rng.random() < 0.5,
+                  max_regs=128 if win == 1 and rng.random() < 0.5 else 0)
+    moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, config=cfg,
+                       shrink=shrink)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -705,6 +743,92 @@ def expand(preset, dev, gen, reps):
         torch.cuda.empty_cache()
 
 
+WIDE_M = (1024, 4096, 8192, 16384)
+
+
+def wide(preset, dev, gen, reps):
+    """The wide build of the down GEMM (`moe_gemm_lora_wide`: u and B_packed as columns past K of the GEMM's own x
+    and w, walked by the plain GEMM's loop when any adapter is live) at WIDE_M: the GEMM alone on a u written once
+    (`gemm_wide`, against the plain GEMM) and with no adapter live (`off_wide`); the plain GEMM on the wide tensors'
+    views (`base_view`: the views cost nothing); the path end to end, shrink and GEMM, on the plain alignment with
+    the one-dot shrink (`path_wide`), on the ordered alignment with the committed shrink table's W1S (`path_wide_w1`,
+    priced with the ordered alignment's extra time), and with every adapter disabled (`path_wide_off`); against the
+    layer's committed packed path (`path_committed`: configs' per-slot, shrink, expand and tile choices at M, priced
+    the same way; `path_committed_off`) and the separate delta with its LoRA alignment."""
+    sh, wts, lids = _packed_weights(preset, dev, gen)
+    K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    w, a, b, bp = wts[4:]
+    C = pow2(S) * block_r(a.shape[3])
+    w_wide = wide_weights(w, bp)
+    wv = w_wide[..., :I]
+    on, off = torch.ones_like(lids), torch.zeros_like(lids)
+    ord_m = configs.folded_order_by_row  # the committed path's alignment: ordered by LoRA row at these buckets
+    for M in WIDE_M:
+        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
+        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+        X, O = _packed_op("down", sets, wts, dev)[5:7]  # also each set's routed weights and u
+        for s in sets:
+            s["xw"] = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
+            s["xw"][:, :I] = s["act"]
+            s["xv"] = s["xw"][:, :I]
+            s["on_c"] = torch.full((1,), C, dtype=torch.int32, device=dev)
+            s["off_c"] = torch.zeros(1, dtype=torch.int32, device=dev)
+            blk = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+            u = torch.as_strided(s["xw"], (s["xw"].shape[0], 1, C), (I + C, C, 1), I)
+            lora_shrink_packed(s["xv"], a, s["al"], k, s["slot"], lids, on, u, blk, gather=False, u_pair=True,
+                               tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
+        per_slot = ord_m(M)
+        shr, exp = configs.packed_shrink(M), configs.packed_expand(M, "down", w.shape[1], w.shape[2])
+
+        def committed(s, en):
+            moe_gemm_lora_packed(s["act"], w, s["al_ord" if per_slot else "al"], k, s[O], a, b, s["slot"], lids, en,
+                                 routed_weights=s["rw_op"], gather=False, b_packed=bp, shrink_out=s["u"],
+                                 per_slot=per_slot, shrink=shr, expand=exp)
+
+        def wide_path(s, en, al="al", shrink=None):
+            moe_gemm_lora_wide(s["xv"], wv, s[al], k, s[O], a, s["slot"], lids, en, routed_weights=s["rw_op"],
+                               shrink=shrink)
+
+        def base(s, x="act", ww=w):
+            moe_gemm(s[x], ww, s["al"], k, s[O], routed_weights=s["rw_op"], gather=False)
+
+        arms = {"base": base, "base_view": lambda s: base(s, "xv", wv),
+                "gemm_wide": lambda s: moe_gemm(s["xv"], wv, s["al"], k, s[O], routed_weights=s["rw_op"],
+                                                gather=False, tail=Tail(C, s["on_c"])),
+                "off_wide": lambda s: moe_gemm(s["xv"], wv, s["al"], k, s[O], routed_weights=s["rw_op"],
+                                               gather=False, tail=Tail(C, s["off_c"])),
+                "path_wide": lambda s: wide_path(s, on), "path_wide_off": lambda s: wide_path(s, off),
+                "path_wide_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S),
+                "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
+                "align": lambda s: moe_align(s["ids"], E, bm),
+                "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
+        if not dec:
+            arms["separate"] = lambda s: (base(s), _separate_delta(s, X, O, a, b, lids, on, k, False, dec, cfg2))
+            arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+        med, s_, wc = _interleave(arms, sets, 1, reps)
+        d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
+        com = [v + (d if per_slot else 0.0) for v, d in zip(s_["path_committed"], d_al)]
+        w1 = [v + d for v, d in zip(s_["path_wide_w1"], d_al)]
+        out = {"gemm_wide_over_base": bootstrap_paired(s_["gemm_wide"], s_["base"], "ratio_of_medians"),
+               "off_wide_over_base": bootstrap_paired(s_["off_wide"], s_["base"], "ratio_of_medians"),
+               "base_view_over_base": bootstrap_paired(s_["base_view"], s_["base"], "ratio_of_medians"),
+               "path_wide_over_committed": bootstrap_paired(s_["path_wide"], com, "ratio_of_medians"),
+               "path_wide_w1_over_committed": bootstrap_paired(w1, com, "ratio_of_medians"),
+               "path_wide_off_over_base": bootstrap_paired(s_["path_wide_off"], s_["base"], "ratio_of_medians"),
+               "path_committed_off_over_base": bootstrap_paired(s_["path_committed_off"], s_["base"],
+                                                                "ratio_of_medians"),
+               "path_wide_added_pct": bootstrap_paired(s_["path_wide"], s_["base"], "median_change_pct"),
+               "path_committed_added_pct": bootstrap_paired(com, s_["base"], "median_change_pct")}
+        if not dec:
+            sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+            out["path_wide_over_separate"] = bootstrap_paired(s_["path_wide"], sep, "ratio_of_medians")
+            out["path_committed_over_separate"] = bootstrap_paired(com, sep, "ratio_of_medians")
+        log(f"wide {preset} down M={M}: committed per_slot={per_slot} shrink={shr} expand={exp}, C={C}")
+        _ratio_row("wide", preset, "down", M, bm, reps, s_, wc, med, out)
+        sets = None
+        torch.cuda.empty_cache()
+
+
 def _ratio_row(section, preset, op, M, bm, reps, s_, wc, med, out):
     """One point of a section: every arm's median (µs) and every paired ratio in `out` (value, lo, hi), logged."""
     row(section=section, preset=preset, op=op, M=M, block_m=bm, reps=reps, kept=len(s_["base"]), stable=wc.stable,
@@ -862,11 +986,24 @@ def ncu_run(out, dev, gen):
                   "packed_keep": dict(shrink=WINDOW_KEEP), "packed_slot_w1s": dict(per_slot=True, shrink=W1S),
                   # the expand's builds (EXPAND_BUILDS), per slot with the committed shrink
                   **{f"packed_slot_{nm}": dict(per_slot=True, expand=o) for nm, o in EXPAND_BUILDS.items()
-                     if nm != "loop"}}
+                     if nm != "loop"},
+                  # the down GEMM's wide build (its gate_up launches are the packed build's, as `packed`)
+                  "wide": dict()}
         builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
+        if "wide" in builds:
+            C = pow2(S) * block_r(RANK)
+            w2w = wide_weights(w2, bp2)
+            xw = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
+            xw[:, :I] = s["act"]
         for arm, kw in builds.items():
+            if arm == "wide":
+                jobs += [lambda: moe_gemm_lora_packed(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on,
+                                                      b_packed=bp13),
+                         lambda: moe_gemm_lora_wide(xw[:, :I], w2w[..., :I], al, k, s["down"], a2, s["slot"], lids, on,
+                                                    routed_weights=s["rw"])]
+                continue
             a_ = al_ord if arm == "folded_rows" or arm.startswith("packed_slot") else al
             pk = arm.startswith("packed")
             f = moe_gemm_lora_packed if pk else moe_gemm_lora_folded
@@ -887,7 +1024,7 @@ def ncu_run(out, dev, gen):
                 shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
                 gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
                         + n_pairs * P * br * 2 + used_se * N * RANK * 2)
-                pk = arm.startswith("packed")
+                pk = arm.startswith("packed") or arm == "wide"
                 targets += [dict(kernel="packed_shrink_kernel" if pk else "lora_shrink_kernel", preset=preset, M=M,
                                  op=f"shrink_{op}", arm=arm, tile="", byte_floor=shrink),
                             dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm=arm,
@@ -929,7 +1066,7 @@ def main(argv=None):
         rec.section("check", check, dev, gen, args.cases, args.diffs.split(","), args.cases_from)
         log(f"[check done at {time.time() - t0:.0f}s]")
     for sec, fn, extra in (("kernels", kernels, (gen,)), ("packed", packed, (gen,)), ("shrink", shrink, (gen,)),
-                           ("window", window, (gen,)), ("expand", expand, (gen,)),
+                           ("window", window, (gen,)), ("expand", expand, (gen,)), ("wide", wide, (gen,)),
                            ("layer", layer, ())):
         if sec in secs:
             for preset in kc.PRESETS:
@@ -939,11 +1076,11 @@ def main(argv=None):
 
 
 def _dry():
-    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF, WINDOW_M, EXPAND_M
+    global KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF, WINDOW_M, EXPAND_M, WIDE_M
     harness.set_dry()
     kc.set_tiny()
     KERNEL_M, LAYER_M, CHECK_M, SHRINK_M, BF = (1, 16), (16,), (1, 16), (16,), torch.float32
-    WINDOW_M = EXPAND_M = (16, 64)
+    WINDOW_M = EXPAND_M = WIDE_M = (16, 64)
     torch.cuda.synchronize = lambda *a: None
     return torch.device("cpu")
 

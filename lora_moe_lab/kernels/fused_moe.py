@@ -267,6 +267,7 @@ def fused_moe_kernel(
     bp_ptr,  # (E, N, P * PACK_C): B of every slot side by side, scaling folded in (`pack_lora_b`)
     stride_um, stride_pe, stride_pn,
     u_desc, bp_desc,  # TMA descriptors of u and B_packed (as (E * N, P * PACK_C)); read only when PACK_DESC
+    tail_ptr,  # (1,) int32: the columns past K every tile walks (read only when TAIL)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
     LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
@@ -275,7 +276,16 @@ def fused_moe_kernel(
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
     EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
+    TAIL: tl.constexpr = False,
 ):
+    # TAIL (`Tail`, the wide LoRA build, kernels/fused_moe_lora_packed.py): x's and w's rows go on past K, the
+    # adapters' u and B_packed columns, and tail_ptr holds how many of them every tile's K loop walks: all when any
+    # adapter is live, none when none is (the shrink decides and writes it, on the GPU). One trip count for the
+    # launch, so Triton still flattens a persistent grid's tile loop and K loop. One scalar load: deciding here from
+    # the L slot ids and flags instead held 13-16 more registers (Triton 3.6, sm_90: TP=4 down at 8 warps then fits
+    # one program per SM, not two).
+    if TAIL:
+        K = K + tl.load(tail_ptr)
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
     # one dense matmul too. A sub-block of padding only returns at once (a program per tile) or runs masked
@@ -418,10 +428,15 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
 def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe_gemm"):
     """The base GEMM's input checks (shared with the fused LoRA-epilogue GEMM); returns
     (N, K, num_pairs, block_m)."""
-    check_tensor("x", x, 2, FLOAT_DTYPES)
+    check_tensor("x", x, 2, FLOAT_DTYPES, contiguous=False)
+    if x.stride(1) != 1:
+        raise ValueError(f"x must have contiguous rows (unit column stride), got strides {x.stride()}")
     dev = x.device
     check_compute_dtype(x)
-    check_tensor("w", w, 3, (x.dtype,), dev)
+    check_tensor("w", w, 3, (x.dtype,), dev, contiguous=False)
+    if not rows_even(w):
+        raise ValueError(f"w must be contiguous, or the first K columns of a contiguous wider (E, N, K') tensor; "
+                         f"got shape {tuple(w.shape)}, strides {w.stride()}")
     check_tensor("out", out, 2, (x.dtype,), dev)
     E, N, K = w.shape
     if x.shape[1] != K:
@@ -436,12 +451,33 @@ def check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what="moe
     return N, K, num_pairs, bm
 
 
+def rows_even(w) -> bool:
+    """Whether (E, N, K) w is E * N evenly spaced rows of unit K stride: contiguous, or the first K columns of a
+    contiguous wider (E, N, K') tensor (the wide LoRA build's weights, `fused_moe_lora_packed.wide_weights`)."""
+    return w.stride(2) == 1 and w.stride(0) == w.shape[1] * w.stride(1) and w.stride(1) >= w.shape[2]
+
+
 def tma_ok(w) -> bool:
-    """Whether w can be read through a TMA descriptor: a contiguous (E, N, K) tensor whose rows are
-    16-byte multiples at a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper);
-    the interpreter runs descriptors too."""
-    return _tma_device(w) and ((w.is_contiguous() and (w.shape[2] * w.element_size()) % 16 == 0
+    """Whether w can be read through a TMA descriptor: evenly spaced (E, N, K) rows (`rows_even`) a 16-byte
+    multiple apart from a 16-byte aligned base, on a GPU of compute capability 9 or newer (Hopper); the
+    interpreter runs descriptors too."""
+    return _tma_device(w) and ((rows_even(w) and (w.stride(1) * w.element_size()) % 16 == 0
                                 and w.data_ptr() % 16 == 0 and w.shape[0] * w.shape[1] < 2 ** 31))
+
+
+def rows_desc(w, block, cols: int | None = None):
+    """A TMA descriptor of (E, N, K) w (`tma_ok`) as E * N rows of `cols` (default K) columns, block (BLOCK_N,
+    BLOCK_K); cols > K reads on into the wider tensor's columns past K (`Tail`)."""
+    return TensorDescriptor(w, [w.shape[0] * w.shape[1], cols or w.shape[2]], [w.stride(1), 1], block)
+
+
+def tail_columns(t, c: int) -> bool:
+    """Whether t's rows (its last dim of unit stride) go on for c more columns in its storage: t is the first K
+    columns of a wider tensor with at least K + c columns."""
+    if t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] + c:
+        return False
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + c
+    return last < t.untyped_storage().nbytes() // t.element_size()
 
 
 def _tma_device(t) -> bool:
@@ -476,6 +512,15 @@ def packed_tma_ok(bp) -> bool:
     return bp.data_ptr() % 16 == 0 and bp.shape[0] * bp.shape[1] < 2 ** 31
 
 
+class Tail(NamedTuple):
+    """The wide LoRA build's operands (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): x and w are the first
+    K columns of tensors c columns wider, u and B_packed in those columns; cols, a (1,) int32 tensor on the device,
+    holds the columns past K every tile walks (c when any adapter is live, 0 when none: the plain GEMM's K), written
+    by the shrink before the GEMM runs."""
+    c: int
+    cols: torch.Tensor
+
+
 class Packed(NamedTuple):
     """The packed LoRA expand's operands (kernels/fused_moe_lora_packed.py builds them): u (EM, P, C) each pair's
     shrink in its slice's and slot's columns, blk (alignment blocks, 2) int32 the columns [lo, hi) each block's
@@ -492,7 +537,7 @@ class Packed(NamedTuple):
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
-             lora: Folded | None = None, packed: Packed | None = None):
+             lora: Folded | None = None, packed: Packed | None = None, tail: Tail | None = None):
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
@@ -500,6 +545,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     the folded GEMM always runs a program per tile at the alignment's BLOCK_M (config.persistent and config.sub_m
     apply to the plain GEMM only). packed (`Packed`, from `moe_gemm_lora_packed` only): the packed expand added
     before the scaling; it runs on the plain GEMM's tile table as it is (persistent grids and sub-blocks included).
+    tail (`Tail`, from `moe_gemm_lora_wide` only): x's and w's rows go on for tail.c columns (the adapters'), which
+    the K loop walks when any adapter is live; the plain GEMM's kernel, tile table and loop otherwise.
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -524,8 +571,9 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
+    tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None)
     use_desc = cfg.w_desc and tma_ok(w)
-    w_desc = TensorDescriptor.from_tensor(w.view(-1, K), [cfg.block_n, cfg.block_k]) if use_desc else w
+    w_desc = rows_desc(w, [cfg.block_n, cfg.block_k], K + tail_c) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
         fold, fold_ints, fold_descs, fold_kw = (out,) * 5, (0,) * 10, (out, out), {}
     else:
@@ -558,11 +606,34 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
-        *fold, *fold_ints, *fold_descs, *pack, *pack_ints,
+        *fold, *fold_ints, *fold_descs, *pack, *pack_ints, tail.cols if tail is not None else out,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,
-        num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **reg_cap(cfg.max_regs),
+        num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **tail_kw, **reg_cap(cfg.max_regs),
     )
     return out
+
+
+def _check_tail(tail, x, w, K, other):
+    """(c, the kernel's keywords) of a `Tail` (0, {} for None); an error naming the problem where x's or w's rows
+    do not go on for c columns, or beside another LoRA build."""
+    if tail is None:
+        return 0, {}
+    if other:
+        raise ValueError("moe_gemm: tail (the wide build) excludes lora and packed")
+    c = int(tail.c)
+    if c <= 0:
+        raise ValueError(f"moe_gemm: tail.c must be a positive number of columns, got {tail.c!r}")
+    for nm, t in (("x", x), ("w", w)):
+        if not tail_columns(t, c):
+            raise ValueError(f"moe_gemm: tail needs {nm} to be the first K={K} columns of a tensor with at least "
+                             f"K + {c} columns (shape {tuple(t.shape)}, strides {t.stride()})")
+    if not rows_even(w):
+        raise ValueError(f"moe_gemm: tail needs w's rows evenly spaced (a view w_wide[..., :K]), got strides "
+                         f"{w.stride()}")
+    if tail.cols.shape != (1,) or tail.cols.dtype != torch.int32 or tail.cols.device != x.device:
+        raise ValueError(f"moe_gemm: tail.cols must be a (1,) int32 tensor on {x.device}, got {tuple(tail.cols.shape)} "
+                         f"{tail.cols.dtype} on {tail.cols.device}")
+    return c, dict(TAIL=True)

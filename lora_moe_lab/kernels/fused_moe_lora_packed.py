@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .common import pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import Packed, _folded_rows, block_pairs, moe_gemm
+from .fused_moe import Packed, Tail, _folded_rows, block_pairs, moe_gemm, tail_columns
 from .fused_moe_lora_epilogue import check_lora_gemm_inputs
 
 # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
@@ -55,6 +55,7 @@ def packed_shrink_kernel(
     a_ptr,  # (P, S, E, R, K) LoRA A
     u_ptr,  # (EM, P, S_POW2 * BLOCK_R) out: each pair's shrink in its slot's columns, zeros in the other slots
     blk_ptr,  # (alignment blocks, 2) int32 out: columns [lo, hi) of the slots the block's live pairs use
+    tail_ptr,  # (1,) int32 out (U_PAIR): the columns of u the wide GEMM walks, P * S_POW2 * BLOCK_R or 0 (none live)
     sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
     K, R, S, L, num_pairs, top_k,
@@ -62,13 +63,16 @@ def packed_shrink_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
     P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
+    U_PAIR: tl.constexpr = False,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
     # SLOT_W: slots per dot. The windows of SLOT_W slots from the first to the last slot the program's live rows
     # use are computed one after another; the others only get their zeros (SLOT_W = S_POW2: one dot over every
     # slot). P_ALL: the slices one program computes from one x tile (P: both, x read once; 1: a program per slice,
-    # grid axis 1).
+    # grid axis 1). U_PAIR (the wide build): u's rows are the pairs' own (u is the columns past K of the down GEMM's
+    # x rows), not the alignment's order, and every real row is written, zeros where nothing is live: that GEMM walks
+    # u's columns for every row, with no block ranges.
     pid = tl.program_id(0)
     pid_m = pid // SUB  # the alignment block
     p0 = tl.program_id(1) * P_ALL  # the program's first slice
@@ -78,7 +82,11 @@ def packed_shrink_kernel(
     offs_l = tl.arange(0, L_POW2)
     lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
     en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
-    if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) == 0:
+    any_live = tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) > 0
+    if U_PAIR:
+        if (pid == 0) & (p0 == 0):
+            tl.store(tail_ptr, tl.where(any_live, tl.num_programs(1) * P_ALL * S_POW2 * BLOCK_R, 0))
+    if not any_live:
         if writer:
             tl.store(blk_ptr + 2 * pid_m, 0)
             tl.store(blk_ptr + 2 * pid_m + 1, 0)
@@ -107,14 +115,17 @@ def packed_shrink_kernel(
         tl.store(blk_ptr + 2 * pid_m, tl.where(any_b, tl.min(tl.where(blk_live, blk_slot, S_POW2), 0) * BLOCK_R, 0))
         tl.store(blk_ptr + 2 * pid_m + 1, tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R,
                                                    0))
-    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    if U_PAIR:
+        rows = pair.to(tl.int64)
+    else:
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     W: tl.constexpr = SLOT_W if SLOT_W > 0 else S_POW2
     CW: tl.constexpr = P_ALL * W * BLOCK_R  # the columns of one dot: P_ALL slices x W slots x BLOCK_R
     offs_c = tl.arange(0, CW)
     c_p = p0 + offs_c // (W * BLOCK_R)  # slice of column c
     c_r = offs_c % BLOCK_R  # rank index of column c
     if n_live == 0:
-        if SUB > 1:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
+        if SUB > 1 or U_PAIR:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
             for w0 in tl.static_range(0, S_POW2, W):
                 tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, W * BLOCK_R, BLOCK_R),
                          tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty), mask=valid[:, None])
@@ -189,7 +200,7 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
-                       x_keep: bool = False, max_regs: int = 0):
+                       x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). Only the windows between the program's
@@ -199,7 +210,11 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). x_keep: x loaded evict_last,
     A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change:
     data/kernels/win_s2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
-    SM; a dot over every slot needs more)."""
+    SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M*top_k, P, C), e.g. the wide build's
+    columns past K of the down GEMM's x), every real row written, and tail_cols ((1,) int32) the columns the wide GEMM
+    walks: P * C, or 0 when no adapter is live."""
+    if u_pair and tail_cols is None:
+        raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
@@ -216,11 +231,13 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
     stages = stages_for(num_stages, (rows * bk + bk * p_all * win * br) * x.element_size())
     packed_shrink_kernel[(nb_launch * (bm // rows), P // p_all)](
-        x, lora_a, u, blk, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
+        x, lora_a, u, blk, tail_cols if u_pair else blk, align.sorted_token_ids, align.expert_ids,
+        align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
-        SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), num_warps=num_warps,
+        SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), U_PAIR=bool(u_pair),
+        num_warps=num_warps,
         num_stages=stages, **reg_cap(max_regs),
     )
     LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
@@ -294,4 +311,49 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
              packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch")),
                            bool(expand.get("u_ptr")), bool(expand.get("early"))))
     LAST_PACKED_LAUNCH.update(expand_k=ek, tile=config)  # tile: None = the plain GEMM's table tile
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The wide build: the adapters' columns in the down GEMM's own operands
+# ------------------------------------------------------------------------------------------------
+def wide_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
+    """(E, N, K + C): w's columns, then B_packed's (`pack_lora_b` of the down GEMM's B, P = 1). The base GEMM runs on
+    its view [..., :K]; `moe_gemm_lora_wide` on all of it. Built once, with the weights; an adapter load rewrites
+    the last C columns in place."""
+    if w.dim() != 3 or b_packed.dim() != 3 or b_packed.shape[:2] != w.shape[:2] or b_packed.dtype != w.dtype:
+        raise ValueError(f"wide_weights: b_packed (E, N, C) must match w (E, N, K) in E, N and dtype, got "
+                         f"{tuple(b_packed.shape)} {b_packed.dtype} and {tuple(w.shape)} {w.dtype}")
+    return torch.cat([w, b_packed], dim=2).contiguous()
+
+
+def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora_ids, adapter_enabled, *,
+                       routed_weights=None, config: GemmConfig | None = None, shrink: dict | None = None):
+    """The down GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own
+    loop: x (M*top_k, K) and w (E, N, K) are the first K columns of tensors C = S_POW2 * BLOCK_R columns wider
+    (x_wide (M*top_k, K + C), whose columns past K this call overwrites with u; w_wide = `wide_weights(w,
+    pack_lora_b(B))`). The shrink writes each pair's u into its row's columns past K (zeros where no adapter is
+    live); the GEMM is `moe_gemm` with `Tail(C, ...)`: with any adapter live every tile walks K + C columns, else K,
+    decided on the GPU. Same result as `moe_gemm_lora` (pairs without a live adapter bit for bit the plain GEMM's);
+    rows are pairs (no gather: the down GEMM). shrink: `lora_shrink_packed`'s options."""
+    if lora_a.dim() != 5 or lora_a.shape[0] != 1:
+        raise ValueError(f"moe_gemm_lora_wide: lora_a must be (1, S, E, R, K), the down GEMM's (one slice), got "
+                         f"shape {tuple(lora_a.shape)}")
+    _, S, E, R, K = lora_a.shape
+    C = pow2(S) * block_r(R)
+    for nm, t in (("x", x), ("w", w)):
+        if not tail_columns(t, C):
+            raise ValueError(f"moe_gemm_lora_wide: {nm} must be the first K={K} columns of a tensor with K + C = "
+                             f"{K + C} columns (C = {pow2(S)} slots x BLOCK_R {block_r(R)}), got shape "
+                             f"{tuple(t.shape)}, strides {t.stride()}")
+    if x.shape[1] != K or w.shape[2] != K or w.shape[0] != E:
+        raise ValueError(f"moe_gemm_lora_wide: lora_a (1, S, E, R, K)={tuple(lora_a.shape)} must match x "
+                         f"{tuple(x.shape)} and w {tuple(w.shape)} in K and E")
+    u = torch.as_strided(x, (x.shape[0], 1, C), (x.stride(0), C, 1), x.storage_offset() + K)
+    blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
+    cols = torch.empty(1, dtype=torch.int32, device=x.device)
+    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=False,
+                       u_pair=True, tail_cols=cols, **(shrink or {}))
+    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=False, config=config,
+             tail=Tail(C, cols))
     return out

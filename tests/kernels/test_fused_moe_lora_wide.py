@@ -1,0 +1,113 @@
+"""The wide LoRA build of the down GEMM (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): the adapters'
+columns in the GEMM's own operands, x_wide = x | u and w_wide = w | B_packed, walked by the plain GEMM's K loop
+when any adapter is live (`fused_moe.Tail`), against float64.
+
+Interpreter on CPU (tiny shapes, fp32), unchanged on CUDA (bf16 added). `out` and x_wide's u columns start
+NaN-poisoned: every row of out must be written, every real row of u written before the GEMM reads it (and not read
+at all with no adapter live); rows of pairs without a live adapter must equal the plain GEMM bit for bit.
+"""
+import pytest
+import torch
+from helpers import rel_err
+from test_lora_decode import make_case
+
+from lora_moe_lab import runtime
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.common import pow2
+from lora_moe_lab.kernels.configs import GemmConfig, block_r
+from lora_moe_lab.kernels.fused_moe import Tail, moe_gemm
+from lora_moe_lab.kernels.fused_moe_lora_packed import moe_gemm_lora_wide, pack_lora_b, wide_weights
+from lora_moe_lab.ops.reference import ref_moe_gemm, tolerance
+from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
+
+DEV = runtime.default_device()
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [])
+# the plain GEMM's tiles the wide build runs as they are: a program per tile (BLOCK_K dividing K and C, and not:
+# K predicates), TMA weights, a flattened persistent grid over sub-blocks
+TILES = {"ppt": GemmConfig(32, 32, 4, 4, 2), "ppt_k16": GemmConfig(32, 16, 4, 4, 2),
+         "desc": GemmConfig(16, 32, 4, 4, 2, w_desc=True),
+         "persist_sub": GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16, early_loads=True)}
+SHRINKS = {"dense": {}, "win1": dict(slot_window=1), "sub16": dict(sub_m=16)}
+
+
+def wide_case(c, dtype, E, top_k, N, bm, order=False):
+    """Device tensors of a down case: x_wide (u columns NaN), w_wide, the alignment and the plain GEMM's out."""
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    K = c["x"].shape[1]
+    S, R = c["a"].shape[1], c["a"].shape[3]
+    C = pow2(S) * block_r(R)
+    g = torch.Generator().manual_seed(11)
+    w = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(dtype)
+    x_wide = torch.full((c["x"].shape[0], K + C), float("nan"), dtype=dtype, device=DEV)
+    x_wide[:, :K] = d["x"].to(dtype)
+    w_wide = wide_weights(w.to(DEV), pack_lora_b(d["b"].to(dtype)))
+    al = moe_align(d["ids"], E, bm, order_by=d["mapping"] if order else None)
+    return d, w, x_wide, w_wide, al, K, C
+
+
+def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False):
+    d, w, x_wide, w_wide, al, K, C = wide_case(c, dtype, E, top_k, N, bm, order)
+    base = torch.full((c["ids"].numel(), N), float("nan"), dtype=dtype, device=DEV)
+    moe_gemm(x_wide[:, :K], w_wide[..., :K], al, top_k, base, routed_weights=d["rw"], gather=False, config=config)
+    out = torch.full_like(base, float("nan"))
+    res = moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, top_k, out, d["a"].to(dtype), d["mapping"],
+                             d["lora_ids"], d["enabled"], routed_weights=d["rw"], config=config, shrink=shrink)
+    assert res is out
+    out, base = out.cpu(), base.cpu()
+    delta, codes = ref_lora_delta_rows(c["x"], c["a"], c["b"], c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
+                                       routed_weights=c["rw"], gather=False)
+    ref = ref_moe_gemm(c["x"], w, c["ids"], top_k, c["rw"], gather=False) + delta
+    assert torch.isfinite(out).all(), "a row of out was not written, or a NaN of u was read"
+    err = rel_err(out, ref)
+    assert err < tolerance(dtype, DEV), f"rel err {err:.3g} ({dtype})"
+    off = codes != 0
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(out[off].view(bits), base[off].view(bits)), "a pair without adapter differs from the plain GEMM"
+    return codes, x_wide
+
+
+@pytest.mark.parametrize("shrink", SHRINKS)
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_matches_reference(dtype, tile, shrink):
+    """Fresh random down cases: several slots per block, a rank below BLOCK_R, rows without adapter, a disabled row
+    and an empty slot, routed weights, K and N not multiples of the tile."""
+    for seed in range(2):
+        g = torch.Generator().manual_seed(31 * seed + len(tile) + len(shrink))
+        M, N = (int(v) for v in torch.randint(10, 40, (2,), generator=g))
+        K = 32 * int(torch.randint(1, 3, (1,), generator=g)) + (0 if seed == 0 else 16)
+        c = make_case(seed + 5, M, K, N, 5, 3, 4, 4, 5 + seed * 7, 1, gather=False, with_rw=True,
+                      lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+        bm = 32 if tile == "ppt" else 16
+        codes, _ = run_wide(c, dtype, 5, 3, N, bm=bm, config=TILES[tile], shrink=SHRINKS[shrink],
+                            order=shrink == "win1")
+        assert (codes == 0).any() and (codes != 0).any()
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile):
+    """Every adapter disabled: the shrink writes nothing (u stays NaN) and the GEMM stops at K (NaN never read):
+    every row bit for bit the plain GEMM's."""
+    c = make_case(3, 20, 32, 24, 4, 2, 2, 2, 8, 1, gather=False, with_rw=True, enabled=[0, 0])
+    codes, x_wide = run_wide(c, torch.float32, 4, 2, 24, config=TILES[tile])
+    assert (codes != 0).all()
+    assert torch.isnan(x_wide[:, 32:]).all()
+
+
+def test_wide_errors():
+    c = make_case(4, 6, 32, 16, 4, 2, 2, 2, 8, 1, gather=False)
+    d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, 4, 2, 16, 16)
+    out = torch.empty(12, 16, device=DEV)
+    args = (al, 2, out, d["a"], d["mapping"], d["lora_ids"], d["enabled"])
+    with pytest.raises(ValueError, match="x must be the first K=32 columns of a tensor with K \\+ C = 64"):
+        moe_gemm_lora_wide(x_wide[:, :K].contiguous(), w_wide[..., :K], *args)
+    with pytest.raises(ValueError, match="w must be the first K=32 columns"):
+        moe_gemm_lora_wide(x_wide[:, :K], w.to(DEV), *args)
+    with pytest.raises(ValueError, match="lora_a must be \\(1, S, E, R, K\\)"):
+        moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, 2, out, d["a"].expand(2, -1, -1, -1, -1),
+                           *args[4:])
+    with pytest.raises(ValueError, match="tail needs x to be the first K=32 columns"):
+        moe_gemm(x_wide[:, :K].contiguous(), w_wide[..., :K], al, 2, out, gather=False,
+                 tail=Tail(C, torch.zeros(1, dtype=torch.int32, device=DEV)))
+    with pytest.raises(ValueError, match="wide_weights: b_packed"):
+        wide_weights(w, torch.zeros(4, 8, C))
