@@ -284,7 +284,7 @@ def fused_moe_kernel(
     # launch, so Triton still flattens a persistent grid's tile loop and K loop. One scalar load: deciding here from
     # the L slot ids and flags instead held 13-16 more registers (Triton 3.6, sm_90: TP=4 down at 8 warps then fits
     # one program per SM, not two).
-    if TAIL:
+    if TAIL:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
         K = K + tl.load(tail_ptr)
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -609,7 +609,7 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         *fold, *fold_ints, *fold_descs, *pack, *pack_ints, tail.cols if tail is not None else out,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
-        EVEN_K=cfg.even and K % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
+        EVEN_K=cfg.even and K % cfg.block_k == 0 and tail_c % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,
         num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **tail_kw, **reg_cap(cfg.max_regs),
     )

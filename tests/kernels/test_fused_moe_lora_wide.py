@@ -94,6 +94,15 @@ def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile):
     assert torch.isnan(x_wide[:, 32:]).all()
 
 
+def test_wide_tile_deeper_than_the_tail():
+    """BLOCK_K 128 over K = 128 and C = 64 adapter columns: K is a multiple of the tile but K + C is not, so the last
+    step needs K predicates (unmasked it read the next row's x, and past the end of x_wide on the last row: the
+    GPU differential's NaN, wide_s1c). Pointer weights: beyond K + C they would read the next row of w too."""
+    c = make_case(9, 24, 128, 24, 4, 3, 4, 3, 16, 1, gather=False, with_rw=True)
+    codes, _ = run_wide(c, torch.float32, 4, 3, 24, config=GemmConfig(32, 128, 4, 4, 2))
+    assert (codes == 0).any()
+
+
 def test_wide_errors():
     c = make_case(4, 6, 32, 16, 4, 2, 2, 2, 8, 1, gather=False)
     d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, 4, 2, 16, 16)
