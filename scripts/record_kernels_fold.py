@@ -53,16 +53,11 @@ timed region):
            live (`off_wide`), on the views (`base_view`), the path end to end on the plain alignment (`path_wide`)
            and the ordered one with the W1S shrink (`path_wide_w1`), disabled (`path_wide_off`), against the
            committed packed path (`path_committed`, `_off`) and the separate delta, at WIDE_M.
-  layer    one MoE layer (model/moe.py): base, LoRA all active with the separate deltas, LoRA all active
-           folded, LoRA none active folded (the CUDA-graph case: every kernel launched, every adapter
-           disabled), LoRA all active with only the down GEMM folded (`down_folded`) and with the committed
-           table's picks (`picked_all`; `picked_none` with every adapter disabled), and the packed build
-           (`packed_all`, `packed_none`, `packed_down`:
-           configs.FOLD_BUILD "packed", one expand dot per slot on the alignment ordered by LoRA row); folded means
-           the "rows" build (configs.FOLDED_ORDER_BY_ROW: the alignment ordered by LoRA row, the per-row shrink, the
-           pointer expand); `prev_all` / `prev_none`: PREV, the committed tables without the packed GEMM's tiles
-           per shape (configs.PACKED_TILE_SHAPE_TOKENS); `cand_*`: CAND_TILES added; interleaved rounds;
-           LoRA's share of the layer per round, its median and bootstrap 95 %.
+  layer    one MoE layer (model/moe.py) under CUDA-graph replay: base, LoRA all active with the separate deltas,
+           at the committed tables (`picked_all`; `picked_none`: every adapter disabled, every kernel launched) and
+           at PREV (`prev_*`: the committed tables without the down GEMM's wide build); interleaved rounds; LoRA's
+           share of the layer per round, its median and bootstrap 95 %. (Until exp_s9 it also ran the rows build,
+           the packed build at every size and a candidate table.)
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
            each build: TMA expand, pointer expand, ordered alignment + per-row shrink, packed, packed per slot,
            and packed per slot with a shrink window of one slot (`packed_slot_w1`: both slices per program; `_w1p`:
@@ -871,32 +866,26 @@ def _interleave(arms, sets, inner, reps):
 
 # ------------------------------------------------------------------------------------------------
 def layer(preset, dev, reps):
+    """One MoE layer under CUDA-graph replay: base, LoRA all active with the separate deltas (`separate_all`), at the
+    committed tables (`picked_all`; `picked_none`: every adapter disabled, every kernel launched) and at PREV
+    (`prev_*`). Until exp_s9 the section also ran the rows build, the packed build at every size and a candidate
+    table (the columns of the sessions that have them)."""
     sh, backend, lay, pool = kc.lora_layer(preset, dev)
-    all_ops = {op: frozenset(2 ** i for i in range(15)) for op in ("gate_up", "down")}
     none_ops = {op: frozenset() for op in ("gate_up", "down")}
-    down_ops = {"gate_up": frozenset(), "down": all_ops["down"]}  # the layer's build wins the down GEMM alone
     for M in LAYER_M:
         x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
         arms = {}
         for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
-                                    ("folded_all", "all", all_ops), ("folded_none", "none", all_ops),
-                                    ("down_folded", "all", down_ops),
-                                    ("packed_all", "all", all_ops), ("packed_none", "none", all_ops),
-                                    ("packed_down", "all", down_ops),
                                     ("picked_all", "all", None),  # None: the committed table decides
                                     ("picked_none", "none", None),
-                                    # the committed per-op table alone: no per-shape folds, the one-dot shrink
-                                    ("prev_all", "all", PREV), ("prev_none", "none", PREV),
-                                    # the candidate: a program per tile where the plain tile is a flattened grid
-                                    ("cand_all", "all", CAND), ("cand_none", "none", CAND)):
+                                    ("prev_all", "all", PREV), ("prev_none", "none", PREV)):
             hooks = []
             if adapters is not None:
                 names = [f"a{i % S}" for i in range(M)] if adapters == "all" else [None] * M
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
                                                                             dev), RANK)
                 hooks = [LoRAHook(info, backend, sh.num_experts)]
-            build = "packed" if nm.startswith("packed") else "rows" if table not in (None, PREV, CAND) else None
-            f = (lambda h=hooks, t=table, b_=build: _with_table(t, lambda: lay(x, h, backend), b_))
+            f = (lambda h=hooks, t=table: _with_table(t, lambda: lay(x, h, backend)))
             arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
         for g in arms.values():
             g()
@@ -905,55 +894,38 @@ def layer(preset, dev, reps):
         wc = warmup_check(per)
         s_ = {nm: v[wc.dropped:] for nm, v in per.items()}
         sh_ = {nm: bootstrap_paired(s_[nm], s_["base"], "median_change_pct") for nm in arms if nm != "base"}
-        fs = bootstrap_paired(s_["folded_all"], s_["separate_all"], "ratio_of_medians")
-        ps = bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians")
-        dn = bootstrap_paired(s_["down_folded"], s_["separate_all"], "ratio_of_medians")
-        pk = {f"{nm}_over_separate": bootstrap_paired(s_[nm], s_["separate_all"], "ratio_of_medians")
-              for nm in ("packed_all", "packed_down")}
-        pk["picked_all_over_prev"] = bootstrap_paired(s_["picked_all"], s_["prev_all"], "ratio_of_medians")
-        pk["cand_all_over_picked"] = bootstrap_paired(s_["cand_all"], s_["picked_all"], "ratio_of_medians")
+        pk = {"picked_over_separate": bootstrap_paired(s_["picked_all"], s_["separate_all"], "ratio_of_medians"),
+              "picked_all_over_prev": bootstrap_paired(s_["picked_all"], s_["prev_all"], "ratio_of_medians"),
+              "picked_none_over_prev": bootstrap_paired(s_["picked_none"], s_["prev_none"], "ratio_of_medians")}
         row(section="layer", preset=preset, M=M, reps=reps, kept=len(s_["base"]), stable=wc.stable, warmup=wc.note,
             **{f"{nm}_us": float(torch.tensor(v).median()) for nm, v in s_.items()},
             **{f"{nm}_share_pct{sfx}": sh_[nm][j] for nm in sh_ for j, sfx in enumerate(("", "_lo", "_hi"))},
-            folded_over_separate=fs[0], folded_over_separate_lo=fs[1], folded_over_separate_hi=fs[2],
-            picked_over_separate=ps[0], picked_over_separate_lo=ps[1], picked_over_separate_hi=ps[2],
-            down_folded_over_separate=dn[0], down_folded_over_separate_lo=dn[1], down_folded_over_separate_hi=dn[2],
             **{f"{nm}{sfx}": pk[nm][j] for nm in pk for j, sfx in enumerate(("", "_lo", "_hi"))},
             interval=METHOD_BOOT)
         log(f"layer {preset} M={M:>5}: base {float(torch.tensor(s_['base']).median()):8.1f} us  LoRA share: "
             + "  ".join(f"{nm} {sh_[nm][0]:+.1f} % [{sh_[nm][1]:+.1f}, {sh_[nm][2]:+.1f}]" for nm in sh_)
-            + f"  down_folded/separate {dn[0]:.3f} [{dn[1]:.3f}, {dn[2]:.3f}]  "
-            + "  ".join(f"{nm} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for nm, v in pk.items()) + f"  {wc.note}")
+            + "  " + "  ".join(f"{nm} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for nm, v in pk.items()) + f"  {wc.note}")
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's table before this session: the committed one without the packed GEMM's tiles
-# per shape (configs.PACKED_TILE_SHAPE_TOKENS); in exp_s2-exp_s4 it was the per-op table alone with the one-dot shrink
-CAND = "cand"  # the committed tables + the packed GEMM on a program per tile at more shapes (CAND_TILES)
-# exp_s7's candidate was a program per tile wherever the plain GEMM's tile is a flattened persistent grid (qwen3
-# gate_up 16384, qwen3 down 8192-16384, TP=4 down 1024-16384): taken at TP=4 down 1024, lost at TP=4 down >= 4096;
-# exp_s8 and exp_s9 ran the qwen3 shapes below (within the method's resolution: not taken)
-CAND_TILES = {("gate_up", 1536, 2048): {16384: PPT}, ("down", 2048, 768): {8192: PPT, 16384: PPT}}
+PREV = "prev"  # the layer section's table before this session: the committed ones without the down GEMM's wide
+# build (configs.WIDE_DOWN_TOKENS empty). In exp_s8 and exp_s9 it was the committed table without the packed GEMM's
+# tiles per shape, in exp_s2-exp_s4 the per-op table alone with the one-dot shrink.
 
 
-def _with_table(table, fn, build=None):
-    """fn() with configs.FOLDED_LORA_TOKENS set to `table` and configs.FOLD_BUILD to `build` (None: the committed
-    ones; the layer reads both at each call); an explicit table also clears the per-shape folds. PREV: the committed
-    tables without the packed GEMM's per-shape tiles; CAND: the committed ones with CAND_TILES added."""
-    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-            configs.PACKED_TILE_SHAPE_TOKENS)
-    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV, CAND) else table
-    configs.FOLD_BUILD = keep[1] if build is None else build
-    configs.FOLDED_LORA_SHAPE_TOKENS = keep[2] if table in (None, PREV, CAND) else {}
+def _with_table(table, fn):
+    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (None or PREV: the committed one; the layer reads the
+    tables at each call); an explicit table also clears the per-shape folds. PREV: the committed tables without the
+    wide build."""
+    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_DOWN_TOKENS)
+    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
+    configs.FOLDED_LORA_SHAPE_TOKENS = keep[1] if table in (None, PREV) else {}
     if table == PREV:
-        configs.PACKED_TILE_SHAPE_TOKENS = {}
-    if table == CAND:
-        configs.PACKED_TILE_SHAPE_TOKENS = {**keep[3], **CAND_TILES}
+        configs.WIDE_DOWN_TOKENS = frozenset()
     try:
         return fn()
     finally:
-        (configs.FOLDED_LORA_TOKENS, configs.FOLD_BUILD, configs.FOLDED_LORA_SHAPE_TOKENS,
-         configs.PACKED_TILE_SHAPE_TOKENS) = keep
+        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_DOWN_TOKENS = keep
 
 
 # ------------------------------------------------------------------------------------------------

@@ -343,6 +343,20 @@ PACKED_EXPAND_TOKENS: dict = {4096: dict(depth=64)}
 PACKED_TILE_SHAPE_TOKENS: dict = {("down", 2048, 192): {1024: dict(persistent=0, flatten=False)}}
 
 
+# The down GEMM's wide build (`moe_gemm_lora_wide`: u and B_packed as columns past K of the GEMM's own x and w, walked
+# by the plain GEMM's K loop when any adapter is live) per token bucket, where the layer folds down with the packed
+# build; elsewhere `moe_gemm_lora_packed`. wide_s1 (H200, the down path end to end over the committed packed path,
+# paired 95 %): 0.897-0.915x (qwen3) and 0.861-0.900x (TP=4) at M = 4096-16384, with the W1S shrink on the ordered
+# alignment 0.845-0.878x at M >= 8192; 0.915 / 0.988x at M = 1024; with every adapter disabled its GEMM is 0.97-1.007x
+# the plain GEMM (the packed GEMM's: 1.01-1.31x). Smaller M were not timed (the packed build stays there).
+WIDE_DOWN_TOKENS = frozenset({1024, 2048, 4096, 8192, 16384})
+
+
+def use_wide_down(num_tokens: int) -> bool:
+    """Whether the layer's folded down GEMM takes the wide build at this token count (static shapes: capture-safe)."""
+    return FOLD_BUILD == "packed" and token_bucket(num_tokens) in WIDE_DOWN_TOKENS
+
+
 def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
     """The packed GEMM's expand options at this token count, with its tile (`tile`) where PACKED_TILE_SHAPE_TOKENS
     names the GEMM shape (op, N, K) and bucket (a copy; static shapes only: capture-safe)."""

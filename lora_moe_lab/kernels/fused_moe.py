@@ -609,7 +609,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         *fold, *fold_ints, *fold_descs, *pack, *pack_ints, tail.cols if tail is not None else out,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
-        EVEN_K=cfg.even and K % cfg.block_k == 0 and tail_c % cfg.block_k == 0, EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
+        EVEN_K=cfg.even and K % cfg.block_k == 0 and tail_c % cfg.block_k == 0,
+        EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,
         num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **tail_kw, **reg_cap(cfg.max_regs),
     )

@@ -107,9 +107,24 @@ class LoRAHook:
         return self._gemm("gate_up", x.shape[0], w13, top_k)(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b,
                                                       i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True)
 
+    def wide_columns(self, M: int, top_k: int, hidden: int, inter: int) -> int:
+        """The adapters' columns C past K the layer's down input carries when this hook's down GEMM takes the wide
+        build (`backend.use_wide_down`, where down folds; static shapes decide: capture-safe); 0 otherwise."""
+        if not (self._folds("down", M, top_k, hidden, inter) and self.backend.use_wide_down(M)):
+            return 0
+        from ..kernels.configs import block_r
+        S, R = self.info.weights.down_a.shape[0], self.info.weights.down_a.shape[2]
+        return (1 << (S - 1).bit_length()) * block_r(R)
+
     def gemm_down(self, act, w2, align, top_k, out, topk_w):
         i, w = self.info, self.info.weights
-        gemm = self._gemm("down", act.shape[0] // top_k, w2, top_k)
+        M = act.shape[0] // top_k
+        if self.wide_columns(M, top_k, w2.shape[1], w2.shape[2]):  # act: the first I columns of the layer's wide buffer
+            ww = w.wide_down(w2)
+            return self.backend.moe_gemm_lora_wide(act, ww[..., :w2.shape[2]], align, top_k, out, w.down_a[None],
+                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
+                                                   routed_weights=topk_w, shrink=self.backend.packed_shrink(M))
+        gemm = self._gemm("down", M, w2, top_k)
         return gemm(act, w2, align, top_k, out, w.down_a[None], w.down_b[None], i.token_lora_mapping, i.lora_ids,
                     i.adapter_enabled, routed_weights=topk_w, gather=False)
 
@@ -214,7 +229,10 @@ class MoELayer(torch.nn.Module):
                 h.prepare(topk_ids)
             if i or not f13:
                 h.gate_up(x, inter, k)
-        act = backend.silu_and_mul(inter)
+        # The down GEMM's wide build reads its adapters' columns from past I in the same rows: act is then the first
+        # I columns of a wider buffer, written in place (no copy)
+        C = hooks[0].wide_columns(M, k, K, I) if f2 and len(hooks) == 1 else 0
+        act = backend.silu_and_mul(inter, out=x.new_empty(M * k, I + C)[:, :I] if C else None)
         if before_down is not None:
             before_down()
         out = x.new_empty(M * k, K)

@@ -113,6 +113,17 @@ class Backend(ABC):
         raise NotImplementedError("this backend has no packed LoRA GEMM (fold_build answers 'rows')")
 
     @staticmethod
+    def use_wide_down(num_tokens: int) -> bool:
+        """Where down is folded: whether it takes the wide build (`moe_gemm_lora_wide`), from static shapes."""
+        return False
+
+    @staticmethod
+    def moe_gemm_lora_wide(x, w, align: Alignment, top_k: int, out, lora_a, token_lora_mapping, lora_ids,
+                           adapter_enabled, *, routed_weights=None, shrink=None):
+        """The down GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide_down`)."""
+        raise NotImplementedError("this backend has no wide LoRA GEMM (use_wide_down answers False)")
+
+    @staticmethod
     def moe_gemm_lora(x, w, align: Alignment, top_k: int, out, lora_a, lora_b, token_lora_mapping, lora_ids,
                       adapter_enabled, *, routed_weights=None, gather=True):
         """moe_gemm with the LoRA delta of each pair's LoRA row added before the store; fully writes out."""
@@ -120,8 +131,9 @@ class Backend(ABC):
 
     @staticmethod
     @abstractmethod
-    def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up over the last dim split in two halves."""
+    def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(gate) * up over the last dim split in two halves (into `out` when given, e.g. a view of a wider
+        buffer)."""
 
     @staticmethod
     @abstractmethod

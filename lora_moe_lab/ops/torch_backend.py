@@ -93,9 +93,9 @@ def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) 
     return block_m(num_tokens, top_k, num_experts)
 
 
-def silu_and_mul(inter: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     I = inter.shape[-1] // 2
-    return torch.nn.functional.silu(inter[..., :I]) * inter[..., I:]
+    return torch.mul(torch.nn.functional.silu(inter[..., :I]), inter[..., I:], out=out)
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

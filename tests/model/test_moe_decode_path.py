@@ -23,15 +23,21 @@ def _lab(device):
 ALL = frozenset(2 ** i for i in range(15))
 
 
+def _set_build(monkeypatch, build):
+    """configs' fold build: "rows", "packed", or "wide" (packed, the down GEMM's wide build at every M)."""
+    monkeypatch.setattr(configs, "FOLD_BUILD", "rows" if build == "rows" else "packed")
+    monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", ALL if build == "wide" else frozenset())
+
+
 @pytest.mark.parametrize("bound,fused,folded", [
     (0, (), ()), (10 ** 6, (), ()),  # 0: always aligned; huge: always the decode path
     (0, ("gate_up",), ()), (10 ** 6, ("down",), ()), (0, ("gate_up", "down"), ()),  # the epilogue
     (0, (), ("gate_up", "down")), (0, ("gate_up",), ("down",)), (10 ** 6, ("down",), ("gate_up",))])  # folded
-@pytest.mark.parametrize("build", ["packed", "rows"])
+@pytest.mark.parametrize("build", ["packed", "rows", "wide"])
 def test_both_paths_match_the_reference(bound, fused, folded, build, device, monkeypatch):
-    if build == "rows" and not folded:
+    if build in ("rows", "wide") and not folded:
         pytest.skip("the fold's build matters only where an op folds")
-    monkeypatch.setattr(configs, "FOLD_BUILD", build)
+    _set_build(monkeypatch, build)
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
     monkeypatch.setattr(configs, "FUSED_LORA_TOKENS",
                         {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
@@ -133,14 +139,14 @@ def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
 @pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
-@pytest.mark.parametrize("build", ["packed", "rows"])
+@pytest.mark.parametrize("build", ["packed", "rows", "wide"])
 def test_folded_down_path_has_no_host_sync(guard, build, monkeypatch):
     """A table that folds the down GEMM (the committed one folds nothing since the sub-block base build) takes that
     path (the Triton alignment ordered by LoRA row, the per-row shrink, the folded GEMM): it must stay as sync-free
     as the separate deltas. Checked region
     over a whole forward, every M folded so the tiny model takes it."""
     from lora_moe_lab.instruments.recorders.syncs import checked_region
-    monkeypatch.setattr(configs, "FOLD_BUILD", build)
+    _set_build(monkeypatch, build)
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
     lab = _lab(torch.device("cuda"))
@@ -166,3 +172,50 @@ def test_packed_b_follows_every_load_in_place(device):
         assert w.packed_b(op) is t  # the same buffer
         b = w.gate_up_b if op == "gate_up" else w.down_b[None]
         assert torch.equal(t, pack_lora_b(b))
+
+
+def test_wide_down_weights_follow_every_load_in_place(device):
+    """The wide build's weights (`LayerLoRAWeights.wide_down`: the layer's w2, then down's B_packed) are built once
+    per w2 and their adapter columns rewritten in place by every load and unload, as packed_b is."""
+    from lora_moe_lab.kernels.fused_moe_lora_packed import pack_lora_b
+    lab = _lab(device)
+    w, w2 = lab.pool.layers[0], lab.model.layers[0].w2
+    t = w.wide_down(w2)
+    I = w2.shape[2]
+    assert torch.equal(t[..., :I], w2)
+    lab.pool.unload(lab.pool.slot_names[0])
+    lab.pool.load("fresh", rank=4, seed=11)
+    assert w.wide_down(w2) is t  # the same buffer
+    assert torch.equal(t[..., :I], w2) and torch.equal(t[..., I:], pack_lora_b(w.down_b[None]))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
+    """Where configs.WIDE_DOWN_TOKENS names the bucket and down folds, the layer's down GEMM is `moe_gemm_lora_wide`
+    on the first I columns of a wider act buffer (one call per layer), and the forward matches the reference, with
+    adapters live and with every adapter disabled."""
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    _set_build(monkeypatch, "wide")
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    lab = _lab(device)
+    backend = type(lab.model.backend)
+    calls, wide = [], backend.moe_gemm_lora_wide
+
+    def spy(x, *a, **kw):
+        calls.append(x.stride(0) - x.shape[1])  # the columns past I in the rows it reads
+        return wide(x, *a, **kw)
+
+    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(spy))
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    if not enabled:
+        tensors.adapter_enabled.zero_()
+    x = lab.random_input(batch.num_tokens, seed=5)
+    lab.model.routing_log = []
+    y = lab.model(x, batch, tensors, guard="launch_always")
+    S, R = lab.pool.layers[0].down_a.shape[0], lab.pool.layers[0].down_a.shape[2]
+    assert calls == [4 * configs.block_r(R)] * 2 and S == 3  # C = S rounded up to a power of two x BLOCK_R
+    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
+                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
+    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
+    lab.model.routing_log = None
+    assert rel_err(y, want) < fp32_tol(device)
