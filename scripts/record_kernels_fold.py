@@ -1018,8 +1018,12 @@ def main(argv=None):
     ap.add_argument("--cases-from", type=int, default=0,
                     help="the packed differential's first case (shards run in parallel processes; default 0)")
     ap.add_argument("--ncu-builds", default="", help="with --ncu-run: the builds to launch, comma-separated")
+    ap.add_argument("--wide-m", default="", help="the wide section's token counts, comma-separated (default WIDE_M)")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
+    if args.wide_m:
+        global WIDE_M
+        WIDE_M = tuple(int(m) for m in args.wide_m.split(","))
     dev = _dry() if args.dry else torch.device("cuda")
     if args.dry:
         args.cases, args.reps = min(args.cases, 4), 10
