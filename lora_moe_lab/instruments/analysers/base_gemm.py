@@ -430,9 +430,46 @@ TILE_SESSIONS = ("exp_s7", "exp_s8")
 # tile's alone, since TP=4 gate_up is not flattened there) and the committed table over PREV in exp_s8 and exp_s9.
 TILE_LAYER = (("exp_s7", "cand_all_over_picked"), ("exp_s8", "picked_all_over_prev"),
               ("exp_s9", "picked_all_over_prev"))
-# The layer at the committed table since the packed tiles per shape: exp_s8 and exp_s9 (`picked`). Before them:
-# exp_s3's candidate and exp_s4 (`picked`), the same table without the tile.
-COMMITTED_LAYER = (("exp_s8", "picked"), ("exp_s9", "picked"))
+# The down GEMM's wide build (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`: u and B_packed as columns past K
+# of the GEMM's own x and w), section wide of record_kernels_fold.py on two machines: wide_s1 (79f9e23) and wide_s2
+# (0fd9eef; between them only the K predicates of a tail that is not a multiple of BLOCK_K, which no preset has).
+# wide_s1 also ran ncu (one launch each at M = 8192: the wide build beside the committed W1S packed path). The
+# 1000-case differential: wide_s2c (0fd9eef); wide_s1c at 79f9e23 failed 4 of 1000 on that tail (its files did not
+# come back; the fix and its test are in f4c0ab5).
+WIDE_SESSIONS = ("wide_s1", "wide_s2")
+WIDE_NCU_RUN = "wide_s1"
+WIDE_CHECK_RUNS = ("wide_s2c",)
+# The layer at the committed tables with the wide build (`picked`) over PREV, the same tables without it: lay_s1
+# (0fd9eef) and lay_s2. Before them the committed table's sessions were exp_s8 and exp_s9 (the packed GEMM's tiles per
+# shape), exp_s3's candidate and exp_s4 before those.
+WIDE_LAYER = (("lay_s1", "picked_all_over_prev"), ("lay_s2", "picked_all_over_prev"))
+COMMITTED_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
+PREVIOUS_LAYER = (("exp_s8", "picked"), ("exp_s9", "picked"))
+
+
+def wide_trials(names: tuple[str, ...] = WIDE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The wide section's figures per session (`section_ratios`): the wide GEMM alone and with nothing live over the
+    plain GEMM (`gemm_wide_over_base`, `off_wide_over_base`), the plain GEMM on the wide tensors' views
+    (`base_view_over_base`), the path end to end over the committed packed path (`path_wide_over_committed`,
+    `path_wide_w1_over_committed`: the ordered alignment with the W1S shrink) and over the separate delta, disabled
+    over the plain GEMM (`path_*_off_over_base`), and LoRA's added time in % of the plain GEMM (`*_added_pct`)."""
+    return section_ratios(names, "wide", ("_over_base", "_over_committed", "_over_separate", "_added_pct"), path)
+
+
+def wide_layer(runs: tuple[tuple[str, str], ...] = WIDE_LAYER, path: str | Path | None = None) -> pd.DataFrame:
+    """The layer with the wide build over the layer without it, per session (WIDE_LAYER), preset and M: value, lo,
+    hi (paired, bootstrap 95 %)."""
+    t = layer_tables(tuple(n for n, _ in runs), path)
+    return pd.concat([t[(t.session == n) & (t.figure == f)] for n, f in runs], ignore_index=True)
+
+
+def wide_counters(name: str = WIDE_NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
+    """ncu's counters of the wide build's down path beside the committed packed path (`packed_slot_w1s`) at M = 8192,
+    both presets: one profiled launch of each shrink and GEMM, never a timing."""
+    c = fold_counters_of((name,), path)
+    return c[c.op.str.endswith("down")][["preset", "op", "arm", "duration_us", "dram_pct_peak", "tensor_pipe_pct",
+                                          "achieved_occupancy_pct", "registers", "instructions", "top_stall",
+                                          "top_stall_ratio"]].reset_index(drop=True)
 
 
 def packed_tile_layer(runs: tuple[tuple[str, str], ...] = TILE_LAYER, path: str | Path | None = None) -> pd.DataFrame:
@@ -589,7 +626,8 @@ def packed_choice(sessions: pd.DataFrame | None = None) -> dict:
     return out
 
 
-def packed_check(names: tuple[str, ...] = PACKED_CHECK_RUNS, path: str | Path | None = None) -> pd.DataFrame:
+def packed_check(names: tuple[str, ...] = PACKED_CHECK_RUNS, path: str | Path | None = None,
+                 op: str = "random_packed") -> pd.DataFrame:
     """The packed build's GPU differentials: per run, its random cases, failures and worst error (where it finished
     them) and its presets' points and failures (fold_s12c's and fold_s13c's logs: the 1000 random cases did not fit
     their calls; fold_s14c ran them alone)."""
@@ -599,11 +637,16 @@ def packed_check(names: tuple[str, ...] = PACKED_CHECK_RUNS, path: str | Path | 
         if not (d / f"{name}_kernels_fold.csv").exists():
             continue
         rnd, pre = fold_check(name, path)
-        r = rnd[rnd.op == "random_packed"]
+        r = rnd[rnd.op == op]
         rows.append(dict(run=name, cases=int(r.cases.sum()), failures=int(r.failures.sum()),
                          worst=float(r.worst.max()), preset_points=len(pre),
                          preset_failures=int((~pre.ok.astype(bool)).sum()) if len(pre) else 0))
     return pd.DataFrame(rows)
+
+
+def wide_check(names: tuple[str, ...] = WIDE_CHECK_RUNS, path: str | Path | None = None) -> pd.DataFrame:
+    """The wide build's GPU differential (`packed_check` of its random cases)."""
+    return packed_check(names, path, op="random_wide")
 
 
 def packed_counters(run: BaseRun | None = None, base: BaseRun | None = None, M: int = 8192) -> pd.DataFrame:
