@@ -1233,7 +1233,26 @@ def kernels_fold_headline_block() -> str:
             + ", ".join(f"{p_} {g.all_lo.min():.1f}–{g.all_hi.max():.1f} % (separate deltas "
                         f"{g.separate_lo.min():.1f}–{g.separate_hi.max():.1f} %)"
                         for p_, g in big.groupby("preset", sort=False))
-            + ", still above the issue's 12 % and 20 %. `docs/results.md`, block kernels-packed.")
+            + f", still above the issue's 12 % and 20 %; the down GEMM takes the wide build at {_wide_text()}. "
+            "`docs/results.md`, block kernels-packed.")
+
+
+def _wide_text() -> str:
+    """Where the down GEMM takes the wide build and what it measured (analysers.base_gemm.wide_*)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+    from lora_moe_lab.kernels import configs
+
+    sp = bg.ratio_spread(bg.wide_trials(), bg.WIDE_SESSIONS)
+    big = sp[sp.M >= 4096]
+    path = big[big.figure == big.M.map(lambda m: "path_wide_w1_over_committed" if configs.token_bucket(int(m))
+                                       in configs.PACKED_SHRINK_TOKENS else "path_wide_over_committed")]
+    off = sp[sp.figure == "off_wide_over_base"]
+    chk = bg.wide_check()
+    return (f"the token buckets {sorted(configs.WIDE_DOWN_TOKENS)} (`moe_gemm_lora_wide`: u and B_packed as columns "
+            f"past K of its own x and w, walked by the plain GEMM's loop): {path.lo.min():.2f}–{path.hi.max():.2f}× "
+            f"the packed path at M ≥ 4096, its GEMM with every adapter disabled {off.lo.min():.2f}–"
+            f"{off.hi.max():.2f}× the plain GEMM ({', '.join(bg.WIDE_SESSIONS)}; {_runs_of_cases(chk)}, "
+            f"{int(chk.failures.sum())} failures)")
 
 
 def _folds_text() -> str:
@@ -1302,7 +1321,47 @@ def kernels_packed_block() -> str:
             f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]
-    return "\n".join(out)
+    return "\n".join(out + [""] + _wide_lines())
+
+
+def _wide_lines() -> list[str]:
+    """The down GEMM's wide build: the path and the disabled GEMM per point over both sessions, the layer with it
+    over the layer without it, the counters (analysers.base_gemm.wide_*)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    sp = bg.ratio_spread(bg.wide_trials(), bg.WIDE_SESSIONS).set_index(["figure", "preset", "M"])
+    figs = ("path_wide_over_committed", "path_wide_w1_over_committed", "off_wide_over_base",
+            "path_committed_off_over_base")
+    out = ["The down GEMM's wide build (`moe_gemm_lora_wide`: the shrink writes u into the columns past K of the "
+           "down GEMM's own input rows, w2 carries B_packed in its columns past K, and the plain GEMM's K loop walks "
+           "them when the shrink says an adapter is live) against the layer's committed packed path, both end to end "
+           f"with their alignment's extra time (mean of {', '.join(bg.WIDE_SESSIONS)} and the union of their 95 % "
+           "intervals). `W1S`: on the ordered alignment with the committed W1S shrink; `off`: every adapter disabled, "
+           "the GEMM alone (wide) or the path (packed) over the plain GEMM.", "",
+           "| preset | M | wide / packed | wide W1S / packed | wide GEMM off / plain | packed path off / plain |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for pre, M in sp.loc["path_wide_over_committed"].index:
+        cells = []
+        for f in figs:
+            r = sp.loc[(f, pre, M)]
+            cells.append(f"{(r[bg.WIDE_SESSIONS[0]] + r[bg.WIDE_SESSIONS[1]]) / 2:.3f} [{r.lo:.3f}, {r.hi:.3f}]")
+        out.append(f"| {pre} | {M} | " + " | ".join(cells) + " |")
+    lay = bg.wide_layer()
+    out += ["", "The layer at the committed tables over the same tables without the wide build (`picked_all_over_prev`,"
+            f" {', '.join(n for n, _ in bg.WIDE_LAYER)}): "
+            + "; ".join(f"{p_} M={int(M)} " + ", ".join(f"{r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]"
+                                                         for r in g.itertuples())
+                        for (p_, M), g in lay[lay.M >= 1024].groupby(["preset", "M"], sort=False)) + "."]
+    c = bg.wide_counters().set_index(["preset", "op", "arm"])
+    out.append("\nCounters (ncu, M = 8192, one launch each, `data/kernels/wide_s1_kernels_fold_ncu.csv`): "
+               + "; ".join(f"{pre} down GEMM wide {c.loc[(pre, 'folded_down', 'wide')].duration_us:.0f} µs, tensor "
+                           f"pipe {c.loc[(pre, 'folded_down', 'wide')].tensor_pipe_pct:.0f} %, top stall "
+                           f"`{c.loc[(pre, 'folded_down', 'wide')].top_stall}` against packed "
+                           f"{c.loc[(pre, 'folded_down', 'packed_slot_w1s')].duration_us:.0f} µs, "
+                           f"{c.loc[(pre, 'folded_down', 'packed_slot_w1s')].tensor_pipe_pct:.0f} %, "
+                           f"`{c.loc[(pre, 'folded_down', 'packed_slot_w1s')].top_stall}`"
+                           for pre in dict.fromkeys(c.index.get_level_values(0))) + ".")
+    return out
 
 
 FLOOR_NAME = {"bytes": "byte", "flops": "FLOP"}  # floors.gemm_floor's `bound` in a sentence

@@ -345,10 +345,12 @@ PACKED_TILE_SHAPE_TOKENS: dict = {("down", 2048, 192): {1024: dict(persistent=0,
 
 # The down GEMM's wide build (`moe_gemm_lora_wide`: u and B_packed as columns past K of the GEMM's own x and w, walked
 # by the plain GEMM's K loop when any adapter is live) per token bucket, where the layer folds down with the packed
-# build; elsewhere `moe_gemm_lora_packed`. wide_s1 (H200, the down path end to end over the committed packed path,
-# paired 95 %): 0.897-0.915x (qwen3) and 0.861-0.900x (TP=4) at M = 4096-16384, with the W1S shrink on the ordered
-# alignment 0.845-0.878x at M >= 8192; 0.915 / 0.988x at M = 1024; with every adapter disabled its GEMM is 0.97-1.007x
-# the plain GEMM (the packed GEMM's: 1.01-1.31x). Smaller M were not timed (the packed build stays there).
+# build; elsewhere `moe_gemm_lora_packed`. wide_s1, wide_s2 (H200, two machines, the down path end to end over the
+# committed packed path, paired 95 %, the means): 0.89-0.90x (qwen3) and 0.86-0.90x (TP=4) at M = 4096-16384, with the
+# committed W1S shrink on the ordered alignment 0.85-0.87x at M >= 8192; 0.91 / 0.99x at M = 1024; with every adapter
+# disabled its GEMM is 0.96-1.02x the plain GEMM (the packed path's: 1.01-1.31x). The layer with it over the layer
+# without: 0.959-0.979x (qwen3, M >= 1024), 0.950-0.966x (TP=4, M >= 4096), 0.996-1.011x (TP=4, M = 1024; lay_s1,
+# lay_s2). M = 128-512 ran one session (wide_s3): the packed build stays there. Bucket 2048 was not timed on its own.
 WIDE_DOWN_TOKENS = frozenset({1024, 2048, 4096, 8192, 16384})
 
 

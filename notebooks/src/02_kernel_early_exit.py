@@ -774,12 +774,13 @@ span(lsp, ["separate_all_share_pct", "prev_all_share_pct", "picked_all_share_pct
      ["preset", "M"])
 
 # %% [markdown]
-# The layer at the committed table, in the two sessions that ran it (exp_s8 and exp_s9: the table above with the
-# packed GEMM on a program per tile at TP=4 down M = 1024, next section), and the A/A check of the paired method
-# (exp_s4 timed the table before against itself, `cand_all_over_picked`):
+# The layer at the table committed then, in the two sessions that ran it (exp_s8 and exp_s9: the table above with the
+# packed GEMM on a program per tile at TP=4 down M = 1024, next section; today's table, with the down GEMM's wide
+# build, is in the last section), and the A/A check of the paired method (exp_s4 timed the table before against
+# itself, `cand_all_over_picked`):
 
 # %%
-cl = base_gemm.committed_layer()
+cl = base_gemm.committed_layer(base_gemm.PREVIOUS_LAYER)
 aa = base_gemm.layer_tables(("exp_s4",))
 aa = aa[aa.figure == "cand_all_over_picked"]
 print(f"A/A (the same table twice, exp_s4): {aa.value.min():.3f}-{aa.value.max():.3f}, intervals "
@@ -861,4 +862,60 @@ tl_.pivot(index=["preset", "M"], columns="session", values="value")
 #   (`configs.PACKED_TILE_SHAPE_TOKENS`): 0.976-0.986x the layer without it in three sessions, LoRA's share there
 #   42.2-42.7 % → 39.8-40.6 %, disabled 5.7-6.4 % → 3.6-4.0 %. Elsewhere the layer did not move (qwen3's candidate
 #   tiles: 0.990-1.000x). Still above the goals.
+
+# %% [markdown]
+# ## The down GEMM's wide build: the adapters' columns in its own operands
+#
+# The packed GEMM's expand is a second loop after the K loop, and its cost is per tile. For the down GEMM it need not
+# be a second loop: its x rows are the pairs' own rows, and so are u's. `moe_gemm_lora_wide` allocates the
+# activations C columns wider, the shrink writes u into those columns, w2 carries B_packed in its columns past K, and
+# the plain GEMM's K loop walks them when the shrink says an adapter is live (one int32 on the device; 0 when none
+# is, so with every adapter disabled the GEMM is the plain GEMM). Timed in two sessions (wide_s1, wide_s2: the path
+# end to end over the layer's committed packed path; the GEMM with nothing live over the plain GEMM):
+
+# %%
+wd = base_gemm.ratio_spread(base_gemm.wide_trials(), base_gemm.WIDE_SESSIONS)
+print(f"sessions: {', '.join(base_gemm.WIDE_SESSIONS)}; the differential: " + ", ".join(
+    f"{r.run} {r.cases} cases, {r.failures} failures, worst {r.worst:.1e}" for r in base_gemm.wide_check().itertuples()))
+span(wd, ["path_wide_over_committed", "path_wide_w1_over_committed", "off_wide_over_base",
+          "path_committed_off_over_base", "gemm_wide_over_base"], ["preset", "M"])
+
+# %% [markdown]
+# What ncu counted (one launch each at M = 8192, wide_s1): the down path's shrink and GEMM, the wide build beside the
+# committed packed one (`packed_slot_w1s`):
+
+# %%
+base_gemm.wide_counters().round(2)
+
+# %% [markdown]
+# The layer at today's tables (the wide build at the buckets of `configs.WIDE_DOWN_TOKENS`) over the same tables
+# without it, and LoRA's share of the layer, in two sessions (lay_s1, lay_s2):
+
+# %%
+from lora_moe_lab.kernels import configs  # noqa: E402
+
+wl = base_gemm.wide_layer()
+print(f"the wide build at the token buckets {sorted(configs.WIDE_DOWN_TOKENS)}; the layer with it over the layer "
+      "without it:")
+print(wl[wl.M >= 1024].pivot(index=["preset", "M"], columns="session", values="value").round(3).to_string())
+now = base_gemm.committed_layer()
+print("LoRA's share at M >= 1024, both sessions: " + ", ".join(
+    f"{p} {g.all_lo.min():.1f}-{g.all_hi.max():.1f} % (separate {g.separate_lo.min():.1f}-{g.separate_hi.max():.1f} "
+    f"%; disabled {g.none_lo.min():.1f}-{g.none_hi.max():.1f} %)" for p, g in now[now.M >= 1024].groupby("preset",
+                                                                                                        sort=False)))
+now.round(2)
+
+# %% [markdown]
+# **Reading it.**
+# - **The expand as the K loop's own iterations:** the down path end to end runs in 0.86-0.90x the packed path's
+#   time at M >= 4096 on both presets (0.85-0.87x with the W1S shrink at M >= 8192). The counters show why: the wide
+#   GEMM's tensor pipe is busier (qwen3: 67 against 51 %) and its top stall is the plain GEMM's `wait`, not the
+#   packed GEMM's `barrier`; there is no second loop after the K loop to drain into.
+# - **The disabled cost, met where it runs:** with every adapter disabled the wide GEMM is 0.96-1.02x the plain GEMM
+#   (the packed path: up to 1.31x at TP=4 down). In the layer, every kernel launched and every adapter disabled now
+#   costs under 3 % at M >= 1024.
+# - **The share:** the layer is 0.96-0.98x the layer without the wide build at M >= 1024 (qwen3) and 0.95-0.97x at
+#   TP=4 M >= 4096; LoRA's share at qwen3 M >= 8192 is now about 16-17 %. Still above the goals (12 %, 20 %): what is
+#   left is mostly gate_up's shrink and expand, which cannot take this build as it is (its x rows are tokens, u's
+#   rows are pairs).
 
