@@ -631,9 +631,6 @@ def _check_tail(tail, x, w, K, other):
         if not tail_columns(t, c):
             raise ValueError(f"moe_gemm: tail needs {nm} to be the first K={K} columns of a tensor with at least "
                              f"K + {c} columns (shape {tuple(t.shape)}, strides {t.stride()})")
-    if not rows_even(w):
-        raise ValueError(f"moe_gemm: tail needs w's rows evenly spaced (a view w_wide[..., :K]), got strides "
-                         f"{w.stride()}")
     if tail.cols.shape != (1,) or tail.cols.dtype != torch.int32 or tail.cols.device != x.device:
         raise ValueError(f"moe_gemm: tail.cols must be a (1,) int32 tensor on {x.device}, got {tuple(tail.cols.shape)} "
                          f"{tail.cols.dtype} on {tail.cols.device}")

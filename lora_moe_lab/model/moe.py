@@ -112,9 +112,10 @@ class LoRAHook:
         build (`backend.use_wide_down`, where down folds; static shapes decide: capture-safe); 0 otherwise."""
         if not (self._folds("down", M, top_k, hidden, inter) and self.backend.use_wide_down(M)):
             return 0
+        from ..kernels.common import pow2
         from ..kernels.configs import block_r
         S, R = self.info.weights.down_a.shape[0], self.info.weights.down_a.shape[2]
-        return (1 << (S - 1).bit_length()) * block_r(R)
+        return pow2(S) * block_r(R)
 
     def gemm_down(self, act, w2, align, top_k, out, topk_w):
         i, w = self.info, self.info.weights
