@@ -89,7 +89,7 @@ from lora_moe_lab.kernels.fused_moe import Folded, Packed, Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_packed, moe_gemm_lora_wide,
-                                                        pack_lora_b, wide_weights)
+                                                        pack_lora_b, wide_columns, wide_weights)
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -276,7 +276,7 @@ def _wide_case(rng, g, dev, i):
     cfg = PACKED_TILES[i % len(PACKED_TILES)]
     c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=1, gather=False)
     al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if rng.random() < 0.5 else None)
-    C = pow2(S) * block_r(R)
+    C = wide_columns(c["a"])
     x_wide = torch.full((c["x"].shape[0], K + C), float("nan"), dtype=BF, device=dev)
     x_wide[:, :K] = c["x"]
     w_wide = wide_weights(c["w"], pack_lora_b(c["b"]))
@@ -753,7 +753,7 @@ def wide(preset, dev, gen, reps):
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     w, a, b, bp = wts[4:]
-    C = pow2(S) * block_r(a.shape[3])
+    C = wide_columns(a)
     w_wide = wide_weights(w, bp)
     wv = w_wide[..., :I]
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
@@ -965,7 +965,7 @@ def ncu_run(out, dev, gen):
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
         if "wide" in builds:
-            C = pow2(S) * block_r(RANK)
+            C = wide_columns(a2)
             w2w = wide_weights(w2, bp2)
             xw = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
             xw[:, :I] = s["act"]

@@ -327,6 +327,12 @@ def wide_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([w, b_packed], dim=2).contiguous()
 
 
+def wide_columns(lora_a: torch.Tensor) -> int:
+    """C, the adapters' columns past K of the wide build's x and w rows for down's A (1, S, E, R, K): every slot's
+    BLOCK_R columns side by side, S rounded up to a power of two (as `pack_lora_b` lays them)."""
+    return pow2(lora_a.shape[1]) * block_r(lora_a.shape[3])
+
+
 def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora_ids, adapter_enabled, *,
                        routed_weights=None, config: GemmConfig | None = None, shrink: dict | None = None):
     """The down GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own
@@ -340,7 +346,7 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
         raise ValueError(f"moe_gemm_lora_wide: lora_a must be (1, S, E, R, K), the down GEMM's (one slice), got "
                          f"shape {tuple(lora_a.shape)}")
     _, S, E, R, K = lora_a.shape
-    C = pow2(S) * block_r(R)
+    C = wide_columns(lora_a)
     for nm, t in (("x", x), ("w", w)):
         if not tail_columns(t, C):
             raise ValueError(f"moe_gemm_lora_wide: {nm} must be the first K={K} columns of a tensor with K + C = "

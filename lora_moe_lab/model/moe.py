@@ -112,15 +112,15 @@ class LoRAHook:
         build (`backend.use_wide_down`, where down folds; static shapes decide: capture-safe); 0 otherwise."""
         if not (self._folds("down", M, top_k, hidden, inter) and self.backend.use_wide_down(M)):
             return 0
-        from ..kernels.common import pow2
-        from ..kernels.configs import block_r
-        S, R = self.info.weights.down_a.shape[0], self.info.weights.down_a.shape[2]
-        return pow2(S) * block_r(R)
+        from ..kernels.fused_moe_lora_packed import wide_columns  # the kernels import Triton: only when used
+        return wide_columns(self.info.weights.down_a[None])
 
-    def gemm_down(self, act, w2, align, top_k, out, topk_w):
+    def gemm_down(self, act, w2, align, top_k, out, topk_w, wide: bool = False):
+        """The base down GEMM with this hook's delta inside; wide: act is the first I columns of the layer's wider
+        buffer (`wide_columns`), and the GEMM takes the wide build."""
         i, w = self.info, self.info.weights
         M = act.shape[0] // top_k
-        if self.wide_columns(M, top_k, w2.shape[1], w2.shape[2]):  # act: the first I columns of the layer's wide buffer
+        if wide:
             ww = w.wide_down(w2)
             return self.backend.moe_gemm_lora_wide(act, ww[..., :w2.shape[2]], align, top_k, out, w.down_a[None],
                                                    i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
@@ -238,7 +238,7 @@ class MoELayer(torch.nn.Module):
             before_down()
         out = x.new_empty(M * k, K)
         if f2:
-            hooks[0].gemm_down(act, self.w2, align, k, out, topk_w)
+            hooks[0].gemm_down(act, self.w2, align, k, out, topk_w, wide=C > 0)
         else:
             backend.moe_gemm(act, self.w2, align, k, out, routed_weights=topk_w, gather=False)
         for i, h in enumerate(hooks):

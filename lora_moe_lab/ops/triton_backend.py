@@ -13,14 +13,14 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels import configs
 from ..kernels.align import moe_align
-from ..kernels.common import pow2
 from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
                                moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta
 from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from ..kernels.fused_moe_lora_folded import moe_gemm_lora_folded
-from ..kernels.fused_moe_lora_packed import moe_gemm_lora_packed, moe_gemm_lora_wide, pack_lora_b, wide_weights
+from ..kernels.fused_moe_lora_packed import (moe_gemm_lora_packed, moe_gemm_lora_wide, pack_lora_b, wide_columns,
+                                             wide_weights)
 from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
@@ -138,7 +138,7 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                 h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
                 routed_weights=rw, gather=False, config=c)))
         if fold2 and configs.use_wide_down(M):  # the wide build: x and w with the adapters' C columns past K
-            C = pow2(S) * configs.block_r(R)
+            C = wide_columns(a2)
             hw, w2w = torch.zeros(k, I + C, dtype=dtype, device=device), wide_weights(w2, pack_lora_b(b2))
             jobs.append(("wide2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f, M=M: moe_gemm_lora_wide(
                 hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot, lora_ids,

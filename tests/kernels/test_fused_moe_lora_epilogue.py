@@ -58,12 +58,18 @@ def run_fused(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
     res = impl(d["x"], w.to(DEV), al, top_k, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
                routed_weights=rw, gather=c["gather"], **kw)
     assert res is out
+    return check_against_float64(c, w, top_k, out, base, dtype)
+
+
+def check_against_float64(c, w, top_k, out, base, dtype, unwritten="a row of out was not written"):
+    """out (the GEMM with its delta) against float64 within the dtype's tolerance, every row written, and the rows
+    of pairs without a live adapter bit for bit `base` (the plain GEMM on the same tile); returns the exit codes."""
     out, base = out.cpu(), base.cpu()
     # the LoRA reference's b is (P, S, E, N, r): the kernel's B of slice p covers columns [p*N, (p+1)*N)
     delta, codes = ref_lora_delta_rows(c["x"], c["a"], c["b"], c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
                                        routed_weights=c["rw"], gather=c["gather"])
     ref = ref_moe_gemm(c["x"], w, c["ids"], top_k, c["rw"], gather=c["gather"]) + delta
-    assert torch.isfinite(out).all(), "a row of out was not written"
+    assert torch.isfinite(out).all(), unwritten
     err = rel_err(out, ref)
     assert err < tolerance(dtype, DEV), f"rel err {err:.3g} ({dtype})"
     off = codes != 0
