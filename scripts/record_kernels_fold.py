@@ -265,30 +265,34 @@ def _packed_case(rng, g, dev, i):
 
 
 def _wide_case(rng, g, dev, i):
-    """The wide build (`moe_gemm_lora_wide`, the down GEMM) on a random case: one of PACKED_TILES, the base or the
-    ordered alignment, the shrink in whole blocks or programs of 16 rows, over every slot or windows of 1 or 2, the
-    pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not; K a multiple of 64 or
-    of 8 only (K predicates); x_wide's u columns and `out` NaN-poisoned (with no adapter live the GEMM must not read
-    u: the shrink writes none of it); (error against float64, rows without a live adapter bit-exact)."""
+    """The wide build (`moe_gemm_lora_wide`) on a random case, gate_up (odd i: token rows, each pair's tail at its own
+    place, `Tail.jump`) or down (even i): one of PACKED_TILES, the base or the ordered alignment, the shrink in whole
+    blocks or programs of 16 rows, over every slot or windows of 1 or 2, both slices per program or not (gate_up),
+    the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not; down's K a multiple
+    of 64 or of 8 only (K predicates), gate_up's a multiple of the tile's BLOCK_K (the jump needs it); x_wide's u
+    columns and `out` NaN-poisoned (with no adapter live the GEMM must not read u: the shrink writes none of it);
+    (error against float64, rows without a live adapter bit-exact)."""
+    gu = i % 2 == 1
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
-    K, N = rng.choice((64, 128, 192, 72, 200)), rng.choice((64, 96, 136))
-    cfg = PACKED_TILES[i % len(PACKED_TILES)]
-    c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=1, gather=False)
+    cfg = PACKED_TILES[(i // 2) % len(PACKED_TILES)]
+    K = cfg.block_k * rng.randint(1, 3) if gu else rng.choice((64, 128, 192, 72, 200))
+    N = rng.choice((64, 96, 136))  # gate_up: per slice (96: a 64-wide tile across the slices)
+    c = kc.random_lora_case(rng, g, dev, BF, M=M, E=E, k=k, L=L, S=S, R=R, K=K, N=N, P=2 if gu else 1, gather=gu)
     al = moe_align(c["ids"], E, bm, order_by=c["mapping"] if rng.random() < 0.5 else None)
     C = wide_columns(c["a"])
-    x_wide = torch.full((c["x"].shape[0], K + C), float("nan"), dtype=BF, device=dev)
+    x_wide = torch.full((c["x"].shape[0], K + C * (k if gu else 1)), float("nan"), dtype=BF, device=dev)
     x_wide[:, :K] = c["x"]
     w_wide = wide_weights(c["w"], pack_lora_b(c["b"]))
     x, w, rw = x_wide[:, :K], w_wide[..., :K], c["rw"]
-    base = torch.full((x.shape[0], N), float("nan"), dtype=BF, device=dev)
-    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=False, config=cfg)
+    base = torch.full((al_pairs(x, k, gu), w.shape[1]), float("nan"), dtype=BF, device=dev)
+    moe_gemm(x, w, al, k, base, routed_weights=rw, gather=gu, config=cfg)
     out = torch.full_like(base, float("nan"))
     win = rng.choice((0, 1, 2))
     shrink = dict(sub_m=16 if bm > 16 and rng.random() < 0.5 else 0, slot_window=win, row_ptrs=rng.random() < 0.5,
-                  max_regs=128 if win == 1 and rng.random() < 0.5 else 0)
-    moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, config=cfg,
-                       shrink=shrink)
+                  max_regs=128 if win == 1 and rng.random() < 0.5 else 0, both_slices=gu and rng.random() < 0.5)
+    moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, gather=gu,
+                       config=cfg, shrink=shrink)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -739,89 +743,99 @@ def expand(preset, dev, gen, reps):
 
 
 WIDE_M = (1024, 4096, 8192, 16384)
+WIDE_OPS = ("gate_up", "down")
 
 
 def wide(preset, dev, gen, reps):
-    """The wide build of the down GEMM (`moe_gemm_lora_wide`: u and B_packed as columns past K of the GEMM's own x
-    and w, walked by the plain GEMM's loop when any adapter is live) at WIDE_M: the GEMM alone on a u written once
+    """The wide build (`moe_gemm_lora_wide`: u and B_packed as columns past K of the GEMM's own x and w, walked by the
+    plain GEMM's loop when any adapter is live) per op of WIDE_OPS at WIDE_M: the GEMM alone on a u written once
     (`gemm_wide`, against the plain GEMM) and with no adapter live (`off_wide`); the plain GEMM on the wide tensors'
     views (`base_view`: the views cost nothing); the path end to end, shrink and GEMM, on the plain alignment with
     the one-dot shrink (`path_wide`), on the ordered alignment with the committed shrink table's W1S (`path_wide_w1`,
     priced with the ordered alignment's extra time), and with every adapter disabled (`path_wide_off`); against the
     layer's committed packed path (`path_committed`: configs' per-slot, shrink, expand and tile choices at M, priced
-    the same way; `path_committed_off`) and the separate delta with its LoRA alignment."""
+    the same way; `path_committed_off`) and the separate delta with its LoRA alignment. gate_up's x rows are tokens,
+    each with top_k tails (`Tail.jump`); `copy_x` times writing x into x_wide's first K columns, which the layer
+    pays where nothing upstream writes x there."""
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
-    w, a, b, bp = wts[4:]
-    C = wide_columns(a)
-    w_wide = wide_weights(w, bp)
-    wv = w_wide[..., :I]
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
     ord_m = configs.folded_order_by_row  # the committed path's alignment: ordered by LoRA row at these buckets
-    for M in WIDE_M:
-        sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
-        cfg2 = lora_down_config(M, k, E, S, bml, K, I)
-        X, O = _packed_op("down", sets, wts, dev)[5:7]  # also each set's routed weights and u
-        for s in sets:
-            s["xw"] = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
-            s["xw"][:, :I] = s["act"]
-            s["xv"] = s["xw"][:, :I]
-            s["on_c"] = torch.full((1,), C, dtype=torch.int32, device=dev)
-            s["off_c"] = torch.zeros(1, dtype=torch.int32, device=dev)
-            blk = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
-            u = torch.as_strided(s["xw"], (s["xw"].shape[0], 1, C), (I + C, C, 1), I)
-            lora_shrink_packed(s["xv"], a, s["al"], k, s["slot"], lids, on, u, blk, gather=False, u_pair=True,
-                               tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
-        per_slot = ord_m(M)
-        shr, exp = configs.packed_shrink(M), configs.packed_expand(M, "down", w.shape[1], w.shape[2])
+    for op in WIDE_OPS:
+        gu = op == "gate_up"
+        w, a, b, bp = wts[:4] if gu else wts[4:]
+        C = wide_columns(a)
+        KX, jump = w.shape[2], C if gu else 0  # the GEMM's K; gate_up's pairs' tails C apart in the token's row
+        w_wide = wide_weights(w, bp)
+        wv = w_wide[..., :KX]
+        for M in WIDE_M:
+            sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
+            cfg2 = lora_down_config(M, k, E, S, bml, K, I)
+            X, O = _packed_op(op, sets, wts, dev)[5:7]  # also each set's routed weights and u
+            for s in sets:
+                rows, cx = s[X].shape[0], C * (k if gu else 1)
+                s["xw"] = torch.zeros(rows, KX + cx, dtype=BF, device=dev)
+                s["xw"][:, :KX] = s[X]
+                s["xv"] = s["xw"][:, :KX]
+                s["on_c"] = torch.full((1,), C, dtype=torch.int32, device=dev)
+                s["off_c"] = torch.zeros(1, dtype=torch.int32, device=dev)
+                blk = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+                P, xs, m = a.shape[0], KX + cx, rows if gu else rows // k
+                u = torch.as_strided(s["xw"], (m, k, P, C // P), (xs, C, C // P, 1) if gu else (k * xs, xs, C, 1), KX)
+                lora_shrink_packed(s["xv"], a, s["al"], k, s["slot"], lids, on, u, blk, gather=gu, u_pair=True,
+                                   tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
+            per_slot = ord_m(M)
+            shr, exp = configs.packed_shrink(M), configs.packed_expand(M, op, w.shape[1], w.shape[2])
 
-        def committed(s, en):
-            moe_gemm_lora_packed(s["act"], w, s["al_ord" if per_slot else "al"], k, s[O], a, b, s["slot"], lids, en,
-                                 routed_weights=s["rw_op"], gather=False, b_packed=bp, shrink_out=s["u"],
-                                 per_slot=per_slot, shrink=shr, expand=exp)
+            def committed(s, en):
+                moe_gemm_lora_packed(s[X], w, s["al_ord" if per_slot else "al"], k, s[O], a, b, s["slot"], lids, en,
+                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
+                                     per_slot=per_slot, shrink=shr, expand=exp)
 
-        def wide_path(s, en, al="al", shrink=None):
-            moe_gemm_lora_wide(s["xv"], wv, s[al], k, s[O], a, s["slot"], lids, en, routed_weights=s["rw_op"],
-                               shrink=shrink)
+            def wide_path(s, en, al="al", shrink=None):
+                moe_gemm_lora_wide(s["xv"], wv, s[al], k, s[O], a, s["slot"], lids, en, routed_weights=s["rw_op"],
+                                   gather=gu, shrink=shrink)
 
-        def base(s, x="act", ww=w):
-            moe_gemm(s[x], ww, s["al"], k, s[O], routed_weights=s["rw_op"], gather=False)
+            def base(s, x=X, ww=w, tail=None):
+                moe_gemm(s[x], ww, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu, tail=tail)
 
-        arms = {"base": base, "base_view": lambda s: base(s, "xv", wv),
-                "gemm_wide": lambda s: moe_gemm(s["xv"], wv, s["al"], k, s[O], routed_weights=s["rw_op"],
-                                                gather=False, tail=Tail(C, s["on_c"])),
-                "off_wide": lambda s: moe_gemm(s["xv"], wv, s["al"], k, s[O], routed_weights=s["rw_op"],
-                                               gather=False, tail=Tail(C, s["off_c"])),
-                "path_wide": lambda s: wide_path(s, on), "path_wide_off": lambda s: wide_path(s, off),
-                "path_wide_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S),
-                "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
-                "align": lambda s: moe_align(s["ids"], E, bm),
-                "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
-        if not dec:
-            arms["separate"] = lambda s: (base(s), _separate_delta(s, X, O, a, b, lids, on, k, False, dec, cfg2))
-            arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
-        med, s_, wc = _interleave(arms, sets, 1, reps)
-        d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
-        com = [v + (d if per_slot else 0.0) for v, d in zip(s_["path_committed"], d_al)]
-        w1 = [v + d for v, d in zip(s_["path_wide_w1"], d_al)]
-        out = {"gemm_wide_over_base": bootstrap_paired(s_["gemm_wide"], s_["base"], "ratio_of_medians"),
-               "off_wide_over_base": bootstrap_paired(s_["off_wide"], s_["base"], "ratio_of_medians"),
-               "base_view_over_base": bootstrap_paired(s_["base_view"], s_["base"], "ratio_of_medians"),
-               "path_wide_over_committed": bootstrap_paired(s_["path_wide"], com, "ratio_of_medians"),
-               "path_wide_w1_over_committed": bootstrap_paired(w1, com, "ratio_of_medians"),
-               "path_wide_off_over_base": bootstrap_paired(s_["path_wide_off"], s_["base"], "ratio_of_medians"),
-               "path_committed_off_over_base": bootstrap_paired(s_["path_committed_off"], s_["base"],
-                                                                "ratio_of_medians"),
-               "path_wide_added_pct": bootstrap_paired(s_["path_wide"], s_["base"], "median_change_pct"),
-               "path_committed_added_pct": bootstrap_paired(com, s_["base"], "median_change_pct")}
-        if not dec:
-            sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
-            out["path_wide_over_separate"] = bootstrap_paired(s_["path_wide"], sep, "ratio_of_medians")
-            out["path_committed_over_separate"] = bootstrap_paired(com, sep, "ratio_of_medians")
-        log(f"wide {preset} down M={M}: committed per_slot={per_slot} shrink={shr} expand={exp}, C={C}")
-        _ratio_row("wide", preset, "down", M, bm, reps, s_, wc, med, out)
-        sets = None
-        torch.cuda.empty_cache()
+            arms = {"base": base, "base_view": lambda s: base(s, "xv", wv),
+                    "gemm_wide": lambda s: base(s, "xv", wv, Tail(C, s["on_c"], jump)),
+                    "off_wide": lambda s: base(s, "xv", wv, Tail(C, s["off_c"], jump)),
+                    "path_wide": lambda s: wide_path(s, on), "path_wide_off": lambda s: wide_path(s, off),
+                    "path_wide_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S),
+                    "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
+                    "copy_x": lambda s: s["xv"].copy_(s[X]),
+                    "align": lambda s: moe_align(s["ids"], E, bm),
+                    "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
+            if not dec:
+                arms["separate"] = lambda s: (base(s), _separate_delta(s, X, O, a, b, lids, on, k, gu, dec, cfg2))
+                arms["lora_align"] = lambda s: moe_align(s["ids"], E, bml, s["slot"], S)
+            med, s_, wc = _interleave(arms, sets, 1, reps)
+            d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
+            com = [v + (d if per_slot else 0.0) for v, d in zip(s_["path_committed"], d_al)]
+            w1 = [v + d for v, d in zip(s_["path_wide_w1"], d_al)]
+            out = {"gemm_wide_over_base": bootstrap_paired(s_["gemm_wide"], s_["base"], "ratio_of_medians"),
+                   "off_wide_over_base": bootstrap_paired(s_["off_wide"], s_["base"], "ratio_of_medians"),
+                   "base_view_over_base": bootstrap_paired(s_["base_view"], s_["base"], "ratio_of_medians"),
+                   "path_wide_over_committed": bootstrap_paired(s_["path_wide"], com, "ratio_of_medians"),
+                   "path_wide_w1_over_committed": bootstrap_paired(w1, com, "ratio_of_medians"),
+                   "path_wide_off_over_base": bootstrap_paired(s_["path_wide_off"], s_["base"], "ratio_of_medians"),
+                   "path_committed_off_over_base": bootstrap_paired(s_["path_committed_off"], s_["base"],
+                                                                    "ratio_of_medians"),
+                   "path_wide_added_pct": bootstrap_paired(s_["path_wide"], s_["base"], "median_change_pct"),
+                   "path_committed_added_pct": bootstrap_paired(com, s_["base"], "median_change_pct")}
+            if gu:  # with x copied into x_wide on every call (a layer whose input is not written there)
+                cw = [v + c for v, c in zip(s_["path_wide"], s_["copy_x"])]
+                out["path_wide_copy_over_committed"] = bootstrap_paired(cw, com, "ratio_of_medians")
+            if not dec:
+                sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
+                out["path_wide_over_separate"] = bootstrap_paired(s_["path_wide"], sep, "ratio_of_medians")
+                out["path_committed_over_separate"] = bootstrap_paired(com, sep, "ratio_of_medians")
+            log(f"wide {preset} {op} M={M}: committed per_slot={per_slot} shrink={shr} expand={exp}, C={C}")
+            _ratio_row("wide", preset, op, M, bm, reps, s_, wc, med, out)
+            sets = None
+            torch.cuda.empty_cache()
 
 
 def _ratio_row(section, preset, op, M, bm, reps, s_, wc, med, out):
@@ -959,20 +973,24 @@ def ncu_run(out, dev, gen):
                   # the expand's builds (EXPAND_BUILDS), per slot with the committed shrink
                   **{f"packed_slot_{nm}": dict(per_slot=True, expand=o) for nm, o in EXPAND_BUILDS.items()
                      if nm != "loop"},
-                  # the down GEMM's wide build (its gate_up launches are the packed build's, as `packed`)
-                  "wide": dict()}
+                  # the down GEMM's wide build (its gate_up launches are the packed build's, as `packed`); both GEMMs'
+                  "wide": dict(), "wide_both": dict()}
         builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
-        if "wide" in builds:
-            C = wide_columns(a2)
-            w2w = wide_weights(w2, bp2)
+        if "wide" in builds or "wide_both" in builds:
+            C, C13 = wide_columns(a2), wide_columns(a13)
+            w2w, w13w = wide_weights(w2, bp2), wide_weights(w13, bp13)
             xw = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
             xw[:, :I] = s["act"]
+            xw13 = torch.zeros(M, K + k * C13, dtype=BF, device=dev)
+            xw13[:, :K] = s["x"]
         for arm, kw in builds.items():
-            if arm == "wide":
-                jobs += [lambda: moe_gemm_lora_packed(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on,
-                                                      b_packed=bp13),
+            if arm.startswith("wide"):
+                jobs += [(lambda: moe_gemm_lora_wide(xw13[:, :K], w13w[..., :K], al, k, s["inter"], a13, s["slot"],
+                                                     lids, on, gather=True)) if arm == "wide_both" else
+                         (lambda: moe_gemm_lora_packed(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on,
+                                                       b_packed=bp13)),
                          lambda: moe_gemm_lora_wide(xw[:, :I], w2w[..., :I], al, k, s["down"], a2, s["slot"], lids, on,
                                                     routed_weights=s["rw"])]
                 continue
@@ -996,7 +1014,7 @@ def ncu_run(out, dev, gen):
                 shrink = rows_in * Kin * 2 + used_se * P * RANK * Kin * 2 + n_pairs * P * br * 2
                 gemm = (used_e * N * Kin * 2 + rows_in * Kin * 2 + n_pairs * N * 2
                         + n_pairs * P * br * 2 + used_se * N * RANK * 2)
-                pk = arm.startswith("packed") or arm == "wide"
+                pk = arm.startswith("packed") or arm.startswith("wide")
                 targets += [dict(kernel="packed_shrink_kernel" if pk else "lora_shrink_kernel", preset=preset, M=M,
                                  op=f"shrink_{op}", arm=arm, tile="", byte_floor=shrink),
                             dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm=arm,
@@ -1019,11 +1037,14 @@ def main(argv=None):
                     help="the packed differential's first case (shards run in parallel processes; default 0)")
     ap.add_argument("--ncu-builds", default="", help="with --ncu-run: the builds to launch, comma-separated")
     ap.add_argument("--wide-m", default="", help="the wide section's token counts, comma-separated (default WIDE_M)")
+    ap.add_argument("--wide-ops", default="", help="the wide section's ops, comma-separated (default WIDE_OPS)")
     ap.add_argument("--dry", action="store_true", help="CPU: every path once on tiny shapes, fake timer")
     args = ap.parse_args(argv)
+    global WIDE_M, WIDE_OPS
     if args.wide_m:
-        global WIDE_M
         WIDE_M = tuple(int(m) for m in args.wide_m.split(","))
+    if args.wide_ops:
+        WIDE_OPS = tuple(args.wide_ops.split(","))
     dev = _dry() if args.dry else torch.device("cuda")
     if args.dry:
         args.cases, args.reps = min(args.cases, 4), 10

@@ -276,7 +276,7 @@ def fused_moe_kernel(
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
     EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
-    TAIL: tl.constexpr = False,
+    TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0,
 ):
     # TAIL (`Tail`, the wide LoRA build, kernels/fused_moe_lora_packed.py): x's and w's rows go on past K, the
     # adapters' u and B_packed columns, and tail_ptr holds how many of them every tile's K loop walks: all when any
@@ -284,6 +284,10 @@ def fused_moe_kernel(
     # launch, so Triton still flattens a persistent grid's tile loop and K loop. One scalar load: deciding here from
     # the L slot ids and flags instead held 13-16 more registers (Triton 3.6, sm_90: TP=4 down at 8 warps then fits
     # one program per SM, not two).
+    # TAIL_J (gathered rows, gate_up): x's rows are tokens and a token's top_k pairs each have their own tail, pair
+    # (token, j) at the columns K + j * TAIL_J of the token's row. The row pointers jump there once, at the step
+    # into the tail (K is a multiple of BLOCK_K: the launcher checks), by one add: no select between two pointers.
+    kb = K
     if TAIL:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
         K = K + tl.load(tail_ptr)
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
@@ -310,7 +314,7 @@ def fused_moe_kernel(
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
                        STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY)
+                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -333,7 +337,7 @@ def fused_moe_kernel(
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
                    FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
-                   EXPAND_U_PTR, EXPAND_EARLY)
+                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J)
 
 
 @triton.jit
@@ -347,9 +351,11 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
                EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
-               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr):
+               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr, kb,
+               TAIL_J: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
-    every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED)."""
+    every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED);
+    kb: the base K (TAIL_J: where each row's pointer jumps to its pair's tail)."""
     pair, valid = block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M)
     valid = valid & owned
     if GATHER:
@@ -387,6 +393,8 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                                    stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C, EXPAND_K)
         else:
             eu, eb = 0, 0
+    if TAIL_J > 0:
+        jump = (pair % top_k) * TAIL_J  # from column kb of the token's row to column kb of its pair's tail
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -402,6 +410,8 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
             wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, wt, acc)
         x_ptrs += BLOCK_K * stride_xk
+        if TAIL_J > 0:
+            x_ptrs += tl.where(k0 + BLOCK_K == kb, jump, 0)[:, None]
         w_ptrs += BLOCK_K * stride_wk
 
     if LORA:
@@ -516,9 +526,11 @@ class Tail(NamedTuple):
     """The wide LoRA build's operands (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): x and w are the first
     K columns of tensors c columns wider, u and B_packed in those columns; cols, a (1,) int32 tensor on the device,
     holds the columns past K every tile walks (c when any adapter is live, 0 when none: the plain GEMM's K), written
-    by the shrink before the GEMM runs."""
+    by the shrink before the GEMM runs. jump (gathered rows only, gate_up): x's rows are tokens and pair (token, j)'s
+    tail lies at the columns K + j * jump of its token's row (0: the rows are the pairs', the down GEMM)."""
     c: int
     cols: torch.Tensor
+    jump: int = 0
 
 
 class Packed(NamedTuple):
@@ -571,7 +583,10 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
-    tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None)
+    tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None, gather, top_k)
+    if tail_kw.get("TAIL_J") and K % cfg.block_k:
+        raise ValueError(f"moe_gemm: a tail with a jump (gathered rows) needs K={K} to be a multiple of the tile's "
+                         f"BLOCK_K={cfg.block_k}: the row pointers jump to the pair's tail between two K steps")
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = rows_desc(w, [cfg.block_n, cfg.block_k], K + tail_c) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
@@ -617,21 +632,24 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     return out
 
 
-def _check_tail(tail, x, w, K, other):
+def _check_tail(tail, x, w, K, other, gather, top_k):
     """(c, the kernel's keywords) of a `Tail` (0, {} for None); an error naming the problem where x's or w's rows
-    do not go on for c columns, or beside another LoRA build."""
+    do not go on for c columns (x's for its last pair's tail, with a jump), or beside another LoRA build."""
     if tail is None:
         return 0, {}
     if other:
         raise ValueError("moe_gemm: tail (the wide build) excludes lora and packed")
-    c = int(tail.c)
+    c, jump = int(tail.c), int(tail.jump)
     if c <= 0:
         raise ValueError(f"moe_gemm: tail.c must be a positive number of columns, got {tail.c!r}")
-    for nm, t in (("x", x), ("w", w)):
-        if not tail_columns(t, c):
+    if jump and (not gather or jump < c):
+        raise ValueError(f"moe_gemm: tail.jump={jump} needs gathered rows (gather=True) and jump >= tail.c={c}: each "
+                         f"of a token's top_k pairs has its own c columns")
+    for nm, t, n in (("x", x, (top_k - 1) * jump + c if jump else c), ("w", w, c)):
+        if not tail_columns(t, n):
             raise ValueError(f"moe_gemm: tail needs {nm} to be the first K={K} columns of a tensor with at least "
-                             f"K + {c} columns (shape {tuple(t.shape)}, strides {t.stride()})")
+                             f"K + {n} columns (shape {tuple(t.shape)}, strides {t.stride()})")
     if tail.cols.shape != (1,) or tail.cols.dtype != torch.int32 or tail.cols.device != x.device:
         raise ValueError(f"moe_gemm: tail.cols must be a (1,) int32 tensor on {x.device}, got {tuple(tail.cols.shape)} "
                          f"{tail.cols.dtype} on {tail.cols.device}")
-    return c, dict(TAIL=True)
+    return c, dict(TAIL=True, TAIL_J=jump)

@@ -43,10 +43,10 @@ LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth 
 
 
 @triton.jit
-def _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, WB: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Pointers of u's (rows, window columns) tile: column c of the window at slot w0 is slice c_p[c], column
-    w0 * BLOCK_R + c % WB of that slice's slots."""
-    return u_ptr + rows[:, None] * stride_um + c_p[None, :] * stride_up + (w0 * BLOCK_R + offs_c % WB)[None, :]
+def _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, WB: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Pointers of u's (rows, window columns) tile, rows the offsets of u's rows: column c of the window at slot w0
+    is slice c_p[c], column w0 * BLOCK_R + c % WB of that slice's slots."""
+    return u_ptr + rows[:, None] + c_p[None, :] * stride_up + (w0 * BLOCK_R + offs_c % WB)[None, :]
 
 
 @triton.jit(do_not_specialize=["num_pairs", "L"])
@@ -54,13 +54,14 @@ def packed_shrink_kernel(
     x_ptr,  # (rows, K) activations, rows = M (GATHER) or M*top_k
     a_ptr,  # (P, S, E, R, K) LoRA A
     u_ptr,  # (EM, P, S_POW2 * BLOCK_R) out: each pair's shrink in its slot's columns, zeros in the other slots
+    # (U_PAIR: (M, top_k, P, S_POW2 * BLOCK_R), pair (token, j) at token * stride_um + j * stride_uj)
     blk_ptr,  # (alignment blocks, 2) int32 out: columns [lo, hi) of the slots the block's live pairs use
     tail_ptr,  # (1,) int32 out (U_PAIR): the columns of u the wide GEMM walks, P * S_POW2 * BLOCK_R or 0 (none live)
     sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
     K, R, S, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
+    stride_uj, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
     P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
     U_PAIR: tl.constexpr = False,
@@ -70,9 +71,9 @@ def packed_shrink_kernel(
     # SLOT_W: slots per dot. The windows of SLOT_W slots from the first to the last slot the program's live rows
     # use are computed one after another; the others only get their zeros (SLOT_W = S_POW2: one dot over every
     # slot). P_ALL: the slices one program computes from one x tile (P: both, x read once; 1: a program per slice,
-    # grid axis 1). U_PAIR (the wide build): u's rows are the pairs' own (u is the columns past K of the down GEMM's
-    # x rows), not the alignment's order, and every real row is written, zeros where nothing is live: that GEMM walks
-    # u's columns for every row, with no block ranges.
+    # grid axis 1). U_PAIR (the wide build): u's rows are the pairs' own (the columns past K of the down GEMM's x
+    # rows, or of gate_up's token rows, top_k tails side by side), not the alignment's order, and every real row is
+    # written, zeros where nothing is live: that GEMM walks u's columns for every row, with no block ranges.
     pid = tl.program_id(0)
     pid_m = pid // SUB  # the alignment block
     p0 = tl.program_id(1) * P_ALL  # the program's first slice
@@ -116,9 +117,9 @@ def packed_shrink_kernel(
         tl.store(blk_ptr + 2 * pid_m + 1, tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R,
                                                    0))
     if U_PAIR:
-        rows = pair.to(tl.int64)
+        rows = tok * stride_um + (pair % top_k) * stride_uj
     else:
-        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)) * stride_um
     W: tl.constexpr = SLOT_W if SLOT_W > 0 else S_POW2
     CW: tl.constexpr = P_ALL * W * BLOCK_R  # the columns of one dot: P_ALL slices x W slots x BLOCK_R
     offs_c = tl.arange(0, CW)
@@ -127,7 +128,7 @@ def packed_shrink_kernel(
     if n_live == 0:
         if SUB > 1 or U_PAIR:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
             for w0 in tl.static_range(0, S_POW2, W):
-                tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, W * BLOCK_R, BLOCK_R),
+                tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
                          tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty), mask=valid[:, None])
         return
     offs_k = tl.arange(0, BLOCK_K)
@@ -141,7 +142,7 @@ def packed_shrink_kernel(
         w_lo = (tl.min(tl.where(live, slot, S_POW2), 0) // W) * W
         w_hi = tl.max(tl.where(live, slot, -1), 0) + 1
         for w0 in tl.static_range(0, S_POW2, W):
-            tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, W * BLOCK_R, BLOCK_R),
+            tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
                      tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty),
                      mask=valid[:, None] & ((w0 + W <= w_lo) | (w0 >= w_hi)))
     for w0 in range(w_lo, w_hi, W):
@@ -175,7 +176,7 @@ def packed_shrink_kernel(
         # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the
         # same way). Every real row is written, zeros where the pair has no live adapter in the window's slots: the
         # GEMM masks nothing per row.
-        tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_um, stride_up, W * BLOCK_R, BLOCK_R),
+        tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
                  tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None],
                  eviction_policy="evict_first" if X_KEEP else "")
 
@@ -210,15 +211,18 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). x_keep: x loaded evict_last,
     A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change:
     data/kernels/win_s2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
-    SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M*top_k, P, C), e.g. the wide build's
-    columns past K of the down GEMM's x), every real row written, and tail_cols ((1,) int32) the columns the wide GEMM
-    walks: P * C, or 0 when no adapter is live."""
+    SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M, top_k, P, C), any strides with unit
+    columns: the wide build's columns past K of the down GEMM's x rows, or of gate_up's token rows), every real row
+    written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live."""
     if u_pair and tail_cols is None:
         raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
     L = lora_ids.shape[0]
     num_pairs = token_lora_mapping.shape[0] * top_k
-    bm, br = align.block_m, u.shape[2] // pow2(S)
+    if u.dim() != (4 if u_pair else 3) or u.stride(-1) != 1:
+        raise ValueError(f"lora_shrink_packed: u must be {'(M, top_k, P, C)' if u_pair else '(EM, P, C)'} with unit "
+                         f"column stride, got shape {tuple(u.shape)}, strides {u.stride()}")
+    bm, br = align.block_m, u.shape[-1] // pow2(S)
     rows = sub_m if sub_m and sub_m < bm else bm
     if bm % rows or rows < 16:
         raise ValueError(f"lora_shrink_packed: sub_m={sub_m} must be a power of two >= 16 dividing BLOCK_M={bm}")
@@ -234,14 +238,15 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         x, lora_a, u, blk, tail_cols if u_pair else blk, align.sorted_token_ids, align.expert_ids,
         align.num_tokens_post_padded,
         token_lora_mapping, lora_ids, adapter_enabled,
-        K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(1),
+        K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(-2),
+        u.stride(1) if u_pair else 0,
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
         SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), U_PAIR=bool(u_pair),
         num_warps=num_warps,
         num_stages=stages, **reg_cap(max_regs),
     )
     LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
-                              BLOCK_R=br, PACK_C=u.shape[2], shrink_stages=stages, shrink_rows=rows,
+                              BLOCK_R=br, PACK_C=u.shape[-1], shrink_stages=stages, shrink_rows=rows,
                               shrink_window=win, shrink_slices=p_all)
     return u
 
@@ -328,38 +333,56 @@ def wide_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
 
 
 def wide_columns(lora_a: torch.Tensor) -> int:
-    """C, the adapters' columns past K of the wide build's x and w rows for down's A (1, S, E, R, K): every slot's
-    BLOCK_R columns side by side, S rounded up to a power of two (as `pack_lora_b` lays them)."""
-    return pow2(lora_a.shape[1]) * block_r(lora_a.shape[3])
+    """C, each pair's adapter columns in the wide build for A (P, S, E, R, K): every slice's and slot's BLOCK_R
+    columns side by side, S rounded up to a power of two (as `pack_lora_b` lays them: the columns past K of w_wide's
+    rows). The down GEMM's x rows (pairs) carry C more columns; gate_up's (tokens) carry top_k * C, one tail per
+    pair (`x_wide_columns`)."""
+    return lora_a.shape[0] * pow2(lora_a.shape[1]) * block_r(lora_a.shape[3])
+
+
+def x_wide_columns(lora_a: torch.Tensor, top_k: int, gather: bool) -> int:
+    """The columns past K of the wide build's x rows: C (`wide_columns`) for the down GEMM's pair rows, top_k * C for
+    gate_up's token rows."""
+    return wide_columns(lora_a) * (top_k if gather else 1)
 
 
 def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora_ids, adapter_enabled, *,
-                       routed_weights=None, config: GemmConfig | None = None, shrink: dict | None = None):
-    """The down GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own
-    loop: x (M*top_k, K) and w (E, N, K) are the first K columns of tensors C = S_POW2 * BLOCK_R columns wider
-    (x_wide (M*top_k, K + C), whose columns past K this call overwrites with u; w_wide = `wide_weights(w,
-    pack_lora_b(B))`). The shrink writes each pair's u into its row's columns past K (zeros where no adapter is
-    live); the GEMM is `moe_gemm` with `Tail(C, ...)`: with any adapter live every tile walks K + C columns, else K,
-    decided on the GPU. Same result as `moe_gemm_lora` (pairs without a live adapter bit for bit the plain GEMM's);
-    rows are pairs (no gather: the down GEMM). shrink: `lora_shrink_packed`'s options."""
-    if lora_a.dim() != 5 or lora_a.shape[0] != 1:
-        raise ValueError(f"moe_gemm_lora_wide: lora_a must be (1, S, E, R, K), the down GEMM's (one slice), got "
-                         f"shape {tuple(lora_a.shape)}")
+                       routed_weights=None, gather: bool = False, config: GemmConfig | None = None,
+                       shrink: dict | None = None):
+    """The MoE GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own loop.
+    x and w are the first K columns of wider tensors: w of w_wide = `wide_weights(w, pack_lora_b(B))` (C =
+    `wide_columns(lora_a)` more columns), x of x_wide, whose columns past K this call overwrites with u:
+    - down (gather=False, lora_a (1, S, E, R, K)): x_wide (M*top_k, K + C), each pair's u past K in its own row;
+    - gate_up (gather=True, lora_a (2, S, E, R, K)): x_wide (M, K + top_k * C), the u of pair (token, j) in the
+      columns K + j * C of its token's row; the GEMM's row pointers jump there after the K loop's last base step
+      (`Tail.jump`: K must be a multiple of the tile's BLOCK_K).
+    The shrink writes each pair's u (zeros where no adapter is live); the GEMM is `moe_gemm` with `Tail`: with any
+    adapter live every tile walks K + C columns, else K, decided on the GPU. Same result as `moe_gemm_lora` (pairs
+    without a live adapter bit for bit the plain GEMM's). shrink: `lora_shrink_packed`'s options."""
+    P = 2 if gather else 1
+    if lora_a.dim() != 5 or lora_a.shape[0] != P:
+        raise ValueError(f"moe_gemm_lora_wide: lora_a must be ({P}, S, E, R, K), the "
+                         f"{'gate_up' if gather else 'down'} GEMM's ({P} slice{'s' if P > 1 else ''}), got shape "
+                         f"{tuple(lora_a.shape)}")
     _, S, E, R, K = lora_a.shape
-    C = wide_columns(lora_a)
-    for nm, t in (("x", x), ("w", w)):
-        if not tail_columns(t, C):
-            raise ValueError(f"moe_gemm_lora_wide: {nm} must be the first K={K} columns of a tensor with K + C = "
-                             f"{K + C} columns (C = {pow2(S)} slots x BLOCK_R {block_r(R)}), got shape "
-                             f"{tuple(t.shape)}, strides {t.stride()}")
+    C, CX = wide_columns(lora_a), x_wide_columns(lora_a, top_k, gather)
+    for nm, t, n in (("x", x, CX), ("w", w, C)):
+        if not tail_columns(t, n):
+            raise ValueError(f"moe_gemm_lora_wide: {nm} must be the first K={K} columns of a tensor with K + {n} = "
+                             f"{K + n} columns ({P} slice(s) x {pow2(S)} slots x BLOCK_R {block_r(R)}"
+                             f"{f' x top_k {top_k}' if nm == 'x' and gather else ''}), got shape {tuple(t.shape)}, "
+                             f"strides {t.stride()}")
     if x.shape[1] != K or w.shape[2] != K or w.shape[0] != E:
-        raise ValueError(f"moe_gemm_lora_wide: lora_a (1, S, E, R, K)={tuple(lora_a.shape)} must match x "
+        raise ValueError(f"moe_gemm_lora_wide: lora_a (P, S, E, R, K)={tuple(lora_a.shape)} must match x "
                          f"{tuple(x.shape)} and w {tuple(w.shape)} in K and E")
-    u = torch.as_strided(x, (x.shape[0], 1, C), (x.stride(0), C, 1), x.storage_offset() + K)
+    xs, M = x.stride(0), x.shape[0] if gather else x.shape[0] // top_k
+    # u (M, top_k, P, C // P): pair (token, j)'s columns in x_wide, past K of its own row (down) or of its token's
+    u = torch.as_strided(x, (M, top_k, P, C // P), (xs, C, C // P, 1) if gather else (top_k * xs, xs, C, 1),
+                         x.storage_offset() + K)
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     cols = torch.empty(1, dtype=torch.int32, device=x.device)
-    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=False,
+    lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        u_pair=True, tail_cols=cols, **(shrink or {}))
-    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=False, config=config,
-             tail=Tail(C, cols))
+    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
+             tail=Tail(C, cols, C if gather else 0))
     return out

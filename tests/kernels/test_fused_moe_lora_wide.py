@@ -1,6 +1,7 @@
-"""The wide LoRA build of the down GEMM (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): the adapters'
-columns in the GEMM's own operands, x_wide = x | u and w_wide = w | B_packed, walked by the plain GEMM's K loop
-when any adapter is live (`fused_moe.Tail`), against float64.
+"""The wide LoRA build (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): the adapters' columns in the GEMM's
+own operands, x_wide = x | u and w_wide = w | B_packed, walked by the plain GEMM's K loop when any adapter is live
+(`fused_moe.Tail`), against float64. The down GEMM (u past K of each pair's row) and gate_up (token rows, each pair's
+u at its own place past K: the row pointers jump there, `Tail.jump`).
 
 Interpreter on CPU (tiny shapes, fp32), unchanged on CUDA (bf16 added). `out` and x_wide's u columns start
 NaN-poisoned: every row of out must be written, every real row of u written before the GEMM reads it (and not read
@@ -15,7 +16,8 @@ from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig
 from lora_moe_lab.kernels.fused_moe import Tail, moe_gemm
-from lora_moe_lab.kernels.fused_moe_lora_packed import moe_gemm_lora_wide, pack_lora_b, wide_columns, wide_weights
+from lora_moe_lab.kernels.fused_moe_lora_packed import (moe_gemm_lora_wide, pack_lora_b, wide_columns, wide_weights,
+                                                        x_wide_columns)
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [])
@@ -28,13 +30,15 @@ SHRINKS = {"dense": {}, "win1": dict(slot_window=1), "sub16": dict(sub_m=16)}
 
 
 def wide_case(c, dtype, E, top_k, N, bm, order=False):
-    """Device tensors of a down case: x_wide (u columns NaN), w_wide, the alignment and the plain GEMM's out."""
+    """Device tensors of a case (down, or gate_up where c["gather"]; N: all of w's rows): x_wide (u columns NaN),
+    w_wide, the alignment and the plain GEMM's out."""
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     K = c["x"].shape[1]
     C = wide_columns(c["a"])
     g = torch.Generator().manual_seed(11)
     w = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(dtype)
-    x_wide = torch.full((c["x"].shape[0], K + C), float("nan"), dtype=dtype, device=DEV)
+    x_wide = torch.full((c["x"].shape[0], K + x_wide_columns(c["a"], top_k, c["gather"])), float("nan"), dtype=dtype,
+                        device=DEV)
     x_wide[:, :K] = d["x"].to(dtype)
     w_wide = wide_weights(w.to(DEV), pack_lora_b(d["b"].to(dtype)))
     al = moe_align(d["ids"], E, bm, order_by=d["mapping"] if order else None)
@@ -44,10 +48,12 @@ def wide_case(c, dtype, E, top_k, N, bm, order=False):
 def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False):
     d, w, x_wide, w_wide, al, K, C = wide_case(c, dtype, E, top_k, N, bm, order)
     base = torch.full((c["ids"].numel(), N), float("nan"), dtype=dtype, device=DEV)
-    moe_gemm(x_wide[:, :K], w_wide[..., :K], al, top_k, base, routed_weights=d["rw"], gather=False, config=config)
+    gather = c["gather"]
+    moe_gemm(x_wide[:, :K], w_wide[..., :K], al, top_k, base, routed_weights=d["rw"], gather=gather, config=config)
     out = torch.full_like(base, float("nan"))
     res = moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, top_k, out, d["a"].to(dtype), d["mapping"],
-                             d["lora_ids"], d["enabled"], routed_weights=d["rw"], config=config, shrink=shrink)
+                             d["lora_ids"], d["enabled"], routed_weights=d["rw"], gather=gather, config=config,
+                             shrink=shrink)
     assert res is out
     codes = check_against_float64(c, w, top_k, out, base, dtype,
                                   unwritten="a row of out was not written, or a NaN of u was read")
@@ -70,6 +76,30 @@ def test_wide_matches_reference(dtype, tile, shrink):
         codes, _ = run_wide(c, dtype, 5, 3, N, bm=bm, config=TILES[tile], shrink=SHRINKS[shrink],
                             order=shrink == "win1")
         assert (codes == 0).any() and (codes != 0).any()
+
+
+GATE_UP_SHRINKS = dict(SHRINKS, w1s=dict(slot_window=1, both_slices=True, sub_m=16))
+
+
+@pytest.mark.parametrize("shrink", GATE_UP_SHRINKS)
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_gate_up_matches_reference(dtype, tile, shrink):
+    """gate_up: x's rows are tokens, each of a token's top_k pairs has its own u past K, two slices (a tile across
+    the gate/up boundary where N/2 is not a multiple of BLOCK_N). K a multiple of every tile's BLOCK_K (the pointers
+    jump between two K steps); the tail C not always one (K predicates in the tail only)."""
+    for seed in range(2):
+        g = torch.Generator().manual_seed(17 * seed + len(tile) + len(shrink))
+        M, NS = (int(v) for v in torch.randint(8, 30, (2,), generator=g))
+        K = 32 * int(torch.randint(1, 4, (1,), generator=g))
+        R = 5 + seed * 7  # BLOCK_R 16: C = 2 x 4 x 16 = 128 (down: 64)
+        c = make_case(seed + 9, M, K, NS, 5, 3, 3, 4, R, 2, gather=True,
+                      lora_ids=[0, 2, -1, 1], enabled=[1, 1, 1, 0])
+        bm = 32 if tile == "ppt" else 16
+        codes, x_wide = run_wide(c, dtype, 5, 3, 2 * NS, bm=bm, config=TILES[tile], shrink=GATE_UP_SHRINKS[shrink],
+                                 order=shrink != "dense")
+        assert (codes == 0).any() and (codes != 0).any()
+        assert not torch.isnan(x_wide).any(), "a pair's u columns were not written"
 
 
 @pytest.mark.parametrize("tile", TILES)
@@ -96,7 +126,7 @@ def test_wide_errors():
     d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, 4, 2, 16, 16)
     out = torch.empty(12, 16, device=DEV)
     args = (al, 2, out, d["a"], d["mapping"], d["lora_ids"], d["enabled"])
-    with pytest.raises(ValueError, match="x must be the first K=32 columns of a tensor with K \\+ C = 64"):
+    with pytest.raises(ValueError, match="x must be the first K=32 columns of a tensor with K \\+ 32 = 64"):
         moe_gemm_lora_wide(x_wide[:, :K].contiguous(), w_wide[..., :K], *args)
     with pytest.raises(ValueError, match="w must be the first K=32 columns"):
         moe_gemm_lora_wide(x_wide[:, :K], w.to(DEV), *args)
@@ -108,3 +138,21 @@ def test_wide_errors():
                  tail=Tail(C, torch.zeros(1, dtype=torch.int32, device=DEV)))
     with pytest.raises(ValueError, match="wide_weights: b_packed"):
         wide_weights(w, torch.zeros(4, 8, C))
+
+
+def test_wide_gate_up_errors():
+    """gate_up's x rows must hold top_k tails; K must be a multiple of BLOCK_K (the jump between two K steps)."""
+    c = make_case(4, 6, 48, 8, 4, 2, 2, 2, 8, 2, gather=True)
+    d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, 4, 2, 16, 16)
+    out = torch.empty(12, 16, device=DEV)
+    args = (al, 2, out, d["a"], d["mapping"], d["lora_ids"], d["enabled"])
+    narrow = torch.zeros(6, K + C, device=DEV)  # one pair's tail, not top_k = 2
+    with pytest.raises(ValueError, match="x must be the first K=48 columns of a tensor with K \\+ 128 = 176"):
+        moe_gemm_lora_wide(narrow[:, :K], w_wide[..., :K], *args, gather=True)
+    with pytest.raises(ValueError, match="lora_a must be \\(2, S, E, R, K\\), the gate_up GEMM's"):
+        moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, 2, out, d["a"][:1], *args[4:], gather=True)
+    with pytest.raises(ValueError, match="needs K=48 to be a multiple of the tile's BLOCK_K=32"):
+        moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], *args, gather=True, config=GemmConfig(16, 32, 4, 4, 2))
+    with pytest.raises(ValueError, match="tail.jump=8 needs gathered rows \\(gather=True\\) and jump >= tail.c=64"):
+        moe_gemm(x_wide[:, :K], w_wide[..., :K], al, 2, out, gather=True,
+                 tail=Tail(C, torch.zeros(1, dtype=torch.int32, device=DEV), 8))
