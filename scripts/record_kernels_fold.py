@@ -268,7 +268,8 @@ def _wide_case(rng, g, dev, i):
     """The wide build (`moe_gemm_lora_wide`) on a random case, gate_up (odd i: token rows, each pair's tail at its own
     place, `Tail.jump`) or down (even i): one of PACKED_TILES, the base or the ordered alignment, the shrink in whole
     blocks or programs of 16 rows, over every slot or windows of 1 or 2, both slices per program or not (gate_up),
-    the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not; down's K a multiple
+    the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not, every tile over all
+    C columns or only its block's slots' (`per_block`, where K is a multiple of BLOCK_K); down's K a multiple
     of 64 or of 8 only (K predicates), gate_up's a multiple of the tile's BLOCK_K (the jump needs it); x_wide's u
     columns and `out` NaN-poisoned (with no adapter live the GEMM must not read u: the shrink writes none of it);
     (error against float64, rows without a live adapter bit-exact)."""
@@ -291,8 +292,9 @@ def _wide_case(rng, g, dev, i):
     win = rng.choice((0, 1, 2))
     shrink = dict(sub_m=16 if bm > 16 and rng.random() < 0.5 else 0, slot_window=win, row_ptrs=rng.random() < 0.5,
                   max_regs=128 if win == 1 and rng.random() < 0.5 else 0, both_slices=gu and rng.random() < 0.5)
+    per_block = K % cfg.block_k == 0 and rng.random() < 0.5  # each tile walks its block's slots' columns only
     moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, gather=gu,
-                       config=cfg, shrink=shrink)
+                       config=cfg, shrink=shrink, per_block=per_block)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -756,7 +758,10 @@ def wide(preset, dev, gen, reps):
     layer's committed packed path (`path_committed`: configs' per-slot, shrink, expand and tile choices at M, priced
     the same way; `path_committed_off`) and the separate delta with its LoRA alignment. gate_up's x rows are tokens,
     each with top_k tails (`Tail.jump`); `copy_x` times writing x into x_wide's first K columns, which the layer
-    pays where nothing upstream writes x there."""
+    pays where nothing upstream writes x there. `*_blk` (`per_block`): each tile walks only its block's slots'
+    columns of its own slice, on the ordered alignment: the GEMM alone (`gemm_wide_blk`, against the plain GEMM on
+    that alignment, `base_ordered`), the path with the committed shrink at M (`path_wide_blk`), with W1S
+    (`path_wide_blk_w1`) and disabled (`path_wide_blk_off`), priced with the ordered alignment's extra time."""
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
@@ -784,6 +789,10 @@ def wide(preset, dev, gen, reps):
                 u = torch.as_strided(s["xw"], (m, k, P, C // P), (xs, C, C // P, 1) if gu else (k * xs, xs, C, 1), KX)
                 lora_shrink_packed(s["xv"], a, s["al"], k, s["slot"], lids, on, u, blk, gather=gu, u_pair=True,
                                    tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
+                # the ordered alignment's per-block slot columns (u's rows are the pairs': the same u serves it)
+                s["blk_ord"] = torch.zeros(s["al_ord"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
+                lora_shrink_packed(s["xv"], a, s["al_ord"], k, s["slot"], lids, on, u, s["blk_ord"], gather=gu,
+                                   u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
             per_slot = ord_m(M)
             shr, exp = configs.packed_shrink(M), configs.packed_expand(M, op, w.shape[1], w.shape[2])
 
@@ -792,18 +801,25 @@ def wide(preset, dev, gen, reps):
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
                                      per_slot=per_slot, shrink=shr, expand=exp)
 
-            def wide_path(s, en, al="al", shrink=None):
+            def wide_path(s, en, al="al", shrink=None, per_block=False):
                 moe_gemm_lora_wide(s["xv"], wv, s[al], k, s[O], a, s["slot"], lids, en, routed_weights=s["rw_op"],
-                                   gather=gu, shrink=shrink)
+                                   gather=gu, shrink=shrink, per_block=per_block)
 
-            def base(s, x=X, ww=w, tail=None):
-                moe_gemm(s[x], ww, s["al"], k, s[O], routed_weights=s["rw_op"], gather=gu, tail=tail)
+            def base(s, x=X, ww=w, tail=None, al="al"):
+                moe_gemm(s[x], ww, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu, tail=tail)
 
             arms = {"base": base, "base_view": lambda s: base(s, "xv", wv),
                     "gemm_wide": lambda s: base(s, "xv", wv, Tail(C, s["on_c"], jump)),
                     "off_wide": lambda s: base(s, "xv", wv, Tail(C, s["off_c"], jump)),
                     "path_wide": lambda s: wide_path(s, on), "path_wide_off": lambda s: wide_path(s, off),
                     "path_wide_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S),
+                    # per_block: each tile walks its block's slots' columns of its slice, on the ordered alignment
+                    "base_ordered": lambda s: base(s, al="al_ord"),
+                    "gemm_wide_blk": lambda s: base(s, "xv", wv, Tail(C, s["on_c"], jump, s["blk_ord"], a.shape[0]),
+                                                    "al_ord"),
+                    "path_wide_blk": lambda s: wide_path(s, on, "al_ord", shr, True),
+                    "path_wide_blk_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S, True),
+                    "path_wide_blk_off": lambda s: wide_path(s, off, "al_ord", shr, True),
                     "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
                     "copy_x": lambda s: s["xv"].copy_(s[X]),
                     "align": lambda s: moe_align(s["ids"], E, bm),
@@ -815,11 +831,21 @@ def wide(preset, dev, gen, reps):
             d_al = [ao - al for ao, al in zip(s_["align_ordered"], s_["align"])]
             com = [v + (d if per_slot else 0.0) for v, d in zip(s_["path_committed"], d_al)]
             w1 = [v + d for v, d in zip(s_["path_wide_w1"], d_al)]
+            pb = [v + d for v, d in zip(s_["path_wide_blk"], d_al)]
+            pb1 = [v + d for v, d in zip(s_["path_wide_blk_w1"], d_al)]
             out = {"gemm_wide_over_base": bootstrap_paired(s_["gemm_wide"], s_["base"], "ratio_of_medians"),
                    "off_wide_over_base": bootstrap_paired(s_["off_wide"], s_["base"], "ratio_of_medians"),
                    "base_view_over_base": bootstrap_paired(s_["base_view"], s_["base"], "ratio_of_medians"),
                    "path_wide_over_committed": bootstrap_paired(s_["path_wide"], com, "ratio_of_medians"),
                    "path_wide_w1_over_committed": bootstrap_paired(w1, com, "ratio_of_medians"),
+                   "gemm_wide_blk_over_base": bootstrap_paired(s_["gemm_wide_blk"], s_["base_ordered"],
+                                                               "ratio_of_medians"),
+                   "path_wide_blk_over_committed": bootstrap_paired(pb, com, "ratio_of_medians"),
+                   "path_wide_blk_w1_over_committed": bootstrap_paired(pb1, com, "ratio_of_medians"),
+                   "path_wide_blk_off_over_base": bootstrap_paired(s_["path_wide_blk_off"], s_["base"],
+                                                                   "ratio_of_medians"),
+                   "path_wide_blk_added_pct": bootstrap_paired(pb, s_["base"], "median_change_pct"),
+                   "path_wide_blk_w1_added_pct": bootstrap_paired(pb1, s_["base"], "median_change_pct"),
                    "path_wide_off_over_base": bootstrap_paired(s_["path_wide_off"], s_["base"], "ratio_of_medians"),
                    "path_committed_off_over_base": bootstrap_paired(s_["path_committed_off"], s_["base"],
                                                                     "ratio_of_medians"),
@@ -974,11 +1000,13 @@ def ncu_run(out, dev, gen):
                   **{f"packed_slot_{nm}": dict(per_slot=True, expand=o) for nm, o in EXPAND_BUILDS.items()
                      if nm != "loop"},
                   # the down GEMM's wide build (its gate_up launches are the packed build's, as `packed`); both GEMMs'
-                  "wide": dict(), "wide_both": dict()}
+                  "wide": dict(), "wide_both": dict(),
+                  # gate_up's wide build per block (its block's slots' columns only), ordered alignment, W1S shrink
+                  "wide_blk": dict()}
         builds = {nm: v for nm, v in builds.items() if not NCU_BUILDS or nm in NCU_BUILDS}
         bp13, bp2 = pack_lora_b(b13), pack_lora_b(b2)
         jobs = []
-        if "wide" in builds or "wide_both" in builds:
+        if any(nm.startswith("wide") for nm in builds):
             C, C13 = wide_columns(a2), wide_columns(a13)
             w2w, w13w = wide_weights(w2, bp2), wide_weights(w13, bp13)
             xw = torch.zeros(s["act"].shape[0], I + C, dtype=BF, device=dev)
@@ -987,7 +1015,10 @@ def ncu_run(out, dev, gen):
             xw13[:, :K] = s["x"]
         for arm, kw in builds.items():
             if arm.startswith("wide"):
-                jobs += [(lambda: moe_gemm_lora_wide(xw13[:, :K], w13w[..., :K], al, k, s["inter"], a13, s["slot"],
+                jobs += [(lambda: moe_gemm_lora_wide(xw13[:, :K], w13w[..., :K], al_ord, k, s["inter"], a13,
+                                                     s["slot"], lids, on, gather=True, shrink=W1S, per_block=True))
+                         if arm == "wide_blk" else
+                         (lambda: moe_gemm_lora_wide(xw13[:, :K], w13w[..., :K], al, k, s["inter"], a13, s["slot"],
                                                      lids, on, gather=True)) if arm == "wide_both" else
                          (lambda: moe_gemm_lora_packed(s["x"], w13, al, k, s["inter"], a13, b13, s["slot"], lids, on,
                                                        b_packed=bp13)),

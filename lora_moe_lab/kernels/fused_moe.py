@@ -276,7 +276,7 @@ def fused_moe_kernel(
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
     EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
-    TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0,
+    TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0, TAIL_BLK: tl.constexpr = False,
 ):
     # TAIL (`Tail`, the wide LoRA build, kernels/fused_moe_lora_packed.py): x's and w's rows go on past K, the
     # adapters' u and B_packed columns, and tail_ptr holds how many of them every tile's K loop walks: all when any
@@ -287,8 +287,11 @@ def fused_moe_kernel(
     # TAIL_J (gathered rows, gate_up): x's rows are tokens and a token's top_k pairs each have their own tail, pair
     # (token, j) at the columns K + j * TAIL_J of the token's row. The row pointers jump there once, at the step
     # into the tail (K is a multiple of BLOCK_K: the launcher checks), by one add: no select between two pointers.
+    # TAIL_BLK: each tile walks only the columns of the slots its block's live pairs use (blk_ptr, written by the
+    # shrink), of its own slice (gate or up), widened to whole BLOCK_K steps: a trip count per tile, so a persistent
+    # grid's loops are not flattened (the launcher takes it where the tile table does not flatten).
     kb = K
-    if TAIL:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
+    if TAIL and not TAIL_BLK:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
         K = K + tl.load(tail_ptr)
     # SUB (config `sub_m`): the alignment's blocks are SUB * BLOCK_M rows, so token block pid_m lies in alignment
     # block pid_m // SUB and takes its expert. Every alignment block's rows are one expert's, so each sub-block is
@@ -314,7 +317,7 @@ def fused_moe_kernel(
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
                        STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J)
+                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -337,7 +340,7 @@ def fused_moe_kernel(
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
                    FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
-                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J)
+                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK)
 
 
 @triton.jit
@@ -352,7 +355,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
                EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
                EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr, kb,
-               TAIL_J: tl.constexpr):
+               TAIL_J: tl.constexpr, TAIL_BLK: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED);
     kb: the base K (TAIL_J: where each row's pointer jumps to its pair's tail)."""
@@ -395,6 +398,20 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
             eu, eb = 0, 0
     if TAIL_J > 0:
         jump = (pair % top_k) * TAIL_J  # from column kb of the token's row to column kb of its pair's tail
+    else:
+        jump = pair * 0
+    t_lo = 0  # the tile's first tail column (TAIL_BLK)
+    if TAIL_BLK:
+        # blk: the block's slot columns [lo, hi) within a slice (PACK_C columns each); the tile's slices are those
+        # of its first and last column. Rounded out to BLOCK_K steps, clipped to the pair's P * PACK_C columns: the
+        # extra columns are other slots' u, zeros for this pair (the shrink writes them), against finite B.
+        lo = tl.load(blk)
+        hi = tl.load(blk + 1)
+        p_lo = (pid_n * BLOCK_N) // NS
+        p_hi = (tl.minimum(pid_n * BLOCK_N + BLOCK_N, N) - 1) // NS
+        t_lo = ((p_lo * PACK_C + lo) // BLOCK_K) * BLOCK_K
+        t_hi = tl.minimum(tl.cdiv(p_hi * PACK_C + hi, BLOCK_K) * BLOCK_K, P * PACK_C)
+        K = kb + tl.where(hi > lo, t_hi - t_lo, 0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -403,16 +420,21 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         else:
             xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         if W_DESC:
-            wt = w_desc.load([w_row, k0]).T
+            if TAIL_BLK:
+                wt = w_desc.load([w_row, k0 + tl.where(k0 >= kb, t_lo, 0)]).T
+            else:
+                wt = w_desc.load([w_row, k0]).T
         elif EVEN_K and EVEN_N:
             wt = tl.load(w_ptrs)
         else:
             wt = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(xt, wt, acc)
         x_ptrs += BLOCK_K * stride_xk
-        if TAIL_J > 0:
-            x_ptrs += tl.where(k0 + BLOCK_K == kb, jump, 0)[:, None]
+        if TAIL_J > 0 or TAIL_BLK:
+            x_ptrs += tl.where(k0 + BLOCK_K == kb, jump + t_lo, 0)[:, None]
         w_ptrs += BLOCK_K * stride_wk
+        if TAIL_BLK:
+            w_ptrs += tl.where(k0 + BLOCK_K == kb, t_lo, 0)
 
     if LORA:
         if not EARLY_LOADS:
@@ -531,6 +553,8 @@ class Tail(NamedTuple):
     c: int
     cols: torch.Tensor
     jump: int = 0
+    blk: torch.Tensor | None = None  # per-block slot columns (the shrink's blk): each tile walks only those
+    slices: int = 1  # P: gate_up's c columns are two slices of c // 2 (blk's columns are within one)
 
 
 class Packed(NamedTuple):
@@ -558,7 +582,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     apply to the plain GEMM only). packed (`Packed`, from `moe_gemm_lora_packed` only): the packed expand added
     before the scaling; it runs on the plain GEMM's tile table as it is (persistent grids and sub-blocks included).
     tail (`Tail`, from `moe_gemm_lora_wide` only): x's and w's rows go on for tail.c columns (the adapters'), which
-    the K loop walks when any adapter is live; the plain GEMM's kernel, tile table and loop otherwise.
+    the K loop walks when any adapter is live (with tail.blk: only the columns of the slots in the tile's block, of
+    the tile's slice); the plain GEMM's kernel, tile table and loop otherwise.
     """
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
@@ -584,9 +609,10 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
     tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None, gather, top_k)
-    if tail_kw.get("TAIL_J") and K % cfg.block_k:
-        raise ValueError(f"moe_gemm: a tail with a jump (gathered rows) needs K={K} to be a multiple of the tile's "
-                         f"BLOCK_K={cfg.block_k}: the row pointers jump to the pair's tail between two K steps")
+    if (tail_kw.get("TAIL_J") or tail_kw.get("TAIL_BLK")) and K % cfg.block_k:
+        raise ValueError(f"moe_gemm: a tail with a jump (gathered rows) or per-block columns needs K={K} to be a "
+                         f"multiple of the tile's BLOCK_K={cfg.block_k}: the row pointers jump to the pair's tail "
+                         f"between two K steps")
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = rows_desc(w, [cfg.block_n, cfg.block_k], K + tail_c) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
@@ -602,6 +628,10 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         fold_kw = dict(LORA=True, BLOCK_R=BR, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, FOLD_DESC=desc)
     if packed is None:
         pack, pack_ints = (out,) * 3, (0,) * 3 + (out, out)
+        if tail is not None and tail.blk is not None:  # the per-block slot columns, as the packed expand reads them
+            pack = (out, tail.blk, out)
+            fold_ints = (0, 0, N // tail.slices) + fold_ints[3:]
+            fold_kw = dict(P=tail.slices, PACK_C=tail_c // tail.slices)
     else:
         if lora is not None:
             raise ValueError("moe_gemm: pass lora (the folded expand) or packed, not both")
@@ -652,4 +682,8 @@ def _check_tail(tail, x, w, K, other, gather, top_k):
     if tail.cols.shape != (1,) or tail.cols.dtype != torch.int32 or tail.cols.device != x.device:
         raise ValueError(f"moe_gemm: tail.cols must be a (1,) int32 tensor on {x.device}, got {tuple(tail.cols.shape)} "
                          f"{tail.cols.dtype} on {tail.cols.device}")
-    return c, dict(TAIL=True, TAIL_J=jump)
+    if tail.blk is not None:
+        if tail.slices not in (1, 2) or c % tail.slices or tail.blk.dtype != torch.int32 or tail.blk.dim() != 2:
+            raise ValueError(f"moe_gemm: tail.blk must be the shrink's (blocks, 2) int32 slot columns and tail.slices "
+                             f"1 or 2 dividing c={c}, got {tuple(tail.blk.shape)} {tail.blk.dtype}, {tail.slices}")
+    return c, dict(TAIL=True, TAIL_J=jump, TAIL_BLK=tail.blk is not None)

@@ -348,7 +348,7 @@ def x_wide_columns(lora_a: torch.Tensor, top_k: int, gather: bool) -> int:
 
 def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora_ids, adapter_enabled, *,
                        routed_weights=None, gather: bool = False, config: GemmConfig | None = None,
-                       shrink: dict | None = None):
+                       shrink: dict | None = None, per_block: bool = False):
     """The MoE GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own loop.
     x and w are the first K columns of wider tensors: w of w_wide = `wide_weights(w, pack_lora_b(B))` (C =
     `wide_columns(lora_a)` more columns), x of x_wide, whose columns past K this call overwrites with u:
@@ -357,8 +357,12 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
       columns K + j * C of its token's row; the GEMM's row pointers jump there after the K loop's last base step
       (`Tail.jump`: K must be a multiple of the tile's BLOCK_K).
     The shrink writes each pair's u (zeros where no adapter is live); the GEMM is `moe_gemm` with `Tail`: with any
-    adapter live every tile walks K + C columns, else K, decided on the GPU. Same result as `moe_gemm_lora` (pairs
-    without a live adapter bit for bit the plain GEMM's). shrink: `lora_shrink_packed`'s options."""
+    adapter live every tile walks K + C columns, else K, decided on the GPU. per_block: each tile walks only the
+    columns of the slots its block's live pairs use (the shrink's per-block ranges), of its own slice, in whole
+    BLOCK_K steps: on the alignment ordered by LoRA row (`moe_align(order_by=)`) one or two slots' instead of all C
+    (K must be a multiple of BLOCK_K; a trip count per tile, so a persistent grid's loops are not flattened). Same
+    result as `moe_gemm_lora` (pairs without a live adapter bit for bit the plain GEMM's). shrink:
+    `lora_shrink_packed`'s options."""
     P = 2 if gather else 1
     if lora_a.dim() != 5 or lora_a.shape[0] != P:
         raise ValueError(f"moe_gemm_lora_wide: lora_a must be ({P}, S, E, R, K), the "
@@ -384,5 +388,5 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        u_pair=True, tail_cols=cols, **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             tail=Tail(C, cols, C if gather else 0))
+             tail=Tail(C, cols, C if gather else 0, blk if per_block else None, P))
     return out

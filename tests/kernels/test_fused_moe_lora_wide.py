@@ -45,7 +45,7 @@ def wide_case(c, dtype, E, top_k, N, bm, order=False):
     return d, w, x_wide, w_wide, al, K, C
 
 
-def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False):
+def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False, per_block=False):
     d, w, x_wide, w_wide, al, K, C = wide_case(c, dtype, E, top_k, N, bm, order)
     base = torch.full((c["ids"].numel(), N), float("nan"), dtype=dtype, device=DEV)
     gather = c["gather"]
@@ -53,7 +53,7 @@ def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False
     out = torch.full_like(base, float("nan"))
     res = moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, top_k, out, d["a"].to(dtype), d["mapping"],
                              d["lora_ids"], d["enabled"], routed_weights=d["rw"], gather=gather, config=config,
-                             shrink=shrink)
+                             shrink=shrink, per_block=per_block)
     assert res is out
     codes = check_against_float64(c, w, top_k, out, base, dtype,
                                   unwritten="a row of out was not written, or a NaN of u was read")
@@ -102,12 +102,34 @@ def test_wide_gate_up_matches_reference(dtype, tile, shrink):
         assert not torch.isnan(x_wide).any(), "a pair's u columns were not written"
 
 
+@pytest.mark.parametrize("op", ["gate_up", "down"])
+@pytest.mark.parametrize("shrink", ["dense", "w1s"])
+@pytest.mark.parametrize("tile", ["ppt", "desc", "persist_sub"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_per_block_matches_reference(dtype, tile, shrink, op):
+    """per_block: each tile walks only its block's slot columns of its own slice (BLOCK_K 32 over BLOCK_R 16: a
+    range rounded out to whole steps takes a neighbouring slot's zeros), on the base alignment (every slot in a
+    block) and the ordered one (one or two); N per slice not a multiple of BLOCK_N (tiles across the slices)."""
+    gu = op == "gate_up"
+    for seed in range(2):
+        g = torch.Generator().manual_seed(23 * seed + len(tile) + len(shrink) + len(op))
+        M, NS = (int(v) for v in torch.randint(8, 30, (2,), generator=g))
+        K = 32 * int(torch.randint(1, 4, (1,), generator=g))
+        c = make_case(seed + 13, M, K, NS, 5, 3, 3, 4, 5 + seed * 7, 2 if gu else 1, gather=gu, with_rw=not gu,
+                      lora_ids=[0, 2, -1, 1], enabled=[1, 1, 1, 0])
+        sh = GATE_UP_SHRINKS[shrink] if gu else dict(GATE_UP_SHRINKS[shrink], both_slices=False)
+        codes, x_wide = run_wide(c, dtype, 5, 3, NS * (2 if gu else 1), bm=32 if tile == "ppt" else 16,
+                                 config=TILES[tile], shrink=sh, order=seed == 1, per_block=True)
+        assert (codes == 0).any() and (codes != 0).any()
+
+
+@pytest.mark.parametrize("per_block", [False, True])
 @pytest.mark.parametrize("tile", TILES)
-def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile):
+def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile, per_block):
     """Every adapter disabled: the shrink writes nothing (u stays NaN) and the GEMM stops at K (NaN never read):
     every row bit for bit the plain GEMM's."""
     c = make_case(3, 20, 32, 24, 4, 2, 2, 2, 8, 1, gather=False, with_rw=True, enabled=[0, 0])
-    codes, x_wide = run_wide(c, torch.float32, 4, 2, 24, config=TILES[tile])
+    codes, x_wide = run_wide(c, torch.float32, 4, 2, 24, config=TILES[tile], per_block=per_block)
     assert (codes != 0).all()
     assert torch.isnan(x_wide[:, 32:]).all()
 
