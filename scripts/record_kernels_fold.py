@@ -55,7 +55,8 @@ timed region):
            committed packed path (`path_committed`, `_off`) and the separate delta, at WIDE_M.
   layer    one MoE layer (model/moe.py) under CUDA-graph replay: base, LoRA all active with the separate deltas,
            at the committed tables (`picked_all`; `picked_none`: every adapter disabled, every kernel launched) and
-           at PREV (`prev_*`: the committed tables without the down GEMM's wide build); interleaved rounds; LoRA's
+           at PREV (`prev_*`: the committed tables without gate_up's wide build); x the first K columns of a buffer
+           with room for gate_up's u, as the layer's norm writes it; interleaved rounds; LoRA's
            share of the layer per round, its median and bootstrap 95 %. (Until exp_s9 it also ran the rows build,
            the packed build at every size and a candidate table.)
   --ncu-run  one launch each of the folded GEMM and its shrink at M=8192 (both presets, both GEMMs), for
@@ -89,7 +90,7 @@ from lora_moe_lab.kernels.fused_moe import Folded, Packed, Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_packed, moe_gemm_lora_wide,
-                                                        pack_lora_b, wide_columns, wide_weights)
+                                                        pack_lora_b, wide_columns, wide_weights, x_wide_columns)
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
@@ -912,8 +913,13 @@ def layer(preset, dev, reps):
     table (the columns of the sessions that have them)."""
     sh, backend, lay, pool = kc.lora_layer(preset, dev)
     none_ops = {op: frozenset() for op in ("gate_up", "down")}
+    # x as the layer's norm writes it (`MoELayer.norm`): where the arm's gate_up takes the wide build, the first K
+    # columns of a buffer with room for each pair's u (xv), else a plain tensor of the same values (xp)
+    cx = x_wide_columns(pool.layers[0].gate_up_a, sh.top_k, True)
     for M in LAYER_M:
-        x = torch.randn(M, sh.hidden, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
+        xv = torch.randn(M, sh.hidden + cx, generator=torch.Generator(device=dev).manual_seed(M), device=dev).to(BF)
+        xv = xv[:, :sh.hidden]
+        xp = xv.contiguous()
         arms = {}
         for nm, adapters, table in (("base", None, none_ops), ("separate_all", "all", none_ops),
                                     ("picked_all", "all", None),  # None: the committed table decides
@@ -925,7 +931,8 @@ def layer(preset, dev, reps):
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M),
                                                                             dev), RANK)
                 hooks = [LoRAHook(info, backend, sh.num_experts)]
-            f = (lambda h=hooks, t=table: _with_table(t, lambda: lay(x, h, backend)))
+            f = (lambda h=hooks, t=table: _with_table(t, lambda: lay(xv if lay.input_columns(M, h) else xp, h,
+                                                                     backend)))
             arms[nm] = f if harness.is_dry() else GraphForward(f, warmup=2).replay  # the path is fixed at capture
         for g in arms.values():
             g()
@@ -948,24 +955,25 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's table before this session: the committed ones without the down GEMM's wide
-# build (configs.WIDE_DOWN_TOKENS empty). In exp_s8 and exp_s9 it was the committed table without the packed GEMM's
-# tiles per shape, in exp_s2-exp_s4 the per-op table alone with the one-dot shrink.
+PREV = "prev"  # the layer section's table before this session: the committed ones without gate_up's wide build
+# (configs.WIDE_GATE_UP_TOKENS empty). In lay_s1 and lay_s2 it was the committed tables without the down GEMM's wide
+# build, in exp_s8 and exp_s9 the committed table without the packed GEMM's tiles per shape, in exp_s2-exp_s4 the
+# per-op table alone with the one-dot shrink.
 
 
 def _with_table(table, fn):
     """fn() with configs.FOLDED_LORA_TOKENS set to `table` (None or PREV: the committed one; the layer reads the
-    tables at each call); an explicit table also clears the per-shape folds. PREV: the committed tables without the
-    wide build."""
-    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_DOWN_TOKENS)
+    tables at each call); an explicit table also clears the per-shape folds. PREV: the committed tables without
+    gate_up's wide build."""
+    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_GATE_UP_TOKENS)
     configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
     configs.FOLDED_LORA_SHAPE_TOKENS = keep[1] if table in (None, PREV) else {}
     if table == PREV:
-        configs.WIDE_DOWN_TOKENS = frozenset()
+        configs.WIDE_GATE_UP_TOKENS = frozenset()
     try:
         return fn()
     finally:
-        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_DOWN_TOKENS = keep
+        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_GATE_UP_TOKENS = keep
 
 
 # ------------------------------------------------------------------------------------------------

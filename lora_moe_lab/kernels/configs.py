@@ -354,6 +354,24 @@ PACKED_TILE_SHAPE_TOKENS: dict = {("down", 2048, 192): {1024: dict(persistent=0,
 WIDE_DOWN_TOKENS = frozenset({1024, 2048, 4096, 8192, 16384})
 
 
+# gate_up's wide build per block (`moe_gemm_lora_wide(gather=True, per_block=True)`: each pair's u past K in its
+# token's row, and each tile walks only its block's slots' columns of its own slice) per token bucket, where the layer
+# folds gate_up with the packed build, with the W1S shrink on the alignment ordered by LoRA row; elsewhere
+# `moe_gemm_lora_packed`. wg_s2, wg_s3 (H200, two machines, the gate_up path end to end over the committed packed
+# path, paired 95 %): docs/kernels.md, "gate_up's wide build, per block". The layer's input x must then be the first K
+# columns of a wider buffer (the norm writes it there: `MoELayer.norm`); a layer handed a plain x copies it.
+WIDE_GATE_UP_TOKENS = frozenset({4096, 8192, 16384})
+WIDE_GATE_UP_SHRINK = W1S
+
+
+def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:
+    """Whether the layer's folded gate_up GEMM takes the wide build per block at this token count (static shapes):
+    the bucket is in WIDE_GATE_UP_TOKENS and the GEMM's tile steps evenly over K (its row pointers jump to each
+    pair's tail between two K steps)."""
+    return (FOLD_BUILD == "packed" and token_bucket(num_tokens) in WIDE_GATE_UP_TOKENS
+            and K % gemm_config(num_tokens, block_m, N, K, num_experts).block_k == 0)
+
+
 def use_wide_down(num_tokens: int) -> bool:
     """Whether the layer's folded down GEMM takes the wide build at this token count (static shapes: capture-safe)."""
     return FOLD_BUILD == "packed" and token_bucket(num_tokens) in WIDE_DOWN_TOKENS

@@ -21,13 +21,19 @@ def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, K, eps, stride_x, stride_o, BLOCK_K: t
     tl.store(out_ptr + row * stride_o + offs, (x * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """One program per row: y = x / rms(x) * w, reduced in fp32."""
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """One program per row: y = x / rms(x) * w, reduced in fp32; into `out` when given (rows of unit column stride,
+    e.g. the first K columns of the wide build's x buffer: the MoE layer's gate_up reads the adapters' columns
+    past K in the same rows)."""
     if x.dim() != 2 or w.shape != (x.shape[1],):
         raise ValueError(f"rmsnorm: x must be (M, K) and w (K,), got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError("rmsnorm: x rows and w must be contiguous")
-    out = torch.empty_like(x)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
+        raise ValueError(f"rmsnorm: out must be {x.dtype} {tuple(x.shape)} on {x.device} with unit column stride, "
+                         f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
     K = x.shape[1]
     rmsnorm_kernel[(x.shape[0],)](x, w, out, K, eps, x.stride(0), out.stride(0),
                                   BLOCK_K=triton.next_power_of_2(K), num_warps=4 if K <= 4096 else 8)

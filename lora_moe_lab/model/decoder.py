@@ -95,7 +95,7 @@ class DecoderLayer(torch.nn.Module):
         hooks = [LoRAHook(sites.info, backend, self.moe.shape.num_experts)] if launch else []
         a = self.attn(xn, token_counts, rope, backend, before_o_proj=lambda: sites.ask("o_proj"))
         h = h + tp.all_reduce(a)  # sums the ranks' partial o_proj outputs
-        xn = backend.rmsnorm(h, self.moe.norm_w, self.eps)
+        xn = self.moe.norm(h, hooks, backend)  # where gate_up takes the wide build: into a wider buffer
         sites.ask("moe_gate_up")
         m = self.moe(xn, hooks, backend, routing_log, before_down=lambda: sites.ask("moe_down"))
         return h + tp.all_reduce(m)  # sums the ranks' partial expert outputs

@@ -27,10 +27,10 @@ class LayerLoRAWeights:
     # built at first use, outside any graph (the layer's warm-up), then rewritten in place by every load and
     # unload, so a captured graph that reads it sees the new adapter as it does the stacks
     packed: dict = field(default_factory=dict, repr=False)
-    # the down GEMM's wide build (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`): (E, K, I + C), the layer's
-    # w2 and then down's B_packed, built at first use (outside any graph) and refreshed with `packed`. The lab keeps
-    # it beside the layer's w2, a second copy of the base weight; an engine would store w2 this wide from the start
-    # (the base GEMM runs on its view [..., :I]) and pay only the C columns, the bytes B_packed takes anyway.
+    # the wide builds (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`) per op: (E, N, K + C), the layer's base
+    # weight and then the op's B_packed, built at first use (outside any graph) and refreshed with `packed`. The lab
+    # keeps it beside the layer's weight, a second copy; an engine would store the weight this wide from the start
+    # (the base GEMM runs on its view [..., :K]) and pay only the C columns, the bytes B_packed takes anyway.
     wide: dict = field(default_factory=dict, repr=False)
 
     def packed_b(self, op: str) -> torch.Tensor:
@@ -43,20 +43,20 @@ class LayerLoRAWeights:
         from ..kernels.fused_moe_lora_packed import pack_lora_b  # the kernels import Triton: only when used
         return pack_lora_b(self.gate_up_b if op == "gate_up" else self.down_b[None])
 
-    def wide_down(self, w2: torch.Tensor) -> torch.Tensor:
-        """`wide_weights(w2, packed_b("down"))`, kept (per w2) and refreshed in place by the pool."""
-        key = (w2.data_ptr(), tuple(w2.shape))
-        if self.wide.get("key") != key:
+    def wide_w(self, op: str, w: torch.Tensor) -> torch.Tensor:
+        """`wide_weights(w, packed_b(op))` for op "gate_up" (w = w13) or "down" (w = w2), kept (per op and weight) and
+        refreshed in place by the pool."""
+        key = (w.data_ptr(), tuple(w.shape))
+        if self.wide.get(op, (None,))[0] != key:
             from ..kernels.fused_moe_lora_packed import wide_weights
-            self.wide.update(key=key, w=wide_weights(w2, self.packed_b("down")))
-        return self.wide["w"]
+            self.wide[op] = (key, wide_weights(w, self.packed_b(op)))
+        return self.wide[op][1]
 
     def refresh_packed(self) -> None:
         for op, t in self.packed.items():
             t.copy_(self._pack(op))
-        if "w" in self.wide:  # its columns past the base weight's are down's B_packed
-            K = self.wide["key"][1][2]
-            self.wide["w"][..., K:].copy_(self.packed["down"])
+        for op, (key, ww) in self.wide.items():  # their columns past the base weight's are the op's B_packed
+            ww[..., key[1][2]:].copy_(self.packed[op])
 
 
 class AdapterPool:

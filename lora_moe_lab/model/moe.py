@@ -64,6 +64,11 @@ def expert_share(topk_ids: torch.Tensor, num_experts: int, coverage: float | Non
     return (int((top < coverage - 1e-12).sum()) + 1) / num_experts
 
 
+def _tail_columns(x, c):
+    from ..kernels.fused_moe import tail_columns  # the kernels import Triton: only when used
+    return tail_columns(x, c)
+
+
 class LoRAHook:
     """The LoRA work of one layer for one batch: gate_up and down deltas, either over a per-adapter
     alignment or, at decode sizes (`backend.use_decode_path`, static shapes only), straight from
@@ -101,11 +106,28 @@ class LoRAHook:
                                                            **kw)
         return lambda *a, **kw: b.moe_gemm_lora_folded(*a, shrink_per_row=per_row, **kw)
 
-    def gemm_gate_up(self, x, w13, align, top_k, out):
-        """The base gate_up GEMM with this hook's delta inside (no alignment of its own)."""
+    def gemm_gate_up(self, x, w13, align, top_k, out, wide: bool = False):
+        """The base gate_up GEMM with this hook's delta inside (no alignment of its own); wide: x is the first K
+        columns of a wider buffer (`gate_up_columns`), and the GEMM takes the wide build per block."""
         i, w = self.info, self.info.weights
+        if wide:
+            ww = w.wide_w("gate_up", w13)
+            return self.backend.moe_gemm_lora_wide(x, ww[..., :w13.shape[2]], align, top_k, out, w.gate_up_a,
+                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True,
+                                                   shrink=self.backend.wide_gate_up_shrink(x.shape[0]),
+                                                   per_block=True)
         return self._gemm("gate_up", x.shape[0], w13, top_k)(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b,
                                                       i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True)
+
+    def gate_up_columns(self, M: int, top_k: int, hidden: int, inter: int) -> int:
+        """The columns past K the layer's input x carries when this hook's gate_up GEMM takes the wide build
+        (`backend.use_wide_gate_up`, where gate_up folds): top_k tails of C; 0 otherwise."""
+        bm = self.backend.block_m(M, top_k, self.E, hidden, inter)
+        if not (self._folds("gate_up", M, top_k, 2 * inter, hidden)
+                and self.backend.use_wide_gate_up(M, bm, 2 * inter, hidden, self.E)):
+            return 0
+        from ..kernels.fused_moe_lora_packed import x_wide_columns  # the kernels import Triton: only when used
+        return x_wide_columns(self.info.weights.gate_up_a, top_k, True)
 
     def wide_columns(self, M: int, top_k: int, hidden: int, inter: int) -> int:
         """The adapters' columns C past K the layer's down input carries when this hook's down GEMM takes the wide
@@ -121,7 +143,7 @@ class LoRAHook:
         i, w = self.info, self.info.weights
         M = act.shape[0] // top_k
         if wide:
-            ww = w.wide_down(w2)
+            ww = w.wide_w("down", w2)
             return self.backend.moe_gemm_lora_wide(act, ww[..., :w2.shape[2]], align, top_k, out, w.down_a[None],
                                                    i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
                                                    routed_weights=topk_w, shrink=self.backend.packed_shrink(M))
@@ -203,10 +225,26 @@ class MoELayer(torch.nn.Module):
         w, ids = torch.topk(probs, self.top_k, dim=-1)
         return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
 
+    def input_columns(self, M: int, hooks: list[LoRAHook]) -> int:
+        """The columns past K this layer's gate_up reads in its input's rows for this batch (the wide build's u:
+        `LoRAHook.gate_up_columns`); 0 when it reads none. Static shapes decide: capture-safe."""
+        K, I = self.shape.hidden, self.shape.intermediate
+        if len(hooks) != 1 or not hooks[0].fuses("gate_up", M, self.top_k, 2 * I, K):
+            return 0
+        return hooks[0].gate_up_columns(M, self.top_k, K, I)
+
+    def norm(self, h, hooks: list[LoRAHook], backend: Backend):
+        """The layer's pre-norm of h, written where the layer reads it: the first K columns of a wider buffer when
+        gate_up takes the wide build (`input_columns`), so the layer needs no copy of x."""
+        C = self.input_columns(h.shape[0], hooks)
+        out = h.new_empty(h.shape[0], h.shape[1] + C)[:, :h.shape[1]] if C else None
+        return backend.rmsnorm(h, self.norm_w, self.eps, out=out)
+
     def forward(self, x, hooks: list[LoRAHook], backend: Backend, routing_log: list | None = None,
                 before_down=None):
         """`before_down()`, when given, runs between SiLU-and-mul and the down GEMM (the decoder
-        puts guard sites there)."""
+        puts guard sites there). Where gate_up takes the wide build, x should be the first K columns of a wider
+        buffer (`norm` writes it so); a plain x is copied into one."""
         M, K = x.shape
         k, E, I = self.top_k, self.shape.num_experts, self.shape.intermediate
         topk_w, topk_ids = self.route(x)
@@ -221,8 +259,13 @@ class MoELayer(torch.nn.Module):
         f13 = bool(hooks) and hooks[0].fuses("gate_up", M, k, 2 * I, K)
         f2 = bool(hooks) and hooks[0].fuses("down", M, k, K, I)
         inter = x.new_empty(M * k, 2 * I)
+        CX = self.input_columns(M, hooks) if f13 else 0
+        if CX and not _tail_columns(x, CX):  # gate_up's wide build reads each pair's u past K in x's rows
+            xw = x.new_empty(M, K + CX)
+            xw[:, :K] = x
+            x = xw[:, :K]
         if f13:
-            hooks[0].gemm_gate_up(x, self.w13, align, k, inter)
+            hooks[0].gemm_gate_up(x, self.w13, align, k, inter, wide=CX > 0)
         else:
             backend.moe_gemm(x, self.w13, align, k, inter, gather=True)
         for i, h in enumerate(hooks):
@@ -308,5 +351,5 @@ class MiniMoEModel(torch.nn.Module):
                     with record_function(f"lora_guard_{g.name}"):
                         launch = g.should_launch(info)
                     hooks = [LoRAHook(info, backend, self.shape.num_experts)] if launch else []
-                    h = h + layer(backend.rmsnorm(h, layer.norm_w, layer.eps), hooks, backend, self.routing_log)
+                    h = h + layer(layer.norm(h, hooks, backend), hooks, backend, self.routing_log)
         return h

@@ -118,9 +118,19 @@ class Backend(ABC):
         return False
 
     @staticmethod
+    def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:
+        """Where gate_up is folded: whether it takes the wide build per block, from static shapes."""
+        return False
+
+    @staticmethod
+    def wide_gate_up_shrink(num_tokens: int) -> dict:
+        """gate_up's wide build: its shrink's options at this token count (static shapes only)."""
+        return {}
+
+    @staticmethod
     def moe_gemm_lora_wide(x, w, align: Alignment, top_k: int, out, lora_a, token_lora_mapping, lora_ids,
-                           adapter_enabled, *, routed_weights=None, shrink=None):
-        """The down GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide_down`)."""
+                           adapter_enabled, *, routed_weights=None, gather=False, shrink=None, per_block=False):
+        """The GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide`)."""
         raise NotImplementedError("this backend has no wide LoRA GEMM (use_wide_down answers False)")
 
     @staticmethod
@@ -137,8 +147,8 @@ class Backend(ABC):
 
     @staticmethod
     @abstractmethod
-    def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        """x / rms(x) * w, computed in fp32."""
+    def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x / rms(x) * w, computed in fp32 (into `out` when given, e.g. a view of a wider buffer)."""
 
     def __repr__(self):
         return f"<backend {self.name}>"

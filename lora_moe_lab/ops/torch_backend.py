@@ -98,9 +98,10 @@ def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return torch.mul(torch.nn.functional.silu(inter[..., :I]), inter[..., I:], out=out)
 
 
-def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    return y if out is None else out.copy_(y)
 
 
 class TorchBackend(Backend):

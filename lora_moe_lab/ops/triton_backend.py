@@ -53,6 +53,14 @@ class TritonBackend(Backend):
         return configs.use_wide_down(num_tokens)
 
     @staticmethod
+    def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:
+        return configs.use_wide_gate_up(num_tokens, block_m, N, K, num_experts)
+
+    @staticmethod
+    def wide_gate_up_shrink(num_tokens: int) -> dict:
+        return dict(configs.WIDE_GATE_UP_SHRINK)
+
+    @staticmethod
     def folded_order_by_row(num_tokens: int) -> bool:
         return configs.folded_order_by_row(num_tokens)  # read at each call: recordings and tests flip the tables
 
@@ -143,6 +151,12 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
             jobs.append(("wide2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f, M=M: moe_gemm_lora_wide(
                 hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot, lora_ids,
                 enabled, routed_weights=rw, shrink=configs.packed_shrink(M), config=c)))
+        if fold13 and configs.use_wide_gate_up(M, bm_base, 2 * I, K, E):  # gate_up per block: top_k tails a row
+            C13 = wide_columns(a13)
+            xw, w13w = torch.zeros(1, K + k * C13, dtype=dtype, device=device), wide_weights(w13, pack_lora_b(b13))
+            jobs.append(("wide13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: moe_gemm_lora_wide(
+                xw[:, :K], w13w[..., :K], al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, slot,
+                lora_ids, enabled, gather=True, shrink=configs.WIDE_GATE_UP_SHRINK, per_block=True, config=c)))
         if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
             jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
                 x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,

@@ -24,9 +24,10 @@ ALL = frozenset(2 ** i for i in range(15))
 
 
 def _set_build(monkeypatch, build):
-    """configs' fold build: "rows", "packed", or "wide" (packed, the down GEMM's wide build at every M)."""
+    """configs' fold build: "rows", "packed", or "wide" (packed, both GEMMs' wide builds at every M)."""
     monkeypatch.setattr(configs, "FOLD_BUILD", "rows" if build == "rows" else "packed")
     monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", ALL if build == "wide" else frozenset())
+    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", ALL if build == "wide" else frozenset())
 
 
 @pytest.mark.parametrize("bound,fused,folded", [
@@ -174,19 +175,22 @@ def test_packed_b_follows_every_load_in_place(device):
         assert torch.equal(t, pack_lora_b(b))
 
 
-def test_wide_down_weights_follow_every_load_in_place(device):
-    """The wide build's weights (`LayerLoRAWeights.wide_down`: the layer's w2, then down's B_packed) are built once
-    per w2 and their adapter columns rewritten in place by every load and unload, as packed_b is."""
+@pytest.mark.parametrize("op", ["gate_up", "down"])
+def test_wide_weights_follow_every_load_in_place(op, device):
+    """The wide builds' weights (`LayerLoRAWeights.wide_w`: the layer's w13 or w2, then the op's B_packed) are built
+    once per weight and their adapter columns rewritten in place by every load and unload, as packed_b is."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import pack_lora_b
     lab = _lab(device)
-    w, w2 = lab.pool.layers[0], lab.model.layers[0].w2
-    t = w.wide_down(w2)
-    I = w2.shape[2]
-    assert torch.equal(t[..., :I], w2)
+    w, lay = lab.pool.layers[0], lab.model.layers[0]
+    base = lay.w13 if op == "gate_up" else lay.w2
+    t = w.wide_w(op, base)
+    K = base.shape[2]
+    assert torch.equal(t[..., :K], base)
     lab.pool.unload(lab.pool.slot_names[0])
     lab.pool.load("fresh", rank=4, seed=11)
-    assert w.wide_down(w2) is t  # the same buffer
-    assert torch.equal(t[..., :I], w2) and torch.equal(t[..., I:], pack_lora_b(w.down_b[None]))
+    assert w.wide_w(op, base) is t  # the same buffer
+    assert torch.equal(t[..., :K], base) and torch.equal(t[..., K:], pack_lora_b(
+        w.gate_up_b if op == "gate_up" else w.down_b[None]))
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -196,6 +200,7 @@ def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
     adapters live and with every adapter disabled."""
     monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
     _set_build(monkeypatch, "wide")
+    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", frozenset())
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
     lab = _lab(device)
     backend = type(lab.model.backend)
@@ -214,6 +219,48 @@ def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
     y = lab.model(x, batch, tensors, guard="launch_always")
     S, R = lab.pool.layers[0].down_a.shape[0], lab.pool.layers[0].down_a.shape[2]
     assert calls == [4 * configs.block_r(R)] * 2 and S == 3  # C = S rounded up to a power of two x BLOCK_R
+    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
+                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
+    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
+    lab.model.routing_log = None
+    assert rel_err(y, want) < fp32_tol(device)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_layer_takes_the_wide_gate_up_build(enabled, copy, device, monkeypatch):
+    """Where configs.WIDE_GATE_UP_TOKENS names the bucket and gate_up folds, the layer's gate_up GEMM is
+    `moe_gemm_lora_wide` per block on x written by the layer's norm into the first K columns of a buffer top_k * C
+    wider (no copy), and the forward matches the reference, live and disabled. copy: a layer handed a plain x copies
+    it into such a buffer (the same result)."""
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    _set_build(monkeypatch, "wide")
+    monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", frozenset())
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": frozenset()})
+    lab = _lab(device)
+    backend = type(lab.model.backend)
+    calls, wide = [], backend.moe_gemm_lora_wide
+
+    def spy(x, *a, **kw):
+        calls.append((x.stride(0) - x.shape[1], kw["gather"], kw["per_block"]))  # the columns past K it reads
+        return wide(x, *a, **kw)
+
+    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(spy))
+    if copy:  # the norm writes a plain x: the layer copies it
+        monkeypatch.setattr(type(lab.model.layers[0]), "norm",
+                            lambda self, h, hooks, b: b.rmsnorm(h, self.norm_w, self.eps))
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    if not enabled:
+        tensors.adapter_enabled.zero_()
+    x = lab.random_input(batch.num_tokens, seed=5)
+    lab.model.routing_log = []
+    y = lab.model(x, batch, tensors, guard="launch_always")
+    a = lab.pool.layers[0].gate_up_a
+    C = 2 * 4 * configs.block_r(a.shape[3])  # 2 slices x S = 3 rounded up to 4 x BLOCK_R
+    hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, 8)
+    if hook.gate_up_columns(6, 2, 64, 32) == 0:
+        pytest.skip("the GPU's tile does not step evenly over this K: the layer keeps the packed build")
+    assert calls == [(2 * C, True, True)] * 2  # top_k = 2 tails per token row
     lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
                  lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
