@@ -858,6 +858,8 @@ def wide(preset, dev, gen, reps):
             if not dec:
                 sep = [v + la for v, la in zip(s_["separate"], s_["lora_align"])]
                 out["path_wide_over_separate"] = bootstrap_paired(s_["path_wide"], sep, "ratio_of_medians")
+                out["path_wide_blk_over_separate"] = bootstrap_paired(pb, sep, "ratio_of_medians")
+                out["path_wide_blk_w1_over_separate"] = bootstrap_paired(pb1, sep, "ratio_of_medians")
                 out["path_committed_over_separate"] = bootstrap_paired(com, sep, "ratio_of_medians")
             log(f"wide {preset} {op} M={M}: committed per_slot={per_slot} shrink={shr} expand={exp}, C={C}")
             _ratio_row("wide", preset, op, M, bm, reps, s_, wc, med, out)
@@ -959,6 +961,7 @@ PREV = "prev"  # the layer section's table before this session: the committed on
 # (configs.WIDE_GATE_UP_TOKENS empty). In lay_s1 and lay_s2 it was the committed tables without the down GEMM's wide
 # build, in exp_s8 and exp_s9 the committed table without the packed GEMM's tiles per shape, in exp_s2-exp_s4 the
 # per-op table alone with the one-dot shrink.
+PREV_SHAPE_TOKENS = {("gate_up", 1536, 2048): frozenset({8192, 16384})}  # before gate_up's wide build took 4096
 
 
 def _with_table(table, fn):
@@ -967,7 +970,7 @@ def _with_table(table, fn):
     gate_up's wide build."""
     keep = (configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_GATE_UP_TOKENS)
     configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
-    configs.FOLDED_LORA_SHAPE_TOKENS = keep[1] if table in (None, PREV) else {}
+    configs.FOLDED_LORA_SHAPE_TOKENS = keep[1] if table is None else PREV_SHAPE_TOKENS if table == PREV else {}
     if table == PREV:
         configs.WIDE_GATE_UP_TOKENS = frozenset()
     try:
