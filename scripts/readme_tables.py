@@ -1233,8 +1233,24 @@ def kernels_fold_headline_block() -> str:
             + ", ".join(f"{p_} {g.all_lo.min():.1f}–{g.all_hi.max():.1f} % (separate deltas "
                         f"{g.separate_lo.min():.1f}–{g.separate_hi.max():.1f} %)"
                         for p_, g in big.groupby("preset", sort=False))
-            + f", still above the issue's 12 % and 20 %; the down GEMM takes the wide build at {_wide_text()}. "
-            "`docs/results.md`, block kernels-packed.")
+            + f", still above the issue's 12 % and 20 %; the down GEMM takes the wide build at {_wide_text()}; "
+            f"{_wide_gate_up_text()}. `docs/results.md`, block kernels-packed.")
+
+
+def _wide_gate_up_text() -> str:
+    """gate_up's wide build per block: where the layer takes it and what it measured (analysers.base_gemm)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+    from lora_moe_lab.kernels import configs
+
+    sp = bg.ratio_spread(bg.wide_gate_up_trials(), bg.WIDE_GU_SESSIONS)
+    q = sp[(sp.preset == "qwen3-30b-a3b") & (sp.M >= 4096)]
+    path = q[q.figure == "path_wide_blk_w1_over_committed"]
+    lay = bg.layer_tables(tuple(n for n, _ in bg.WIDE_GU_LAYER))
+    lay = lay[(lay.figure == "picked_all_over_prev") & (lay.preset == "qwen3-30b-a3b") & (lay.M >= 8192)]
+    return (f"qwen3-30b-a3b's gate_up takes its wide build per block at {sorted(configs.WIDE_GATE_UP_TOKENS)} (each "
+            f"pair's u past K in its token's row, each tile walking only its block's slots): "
+            f"{path.lo.min():.2f}–{path.hi.max():.2f}× the packed path ({', '.join(bg.WIDE_GU_SESSIONS)}), the layer "
+            f"{lay.lo.min():.3f}–{lay.hi.max():.3f}× at M ≥ 8192 ({', '.join(n for n, _ in bg.WIDE_GU_LAYER)})")
 
 
 def _wide_text() -> str:
@@ -1321,7 +1337,59 @@ def kernels_packed_block() -> str:
             f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]
-    return "\n".join(out + [""] + _wide_lines())
+    return "\n".join(out + [""] + _wide_lines() + [""] + _wide_gate_up_lines())
+
+
+def _wide_gate_up_lines() -> list[str]:
+    """gate_up's wide build: per point over its sessions, the path over the committed packed path and over the
+    separate delta, its GEMM alone and disabled; the layer with it; the counters (analysers.base_gemm)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    names = bg.WIDE_GU_SESSIONS
+    sp = bg.ratio_spread(bg.wide_gate_up_trials(), names).set_index(["figure", "preset", "M"])
+    figs = ("path_wide_over_committed", "path_wide_blk_over_committed", "path_wide_blk_w1_over_committed",
+            "gemm_wide_blk_over_base", "path_wide_blk_off_over_base", "path_committed_off_over_base")
+    out = ["gate_up's wide build (`moe_gemm_lora_wide(gather=True)`: each pair's u in the columns K + j·C of its "
+           "token's row, the GEMM's row pointers jump there between two K steps; `per_block`: each tile walks only "
+           "its block's slots' columns of its own slice) against the layer's committed packed path, end to end with "
+           f"their alignment's extra time (mean of {', '.join(names)} and the union of their 95 % intervals). "
+           "`all C`: every tile over every slot's columns of both slices; `blk`: per block, on the ordered alignment, "
+           "with the committed shrink at M; `blk W1S`: with the W1S shrink (the layer's); `GEMM blk / plain`: the "
+           "GEMM alone over the plain GEMM on the same alignment; `off`: every adapter disabled, the path over the "
+           "plain GEMM.", "",
+           "| preset | M | all C / packed | blk / packed | blk W1S / packed | GEMM blk / plain | blk off / plain "
+           "| packed off / plain |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out += _spread_rows(sp, figs, names)
+    t = bg.wide_gate_up_trials(names[-1:])
+    sep = t[t.figure == "path_wide_blk_w1_over_separate"]
+    out += ["", f"Over the separate delta ({names[-1]}, paired 95 %), blk W1S: " + "; ".join(
+        f"{r.preset} M={int(r.M)} {r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]" for r in sep.itertuples()) + "."]
+    lay = bg.layer_tables(tuple(n for n, _ in bg.WIDE_GU_LAYER))
+    lay = lay[(lay.figure == "picked_all_over_prev") & (lay.M >= 1024)]
+    out += ["", "The layer at the committed tables over the tables before gate_up's wide build (`picked_all_over_prev`,"
+            f" {', '.join(n for n, _ in bg.WIDE_GU_LAYER)}; lay_s3 ran qwen3 M = 4096 before its fold there): "
+            + "; ".join(f"{p_} M={int(M)} " + ", ".join(f"{r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]"
+                                                         for r in g.itertuples())
+                        for (p_, M), g in lay.groupby(["preset", "M"], sort=False)) + "."]
+    c = bg.wide_gate_up_counters().set_index(["preset", "op", "arm"])
+    out.append("\nCounters (ncu, M = 8192, one launch each, `data/kernels/wg_n1_*`, `wg_n2_*`), gate_up's GEMM: "
+               + "; ".join(f"{pre} " + ", ".join(
+                   f"{arm} {c.loc[(pre, 'folded_gate_up', arm)].duration_us:.0f} µs (tensor pipe "
+                   f"{c.loc[(pre, 'folded_gate_up', arm)].tensor_pipe_pct:.0f} %)"
+                   for arm in ("packed_slot_w1s", "wide_both", "wide_blk"))
+                   for pre in dict.fromkeys(c.index.get_level_values(0))) + ".")
+    return out
+
+
+def _spread_rows(sp, figs, names) -> list[str]:
+    """Table rows per (preset, M) of a `ratio_spread` indexed by (figure, preset, M): each figure's mean over the
+    sessions `names` and the union of their intervals."""
+    rows = []
+    for pre, M in sp.loc[figs[0]].index:
+        cells = [f"{sum(r[n] for n in names) / len(names):.3f} [{r.lo:.3f}, {r.hi:.3f}]"
+                 for r in (sp.loc[(f, pre, M)] for f in figs)]
+        rows.append(f"| {pre} | {M} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def _wide_lines() -> list[str]:
@@ -1340,12 +1408,7 @@ def _wide_lines() -> list[str]:
            "the GEMM alone (wide) or the path (packed) over the plain GEMM.", "",
            "| preset | M | wide / packed | wide W1S / packed | wide GEMM off / plain | packed path off / plain |",
            "| --- | --- | --- | --- | --- | --- |"]
-    for pre, M in sp.loc["path_wide_over_committed"].index:
-        cells = []
-        for f in figs:
-            r = sp.loc[(f, pre, M)]
-            cells.append(f"{(r[bg.WIDE_SESSIONS[0]] + r[bg.WIDE_SESSIONS[1]]) / 2:.3f} [{r.lo:.3f}, {r.hi:.3f}]")
-        out.append(f"| {pre} | {M} | " + " | ".join(cells) + " |")
+    out += _spread_rows(sp, figs, bg.WIDE_SESSIONS)
     lay = bg.wide_layer()
     out += ["", "The layer at the committed tables over the same tables without the wide build (`picked_all_over_prev`,"
             f" {', '.join(n for n, _ in bg.WIDE_LAYER)}): "

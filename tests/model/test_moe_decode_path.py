@@ -49,11 +49,7 @@ def test_both_paths_match_the_reference(bound, fused, folded, build, device, mon
     x = lab.random_input(batch.num_tokens, seed=1)
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
-    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
-                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
-    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
-    lab.model.routing_log = None
-    assert rel_err(y, want) < fp32_tol(device)
+    _check_model(lab, x, y, tensors, device)
 
 
 def test_hook_takes_the_decode_path_from_static_shapes(device):
@@ -99,11 +95,7 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, devic
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
     assert len(seen) == 2 and all((o is tensors.token_lora_mapping) == (folds and by_row) for o in seen)
-    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
-                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
-    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
-    lab.model.routing_log = None
-    assert rel_err(y, want) < fp32_tol(device)
+    _check_model(lab, x, y, tensors, device)
 
 
 def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
@@ -131,11 +123,7 @@ def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
     y = lab.model(x, batch, tensors, guard="launch_always")
     assert LAST_PACKED_LAUNCH["shrink_window"] == 1 and LAST_PACKED_LAUNCH["expand_k"] == 32
     assert LAST_PACKED_LAUNCH["tile"].persistent == 2  # the last packed launch: layer 2's down GEMM
-    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
-                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
-    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
-    lab.model.routing_log = None
-    assert rel_err(y, want) < fp32_tol(device)
+    _check_model(lab, x, y, tensors, device)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
@@ -203,27 +191,10 @@ def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
     monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", frozenset())
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
     lab = _lab(device)
-    backend = type(lab.model.backend)
-    calls, wide = [], backend.moe_gemm_lora_wide
-
-    def spy(x, *a, **kw):
-        calls.append(x.stride(0) - x.shape[1])  # the columns past I in the rows it reads
-        return wide(x, *a, **kw)
-
-    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(spy))
-    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
-    if not enabled:
-        tensors.adapter_enabled.zero_()
-    x = lab.random_input(batch.num_tokens, seed=5)
-    lab.model.routing_log = []
-    y = lab.model(x, batch, tensors, guard="launch_always")
+    calls, (x, y, batch, tensors) = _spied_forward(lab, monkeypatch, enabled)
     S, R = lab.pool.layers[0].down_a.shape[0], lab.pool.layers[0].down_a.shape[2]
-    assert calls == [4 * configs.block_r(R)] * 2 and S == 3  # C = S rounded up to a power of two x BLOCK_R
-    lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
-                 lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
-    want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
-    lab.model.routing_log = None
-    assert rel_err(y, want) < fp32_tol(device)
+    assert [c[0] for c in calls] == [4 * configs.block_r(R)] * 2 and S == 3  # C = S rounded up to a power of 2 x BR
+    _check_model(lab, x, y, tensors, device)
 
 
 @pytest.mark.parametrize("copy", [False, True])
@@ -238,29 +209,40 @@ def test_layer_takes_the_wide_gate_up_build(enabled, copy, device, monkeypatch):
     monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", frozenset())
     monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": frozenset()})
     lab = _lab(device)
-    backend = type(lab.model.backend)
-    calls, wide = [], backend.moe_gemm_lora_wide
-
-    def spy(x, *a, **kw):
-        calls.append((x.stride(0) - x.shape[1], kw["gather"], kw["per_block"]))  # the columns past K it reads
-        return wide(x, *a, **kw)
-
-    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(spy))
     if copy:  # the norm writes a plain x: the layer copies it
         monkeypatch.setattr(type(lab.model.layers[0]), "norm",
                             lambda self, h, hooks, b: b.rmsnorm(h, self.norm_w, self.eps))
-    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
-    if not enabled:
-        tensors.adapter_enabled.zero_()
-    x = lab.random_input(batch.num_tokens, seed=5)
-    lab.model.routing_log = []
-    y = lab.model(x, batch, tensors, guard="launch_always")
+    calls, (x, y, batch, tensors) = _spied_forward(lab, monkeypatch, enabled)
     a = lab.pool.layers[0].gate_up_a
     C = 2 * 4 * configs.block_r(a.shape[3])  # 2 slices x S = 3 rounded up to 4 x BLOCK_R
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, 8)
     if hook.gate_up_columns(6, 2, 64, 32) == 0:
         pytest.skip("the GPU's tile does not step evenly over this K: the layer keeps the packed build")
     assert calls == [(2 * C, True, True)] * 2  # top_k = 2 tails per token row
+    _check_model(lab, x, y, tensors, device)
+
+
+def _spied_forward(lab, monkeypatch, enabled):
+    """The lab's forward on a small batch (every adapter disabled unless `enabled`), each `moe_gemm_lora_wide` call
+    logged as (the columns past K in the rows it reads, gather, per_block): (calls, (x, y, batch, tensors))."""
+    backend = type(lab.model.backend)
+    calls, wide = [], backend.moe_gemm_lora_wide
+
+    def spy(x, *a, **kw):
+        calls.append((x.stride(0) - x.shape[1], kw.get("gather", False), kw.get("per_block", False)))
+        return wide(x, *a, **kw)
+
+    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(spy))
+    batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    if not enabled:
+        tensors.adapter_enabled.zero_()
+    x = lab.random_input(batch.num_tokens, seed=5)
+    lab.model.routing_log = []
+    return calls, (x, lab.model(x, batch, tensors, guard="launch_always"), batch, tensors)
+
+
+def _check_model(lab, x, y, tensors, device):
+    """The forward y of the two-layer lab on x (its routing logged) against the float64 reference model."""
     lora = [dict(weights=lab.pool.layers[i], token_slot=tensors.token_lora_mapping.cpu(),
                  lora_ids=tensors.lora_ids.cpu(), adapter_enabled=tensors.adapter_enabled.cpu()) for i in range(2)]
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)

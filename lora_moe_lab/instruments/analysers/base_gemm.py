@@ -443,8 +443,22 @@ WIDE_CHECK_RUNS = ("wide_s2c",)
 # (0fd9eef) and lay_s2. Before them the committed table's sessions were exp_s8 and exp_s9 (the packed GEMM's tiles per
 # shape), exp_s3's candidate and exp_s4 before those.
 WIDE_LAYER = (("lay_s1", "picked_all_over_prev"), ("lay_s2", "picked_all_over_prev"))
-COMMITTED_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
-PREVIOUS_LAYER = (("exp_s8", "picked"), ("exp_s9", "picked"))
+# gate_up's wide build (`moe_gemm_lora_wide(gather=True)`: each pair's u past K in its token's row, the row pointers
+# jumping there between two K steps), per block (`per_block`: each tile walks only its block's slots' columns of its
+# own slice): section wide, op gate_up, on three machines: wg_s2 (b3a8435, both ops), wg_s3 (1d35c8a) and wg_s4
+# (8f98dde; with the per-block paths paired against the separate delta). wg_s1 (00750f4) ran the build over all C
+# columns only (it lost to the packed path: `path_wide_over_committed`). Counters: wg_n2 (the per-block build with the
+# W1S shrink, `wide_blk`) and wg_n1 (over all columns, `wide_both`, beside the committed `packed_slot_w1s`), one launch
+# each at M = 8192. The 1000-case differentials: wg_s2c (both ops, per block or not), wg_s1c (before per block).
+WIDE_GU_SESSIONS = ("wg_s2", "wg_s3", "wg_s4")
+WIDE_GU_NCU_RUNS = ("wg_n1", "wg_n2")
+WIDE_GU_CHECK_RUNS = ("wg_s1c", "wg_s2c")
+# The layer with gate_up's wide build (the committed tables, `picked`) over the tables before it (PREV): lay_s3
+# (1d35c8a: qwen3 gate_up wide at M >= 8192 only; at 4096 both arms ran the separate delta) and lay_s4 (8f98dde: the
+# committed tables, 4096 too).
+WIDE_GU_LAYER = (("lay_s3", "picked_all_over_prev"), ("lay_s4", "picked_all_over_prev"))
+COMMITTED_LAYER = (("lay_s3", "picked"), ("lay_s4", "picked"))
+PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
 def wide_trials(names: tuple[str, ...] = WIDE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
@@ -470,6 +484,22 @@ def wide_counters(name: str = WIDE_NCU_RUN, path: str | Path | None = None) -> p
     return c[c.op.str.endswith("down")][["preset", "op", "arm", "duration_us", "dram_pct_peak", "tensor_pipe_pct",
                                           "achieved_occupancy_pct", "registers", "instructions", "top_stall",
                                           "top_stall_ratio"]].reset_index(drop=True)
+
+
+def wide_gate_up_trials(names: tuple[str, ...] = WIDE_GU_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """gate_up's rows of the wide section (`wide_trials`) per session: over all C columns (`path_wide*`, `gemm_wide`)
+    and per block (`*_blk*`), against the committed packed path, the separate delta and the plain GEMM."""
+    t = wide_trials(names, path)
+    return t[t.op == "gate_up"].reset_index(drop=True)
+
+
+def wide_gate_up_counters(names: tuple[str, ...] = WIDE_GU_NCU_RUNS, path: str | Path | None = None) -> pd.DataFrame:
+    """ncu's counters of gate_up's shrink and GEMM at M = 8192, both presets: the wide build per block (`wide_blk`),
+    over all columns (`wide_both`) and the committed packed path (`packed_slot_w1s`); one profiled launch each."""
+    c = fold_counters_of(names, path)
+    return c[c.op.str.endswith("gate_up")][["preset", "op", "arm", "duration_us", "dram_pct_peak", "tensor_pipe_pct",
+                                             "achieved_occupancy_pct", "registers", "top_stall",
+                                             "dram_bytes_over_floor"]].reset_index(drop=True)
 
 
 def packed_tile_layer(runs: tuple[tuple[str, str], ...] = TILE_LAYER, path: str | Path | None = None) -> pd.DataFrame:
