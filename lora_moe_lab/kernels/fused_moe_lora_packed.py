@@ -320,12 +320,13 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
 
 
 # ------------------------------------------------------------------------------------------------
-# The wide build: the adapters' columns in the down GEMM's own operands
+# The wide build: the adapters' columns in the GEMM's own operands (down: past K of each pair's row; gate_up: past K
+# of each token's row, one tail per pair, walked per block)
 # ------------------------------------------------------------------------------------------------
 def wide_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
-    """(E, N, K + C): w's columns, then B_packed's (`pack_lora_b` of the down GEMM's B, P = 1). The base GEMM runs on
-    its view [..., :K]; `moe_gemm_lora_wide` on all of it. Built once, with the weights; an adapter load rewrites
-    the last C columns in place."""
+    """(E, N, K + C): w's columns, then B_packed's (`pack_lora_b` of the op's B: down's P = 1, gate_up's P = 2). The
+    base GEMM runs on its view [..., :K]; `moe_gemm_lora_wide` on all of it. Built once, with the weights; an adapter
+    load rewrites the last C columns in place."""
     if w.dim() != 3 or b_packed.dim() != 3 or b_packed.shape[:2] != w.shape[:2] or b_packed.dtype != w.dtype:
         raise ValueError(f"wide_weights: b_packed (E, N, C) must match w (E, N, K) in E, N and dtype, got "
                          f"{tuple(b_packed.shape)} {b_packed.dtype} and {tuple(w.shape)} {w.dtype}")
