@@ -298,8 +298,8 @@ FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset({128, 256, 512, 1024}),
 # qwen3-30b-a3b's gate_up (N = 1536, K = 2048) at M >= 8192, with the shrink in one-slot windows (PACKED_SHRINK_TOKENS):
 # 0.925-0.978x the separate delta (win_s3) where its TP=4 shape (N = 384) only ties (0.993-1.008x), so a per-op
 # table could not take it (docs/kernels.md, "The packed shrink in slot windows"). At M = 4096 with gate_up's wide build
-# per block (WIDE_GATE_UP_TOKENS): 0.922x the separate delta in both sessions (wg_s2, wg_s3, medians; the packed
-# path there only tied it, 1.01x).
+# per block (WIDE_GATE_UP_TOKENS): 0.922x the separate delta in wg_s2 and wg_s3 (medians), 0.929 [0.922, 0.932] in
+# wg_s4 (paired 95 %); the packed path there only tied it (1.01-1.03x).
 FOLDED_LORA_SHAPE_TOKENS: dict = {("gate_up", 1536, 2048): frozenset({4096, 8192, 16384})}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
@@ -359,11 +359,11 @@ WIDE_DOWN_TOKENS = frozenset({1024, 2048, 4096, 8192, 16384})
 # gate_up's wide build per block (`moe_gemm_lora_wide(gather=True, per_block=True)`: each pair's u past K in its
 # token's row, and each tile walks only its block's slots' columns of its own slice) per token bucket, where the layer
 # folds gate_up with the packed build, with the W1S shrink on the alignment ordered by LoRA row; elsewhere
-# `moe_gemm_lora_packed`. wg_s2, wg_s3 (H200, two machines, the qwen3 gate_up path end to end, paired 95 %): 0.906-
-# 0.940x the committed packed path at M = 4096-16384, 0.89-0.92x the separate delta (docs/kernels.md, "gate_up's wide
-# build, per block"). The layer folds gate_up at TP=4 only below 2048 (FOLDED_LORA_TOKENS), so there it changes
-# nothing. The layer's input x must be the first K columns of a wider buffer (the norm writes it there:
-# `MoELayer.norm`); a layer handed a plain x copies it.
+# `moe_gemm_lora_packed`. wg_s2-wg_s4 (H200, three machines, the qwen3 gate_up path end to end, paired 95 %, the
+# union): 0.895-0.949x the committed packed path at M = 4096-16384, 0.90-0.93x the separate delta (wg_s4;
+# docs/kernels.md, "gate_up's wide build, per block"). The layer folds gate_up at TP=4 only below 2048
+# (FOLDED_LORA_TOKENS), so there it changes nothing. The layer's input x must be the first K columns of a wider
+# buffer (the norm writes it there: `MoELayer.norm`); a layer handed a plain x copies it.
 WIDE_GATE_UP_TOKENS = frozenset({4096, 8192, 16384})
 WIDE_GATE_UP_SHRINK = W1S
 

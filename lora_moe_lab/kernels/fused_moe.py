@@ -289,7 +289,7 @@ def fused_moe_kernel(
     # into the tail (K is a multiple of BLOCK_K: the launcher checks), by one add: no select between two pointers.
     # TAIL_BLK: each tile walks only the columns of the slots its block's live pairs use (blk_ptr, written by the
     # shrink), of its own slice (gate or up), widened to whole BLOCK_K steps: a trip count per tile, so a persistent
-    # grid's loops are not flattened (the launcher takes it where the tile table does not flatten).
+    # grid's loops are not flattened (the layer takes it where it measured faster: configs.WIDE_GATE_UP_TOKENS).
     kb = K
     if TAIL and not TAIL_BLK:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
         K = K + tl.load(tail_ptr)
