@@ -228,10 +228,9 @@ class MoELayer(torch.nn.Module):
     def input_columns(self, M: int, hooks: list[LoRAHook]) -> int:
         """The columns past K this layer's gate_up reads in its input's rows for this batch (the wide build's u:
         `LoRAHook.gate_up_columns`); 0 when it reads none. Static shapes decide: capture-safe."""
-        K, I = self.shape.hidden, self.shape.intermediate
-        if len(hooks) != 1 or not hooks[0].fuses("gate_up", M, self.top_k, 2 * I, K):
+        if len(hooks) != 1:
             return 0
-        return hooks[0].gate_up_columns(M, self.top_k, K, I)
+        return hooks[0].gate_up_columns(M, self.top_k, self.shape.hidden, self.shape.intermediate)
 
     def norm(self, h, hooks: list[LoRAHook], backend: Backend):
         """The layer's pre-norm of h, written where the layer reads it: the first K columns of a wider buffer when

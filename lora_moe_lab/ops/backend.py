@@ -130,7 +130,7 @@ class Backend(ABC):
     @staticmethod
     def moe_gemm_lora_wide(x, w, align: Alignment, top_k: int, out, lora_a, token_lora_mapping, lora_ids,
                            adapter_enabled, *, routed_weights=None, gather=False, shrink=None, per_block=False):
-        """The GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide`)."""
+        """The GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide_w`)."""
         raise NotImplementedError("this backend has no wide LoRA GEMM (use_wide_down answers False)")
 
     @staticmethod
