@@ -55,7 +55,7 @@ timed region):
            committed packed path (`path_committed`, `_off`) and the separate delta, at WIDE_M.
   layer    one MoE layer (model/moe.py) under CUDA-graph replay: base, LoRA all active with the separate deltas,
            at the committed tables (`picked_all`; `picked_none`: every adapter disabled, every kernel launched) and
-           at PREV (`prev_*`: the committed tables without gate_up's wide build); x the first K columns of a buffer
+           at PREV (`prev_*`: the tables before this session's changes); x the first K columns of a buffer
            with room for gate_up's u, as the layer's norm writes it; interleaved rounds; LoRA's
            share of the layer per round, its median and bootstrap 95 %. (Until exp_s9 it also ran the rows build,
            the packed build at every size and a candidate table.)
@@ -100,7 +100,7 @@ from lora_moe_lab.ops.reference import rel, tolerance
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 KERNEL_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
-LAYER_M = (256, 1024, 4096, 8192, 16384)
+LAYER_M = (128, 256, 1024, 4096, 8192, 16384)
 CHECK_M = (1, 16, 256, 2048, 8192)
 # The differential's tiles: few, so that 1000 cases compile a few dozen binaries (N and K are run-time).
 DIFF_TILES = (GemmConfig(64, 64, 8, 4, 3), GemmConfig(128, 64, 8, 4, 3, w_desc=True),
@@ -957,26 +957,30 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's table before this session: the committed ones without gate_up's wide build
-# (configs.WIDE_GATE_UP_TOKENS empty). In lay_s1 and lay_s2 it was the committed tables without the down GEMM's wide
-# build, in exp_s8 and exp_s9 the committed table without the packed GEMM's tiles per shape, in exp_s2-exp_s4 the
-# per-op table alone with the one-dot shrink.
-PREV_SHAPE_TOKENS = {("gate_up", 1536, 2048): frozenset({8192, 16384})}  # before gate_up's wide build took 4096
+PREV = "prev"  # the layer section's tables before this session: the committed ones without the twenty-fourth
+# session's changes (TP=4 gate_up's fold at M >= 8192, the down GEMM's wide build at M = 128 and 256). In lay_s3 and
+# lay_s4 it was the committed tables without gate_up's wide build, in lay_s1 and lay_s2 without the down GEMM's, in
+# exp_s8 and exp_s9 without the packed GEMM's tiles per shape, in exp_s2-exp_s4 the per-op table alone with the
+# one-dot shrink.
+PREV_TABLES = {"FOLDED_LORA_SHAPE_TOKENS": {("gate_up", 1536, 2048): frozenset({4096, 8192, 16384})},
+               "WIDE_DOWN_TOKENS": frozenset({1024, 2048, 4096, 8192, 16384})}
 
 
 def _with_table(table, fn):
-    """fn() with configs.FOLDED_LORA_TOKENS set to `table` (None or PREV: the committed one; the layer reads the
-    tables at each call); an explicit table also clears the per-shape folds. PREV: the committed tables without
-    gate_up's wide build."""
-    keep = (configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_GATE_UP_TOKENS)
-    configs.FOLDED_LORA_TOKENS = keep[0] if table in (None, PREV) else table
-    configs.FOLDED_LORA_SHAPE_TOKENS = keep[1] if table is None else PREV_SHAPE_TOKENS if table == PREV else {}
+    """fn() with configs' fold tables set for one arm (the layer reads them at each call): None, the committed
+    ones; PREV, PREV_TABLES in place of theirs; an explicit per-op FOLDED_LORA_TOKENS table (no per-shape folds)."""
+    names = ("FOLDED_LORA_TOKENS", "FOLDED_LORA_SHAPE_TOKENS", *PREV_TABLES)
+    keep = {n: getattr(configs, n) for n in names}
     if table == PREV:
-        configs.WIDE_GATE_UP_TOKENS = frozenset()
+        for n, v in PREV_TABLES.items():
+            setattr(configs, n, v)
+    elif table is not None:
+        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS = table, {}
     try:
         return fn()
     finally:
-        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS, configs.WIDE_GATE_UP_TOKENS = keep
+        for n, v in keep.items():
+            setattr(configs, n, v)
 
 
 # ------------------------------------------------------------------------------------------------
