@@ -59,12 +59,13 @@ def packed_shrink_kernel(
     tail_ptr,  # (1,) int32 out (U_PAIR): the columns of u the wide GEMM walks, P * S_POW2 * BLOCK_R or 0 (none live)
     sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,  # the base GEMM's alignment (S=1)
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token (-1 none); (L,) slot (-1 none), enabled
+    order_ptr,  # (ORDERED) (alignment blocks,) int32: the block each program's place in the launch computes
     K, R, S, L, num_pairs, top_k,
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     stride_uj, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
     P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
-    U_PAIR: tl.constexpr = False,
+    U_PAIR: tl.constexpr = False, ORDERED: tl.constexpr = False,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
@@ -75,6 +76,8 @@ def packed_shrink_kernel(
     # rows, or of gate_up's token rows, top_k tails side by side), not the alignment's order, and every real row is
     # written, zeros where nothing is live: that GEMM walks u's columns for every row, with no block ranges.
     pid = tl.program_id(0)
+    if ORDERED:  # the SMs take programs roughly in launch order: a permutation of the blocks sets which run together
+        pid = tl.load(order_ptr + pid // SUB) * SUB + pid % SUB
     pid_m = pid // SUB  # the alignment block
     p0 = tl.program_id(1) * P_ALL  # the program's first slice
     writer = (p0 == 0) & (pid % SUB == 0)  # one writer of the block's range
@@ -181,6 +184,24 @@ def packed_shrink_kernel(
                  eviction_policy="evict_first" if X_KEEP else "")
 
 
+def slot_major_order(align, top_k: int, token_lora_mapping, lora_ids) -> torch.Tensor:
+    """An int32 permutation of the alignment's blocks, slot-major: the blocks of the lowest slot first, every expert's,
+    then the next slot's (a block goes by its first pair's slot; padding and blocks without a live slot last), each
+    slot's blocks in the alignment's order. For `lora_shrink_packed(block_order=)` on the alignment ordered by LoRA row.
+    Why: gate_up's shrink reads each token's x row once per expert of the token; taken expert by expert, the programs
+    in flight need rows of every token, and the row comes back from DRAM. Where a request's tokens are contiguous and
+    share its adapter, a slot's blocks read only its requests' rows, which stay in L2 while every expert's A streams
+    by once. Computed by a few torch operations on the GPU, no host sync (capture-safe)."""
+    bm, nb = align.block_m, align.expert_ids.shape[1]
+    num_pairs = token_lora_mapping.shape[0] * top_k
+    first = align.sorted_token_ids[0, ::bm][:nb].long()  # each block's first pair (num_pairs and past: padding)
+    tok = torch.clamp(first // top_k, max=token_lora_mapping.shape[0] - 1)
+    row = token_lora_mapping[tok].long()
+    slot = lora_ids[row.clamp(min=0)].long()
+    slot = torch.where((first < num_pairs) & (row >= 0) & (slot >= 0), slot, 1 << 20)  # after every slot
+    return torch.argsort(slot * nb + torch.arange(nb, device=slot.device)).to(torch.int32)
+
+
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
     """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
     side by side in the columns [p * C, (p + 1) * C), each padded from R to BR = block_r(R) with zeros (slots past S
@@ -201,7 +222,8 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
-                       x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None):
+                       x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None,
+                       block_order=None):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). Only the windows between the program's
@@ -213,7 +235,9 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     data/kernels/win_s2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
     SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M, top_k, P, C), any strides with unit
     columns: the wide build's columns past K of the down GEMM's x rows, or of gate_up's token rows), every real row
-    written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live."""
+    written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live.
+    block_order: an int32 permutation of the alignment's blocks (`slot_major_order`), the order the programs take
+    them in (the same result, bit for bit: each block is computed as without it)."""
     if u_pair and tail_cols is None:
         raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
@@ -232,16 +256,21 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                          f"(the slots rounded up to a power of two), or 0 for all of them")
     p_all = P if both_slices else 1
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
+    if block_order is not None and (block_order.dtype != torch.int32 or block_order.dim() != 1
+                                    or block_order.shape[0] != align.expert_ids.shape[1]):
+        raise ValueError(f"lora_shrink_packed: block_order must be an int32 permutation of the alignment's "
+                         f"{align.expert_ids.shape[1]} blocks, got {block_order.dtype} {tuple(block_order.shape)}")
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
     stages = stages_for(num_stages, (rows * bk + bk * p_all * win * br) * x.element_size())
     packed_shrink_kernel[(nb_launch * (bm // rows), P // p_all)](
         x, lora_a, u, blk, tail_cols if u_pair else blk, align.sorted_token_ids, align.expert_ids,
         align.num_tokens_post_padded,
-        token_lora_mapping, lora_ids, adapter_enabled,
+        token_lora_mapping, lora_ids, adapter_enabled, blk if block_order is None else block_order,
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(-2),
         u.stride(1) if u_pair else 0,
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
         SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), U_PAIR=bool(u_pair),
+        ORDERED=block_order is not None,
         num_warps=num_warps,
         num_stages=stages, **reg_cap(max_regs),
     )

@@ -16,8 +16,8 @@ from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig
 from lora_moe_lab.kernels.fused_moe import Tail, moe_gemm
-from lora_moe_lab.kernels.fused_moe_lora_packed import (moe_gemm_lora_wide, pack_lora_b, wide_columns, wide_weights,
-                                                        x_wide_columns)
+from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_wide, pack_lora_b,
+                                                        slot_major_order, wide_columns, wide_weights, x_wide_columns)
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [])
@@ -121,6 +121,36 @@ def test_wide_per_block_matches_reference(dtype, tile, shrink, op):
         codes, x_wide = run_wide(c, dtype, 5, 3, NS * (2 if gu else 1), bm=32 if tile == "ppt" else 16,
                                  config=TILES[tile], shrink=sh, order=seed == 1, per_block=True)
         assert (codes == 0).any() and (codes != 0).any()
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+@pytest.mark.parametrize("shrink", ["dense", "w1s"])
+def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
+    """slot_major_order: the gate_up shrink's programs take the ordered alignment's blocks slot by slot (a slot's
+    blocks first, padding and blocks without a live slot last). Each block is computed as before: u (NaN-poisoned
+    first, so every real row is written) and the block ranges the same bit for bit; the order is a permutation."""
+    M, top_k, E = 26, 3, 5
+    mapping = [i * 4 // M for i in range(M)] if contiguous else None  # a request's tokens side by side, or random
+    c = make_case(31, M, 64, 12, E, top_k, 3, 4, 8, 2, gather=True, mapping=mapping, lora_ids=[0, 2, -1, 1],
+                  enabled=[1, 1, 1, 0])
+    d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, E, top_k, 24, 16, order=True)
+    order = slot_major_order(al, top_k, d["mapping"], d["lora_ids"])
+    assert sorted(order.tolist()) == list(range(al.expert_ids.shape[1]))
+    got = []
+    for bo in (None, order):
+        xw = x_wide.clone()
+        u = torch.as_strided(xw, (M, top_k, 2, C // 2), (xw.stride(0), C, C // 2, 1), K)
+        blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+        lora_shrink_packed(xw[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
+                           u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), block_order=bo,
+                           **GATE_UP_SHRINKS[shrink])
+        got.append((xw, blk))
+    assert not torch.isnan(got[1][0]).any()
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    with pytest.raises(ValueError, match="block_order must be an int32 permutation"):
+        lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
+                           u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
+                           block_order=order[:-1])
 
 
 @pytest.mark.parametrize("per_block", [False, True])

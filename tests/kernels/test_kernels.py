@@ -489,7 +489,8 @@ def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
 def test_fold_table_per_gemm_shape():
     """FOLDED_LORA_SHAPE_TOKENS folds one GEMM shape at buckets its op's table leaves separate: qwen3-30b-a3b's
     gate_up (N = 1536, K = 2048) at M >= 4096 (4096 with gate_up's wide build), not at 2048, and its TP=4 shape
-    (N = 384) at M >= 8192 only; the W1S shrink is the packed shrink's at M >= 8192 only; gate_up's wide build's at 4096 too."""
+    (N = 384) at M >= 8192 only; the W1S shrink is the packed shrink's at M >= 8192 only; gate_up's wide build's
+    at 4096 too."""
     E, k = 128, 8
     assert configs.use_folded_lora("gate_up", 8192, k, E, 1536, 2048)
     assert configs.use_folded_lora("gate_up", 16384, k, E, 1536, 2048)
