@@ -269,7 +269,8 @@ def _wide_case(rng, g, dev, i):
     """The wide build (`moe_gemm_lora_wide`) on a random case, gate_up (odd i: token rows, each pair's tail at its own
     place, `Tail.jump`) or down (even i): one of PACKED_TILES, the base or the ordered alignment, the shrink in whole
     blocks or programs of 16 rows, over every slot or windows of 1 or 2, both slices per program or not (gate_up),
-    the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not, every tile over all
+    the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not, the blocks taken
+    slot by slot (`slot_order`) or in order, every tile over all
     C columns or only its block's slots' (`per_block`, where K is a multiple of BLOCK_K); down's K a multiple
     of 64 or of 8 only (K predicates), gate_up's a multiple of the tile's BLOCK_K (the jump needs it); x_wide's u
     columns and `out` NaN-poisoned (with no adapter live the GEMM must not read u: the shrink writes none of it);
@@ -292,7 +293,8 @@ def _wide_case(rng, g, dev, i):
     out = torch.full_like(base, float("nan"))
     win = rng.choice((0, 1, 2))
     shrink = dict(sub_m=16 if bm > 16 and rng.random() < 0.5 else 0, slot_window=win, row_ptrs=rng.random() < 0.5,
-                  max_regs=128 if win == 1 and rng.random() < 0.5 else 0, both_slices=gu and rng.random() < 0.5)
+                  max_regs=128 if win == 1 and rng.random() < 0.5 else 0, both_slices=gu and rng.random() < 0.5,
+                  slot_order=rng.random() < 0.5)
     per_block = K % cfg.block_k == 0 and rng.random() < 0.5  # each tile walks its block's slots' columns only
     moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, gather=gu,
                        config=cfg, shrink=shrink, per_block=per_block)
@@ -762,7 +764,8 @@ def wide(preset, dev, gen, reps):
     pays where nothing upstream writes x there. `*_blk` (`per_block`): each tile walks only its block's slots'
     columns of its own slice, on the ordered alignment: the GEMM alone (`gemm_wide_blk`, against the plain GEMM on
     that alignment, `base_ordered`), the path with the committed shrink at M (`path_wide_blk`), with W1S
-    (`path_wide_blk_w1`) and disabled (`path_wide_blk_off`), priced with the ordered alignment's extra time."""
+    (`path_wide_blk_w1`), with W1S taking its blocks slot by slot (`path_wide_blk_w1o`: `slot_order`) and disabled
+    (`path_wide_blk_off`), priced with the ordered alignment's extra time."""
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
@@ -820,6 +823,9 @@ def wide(preset, dev, gen, reps):
                                                     "al_ord"),
                     "path_wide_blk": lambda s: wide_path(s, on, "al_ord", shr, True),
                     "path_wide_blk_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S, True),
+                    # the same with the shrink's blocks slot by slot (its order kernel's launch in)
+                    "path_wide_blk_w1o": lambda s: wide_path(s, on, "al_ord", dict(configs.W1S, slot_order=True),
+                                                             True),
                     "path_wide_blk_off": lambda s: wide_path(s, off, "al_ord", shr, True),
                     "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
                     "copy_x": lambda s: s["xv"].copy_(s[X]),
@@ -834,6 +840,7 @@ def wide(preset, dev, gen, reps):
             w1 = [v + d for v, d in zip(s_["path_wide_w1"], d_al)]
             pb = [v + d for v, d in zip(s_["path_wide_blk"], d_al)]
             pb1 = [v + d for v, d in zip(s_["path_wide_blk_w1"], d_al)]
+            pbo = [v + d for v, d in zip(s_["path_wide_blk_w1o"], d_al)]
             out = {"gemm_wide_over_base": bootstrap_paired(s_["gemm_wide"], s_["base"], "ratio_of_medians"),
                    "off_wide_over_base": bootstrap_paired(s_["off_wide"], s_["base"], "ratio_of_medians"),
                    "base_view_over_base": bootstrap_paired(s_["base_view"], s_["base"], "ratio_of_medians"),
@@ -843,6 +850,9 @@ def wide(preset, dev, gen, reps):
                                                                "ratio_of_medians"),
                    "path_wide_blk_over_committed": bootstrap_paired(pb, com, "ratio_of_medians"),
                    "path_wide_blk_w1_over_committed": bootstrap_paired(pb1, com, "ratio_of_medians"),
+                   "path_wide_blk_w1o_over_committed": bootstrap_paired(pbo, com, "ratio_of_medians"),
+                   "path_wide_blk_w1o_over_w1": bootstrap_paired(s_["path_wide_blk_w1o"], s_["path_wide_blk_w1"],
+                                                                 "ratio_of_medians"),
                    "path_wide_blk_off_over_base": bootstrap_paired(s_["path_wide_blk_off"], s_["base"],
                                                                    "ratio_of_medians"),
                    "path_wide_blk_added_pct": bootstrap_paired(pb, s_["base"], "median_change_pct"),
@@ -860,6 +870,7 @@ def wide(preset, dev, gen, reps):
                 out["path_wide_over_separate"] = bootstrap_paired(s_["path_wide"], sep, "ratio_of_medians")
                 out["path_wide_blk_over_separate"] = bootstrap_paired(pb, sep, "ratio_of_medians")
                 out["path_wide_blk_w1_over_separate"] = bootstrap_paired(pb1, sep, "ratio_of_medians")
+                out["path_wide_blk_w1o_over_separate"] = bootstrap_paired(pbo, sep, "ratio_of_medians")
                 out["path_committed_over_separate"] = bootstrap_paired(com, sep, "ratio_of_medians")
             log(f"wide {preset} {op} M={M}: committed per_slot={per_slot} shrink={shr} expand={exp}, C={C}")
             _ratio_row("wide", preset, op, M, bm, reps, s_, wc, med, out)
@@ -957,13 +968,12 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's tables before this session: the committed ones without the twenty-fourth
-# session's changes (TP=4 gate_up's fold at M >= 8192, the down GEMM's wide build at M = 128 and 256). In lay_s3 and
-# lay_s4 it was the committed tables without gate_up's wide build, in lay_s1 and lay_s2 without the down GEMM's, in
-# exp_s8 and exp_s9 without the packed GEMM's tiles per shape, in exp_s2-exp_s4 the per-op table alone with the
-# one-dot shrink.
-PREV_TABLES = {"FOLDED_LORA_SHAPE_TOKENS": {("gate_up", 1536, 2048): frozenset({4096, 8192, 16384})},
-               "WIDE_DOWN_TOKENS": frozenset({1024, 2048, 4096, 8192, 16384})}
+PREV = "prev"  # the layer section's tables before this session's last change: gate_up's wide shrink without the
+# slot-major block order (lay_s6 on). In lay_s5 it was the tables before the twenty-fourth session (without TP=4
+# gate_up's fold at M >= 8192 and the down GEMM's wide build at M = 128, 256), in lay_s3 and lay_s4 the committed
+# tables without gate_up's wide build, in lay_s1 and lay_s2 without the down GEMM's, in exp_s8 and exp_s9 without
+# the packed GEMM's tiles per shape, in exp_s2-exp_s4 the per-op table alone with the one-dot shrink.
+PREV_TABLES = {"WIDE_GATE_UP_SHRINK": configs.W1S}
 
 
 def _with_table(table, fn):

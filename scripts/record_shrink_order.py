@@ -12,7 +12,7 @@ order should not matter.
 Arms per mapping (M = ORDER_M, qwen3-30b-a3b's gate_up shapes; its TP=4 shape has the same A and x):
   expert      the shrink as the layer runs it (the alignment ordered by LoRA row, blocks in their order)
   slot        the same launch with block_order = slot_major_order (computed once, outside the timed region)
-  slot_paid   slot_major_order's torch operations and the shrink, both timed (what a layer would pay)
+  slot_paid   the order's kernel and the shrink, both timed (`slot_order=True`: what a layer pays)
 Ratios paired per repetition (percentile bootstrap 95 %): slot / expert and slot_paid / expert per mapping, and
 requests / random for the expert order. The u of both orders is compared bit for bit before timing.
 
@@ -35,11 +35,12 @@ from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import Recorder, log, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.kernels import configs
-from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.align import moe_align, slot_major_order
 from lora_moe_lab.kernels.configs import block_r, moe_block_m
-from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, slot_major_order, wide_columns
+from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, wide_columns
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
+W1S = configs.W1S  # the layer's gate_up shrink options, without the block order
 PRESET = "qwen3-30b-a3b"
 ORDER_M = (4096, 8192, 16384)
 REQUESTS = 8  # the requests mapping: REQUESTS requests of M / REQUESTS contiguous tokens, request r on slot r % S
@@ -66,11 +67,9 @@ def _case(M, mapping, dev, gen):
     floor = M * K * 2 + used_se * 2 * RANK * K * 2 + M * k * 2 * block_r(RANK) * 2  # x, used A, u: once each
 
     def run(order=None, paid=False):
-        if paid:
-            order = slot_major_order(al, k, s["slot"], lids)
         return lora_shrink_packed(xw[:, :K], a13, al, k, s["slot"], lids, torch.ones_like(lids), u, blk,
-                                  u_pair=True, tail_cols=cols, block_order=order, **configs.WIDE_GATE_UP_SHRINK)
-    return run, slot_major_order(al, k, s["slot"], lids), xw, floor
+                                  u_pair=True, tail_cols=cols, block_order=order, slot_order=paid, **W1S)
+    return run, slot_major_order(al, k, s["slot"], lids, S), xw, floor
 
 
 def order(dev, gen, reps):
@@ -131,7 +130,7 @@ def main(argv=None):
         return ncu_run(args.out, dev, gen)
     rec = Recorder("shrink_order", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                          preset=PRESET, order_m=ORDER_M, requests=REQUESTS,
-                                                         shrink=configs.WIDE_GATE_UP_SHRINK))
+                                                         shrink=W1S))
     rec.section("order", order, dev, gen, args.reps)
     rec.write()
 

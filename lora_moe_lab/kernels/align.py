@@ -266,3 +266,71 @@ def moe_align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int,
                                                     key_start, HAS_SLOT=has_slot, ORDERED=ordered, NK=NK,
                                                     BLOCK=BLOCK)
     return Alignment(sorted_ids, expert_ids, ntpp, BM)
+
+
+# --------------------------------------------------------------------------------------------------
+# The blocks of an alignment in slot-major order (a launch order for gate_up's packed shrink)
+# --------------------------------------------------------------------------------------------------
+@triton.jit
+def _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, b, nb, num_pairs, top_k, L, S,
+                BM: tl.constexpr):
+    """Each block's key: the slot of its first pair's adapter, S for padding and pairs without one."""
+    first = tl.load(sorted_ids_ptr + b * BM, mask=b < nb, other=num_pairs)
+    valid = first < num_pairs
+    row = tl.load(mapping_ptr + first // top_k, mask=valid, other=-1)
+    slot = tl.load(lora_ids_ptr + row, mask=valid & (row >= 0) & (row < L), other=-1)
+    return tl.where((slot >= 0) & (slot < S), slot, S)
+
+
+@triton.jit(do_not_specialize=["nb", "num_pairs", "L"])
+def _slot_order_kernel(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, order_ptr, nb, num_pairs, top_k, L, S,
+                       BM: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
+    # One program, a stable counting sort of the nb blocks by key: count each key's blocks, then place each chunk's
+    # blocks after the earlier keys' and the earlier chunks' (the same key's rank inside a chunk: a cumulative sum).
+    offs = tl.arange(0, CHUNK)
+    keys = tl.arange(0, KP)
+    cnt = tl.zeros((KP,), dtype=tl.int32)
+    for c0 in range(0, nb, CHUNK):
+        key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, c0 + offs, nb, num_pairs, top_k, L, S, BM)
+        hot = (key[:, None] == keys[None, :]) & (c0 + offs < nb)[:, None]
+        cnt += tl.sum(hot.to(tl.int32), 0)
+    start = tl.cumsum(cnt, 0) - cnt  # each key's first place
+    for c0 in range(0, nb, CHUNK):
+        b = c0 + offs
+        key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, b, nb, num_pairs, top_k, L, S, BM)
+        hot = ((key[:, None] == keys[None, :]) & (b < nb)[:, None]).to(tl.int32)
+        place = tl.sum(hot * (tl.cumsum(hot, 0) - 1 + start[None, :]), 1)
+        tl.store(order_ptr + place, b, mask=b < nb)
+        start += tl.sum(hot, 0)
+
+
+def slot_major_order(align: Alignment, top_k: int, token_lora_mapping: torch.Tensor, lora_ids: torch.Tensor,
+                     num_slots: int) -> torch.Tensor:
+    """An int32 permutation of the alignment's blocks (slot 0 of `align` only), slot-major: every block whose first
+    pair's adapter sits in slot 0, in the alignment's order, then slot 1's, ...; padding and blocks without an adapter
+    last. One Triton launch (no host sync: capture-safe); `slot_major_order_torch` is its reference.
+
+    For gate_up's packed shrink (`lora_shrink_packed(slot_order=True)`) on the alignment ordered by LoRA row: each
+    token's x row is read once per expert of the token, and blocks taken expert by expert need rows of every token at
+    once. Taken slot by slot, the programs in flight read only one slot's tokens' rows (a quarter with four adapters),
+    and fewer come back from DRAM (data/kernels/ord_n1)."""
+    nb = align.expert_ids.shape[1]
+    order = torch.empty(nb, dtype=torch.int32, device=align.sorted_token_ids.device)
+    _slot_order_kernel[(1,)](align.sorted_token_ids, token_lora_mapping, lora_ids, order, nb,
+                             token_lora_mapping.shape[0] * top_k, top_k, lora_ids.shape[0], num_slots,
+                             BM=align.block_m, KP=triton.next_power_of_2(num_slots + 1), CHUNK=256, num_warps=4)
+    return order
+
+
+def slot_major_order_torch(align: Alignment, top_k: int, token_lora_mapping: torch.Tensor, lora_ids: torch.Tensor,
+                           num_slots: int) -> torch.Tensor:
+    """`slot_major_order` by torch operations (the reference; a dozen launches)."""
+    bm, nb = align.block_m, align.expert_ids.shape[1]
+    num_pairs = token_lora_mapping.shape[0] * top_k
+    first = align.sorted_token_ids[0, ::bm][:nb].long()  # each block's first pair (num_pairs: padding)
+    valid = first < num_pairs
+    row = token_lora_mapping[torch.clamp(first // top_k, max=token_lora_mapping.shape[0] - 1)].long()
+    ok = valid & (row >= 0) & (row < lora_ids.shape[0])
+    slot = lora_ids[row.clamp(0, lora_ids.shape[0] - 1)].long()
+    key = torch.where(ok & (slot >= 0) & (slot < num_slots), slot, num_slots)
+    return torch.sort(key, stable=True).indices.to(torch.int32)

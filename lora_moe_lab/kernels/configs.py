@@ -299,11 +299,11 @@ FOLDED_LORA_TOKENS: dict = {"gate_up": frozenset({128, 256, 512, 1024}),
 # 0.925-0.978x the separate delta (win_s3) where its TP=4 shape (N = 384) only ties (0.993-1.008x), so a per-op
 # table could not take it (docs/kernels.md, "The packed shrink in slot windows"). At M = 4096 with gate_up's wide build
 # per block (WIDE_GATE_UP_TOKENS): 0.922x the separate delta in wg_s2 and wg_s3 (medians), 0.929 [0.922, 0.932] in
-# wg_s4 (paired 95 %); the packed path there only tied it (1.01-1.03x). Its TP=4 shape (N = 384) at M >= 8192, with the
-# same wide build: 0.964 [0.953, 0.970] and 0.976 [0.972, 0.993] the separate delta at 8192 and 16384 (wg_s4), 0.969
-# [0.959, 0.978] and 0.980 [0.955, 0.990] (wg_s5, a second machine); at 2048 and 4096 it loses (1.05-1.06x, wg_s5).
-FOLDED_LORA_SHAPE_TOKENS: dict = {("gate_up", 1536, 2048): frozenset({4096, 8192, 16384}),
-                                  ("gate_up", 384, 2048): frozenset({8192, 16384})}
+# wg_s4 (paired 95 %); the packed path there only tied it (1.01-1.03x). Not its TP=4 shape (N = 384): at M >= 8192
+# the same wide build's path is 0.964-0.980x the separate delta alone (wg_s4, wg_s5), but the layer folding it lost,
+# 1.014 [1.012, 1.016] and 1.016 [1.013, 1.022]x the layer without (lay_s5, M = 8192 and 16384; disabled 1.004 and
+# 1.013x); at 2048 and 4096 the path itself loses (1.05-1.06x, wg_s5).
+FOLDED_LORA_SHAPE_TOKENS: dict = {("gate_up", 1536, 2048): frozenset({4096, 8192, 16384})}
 # The folded path's build where the layer takes it: the layer's alignment ordered by LoRA row inside each
 # expert (`moe_align(order_by=)`), so a tile spans few LoRA rows, and the per-row shrink (one K loop of R
 # columns per row present, 167 registers against the side-by-side shrink's 255). data/kernels/fold_s2 (H200,
@@ -357,7 +357,9 @@ PACKED_TILE_SHAPE_TOKENS: dict = {("down", 2048, 192): {1024: dict(persistent=0,
 # without: 0.959-0.979x (qwen3, M >= 1024), 0.950-0.966x (TP=4, M >= 4096), 0.996-1.011x (TP=4, M = 1024; lay_s1,
 # lay_s2). M = 128 and 256 (wide_s3, wide_s5: two machines): 0.986 / 0.993 and 0.958 / 0.962x the packed path at
 # qwen3, 0.973 / 0.975 and 0.921 / 0.937x at TP=4, with every adapter disabled 1.01-1.02x (qwen3) and 1.05-1.06x
-# (TP=4) the plain GEMM where the packed path pays 1.02-1.05x and 1.09-1.11x. M = 512 stays packed: qwen3 gains
+# (TP=4) the plain GEMM where the packed path pays 1.02-1.05x and 1.09-1.11x; the layer with it, over the layer
+# without (lay_s5): 0.995 [0.991, 1.000] (qwen3) and 0.980 [0.976, 0.983] (TP=4) at M = 256, a tie at 128 (1.002
+# both). M = 512 stays packed: qwen3 gains
 # (0.966 / 0.972x) but TP=4 loses (1.017 / 1.035x), and the table is per token bucket. Bucket 2048 was not timed on
 # its own.
 WIDE_DOWN_TOKENS = frozenset({128, 256, 1024, 2048, 4096, 8192, 16384})
@@ -368,12 +370,17 @@ WIDE_DOWN_TOKENS = frozenset({128, 256, 1024, 2048, 4096, 8192, 16384})
 # folds gate_up with the packed build, with the W1S shrink on the alignment ordered by LoRA row; elsewhere
 # `moe_gemm_lora_packed`. wg_s2-wg_s4 (H200, three machines, the qwen3 gate_up path end to end, paired 95 %, the
 # union): 0.895-0.949x the committed packed path at M = 4096-16384, 0.90-0.93x the separate delta (wg_s4;
-# docs/kernels.md, "gate_up's wide build, per block"). The layer folds gate_up at TP=4 below 2048 (FOLDED_LORA_TOKENS,
-# the packed build) and at M >= 8192 (FOLDED_LORA_SHAPE_TOKENS: this build, 0.96-0.98x the separate delta in wg_s4 and
-# wg_s5). The layer's input x must be the first K columns of a wider buffer (the norm writes it there:
-# `MoELayer.norm`); a layer handed a plain x copies it.
+# docs/kernels.md, "gate_up's wide build, per block"). The layer folds gate_up at TP=4 only below 2048
+# (FOLDED_LORA_TOKENS), so there it changes nothing (at M >= 8192 the fold with this build lost in the layer: lay_s5).
+# The layer's input x must be the first K columns of a wider buffer (the norm writes it there: `MoELayer.norm`); a
+# layer handed a plain x copies it.
 WIDE_GATE_UP_TOKENS = frozenset({4096, 8192, 16384})
-WIDE_GATE_UP_SHRINK = W1S
+# Its shrink: W1S, its programs taking the ordered alignment's blocks slot by slot (`slot_order`, one more launch of
+# a single program): x's rows, read once per expert of a token, stay in L2 while one slot's blocks run. ord_s1 (H200,
+# the shrink alone at qwen3's gate_up, the order given): 0.87-0.92x W1S in block order at M = 4096-16384, under
+# random and per-request adapter mappings alike; ncu (ord_n1, M = 8192): 123 -> 111 us, DRAM bytes 2.06 -> 1.73x the
+# floor, L2 hit 36 -> 45 %. The layer sessions lay_s6, lay_s7 pair it with W1S alone (the layer section's PREV).
+WIDE_GATE_UP_SHRINK = dict(W1S, slot_order=True)
 
 
 def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:

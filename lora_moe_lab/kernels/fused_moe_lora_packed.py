@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .align import slot_major_order
 from .common import pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r, gemm_config
 from .fused_moe import Packed, Tail, _folded_rows, block_pairs, moe_gemm, tail_columns
@@ -184,24 +185,6 @@ def packed_shrink_kernel(
                  eviction_policy="evict_first" if X_KEEP else "")
 
 
-def slot_major_order(align, top_k: int, token_lora_mapping, lora_ids) -> torch.Tensor:
-    """An int32 permutation of the alignment's blocks, slot-major: the blocks of the lowest slot first, every expert's,
-    then the next slot's (a block goes by its first pair's slot; padding and blocks without a live slot last), each
-    slot's blocks in the alignment's order. For `lora_shrink_packed(block_order=)` on the alignment ordered by LoRA row.
-    Why: gate_up's shrink reads each token's x row once per expert of the token; taken expert by expert, the programs
-    in flight need rows of every token, and the row comes back from DRAM. Where a request's tokens are contiguous and
-    share its adapter, a slot's blocks read only its requests' rows, which stay in L2 while every expert's A streams
-    by once. Computed by a few torch operations on the GPU, no host sync (capture-safe)."""
-    bm, nb = align.block_m, align.expert_ids.shape[1]
-    num_pairs = token_lora_mapping.shape[0] * top_k
-    first = align.sorted_token_ids[0, ::bm][:nb].long()  # each block's first pair (num_pairs and past: padding)
-    tok = torch.clamp(first // top_k, max=token_lora_mapping.shape[0] - 1)
-    row = token_lora_mapping[tok].long()
-    slot = lora_ids[row.clamp(min=0)].long()
-    slot = torch.where((first < num_pairs) & (row >= 0) & (slot >= 0), slot, 1 << 20)  # after every slot
-    return torch.argsort(slot * nb + torch.arange(nb, device=slot.device)).to(torch.int32)
-
-
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
     """B (P, S, E, N/P, R) -> (E, N, P * C), C = S_POW2 * BR: for output column n of slice p, every slot's B row
     side by side in the columns [p * C, (p + 1) * C), each padded from R to BR = block_r(R) with zeros (slots past S
@@ -223,7 +206,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
                        x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None,
-                       block_order=None):
+                       slot_order: bool = False, block_order=None):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). Only the windows between the program's
@@ -236,8 +219,10 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M, top_k, P, C), any strides with unit
     columns: the wide build's columns past K of the down GEMM's x rows, or of gate_up's token rows), every real row
     written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live.
-    block_order: an int32 permutation of the alignment's blocks (`slot_major_order`), the order the programs take
-    them in (the same result, bit for bit: each block is computed as without it)."""
+    slot_order: the programs take the alignment's blocks slot by slot (`align.slot_major_order`, one more launch:
+    gate_up's x rows, read once per expert of a token, come back from DRAM less often). block_order: that order, or
+    any int32 permutation of the blocks, given (the same result either way, bit for bit: each block is computed as
+    without it)."""
     if u_pair and tail_cols is None:
         raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
@@ -256,6 +241,8 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                          f"(the slots rounded up to a power of two), or 0 for all of them")
     p_all = P if both_slices else 1
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
+    if slot_order and block_order is None:
+        block_order = slot_major_order(align, top_k, token_lora_mapping, lora_ids, S)
     if block_order is not None and (block_order.dtype != torch.int32 or block_order.dim() != 1
                                     or block_order.shape[0] != align.expert_ids.shape[1]):
         raise ValueError(f"lora_shrink_packed: block_order must be an int32 permutation of the alignment's "

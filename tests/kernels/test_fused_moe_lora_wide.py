@@ -13,11 +13,11 @@ from test_fused_moe_lora_epilogue import check_against_float64
 from test_lora_decode import make_case
 
 from lora_moe_lab import runtime
-from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.align import moe_align, slot_major_order, slot_major_order_torch
 from lora_moe_lab.kernels.configs import GemmConfig
 from lora_moe_lab.kernels.fused_moe import Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_wide, pack_lora_b,
-                                                        slot_major_order, wide_columns, wide_weights, x_wide_columns)
+                                                        wide_columns, wide_weights, x_wide_columns)
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [])
@@ -134,8 +134,8 @@ def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
     c = make_case(31, M, 64, 12, E, top_k, 3, 4, 8, 2, gather=True, mapping=mapping, lora_ids=[0, 2, -1, 1],
                   enabled=[1, 1, 1, 0])
     d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, E, top_k, 24, 16, order=True)
-    order = slot_major_order(al, top_k, d["mapping"], d["lora_ids"])
-    assert sorted(order.tolist()) == list(range(al.expert_ids.shape[1]))
+    order = slot_major_order(al, top_k, d["mapping"], d["lora_ids"], 4)
+    assert torch.equal(order, slot_major_order_torch(al, top_k, d["mapping"], d["lora_ids"], 4))
     got = []
     for bo in (None, order):
         xw = x_wide.clone()
@@ -145,12 +145,37 @@ def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
                            u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), block_order=bo,
                            **GATE_UP_SHRINKS[shrink])
         got.append((xw, blk))
+    xw = x_wide.clone()  # slot_order: the launcher computes the order itself
+    u = torch.as_strided(xw, (M, top_k, 2, C // 2), (xw.stride(0), C, C // 2, 1), K)
+    blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+    lora_shrink_packed(xw[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk, u_pair=True,
+                       tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), slot_order=True,
+                       **GATE_UP_SHRINKS[shrink])
+    got.append((xw, blk))
     assert not torch.isnan(got[1][0]).any()
-    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    for xw, blk in got[1:]:
+        assert torch.equal(got[0][0], xw) and torch.equal(got[0][1], blk)
     with pytest.raises(ValueError, match="block_order must be an int32 permutation"):
         lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
                            u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
                            block_order=order[:-1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_slot_major_order_matches_the_torch_reference(seed):
+    """The order kernel (one program, a counting sort in chunks of 256 blocks) against the torch reference: a
+    permutation, slot-major, stable; random sizes up to several chunks, mappings with rows of no adapter (-1), slots
+    without a row, an empty slot, the plain and the ordered alignment."""
+    g = torch.Generator().manual_seed(seed)
+    M, E, top_k, S = (300, 700, 57, 1200)[seed], (8, 64, 5, 128)[seed], (2, 8, 3, 4)[seed], (4, 4, 2, 8)[seed]
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)]).int().to(DEV)
+    mapping = torch.randint(-1, 3, (M,), generator=g, dtype=torch.int32).to(DEV)
+    lora_ids = torch.tensor([S - 1, 0, -1], dtype=torch.int32, device=DEV)
+    al = moe_align(ids, E, (16, 64, 16, 32)[seed], order_by=mapping if seed % 2 else None)
+    got = slot_major_order(al, top_k, mapping, lora_ids, S)
+    assert got.dtype == torch.int32 and got.shape == (al.expert_ids.shape[1],)
+    assert torch.equal(got, slot_major_order_torch(al, top_k, mapping, lora_ids, S))
+    assert sorted(got.tolist()) == list(range(al.expert_ids.shape[1]))
 
 
 @pytest.mark.parametrize("per_block", [False, True])
