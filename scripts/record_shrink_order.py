@@ -13,8 +13,9 @@ Arms per mapping (M = ORDER_M, qwen3-30b-a3b's gate_up shapes; its TP=4 shape ha
   expert      the shrink as the layer runs it (the alignment ordered by LoRA row, blocks in their order)
   slot        the same launch with block_order = slot_major_order (computed once, outside the timed region)
   slot_paid   the order's kernel and the shrink, both timed (`slot_order=True`: what a layer pays)
-Ratios paired per repetition (percentile bootstrap 95 %): slot / expert and slot_paid / expert per mapping, and
-requests / random for the expert order. The u of both orders is compared bit for bit before timing.
+Each arm is replayed as a CUDA graph (since ord_s2; ord_s1 ran eagerly, each arm's time with Triton's host launch
+time in). Ratios paired per repetition (percentile bootstrap 95 %): slot / expert and slot_paid / expert per
+mapping, and requests / random for the expert order. The u of both orders is compared bit for bit before timing.
 
     PYTHONPATH=. python3 scripts/record_shrink_order.py --out DIR [--reps 20]
     PYTHONPATH=. python3 scripts/record_shrink_order.py --out DIR --ncu-run   # under ncu: one launch per arm, M=8192
@@ -38,6 +39,7 @@ from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align, slot_major_order
 from lora_moe_lab.kernels.configs import block_r, moe_block_m
 from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, wide_columns
+from lora_moe_lab.model.graphs import GraphForward
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 W1S = configs.W1S  # the layer's gate_up shrink options, without the block order
@@ -84,6 +86,9 @@ def order(dev, gen, reps):
             arms[f"{mp}_expert"] = run
             arms[f"{mp}_slot"] = lambda run=run, o=o: run(o)
             arms[f"{mp}_slot_paid"] = lambda run=run: run(paid=True)
+        # each arm as a CUDA graph (GPU time only: an eager launch adds Triton's host time, about 70 us, to every arm;
+        # ord_s1 was timed eagerly)
+        arms = {nm: GraphForward(f, warmup=2).replay for nm, f in arms.items()}
         for f in arms.values():
             f()
         got = time_interleaved(arms, reps=reps)

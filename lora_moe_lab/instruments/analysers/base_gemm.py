@@ -461,6 +461,37 @@ COMMITTED_LAYER = (("lay_s3", "picked"), ("lay_s4", "picked"))
 PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
+# gate_up's wide shrink with its blocks slot by slot (`lora_shrink_packed(slot_order=True)`), the shrink alone at
+# qwen3's gate_up (scripts/record_shrink_order.py): ord_s1 (d1abd34: the order given, or computed by torch operations)
+# and ord_s2 (the order by its Triton kernel); counters ord_n1, ord_n2 (M = 8192, one launch each).
+ORDER_SESSIONS = ("ord_s1", "ord_s2")
+ORDER_NCU_RUNS = ("ord_n1", "ord_n2")
+
+
+def shrink_order_trials(names: tuple[str, ...] = ORDER_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """The shrink-order probe's paired ratios per session, M and figure (`slot_over_expert`: the order given;
+    `slot_paid_over_expert`: with its computation; `requests_over_random`), per adapter mapping (random, requests),
+    in `section_ratios`' long form (session, preset, op, M, figure, value, lo, hi): `ratio_spread` reads it."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    rows = []
+    for n in names:
+        t = pd.read_csv(d / f"{n}_shrink_order.csv")
+        for _, r in t.iterrows():
+            for col in t.columns:
+                if "_over_" in col and not col.endswith(("_lo", "_hi")):
+                    rows.append(dict(session=n, preset=r.preset, op=r.op, M=int(r.M), figure=col, value=float(r[col]),
+                                     lo=float(r[f"{col}_lo"]), hi=float(r[f"{col}_hi"])))
+    return pd.DataFrame(rows)
+
+
+def shrink_order_counters(names: tuple[str, ...] = ORDER_NCU_RUNS, path: str | Path | None = None) -> pd.DataFrame:
+    """ncu's counters of the shrink in block order (`*_expert`) and slot by slot (`*_slot`), per mapping, M = 8192."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    c = pd.concat([pd.read_csv(d / f"{n}_shrink_order_ncu.csv").assign(session=n) for n in names], ignore_index=True)
+    return c[["session", "arm", "duration_us", "dram_pct_peak", "dram_bytes_over_floor", "l2_hit_pct",
+              "achieved_occupancy_pct", "top_stall"]].reset_index(drop=True)
+
+
 def wide_trials(names: tuple[str, ...] = WIDE_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
     """The wide section's figures per session (`section_ratios`): the wide GEMM alone and with nothing live over the
     plain GEMM (`gemm_wide_over_base`, `off_wide_over_base`), the plain GEMM on the wide tensors' views
