@@ -283,42 +283,69 @@ def _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, b, nb, num_pairs, top
 
 
 @triton.jit(do_not_specialize=["nb", "num_pairs", "L"])
-def _slot_order_kernel(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, order_ptr, nb, num_pairs, top_k, L, S,
-                       BM: tl.constexpr, KP: tl.constexpr, CHUNK: tl.constexpr):
-    # One program, a stable counting sort of the nb blocks by key: count each key's blocks, then place each chunk's
-    # blocks after the earlier keys' and the earlier chunks' (the same key's rank inside a chunk: a cumulative sum).
+def _slot_order_kernel(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, order_ptr, nb, num_pairs, top_k, L,
+                       S: tl.constexpr, BM: tl.constexpr, L_POW2: tl.constexpr, CHUNK: tl.constexpr,
+                       KP: tl.constexpr):
+    # One program, a stable counting sort of the nb blocks by key (S + 1 keys): key v's blocks after the lower keys',
+    # in block order (a running count per key). Nothing live in the launch (a graph replayed without LoRA): it returns
+    # at once, writing nothing, and the shrink reads no order either.
+    offs_l = tl.arange(0, L_POW2)
+    lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
+    en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
+    if tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) == 0:
+        return
     offs = tl.arange(0, CHUNK)
-    keys = tl.arange(0, KP)
-    cnt = tl.zeros((KP,), dtype=tl.int32)
-    for c0 in range(0, nb, CHUNK):
-        key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, c0 + offs, nb, num_pairs, top_k, L, S, BM)
-        hot = (key[:, None] == keys[None, :]) & (c0 + offs < nb)[:, None]
-        cnt += tl.sum(hot.to(tl.int32), 0)
-    start = tl.cumsum(cnt, 0) - cnt  # each key's first place
-    for c0 in range(0, nb, CHUNK):
-        b = c0 + offs
-        key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, b, nb, num_pairs, top_k, L, S, BM)
-        hot = ((key[:, None] == keys[None, :]) & (b < nb)[:, None]).to(tl.int32)
-        place = tl.sum(hot * (tl.cumsum(hot, 0) - 1 + start[None, :]), 1)
-        tl.store(order_ptr + place, b, mask=b < nb)
-        start += tl.sum(hot, 0)
+    if nb <= CHUNK:  # every block in one chunk (the presets' sizes): the keys gathered once, three dependent loads
+        key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, offs, nb, num_pairs, top_k, L, S, BM)
+        place = tl.zeros((CHUNK,), dtype=tl.int32)
+        start = 0
+        for v in tl.static_range(S + 1):
+            hit = ((key == v) & (offs < nb)).to(tl.int32)
+            place = tl.where(hit != 0, start + tl.cumsum(hit, 0) - 1, place)
+            start += tl.sum(hit, 0)
+        tl.store(order_ptr + place, offs, mask=offs < nb)
+    else:  # chunk by chunk: each key's count first, then each chunk placed after the lower keys' and its own
+        keys = tl.arange(0, KP)  # key's blocks of the earlier chunks (counts per key held in registers)
+        tot = tl.zeros((KP,), dtype=tl.int32)
+        for c0 in range(0, nb, CHUNK):
+            key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, c0 + offs, nb, num_pairs, top_k, L, S, BM)
+            tot += tl.sum(((key[:, None] == keys[None, :]) & (c0 + offs < nb)[:, None]).to(tl.int32), 0)
+        first = tl.cumsum(tot, 0) - tot  # each key's first place
+        for c0 in range(0, nb, CHUNK):
+            b = c0 + offs
+            key = _block_keys(sorted_ids_ptr, mapping_ptr, lora_ids_ptr, b, nb, num_pairs, top_k, L, S, BM)
+            place = tl.zeros((CHUNK,), dtype=tl.int32)
+            for v in tl.static_range(S + 1):
+                hit = ((key == v) & (b < nb)).to(tl.int32)
+                at = tl.sum(tl.where(keys == v, first, 0), 0)
+                place = tl.where(hit != 0, at + tl.cumsum(hit, 0) - 1, place)
+                first = tl.where(keys == v, first + tl.sum(hit, 0), first)
+            tl.store(order_ptr + place, b, mask=b < nb)
+
+
+ORDER_CHUNK = 4096  # the order kernel's blocks per step: one step up to 4096 blocks (M = 16384 at BLOCK_M 64: 2174)
 
 
 def slot_major_order(align: Alignment, top_k: int, token_lora_mapping: torch.Tensor, lora_ids: torch.Tensor,
-                     num_slots: int) -> torch.Tensor:
+                     num_slots: int, adapter_enabled: torch.Tensor | None = None) -> torch.Tensor:
     """An int32 permutation of the alignment's blocks (slot 0 of `align` only), slot-major: every block whose first
     pair's adapter sits in slot 0, in the alignment's order, then slot 1's, ...; padding and blocks without an adapter
-    last. One Triton launch (no host sync: capture-safe); `slot_major_order_torch` is its reference.
+    last. One Triton launch (no host sync: capture-safe); `slot_major_order_torch` is its reference. With
+    adapter_enabled and no adapter live, the kernel returns at once and the order is left unwritten (the shrink does
+    not read it then).
 
     For gate_up's packed shrink (`lora_shrink_packed(slot_order=True)`) on the alignment ordered by LoRA row: each
     token's x row is read once per expert of the token, and blocks taken expert by expert need rows of every token at
     once. Taken slot by slot, the programs in flight read only one slot's tokens' rows (a quarter with four adapters),
     and fewer come back from DRAM (data/kernels/ord_n1)."""
-    nb = align.expert_ids.shape[1]
-    order = torch.empty(nb, dtype=torch.int32, device=align.sorted_token_ids.device)
-    _slot_order_kernel[(1,)](align.sorted_token_ids, token_lora_mapping, lora_ids, order, nb,
-                             token_lora_mapping.shape[0] * top_k, top_k, lora_ids.shape[0], num_slots,
-                             BM=align.block_m, KP=triton.next_power_of_2(num_slots + 1), CHUNK=256, num_warps=4)
+    nb, dev = align.expert_ids.shape[1], align.sorted_token_ids.device
+    order = torch.empty(nb, dtype=torch.int32, device=dev)
+    enabled = torch.ones_like(lora_ids) if adapter_enabled is None else adapter_enabled
+    chunk = min(ORDER_CHUNK, max(16, triton.next_power_of_2(nb)))
+    _slot_order_kernel[(1,)](align.sorted_token_ids, token_lora_mapping, lora_ids, enabled, order, nb,
+                             token_lora_mapping.shape[0] * top_k, top_k, lora_ids.shape[0], S=num_slots,
+                             BM=align.block_m, L_POW2=triton.next_power_of_2(max(lora_ids.shape[0], 1)), CHUNK=chunk,
+                             KP=triton.next_power_of_2(num_slots + 1), num_warps=max(4, min(16, chunk // 128)))
     return order
 
 

@@ -77,17 +77,18 @@ def packed_shrink_kernel(
     # rows, or of gate_up's token rows, top_k tails side by side), not the alignment's order, and every real row is
     # written, zeros where nothing is live: that GEMM walks u's columns for every row, with no block ranges.
     pid = tl.program_id(0)
-    if ORDERED:  # the SMs take programs roughly in launch order: a permutation of the blocks sets which run together
-        pid = tl.load(order_ptr + pid // SUB) * SUB + pid % SUB
-    pid_m = pid // SUB  # the alignment block
-    p0 = tl.program_id(1) * P_ALL  # the program's first slice
-    writer = (p0 == 0) & (pid % SUB == 0)  # one writer of the block's range
     # No adapter live in the launch (the CUDA-graph replay of a batch without LoRA): the block's range is empty,
     # written from the L slot ids and flags alone, before any of the block's metadata gathers.
     offs_l = tl.arange(0, L_POW2)
     lid = tl.load(lora_ids_ptr + offs_l, mask=offs_l < L, other=-1)
     en = tl.load(enabled_ptr + offs_l, mask=offs_l < L, other=0)
     any_live = tl.max(((lid >= 0) & (en != 0)).to(tl.int32), 0) > 0
+    if ORDERED:  # the SMs take programs roughly in launch order: a permutation of the blocks sets which run together
+        if any_live:  # (with nothing live the order kernel wrote nothing: each program keeps its own block)
+            pid = tl.load(order_ptr + pid // SUB) * SUB + pid % SUB
+    pid_m = pid // SUB  # the alignment block
+    p0 = tl.program_id(1) * P_ALL  # the program's first slice
+    writer = (p0 == 0) & (pid % SUB == 0)  # one writer of the block's range
     if U_PAIR:
         if (pid == 0) & (p0 == 0):
             tl.store(tail_ptr, tl.where(any_live, tl.num_programs(1) * P_ALL * S_POW2 * BLOCK_R, 0))
@@ -242,7 +243,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     p_all = P if both_slices else 1
     nb_launch = min(align.expert_ids.shape[1], num_pairs)  # as moe_gemm: a static bound on busy blocks
     if slot_order and block_order is None:
-        block_order = slot_major_order(align, top_k, token_lora_mapping, lora_ids, S)
+        block_order = slot_major_order(align, top_k, token_lora_mapping, lora_ids, S, adapter_enabled)
     if block_order is not None and (block_order.dtype != torch.int32 or block_order.dim() != 1
                                     or block_order.shape[0] != align.expert_ids.shape[1]):
         raise ValueError(f"lora_shrink_packed: block_order must be an int32 permutation of the alignment's "

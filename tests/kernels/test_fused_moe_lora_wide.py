@@ -13,6 +13,7 @@ from test_fused_moe_lora_epilogue import check_against_float64
 from test_lora_decode import make_case
 
 from lora_moe_lab import runtime
+from lora_moe_lab.kernels import align as align_mod
 from lora_moe_lab.kernels.align import moe_align, slot_major_order, slot_major_order_torch
 from lora_moe_lab.kernels.configs import GemmConfig
 from lora_moe_lab.kernels.fused_moe import Tail, moe_gemm
@@ -155,17 +156,25 @@ def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
     assert not torch.isnan(got[1][0]).any()
     for xw, blk in got[1:]:
         assert torch.equal(got[0][0], xw) and torch.equal(got[0][1], blk)
+    # nothing live: the programs keep their own blocks and never read the order (here: out of range everywhere)
+    blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+    lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], torch.zeros_like(d["enabled"]),
+                       u, blk, u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
+                       block_order=torch.full_like(order, 1 << 30), **GATE_UP_SHRINKS[shrink])
+    assert (blk == 0).all()
     with pytest.raises(ValueError, match="block_order must be an int32 permutation"):
         lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
                            u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
                            block_order=order[:-1])
 
 
+@pytest.mark.parametrize("chunk", [4096, 32])
 @pytest.mark.parametrize("seed", range(4))
-def test_slot_major_order_matches_the_torch_reference(seed):
-    """The order kernel (one program, a counting sort in chunks of 256 blocks) against the torch reference: a
-    permutation, slot-major, stable; random sizes up to several chunks, mappings with rows of no adapter (-1), slots
-    without a row, an empty slot, the plain and the ordered alignment."""
+def test_slot_major_order_matches_the_torch_reference(seed, chunk, monkeypatch):
+    """The order kernel (one program, a counting sort: every block in one step, or in steps of 32 blocks) against
+    the torch reference: a permutation, slot-major, stable; mappings with rows of no adapter (-1), slots without a
+    row, an empty slot, the plain and the ordered alignment. With nothing live it writes nothing."""
+    monkeypatch.setattr(align_mod, "ORDER_CHUNK", chunk)
     g = torch.Generator().manual_seed(seed)
     M, E, top_k, S = (300, 700, 57, 1200)[seed], (8, 64, 5, 128)[seed], (2, 8, 3, 4)[seed], (4, 4, 2, 8)[seed]
     ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)]).int().to(DEV)
@@ -176,15 +185,20 @@ def test_slot_major_order_matches_the_torch_reference(seed):
     assert got.dtype == torch.int32 and got.shape == (al.expert_ids.shape[1],)
     assert torch.equal(got, slot_major_order_torch(al, top_k, mapping, lora_ids, S))
     assert sorted(got.tolist()) == list(range(al.expert_ids.shape[1]))
+    off = slot_major_order(al, top_k, mapping, lora_ids, S, torch.tensor([0, 0, 1], dtype=torch.int32, device=DEV))
+    assert off.shape == got.shape  # slot -1's flag alone is on: nothing live, the kernel returned at once
 
 
+@pytest.mark.parametrize("slot_order", [False, True])
 @pytest.mark.parametrize("per_block", [False, True])
 @pytest.mark.parametrize("tile", TILES)
-def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile, per_block):
+def test_wide_nothing_live_reads_no_u_and_is_the_plain_gemm(tile, per_block, slot_order):
     """Every adapter disabled: the shrink writes nothing (u stays NaN) and the GEMM stops at K (NaN never read):
-    every row bit for bit the plain GEMM's."""
+    every row bit for bit the plain GEMM's. slot_order: the order kernel returns without writing the order, and the
+    shrink's programs keep their own blocks (they must not read it)."""
     c = make_case(3, 20, 32, 24, 4, 2, 2, 2, 8, 1, gather=False, with_rw=True, enabled=[0, 0])
-    codes, x_wide = run_wide(c, torch.float32, 4, 2, 24, config=TILES[tile], per_block=per_block)
+    codes, x_wide = run_wide(c, torch.float32, 4, 2, 24, config=TILES[tile], per_block=per_block,
+                             shrink=dict(slot_order=True) if slot_order else None)
     assert (codes != 0).all()
     assert torch.isnan(x_wide[:, 32:]).all()
 
