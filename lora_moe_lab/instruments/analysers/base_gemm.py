@@ -462,7 +462,7 @@ PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
 # gate_up's wide shrink with its blocks slot by slot (`lora_shrink_packed(slot_order=True)`), the shrink alone at
-# qwen3's gate_up (scripts/record_shrink_order.py): ord_s1 (d1abd34: the order given, or computed by torch operations)
+# qwen3's gate_up (scripts/record_kernels_order.py): ord_s1 (d1abd34: the order given, or computed by torch operations)
 # and ord_s2 (the order by its Triton kernel); counters ord_n1, ord_n2 (M = 8192, one launch each).
 ORDER_SESSIONS = ("ord_s1", "ord_s2")
 ORDER_NCU_RUNS = ("ord_n1", "ord_n2")

@@ -17,8 +17,8 @@ Each arm is replayed as a CUDA graph (since ord_s2; ord_s1 ran eagerly, each arm
 time in). Ratios paired per repetition (percentile bootstrap 95 %): slot / expert and slot_paid / expert per
 mapping, and requests / random for the expert order. The u of both orders is compared bit for bit before timing.
 
-    PYTHONPATH=. python3 scripts/record_shrink_order.py --out DIR [--reps 20]
-    PYTHONPATH=. python3 scripts/record_shrink_order.py --out DIR --ncu-run   # under ncu: one launch per arm, M=8192
+    PYTHONPATH=. python3 scripts/record_kernels_order.py --out DIR [--reps 20]
+    PYTHONPATH=. python3 scripts/record_kernels_order.py --out DIR --ncu-run   # under ncu: one launch per arm, M=8192
     PYTHONPATH=. python3 scripts/record_kernels_base.py --out DIR --ncu-parse RAW --ncu-stem shrink_order_ncu
 """
 from __future__ import annotations
