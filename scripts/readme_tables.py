@@ -1247,10 +1247,18 @@ def _wide_gate_up_text() -> str:
     path = q[q.figure == "path_wide_blk_w1_over_committed"]
     lay = bg.layer_tables(tuple(n for n, _ in bg.WIDE_GU_LAYER))
     lay = lay[(lay.figure == "picked_all_over_prev") & (lay.preset == "qwen3-30b-a3b") & (lay.M >= 8192)]
+    c = bg.shrink_order_counters()
+    byt = c.set_index("arm").dram_bytes_over_floor
+    exp, slot = byt[byt.index.str.endswith("_expert")], byt[byt.index.str.endswith("_slot")]
+    ol = bg.layer_tables(tuple(n for n, _ in bg.ORDER_LAYER))
+    ol = ol[(ol.figure == "picked_all_over_prev") & (ol.preset == "qwen3-30b-a3b") & (ol.M >= 4096)]
     return (f"qwen3-30b-a3b's gate_up takes its wide build per block at {sorted(configs.WIDE_GATE_UP_TOKENS)} (each "
             f"pair's u past K in its token's row, each tile walking only its block's slots): "
             f"{path.lo.min():.2f}–{path.hi.max():.2f}× the packed path ({', '.join(bg.WIDE_GU_SESSIONS)}), the layer "
-            f"{lay.lo.min():.3f}–{lay.hi.max():.3f}× at M ≥ 8192 ({', '.join(n for n, _ in bg.WIDE_GU_LAYER)})")
+            f"{lay.lo.min():.3f}–{lay.hi.max():.3f}× at M ≥ 8192 ({', '.join(n for n, _ in bg.WIDE_GU_LAYER)}); its "
+            f"shrink takes its blocks slot by slot: DRAM bytes {exp.min():.2f} → {slot.max():.2f}× the floor "
+            f"({', '.join(bg.ORDER_NCU_RUNS)}), the layer {ol.value.min():.3f}–{ol.value.max():.3f}× at qwen3 "
+            f"M ≥ 4096 ({', '.join(n for n, _ in bg.ORDER_LAYER)})")
 
 
 def _wide_text() -> str:
@@ -1337,7 +1345,49 @@ def kernels_packed_block() -> str:
             f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]
-    return "\n".join(out + [""] + _wide_lines() + [""] + _wide_gate_up_lines())
+    return "\n".join(out + [""] + _wide_lines() + [""] + _wide_gate_up_lines() + [""] + _slot_order_lines())
+
+
+def _slot_order_lines() -> list[str]:
+    """gate_up's shrink slot by slot: the shrink alone per mapping (given order, with its kernel), the counters, the
+    gate_up path and the layer with it (analysers.base_gemm.shrink_order_*, ORDER_*)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
+    names = bg.ORDER_SESSIONS
+    sp = bg.ratio_spread(bg.shrink_order_trials(), names)
+    paid = bg.shrink_order_trials(names[-1:])
+    out = ["gate_up's W1S shrink with its blocks slot by slot (`lora_shrink_packed(slot_order=True)`, the order by "
+           "`align.slot_major_order`), the shrink alone at qwen3-30b-a3b's gate_up, each arm a CUDA graph, over the "
+           f"same shrink in the alignment's block order (mean of {', '.join(names)} and the union of their 95 % "
+           f"intervals; with its order kernel: {names[-1]}, paired 95 %). `random`: each token's adapter drawn at "
+           "random; `requests`: 8 requests of contiguous tokens, one adapter each.", "",
+           "| M | random, order given | requests, order given | random, with its kernel | requests, with its kernel |",
+           "| --- | --- | --- | --- | --- |"]
+    for M, g in sp.groupby("M", sort=True):
+        r = {f: g[g.figure == f].iloc[0] for f in g.figure}
+        p_ = {f: paid[(paid.M == M) & (paid.figure == f)].iloc[0] for f in
+              ("random_slot_paid_over_expert", "requests_slot_paid_over_expert")}
+        cells = [f"{sum(r[f][n] for n in names) / len(names):.3f} [{r[f].lo:.3f}, {r[f].hi:.3f}]"
+                 for f in ("random_slot_over_expert", "requests_slot_over_expert")]
+        cells += [f"{v.value:.3f} [{v.lo:.3f}, {v.hi:.3f}]" for v in p_.values()]
+        out.append(f"| {M} | " + " | ".join(cells) + " |")
+    c = bg.shrink_order_counters()
+    out += ["", "Counters (ncu, M = 8192, one launch each, " + ", ".join(bg.ORDER_NCU_RUNS) + "): " + "; ".join(
+        f"{r.session} {r.arm} {r.duration_us:.0f} µs, DRAM bytes {r.dram_bytes_over_floor:.2f}x the floor, L2 hit "
+        f"{r.l2_hit_pct:.0f} %" for r in c.itertuples()) + "."]
+    wg = bg.ratio_spread(bg.wide_gate_up_trials(bg.ORDER_PATH_SESSIONS), bg.ORDER_PATH_SESSIONS)
+    w = wg[(wg.figure == "path_wide_blk_w1o_over_w1") & (wg.preset == "qwen3-30b-a3b")]
+    out += ["", f"qwen3's gate_up path with it over the path without ({', '.join(bg.ORDER_PATH_SESSIONS)}, the union): "
+            + "; ".join(f"M={int(r.M)} {r.lo:.3f}–{r.hi:.3f}" for r in w.itertuples()) + "."]
+    lay = bg.layer_tables(tuple(n for n, _ in bg.ORDER_LAYER))
+    lay = lay[(lay.preset == "qwen3-30b-a3b") & (lay.M >= 4096)]
+    out += ["", "The layer at the committed tables over the same tables with the shrink in block order "
+            f"({', '.join(n for n, _ in bg.ORDER_LAYER)}), qwen3-30b-a3b: " + "; ".join(
+                f"M={int(M)} " + ", ".join(f"{r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]" for r in g[
+                    g.figure == "picked_all_over_prev"].itertuples()) + " (disabled " + ", ".join(
+                    f"{r.value:.3f}" for r in g[g.figure == "picked_none_over_prev"].itertuples()) + ")"
+                for M, g in lay.groupby("M", sort=True)) + "."]
+    return out
 
 
 def _wide_gate_up_lines() -> list[str]:

@@ -457,15 +457,27 @@ WIDE_GU_CHECK_RUNS = ("wg_s1c", "wg_s2c")
 # (1d35c8a: qwen3 gate_up wide at M >= 8192 only; at 4096 both arms ran the separate delta) and lay_s4 (8f98dde: the
 # committed tables, 4096 too).
 WIDE_GU_LAYER = (("lay_s3", "picked_all_over_prev"), ("lay_s4", "picked_all_over_prev"))
-COMMITTED_LAYER = (("lay_s3", "picked"), ("lay_s4", "picked"))
+WIDE_GU_COMMITTED = (("lay_s3", "picked"), ("lay_s4", "picked"))  # the tables with it: LoRA's share then
+# The twenty-fourth session's tables (data/kernels/README.md): lay_s5 (d1abd34) timed the down GEMM's wide build at
+# M = 128, 256 (kept: 0.980-0.995x at 256, a tie at 128) and TP=4 gate_up folded with its wide build at M >= 8192
+# (taken back: 1.014-1.016x); lay_s6 (c6a3634) the shrink slot by slot with the first order kernel (a tie, disabled
+# 1.007-1.008x); lay_s7 and lay_s8 (4293238) with the rebuilt one, the committed tables over W1S in block order.
+ORDER_LAYER = (("lay_s7", "picked_all_over_prev"), ("lay_s8", "picked_all_over_prev"))
+COMMITTED_LAYER = (("lay_s7", "picked"), ("lay_s8", "picked"))
 PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
 # gate_up's wide shrink with its blocks slot by slot (`lora_shrink_packed(slot_order=True)`), the shrink alone at
-# qwen3's gate_up (scripts/record_kernels_order.py): ord_s1 (d1abd34: the order given, or computed by torch operations)
-# and ord_s2 (the order by its Triton kernel); counters ord_n1, ord_n2 (M = 8192, one launch each).
-ORDER_SESSIONS = ("ord_s1", "ord_s2")
+# qwen3's gate_up (scripts/record_kernels_order.py, each arm a CUDA graph): ord_s2 (c6a3634) and ord_s3 (4293238),
+# two machines. The order given (`*_slot_over_expert`) is the same quantity in both; with its computation
+# (`*_slot_paid_over_expert`) ord_s2 ran the first order kernel (steps of 256 blocks, the keys gathered twice), ord_s3
+# the rebuilt one (one step). ord_s1 (d1abd34) ran eagerly (Triton's host time in every arm) with the order by torch
+# operations: a first look only. Counters ord_n1, ord_n2 (M = 8192, one launch each). gate_up's wide path with the
+# ordered shrink over W1S in block order (`path_wide_blk_w1o_over_w1`): wg_s7, wg_s8 (the rebuilt kernel; wg_s6 the
+# first).
+ORDER_SESSIONS = ("ord_s2", "ord_s3")
 ORDER_NCU_RUNS = ("ord_n1", "ord_n2")
+ORDER_PATH_SESSIONS = ("wg_s7", "wg_s8")
 
 
 def shrink_order_trials(names: tuple[str, ...] = ORDER_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
@@ -497,8 +509,11 @@ def wide_trials(names: tuple[str, ...] = WIDE_SESSIONS, path: str | Path | None 
     plain GEMM (`gemm_wide_over_base`, `off_wide_over_base`), the plain GEMM on the wide tensors' views
     (`base_view_over_base`), the path end to end over the committed packed path (`path_wide_over_committed`,
     `path_wide_w1_over_committed`: the ordered alignment with the W1S shrink) and over the separate delta, disabled
-    over the plain GEMM (`path_*_off_over_base`), and LoRA's added time in % of the plain GEMM (`*_added_pct`)."""
-    return section_ratios(names, "wide", ("_over_base", "_over_committed", "_over_separate", "_added_pct"), path)
+    over the plain GEMM (`path_*_off_over_base`), LoRA's added time in % of the plain GEMM (`*_added_pct`) and, since
+    wg_s6, gate_up's per-block path with its shrink slot by slot over W1S in block order
+    (`path_wide_blk_w1o_over_w1`)."""
+    return section_ratios(names, "wide", ("_over_base", "_over_committed", "_over_separate", "_over_w1", "_added_pct"),
+                          path)
 
 
 def wide_layer(runs: tuple[tuple[str, str], ...] = WIDE_LAYER, path: str | Path | None = None) -> pd.DataFrame:
