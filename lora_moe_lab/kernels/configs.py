@@ -376,10 +376,12 @@ WIDE_DOWN_TOKENS = frozenset({128, 256, 1024, 2048, 4096, 8192, 16384})
 # layer handed a plain x copies it.
 WIDE_GATE_UP_TOKENS = frozenset({4096, 8192, 16384})
 # Its shrink: W1S, its programs taking the ordered alignment's blocks slot by slot (`slot_order`, one more launch of
-# a single program): x's rows, read once per expert of a token, stay in L2 while one slot's blocks run. ord_s1 (H200,
-# the shrink alone at qwen3's gate_up, the order given): 0.87-0.92x W1S in block order at M = 4096-16384, under
-# random and per-request adapter mappings alike; ncu (ord_n1, M = 8192): 123 -> 111 us, DRAM bytes 2.06 -> 1.73x the
-# floor, L2 hit 36 -> 45 %. The layer sessions lay_s6, lay_s7 pair it with W1S alone (the layer section's PREV).
+# a single program, `align.slot_major_order`): x's rows, read once per expert of a token, stay in L2 while one slot's
+# blocks run. The shrink alone at qwen3's gate_up (H200, CUDA graphs, ord_s2, ord_s3): 0.85-0.92x W1S in block order
+# with the order given, 0.89-0.97x with its kernel, under random and per-request adapter mappings alike; ncu (ord_n1,
+# ord_n2, M = 8192): 123-126 -> 111-113 us, DRAM bytes 2.06 -> 1.73x the floor, L2 hit 36 -> 45 %. The layer over
+# the same tables with W1S in block order (lay_s7, lay_s8): 0.992x at M = 4096 and 0.992-0.994x at 16384 in both
+# sessions, 0.998x (a tie) at 8192; with nothing live the order kernel returns at once (disabled 1.000-1.002x).
 WIDE_GATE_UP_SHRINK = dict(W1S, slot_order=True)
 
 
