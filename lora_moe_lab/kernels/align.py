@@ -327,19 +327,22 @@ ORDER_CHUNK = 4096  # the order kernel's blocks per step: one step up to 4096 bl
 
 
 def slot_major_order(align: Alignment, top_k: int, token_lora_mapping: torch.Tensor, lora_ids: torch.Tensor,
-                     num_slots: int, adapter_enabled: torch.Tensor | None = None) -> torch.Tensor:
+                     num_slots: int, adapter_enabled: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """An int32 permutation of the alignment's blocks (slot 0 of `align` only), slot-major: every block whose first
     pair's adapter sits in slot 0, in the alignment's order, then slot 1's, ...; padding and blocks without an adapter
     last. One Triton launch (no host sync: capture-safe); `slot_major_order_torch` is its reference. With
-    adapter_enabled and no adapter live, the kernel returns at once and the order is left unwritten (the shrink does
-    not read it then).
+    adapter_enabled and no adapter live, the kernel returns at once and the order (`out`, an int32 (blocks,) buffer,
+    else a new one) is left unwritten: the shrink does not read it then.
 
     For gate_up's packed shrink (`lora_shrink_packed(slot_order=True)`) on the alignment ordered by LoRA row: each
     token's x row is read once per expert of the token, and blocks taken expert by expert need rows of every token at
     once. Taken slot by slot, the programs in flight read only one slot's tokens' rows (a quarter with four adapters),
     and fewer come back from DRAM (data/kernels/ord_n1)."""
     nb, dev = align.expert_ids.shape[1], align.sorted_token_ids.device
-    order = torch.empty(nb, dtype=torch.int32, device=dev)
+    if out is not None and (out.dtype != torch.int32 or out.shape != (nb,)):
+        raise ValueError(f"slot_major_order: out must be an int32 ({nb},) tensor, got {out.dtype} {tuple(out.shape)}")
+    order = torch.empty(nb, dtype=torch.int32, device=dev) if out is None else out
     enabled = torch.ones_like(lora_ids) if adapter_enabled is None else adapter_enabled
     chunk = min(ORDER_CHUNK, max(16, triton.next_power_of_2(nb)))
     _slot_order_kernel[(1,)](align.sorted_token_ids, token_lora_mapping, lora_ids, enabled, order, nb,

@@ -125,8 +125,8 @@ def test_wide_per_block_matches_reference(dtype, tile, shrink, op):
 
 
 @pytest.mark.parametrize("contiguous", [False, True])
-@pytest.mark.parametrize("shrink", ["dense", "w1s"])
-def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
+@pytest.mark.parametrize("shrink_name", ["dense", "w1s"])
+def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink_name, contiguous):
     """slot_major_order: the gate_up shrink's programs take the ordered alignment's blocks slot by slot (a slot's
     blocks first, padding and blocks without a live slot last). Each block is computed as before: u (NaN-poisoned
     first, so every real row is written) and the block ranges the same bit for bit; the order is a permutation."""
@@ -137,35 +137,26 @@ def test_shrink_block_order_is_the_same_u_bit_for_bit(shrink, contiguous):
     d, w, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, E, top_k, 24, 16, order=True)
     order = slot_major_order(al, top_k, d["mapping"], d["lora_ids"], 4)
     assert torch.equal(order, slot_major_order_torch(al, top_k, d["mapping"], d["lora_ids"], 4))
-    got = []
-    for bo in (None, order):
+
+    def shrink(enabled=d["enabled"], **kw):
+        """The shrink into a copy of x_wide (u NaN) and a poisoned blk: (x_wide after, blk)."""
         xw = x_wide.clone()
         u = torch.as_strided(xw, (M, top_k, 2, C // 2), (xw.stride(0), C, C // 2, 1), K)
         blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
-        lora_shrink_packed(xw[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
-                           u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), block_order=bo,
-                           **GATE_UP_SHRINKS[shrink])
-        got.append((xw, blk))
-    xw = x_wide.clone()  # slot_order: the launcher computes the order itself
-    u = torch.as_strided(xw, (M, top_k, 2, C // 2), (xw.stride(0), C, C // 2, 1), K)
-    blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
-    lora_shrink_packed(xw[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk, u_pair=True,
-                       tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), slot_order=True,
-                       **GATE_UP_SHRINKS[shrink])
-    got.append((xw, blk))
-    assert not torch.isnan(got[1][0]).any()
-    for xw, blk in got[1:]:
-        assert torch.equal(got[0][0], xw) and torch.equal(got[0][1], blk)
+        lora_shrink_packed(xw[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], enabled, u, blk, u_pair=True,
+                           tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV), **GATE_UP_SHRINKS[shrink_name],
+                           **kw)
+        return xw, blk
+
+    ref = shrink()
+    assert not torch.isnan(ref[0]).any()
+    for xw, blk in (shrink(block_order=order), shrink(slot_order=True)):  # given, or computed by the launcher
+        assert torch.equal(ref[0], xw) and torch.equal(ref[1], blk)
     # nothing live: the programs keep their own blocks and never read the order (here: out of range everywhere)
-    blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
-    lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], torch.zeros_like(d["enabled"]),
-                       u, blk, u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
-                       block_order=torch.full_like(order, 1 << 30), **GATE_UP_SHRINKS[shrink])
-    assert (blk == 0).all()
+    xw, blk = shrink(torch.zeros_like(d["enabled"]), block_order=torch.full_like(order, 1 << 30))
+    assert (blk == 0).all() and torch.isnan(xw[:, K:]).all()
     with pytest.raises(ValueError, match="block_order must be an int32 permutation"):
-        lora_shrink_packed(x_wide[:, :K], d["a"], al, top_k, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
-                           u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=DEV),
-                           block_order=order[:-1])
+        shrink(block_order=order[:-1])
 
 
 @pytest.mark.parametrize("chunk", [4096, 32])
@@ -185,8 +176,11 @@ def test_slot_major_order_matches_the_torch_reference(seed, chunk, monkeypatch):
     assert got.dtype == torch.int32 and got.shape == (al.expert_ids.shape[1],)
     assert torch.equal(got, slot_major_order_torch(al, top_k, mapping, lora_ids, S))
     assert sorted(got.tolist()) == list(range(al.expert_ids.shape[1]))
-    off = slot_major_order(al, top_k, mapping, lora_ids, S, torch.tensor([0, 0, 1], dtype=torch.int32, device=DEV))
-    assert off.shape == got.shape  # slot -1's flag alone is on: nothing live, the kernel returned at once
+    poison = torch.full_like(got, -7)  # slot -1's flag alone is on: nothing live, the kernel returns at once
+    slot_major_order(al, top_k, mapping, lora_ids, S, torch.tensor([0, 0, 1], dtype=torch.int32, device=DEV),
+                     out=poison)
+    assert (poison == -7).all()
+    assert torch.equal(slot_major_order(al, top_k, mapping, lora_ids, S, out=poison), got)
 
 
 @pytest.mark.parametrize("slot_order", [False, True])
