@@ -32,6 +32,7 @@ RECORDINGS = {
     "kernels_decode": ("kernels", "nvidia-h200", "<= 420 s (--budget-s)", []),
     "kernels_expand": ("kernels", "nvidia-h200", "<= 400 s (--budget-s)", []),
     "kernels_order": ("kernels", "nvidia-h200", "~10 s (gate_up's shrink in slot order); --ncu-run under ncu", []),
+    "kernels_parts": ("kernels", "nvidia-h200", "~1-2 min (the layer's kernels under the profiler)", []),
     "kernels_fused": ("kernels", "nvidia-h200", "<= 360 s (--budget-s)", []),
     "kernels_fold": ("kernels", "nvidia-h200", "~5 min: check, kernels, layer; then the ncu pass (docstring)", []),
     "production": ("production", "nvidia-h200", "< 10 min a session (--session s1, s2)", ["--session", "s1"]),

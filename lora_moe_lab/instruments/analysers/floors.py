@@ -7,6 +7,8 @@
     down_balance()                 # round 2: the split and wide tiles, paired against the table, per session
     down_counters()                # the same tiles counted by ncu (one launch each): DRAM, occupancy, stalls
     occupancy_test()               # per (preset, M): the table beside BLOCK_N 64 at 3 and at 2 programs per SM
+    share_floors()                 # LoRA's share of the layer: its floor with the deltas folded, beside the goal and
+                                   # the committed tables' share, per session, preset and M
 
 A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
@@ -23,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...config import get_shape
+from .base_gemm import COMMITTED_LAYER
 from .recordings import KERNELS_DIR
 
 BF16_BYTES = 2
@@ -154,3 +157,67 @@ def occupancy_test(c: pd.DataFrame | None = None) -> pd.DataFrame:
                       pick(tile.str.contains(NARROW[0]) & tile.str.endswith(NARROW[1]), "narrow"),
                       pick(tile.str.contains(NARROW_DEEP[0]) & tile.str.endswith(NARROW_DEEP[1]), "deep")],
                      axis=1).reset_index()
+
+
+# issue 24's goals for LoRA's share of the layer at M >= 1024, in % of the base layer's time
+SHARE_GOALS = {"qwen3-30b-a3b": 12.0, "qwen3-30b-a3b-tp4": 20.0}
+
+
+def _roof_us(nbytes: float, flops: float, c: dict) -> float:
+    return max(nbytes / (c["copy_gbps"] * 1e3), flops / (c["matmul_tflops"] * 1e6))
+
+
+def lora_floor(preset: str, M: int, c: dict, rank: int, slots: int) -> dict:
+    """The least time LoRA can add to one MoE layer with the deltas folded as issue 24 asks: each shrink its own
+    kernel (the used adapter-experts' A once, its input once, u written once), each expand extra K steps of the
+    base GEMM (the used B once, u read once, its FLOPs on top of the GEMM's). The tokens spread evenly over `slots`
+    adapters, as in the layer section (token i uses adapter i % slots). `weights_us`: the used A and B alone at the
+    copy bandwidth, the part no kernel design avoids; `added_us`: the sum over the four kernels, each at the larger
+    of its bytes and FLOPs (a folded GEMM counts what it adds to its own roofline, so LoRA's bytes hide under a
+    FLOP-bound GEMM and its FLOPs under a byte-bound one)."""
+    if M < 1 or rank < 1 or slots < 1:
+        raise ValueError(f"M, rank and slots must be positive, got M={M}, rank={rank}, slots={slots}")
+    sh = get_shape(preset)
+    E, k, H, I, R = sh.num_experts, sh.top_k, sh.hidden, sh.intermediate, rank
+    pairs, used = M * k, slots * experts_hit(-(-M // slots), E, k)  # adapter-experts with at least one pair
+    parts, weights = {}, 0.0
+    # op: (slices, the shrink's input elements, its K, the GEMM's N)
+    for op, (sl, inp, K, N) in {"gate_up": (2, M * H, H, 2 * I), "down": (1, pairs * I, I, H)}.items():
+        a, b, u = used * sl * R * K * BF16_BYTES, used * N * R * BF16_BYTES, pairs * sl * R * BF16_BYTES
+        weights += a + b
+        parts[f"{op}_shrink_us"] = _roof_us(a + inp * BF16_BYTES + u, 2.0 * pairs * K * sl * R, c)
+        g = gemm_floor(preset, op, M, c)
+        parts[f"{op}_expand_us"] = _roof_us(g["bytes"] + b + u, g["flops"] + 2.0 * pairs * R * N, c) - g["floor_us"]
+    return dict(parts, weights_us=weights / (c["copy_gbps"] * 1e3), added_us=sum(parts.values()))
+
+
+def share_floors(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER, c: dict | None = None,
+                 path: str | Path | None = None) -> pd.DataFrame:
+    """Per layer session, preset and M: the base layer (µs, median), LoRA's measured share at the committed tables
+    (`share_pct`, paired, bootstrap 95 % `_lo`/`_hi`) and the time it adds (`added_us`, medians), its floor
+    (`lora_floor`) as a share of the same base (`floor_share_pct`, `weights_share_pct`), the goal (`goal_pct`, from
+    M >= 1024) and `goal_of_floor` = floor / the time the goal allows: above 1.0 the goal asks for less than the
+    adapters' own bytes and FLOPs take at the machine's ceilings, and no kernel meets it. `added_over_floor` is how
+    far the committed kernels are from their floor."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    c = ceilings() if c is None else c
+    rows = []
+    for name, arm in runs:
+        f = d / f"{name}_kernels_fold.csv"
+        if not f.exists():
+            raise FileNotFoundError(f"no layer recording at {f}: record_kernels_fold.py --sections layer")
+        p = json.loads((d / f"{name}_kernels_fold.meta.json").read_text())["params"]
+        t = pd.read_csv(f)
+        for r in t[t.section == "layer"].itertuples():
+            fl = lora_floor(r.preset, int(r.M), c, int(p["rank"]), int(p["slots"]))
+            goal = SHARE_GOALS.get(r.preset) if r.M >= 1024 else None
+            base, added, floor = float(r.base_us), float(getattr(r, f"{arm}_all_us")) - float(r.base_us), fl["added_us"]
+            rows.append(dict(session=name, preset=r.preset, M=int(r.M), base_us=base,
+                             **{f"share_pct{x}": float(getattr(r, f"{arm}_all_share_pct{x}"))
+                                for x in ("", "_lo", "_hi")},
+                             added_us=added, floor_us=floor, floor_share_pct=100 * floor / base,
+                             weights_share_pct=100 * fl["weights_us"] / base, goal_pct=goal,
+                             goal_of_floor=None if goal is None else floor / (goal / 100 * base),
+                             added_over_floor=added / floor,
+                             **{n: v for n, v in fl.items() if n.endswith(("_shrink_us", "_expand_us"))}))
+    return pd.DataFrame(rows)

@@ -90,3 +90,34 @@ def test_the_balance_round_backs_the_down_config(monkeypatch):
             assert c.block_n == (64 if (preset, M) == ("qwen3-30b-a3b", 4096) else 128), (preset, M)
     n = fl.down_counters(fl.BALANCE_NCU_RUN)
     assert n.sm_busy_avg_over_max.between(0.8, 1.0).all()
+
+
+def test_lora_floor_counts_the_adapters_bytes_and_flops_by_hand():
+    sh = get_shape("qwen3-30b-a3b")
+    E, k, H, I, R, S = sh.num_experts, sh.top_k, sh.hidden, sh.intermediate, 32, 4
+    M = 4096  # every (adapter, expert) is hit; gate_up's GEMM is FLOP-bound, down's byte-bound at these ceilings
+    f = fl.lora_floor("qwen3-30b-a3b", M, C, R, S)
+    P = M * k
+    a13, b13, a2, b2 = S * E * 2 * R * H * 2, S * E * 2 * I * R * 2, S * E * R * I * 2, S * E * H * R * 2
+    assert f["weights_us"] == pytest.approx((a13 + b13 + a2 + b2) / 4000e9 * 1e6)
+    shrink13 = max((a13 + M * H * 2 + P * 2 * R * 2) / 4000e9, 2 * P * H * 2 * R / 800e12) * 1e6
+    assert f["gate_up_shrink_us"] == pytest.approx(shrink13)
+    g = fl.gemm_floor("qwen3-30b-a3b", "gate_up", M, C)
+    assert g["bound"] == "flops" and f["gate_up_expand_us"] == pytest.approx(2 * P * R * 2 * I / 800e12 * 1e6)
+    d = fl.gemm_floor("qwen3-30b-a3b", "down", M, C)
+    assert d["bound"] == "bytes" and f["down_expand_us"] == pytest.approx((b2 + P * R * 2) / 4000e9 * 1e6)
+    assert f["added_us"] == pytest.approx(sum(v for n, v in f.items() if n.endswith(("_shrink_us", "_expand_us"))))
+    with pytest.raises(ValueError, match="rank and slots must be positive"):
+        fl.lora_floor("qwen3-30b-a3b", M, C, 0, S)
+
+
+def test_the_share_goals_at_1024_ask_for_less_than_the_adapters_own_bytes():
+    s = fl.share_floors()
+    assert set(s.session) == {n for n, _ in base_gemm.COMMITTED_LAYER}
+    small, large = s[s.M == 1024], s[s.M >= 4096]
+    # at M = 1024 the goal leaves LoRA less time than its floor on both presets; from 4096 it needs 31-66 % of it
+    assert (small.goal_of_floor > 1.2).all() and (large.goal_of_floor < 0.7).all()
+    assert (s.added_over_floor > 1.0).all() and (s.floor_share_pct > s.weights_share_pct).all()
+    assert s[s.M < 1024].goal_pct.isna().all()
+    with pytest.raises(FileNotFoundError, match="record_kernels_fold.py"):
+        fl.share_floors((("nope", "picked"),), C)
