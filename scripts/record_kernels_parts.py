@@ -10,11 +10,12 @@ K columns of the norm's wide buffer where gate_up takes the wide build):
   base        the layer without adapters
   picked_all  every token on one of the 4 adapters (rank 32), at the committed tables
 
-Rows (section `parts`): per arm and kernel name, the launches per forward and the kernel's GPU time per forward
-(median over the profiled forwards of the per-forward sum). Per arm, a row `<busy>`: the sum of every kernel's time
-per forward, and `<span>`: the first kernel's start to the last one's end. These are attributions read from a
-profiled run; the live figures of the same layer are the layer section's paired medians (lay_s*), and the analyser
-(`floors.layer_parts`) checks that the two agree on LoRA's added time.
+Rows (section `parts`): per arm, kernel name and `occurrence` (the launch's place among that name's launches in the
+forward, from 0: the base GEMM's gate_up is 0, its down 1), the launches per forward and the kernel's GPU time per
+forward (median over the profiled forwards). parts_s1 kept one row per name (every occurrence summed). Per arm, a
+row `<busy>`: the sum of every kernel's time per forward, and `<span>`: the first kernel's start to the last one's
+end. These are attributions read from a profiled run; the live figures of the same layer are the layer section's
+paired medians (lay_s*), and the analyser (`floors.layer_parts`) sets the two side by side.
 
     PYTHONPATH=. python3 scripts/record_kernels_parts.py --out DIR [--forwards 20]
 """
@@ -60,17 +61,19 @@ def _arms(preset, M, dev):
 
 
 def _kernel_times(fn, forwards: int):
-    """Per kernel name: (launches per forward, median GPU µs per forward), plus BUSY and SPAN, from a profiled run."""
+    """Per (kernel name, its launch's place among that name's launches in the forward, from 0): (launches per
+    forward, median GPU µs per forward), plus BUSY and SPAN, from a profiled run."""
     t = profile_forwards(fn, n_warmup=2, n_active=forwards)
-    k = t.kernels[(t.kernels.kind == "kernel") & (t.kernels.forward >= 0)]
+    k = t.kernels[(t.kernels.kind == "kernel") & (t.kernels.forward >= 0)].sort_values("start_ns")
     if k.empty:
         raise RuntimeError("the profiler recorded no kernel inside a forward: CUPTI did not report the graph's nodes")
+    k = k.assign(occurrence=k.groupby(["forward", "name"]).cumcount())
     n = k.forward.nunique()
-    per = k.groupby(["forward", "name"]).dur_ns.agg(["sum", "count"]).reset_index()
-    out = {nm: (g["count"].sum() / n, g["sum"].median() / 1e3) for nm, g in per.groupby("name")}
+    per = k.groupby(["forward", "name", "occurrence"]).dur_ns.agg(["sum", "count"]).reset_index()
+    out = {key: (g["count"].sum() / n, g["sum"].median() / 1e3) for key, g in per.groupby(["name", "occurrence"])}
     fw = k.groupby("forward")
-    out[BUSY] = (len(k) / n, fw.dur_ns.sum().median() / 1e3)
-    out[SPAN] = (1.0, (fw.end_ns.max() - fw.start_ns.min()).median() / 1e3)
+    out[(BUSY, 0)] = (len(k) / n, fw.dur_ns.sum().median() / 1e3)
+    out[(SPAN, 0)] = (1.0, (fw.end_ns.max() - fw.start_ns.min()).median() / 1e3)
     return out, n
 
 
@@ -80,12 +83,14 @@ def parts(dev, forwards):
             arms = _arms(preset, M, dev)
             for arm, fn in arms.items():
                 got, n = _kernel_times(fn, forwards)
-                for name, (calls, us) in got.items():
-                    row(section="parts", preset=preset, M=M, arm=arm, kernel=name, calls=calls, us=us, forwards=n)
-                log(f"parts {preset} M={M:>5} {arm:<10}: busy {got[BUSY][1]:8.1f} us, span {got[SPAN][1]:8.1f} us, "
-                    f"{got[BUSY][0]:.0f} kernels; top: " + ", ".join(
-                        f"{nm[:40]} {us:.1f}" for nm, (_, us) in sorted(
-                            ((a, b) for a, b in got.items() if a not in (BUSY, SPAN)), key=lambda x: -x[1][1])[:4]))
+                for (name, occ), (calls, us) in got.items():
+                    row(section="parts", preset=preset, M=M, arm=arm, kernel=name, occurrence=occ, calls=calls, us=us,
+                        forwards=n)
+                top = sorted(((nm, us) for (nm, _o), (_c, us) in got.items() if nm not in (BUSY, SPAN)),
+                             key=lambda x: -x[1])
+                log(f"parts {preset} M={M:>5} {arm:<10}: busy {got[(BUSY, 0)][1]:8.1f} us, span "
+                    f"{got[(SPAN, 0)][1]:8.1f} us, {got[(BUSY, 0)][0]:.0f} kernels; top: "
+                    + ", ".join(f"{nm[:40]} {us:.1f}" for nm, us in top[:5]))
             del arms
             torch.cuda.empty_cache()
 

@@ -9,6 +9,7 @@
     occupancy_test()               # per (preset, M): the table beside BLOCK_N 64 at 3 and at 2 programs per SM
     share_floors()                 # LoRA's share of the layer: its floor with the deltas folded, beside the goal and
                                    # the committed tables' share, per session, preset and M
+    layer_parts()                  # the layer's kernels grouped into parts, without and with the adapters (profiled)
 
 A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
@@ -221,3 +222,54 @@ def share_floors(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER, c: dict | 
                              added_over_floor=added / floor,
                              **{n: v for n, v in fl.items() if n.endswith(("_shrink_us", "_expand_us"))}))
     return pd.DataFrame(rows)
+
+
+# scripts/record_kernels_parts.py's sessions: parts_s1 summed each kernel name's launches, so its two base GEMMs are one
+# part; parts_s2 and parts_s3 keep each launch's place (the base GEMM's gate_up, then its down)
+PARTS_SESSIONS = ("parts_s2", "parts_s3")
+BUSY, SPAN = "<busy>", "<span>"
+
+
+def part_of(name: str, occurrence: float | None = None) -> str:
+    """The layer part a kernel of the profiled layer belongs to, by its name (Triton's function names, torch's and
+    cuBLAS's kernel templates)."""
+    if name in (BUSY, SPAN):
+        return name
+    if name == "fused_moe_kernel":
+        return {0: "GEMM gate_up", 1: "GEMM down"}.get(occurrence, "GEMMs")
+    named = {"fused_moe_lora_kernel": "LoRA separate delta", "packed_shrink_kernel": "LoRA shrink",
+             "_slot_order_kernel": "LoRA slot order"}
+    if name in named:
+        return named[name]
+    if name.startswith("_align"):
+        return "alignment"
+    if "silu_kernel" in name or ("MulFunctor" in name and "BFloat16" in name):
+        return "SiLU and mul (torch)"
+    if "reduce_kernel" in name and "BFloat16" in name:
+        return "top-k sum (torch)"
+    if ("xmma_gemm_f32" in name or "softmax_warp_forward" in name or "gatherTopK" in name or "bitonicSort" in name
+            or "DivFunctor" in name or "reduce_kernel" in name or ("direct_copy" in name and "(float)" in name)):
+        return "router (fp32, torch)"
+    return "other"
+
+
+def layer_parts(names=PARTS_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """Per session, preset, M and part (`part_of`): the GPU µs per forward of the layer without adapters (`base_us`)
+    and with every token on one (`lora_us`, the committed tables), and `added_us`. The rows `<busy>` (every kernel's
+    time summed) and `<span>` (first start to last end) are the totals. Profiled, so attributions: set them beside
+    the layer section's live paired figures, not in their place."""
+    d = Path(path) if path is not None else KERNELS_DIR
+    out = []
+    for n in names:
+        f = d / f"{n}_kernels_parts.csv"
+        if not f.exists():
+            raise FileNotFoundError(f"no layer parts at {f}: record them with scripts/record_kernels_parts.py")
+        t = pd.read_csv(f)
+        occ = t["occurrence"] if "occurrence" in t else pd.Series([None] * len(t))
+        t["part"] = [part_of(k, None if o is None or pd.isna(o) else int(o)) for k, o in zip(t.kernel, occ)]
+        g = t.groupby(["preset", "M", "part", "arm"]).us.sum().unstack("arm").fillna(0.0).reset_index()
+        g = g.rename(columns={"base": "base_us", "picked_all": "lora_us"})
+        g["added_us"] = g.lora_us - g.base_us
+        g.insert(0, "session", n)
+        out.append(g[["session", "preset", "M", "part", "base_us", "lora_us", "added_us"]])
+    return pd.concat(out, ignore_index=True)
