@@ -224,9 +224,9 @@ def share_floors(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER, c: dict | 
     return pd.DataFrame(rows)
 
 
-# scripts/record_kernels_parts.py's sessions: parts_s1 summed each kernel name's launches, so its two base GEMMs are one
-# part; parts_s2 and parts_s3 keep each launch's place (the base GEMM's gate_up, then its down)
-PARTS_SESSIONS = ("parts_s2", "parts_s3")
+# scripts/record_kernels_parts.py's sessions, two machines. parts_s1 summed each kernel name's launches, so its base
+# GEMMs are one part (`GEMMs`); parts_s2 keeps each launch's place: the base GEMM's gate_up, then its down.
+PARTS_SESSIONS = ("parts_s1", "parts_s2")
 BUSY, SPAN = "<busy>", "<span>"
 
 
