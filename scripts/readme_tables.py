@@ -1234,7 +1234,23 @@ def kernels_fold_headline_block() -> str:
                         f"{g.separate_lo.min():.1f}–{g.separate_hi.max():.1f} %)"
                         for p_, g in big.groupby("preset", sort=False))
             + f", still above the issue's 12 % and 20 %; the down GEMM takes the wide build at {_wide_text()}; "
-            f"{_wide_gate_up_text()}. `docs/results.md`, block kernels-packed.")
+            f"{_wide_gate_up_text()}. `docs/results.md`, block kernels-packed. {_share_floor_clause()}")
+
+
+def _share_floor_clause() -> str:
+    """The share goals against LoRA's floor and against a leaner base layer (block kernels-share)."""
+    from lora_moe_lab.instruments.analysers import floors as fl
+
+    s, lb = fl.share_floors(), fl.lean_base_shares()
+    at = s[s.M == 1024]
+    return ("At M = 1024 the share goals ask for " + f"{at.goal_of_floor.min():.2f}–{at.goal_of_floor.max():.2f}× "
+            "LoRA's floor, the least time its adapters' bytes and FLOPs take: out of any kernel's reach. The lab's "
+            "base layer spends " + ", ".join(f"{g.torch_parts_pct.min():.0f}–{g.torch_parts_pct.max():.0f} % ({p_})"
+                                        for p_, g in lb.groupby("preset", sort=False))
+            + " of its kernel time in torch parts an engine fuses (an fp32 router, SiLU and mul, the top-k sum); "
+            "with those at their floors the same LoRA time is " + ", ".join(
+                f"{g.lean_share_pct.min():.1f}–{g.lean_share_pct.max():.1f} % ({p_})"
+                for p_, g in lb.groupby("preset", sort=False)) + " of the layer: block kernels-share.")
 
 
 def _wide_gate_up_text() -> str:
@@ -1632,6 +1648,110 @@ def kernels_base_headline_block() -> str:
             f"with M ≥ 1024. `docs/results.md`, block kernels-base. {_floors_clause(bg, vs)}")
 
 
+def kernels_share_block() -> str:
+    """Issue 24's share goals against LoRA's floor with the deltas folded (floors.share_floors), the layer's kernels
+    one by one without and with the adapters (floors.layer_parts, profiled), and the share against a base layer
+    whose torch parts ran at their floors (floors.lean_base_shares)."""
+    from lora_moe_lab.instruments.analysers import floors as fl
+
+    s, p, lb = fl.share_floors(), fl.layer_parts(), fl.lean_base_shares()
+    ses, pses = list(dict.fromkeys(s.session)), list(dict.fromkeys(p.session))
+    out = ["LoRA's share of the layer against its floor (`analysers/floors.py`: `lora_floor`, `share_floors`; the "
+           "layer sessions " + " and ".join(f"`{x}`" for x in ses) + ", every token on one of 4 adapters of "
+           "rank 32). The floor is the least time LoRA can add with the deltas folded as issue 24 asks: each "
+           "shrink its own kernel (the used adapter-experts' A once, its input once, u once), each expand extra K "
+           "steps of the base GEMM (the used B and u once, its FLOPs on top of the GEMM's), each kernel at the larger "
+           "of its bytes over the copy ceiling and its FLOPs over the matmul ceiling, summed. `weights` is the used A "
+           "and B alone at the copy ceiling. `goal / floor` = the floor over the time the goal allows: above 1.0 no "
+           "kernel meets the goal. One figure per session:", "",
+           "| preset | M | base layer (µs) | share, measured [95 %] | floor | weights | goal | goal / floor | "
+           "measured / floor |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (preset, M), g in s.groupby(["preset", "M"], sort=False):
+        def each(f, g=g):
+            return " / ".join(f(r) for r in g.itertuples())
+        goal = g.goal_pct.iloc[0]
+        out.append(f"| {preset} | {M} | {each(lambda r: f'{r.base_us:.0f}')} | "
+                   + each(lambda r: f"{r.share_pct:.1f} [{r.share_pct_lo:.1f}, {r.share_pct_hi:.1f}] %")
+                   + f" | {each(lambda r: f'{r.floor_share_pct:.1f} %')} | {g.weights_share_pct.mean():.1f} % | "
+                   + ("—" if goal != goal or goal is None else f"{goal:.0f} %") + " | "
+                   + ("—" if goal != goal or goal is None else each(lambda r: f"{r.goal_of_floor:.2f}")) + " | "
+                   + each(lambda r: f"{r.added_over_floor:.2f}") + " |")
+    at = s[s.M == 1024].groupby("preset").goal_of_floor
+    big = s[s.M >= 4096]
+    out += ["", "- At M = 1024 the goals ask for " + ", ".join(
+        f"{x.min():.2f}–{x.max():.2f}× ({pr})" for pr, x in at) + " of the floor: less time than the adapters' own "
+        "bytes and FLOPs take at the H200's ceilings. No kernel meets them there; the goals are reachable in "
+        f"principle only from M = 4096, where they need {100 * big.goal_of_floor.min():.0f}–"
+        f"{100 * big.goal_of_floor.max():.0f} % of the floor and the committed kernels run "
+        f"{big.added_over_floor.min():.1f}–{big.added_over_floor.max():.1f}× it."]
+    parts = ["GEMM gate_up", "GEMM down", "router (fp32, torch)", "SiLU and mul (torch)", "top-k sum (torch)",
+             "alignment"]
+    last = p[p.session == pses[-1]]
+    busy = p[p.part == fl.BUSY].set_index(["session", "preset", "M"])
+    out += ["", "The layer's kernels one by one (`scripts/record_kernels_parts.py`: each arm's CUDA graph replayed 20 "
+            "times under torch.profiler, every kernel's GPU time from CUPTI's records, medians per forward; "
+            + " and ".join(f"`{x}`" for x in pses) + " on two machines). Profiled, so attributions beside the live "
+            "figures, not in their place. The base layer (µs per forward, " + f"`{pses[-1]}`" + "; all kernels in "
+            "both sessions):", "",
+            "| preset | M | all kernels | " + " | ".join(parts) + " | GEMMs, of all |",
+            "| --- | ---: | ---: |" + " ---: |" * (len(parts) + 1)]
+    for (preset, M), g in last.groupby(["preset", "M"], sort=False):
+        g = g.set_index("part")
+        tot = " / ".join(f"{busy.loc[(x, preset, M), 'base_us']:.0f}" for x in pses)
+        gm = g.base_us[g.index.str.startswith("GEMM")].sum()
+        out.append(f"| {preset} | {M} | {tot} | " + " | ".join(f"{g.base_us.get(n, 0.0):.1f}" for n in parts)
+                   + f" | {100 * gm / g.base_us[fl.BUSY]:.0f} % |")
+    lparts = ["GEMM gate_up", "GEMM down", "LoRA shrink", "LoRA slot order", "LoRA separate delta", "alignment",
+              "router (fp32, torch)"]
+    out += ["", "What LoRA adds, kernel by kernel (µs per forward, " + f"`{pses[-1]}`" + "; the sum in both sessions "
+            "beside the live paired figure, the mean of " + " and ".join(f"`{x}`" for x in ses) + "), and the floor of "
+            "each op's LoRA work (`lora_floor`: shrink + expand):", "",
+            "| preset | M | added, profiled | added, live | " + " | ".join(lparts) + " | floor gate_up | floor down |",
+            "| --- | ---: | ---: | ---: |" + " ---: |" * (len(lparts) + 2)]
+    live = s.groupby(["preset", "M"]).mean(numeric_only=True)
+    for (preset, M), g in last.groupby(["preset", "M"], sort=False):
+        g, lv = g.set_index("part"), live.loc[(preset, M)]
+        tot = " / ".join(f"{busy.loc[(x, preset, M), 'added_us']:.0f}" for x in pses)
+        out.append(f"| {preset} | {M} | {tot} | {lv.added_us:.0f} | "
+                   + " | ".join(f"{g.added_us.get(n, 0.0):+.1f}" for n in lparts)
+                   + f" | {lv.gate_up_shrink_us + lv.gate_up_expand_us:.1f} | "
+                   f"{lv.down_shrink_us + lv.down_expand_us:.1f} |")
+    t16 = last[(last.preset == "qwen3-30b-a3b-tp4") & (last.M == 16384)].set_index("part").added_us
+    l16 = live.loc[("qwen3-30b-a3b-tp4", 16384)]
+    q16 = last[(last.preset == "qwen3-30b-a3b") & (last.M == 16384)].set_index("part").added_us
+    qf = live.loc[("qwen3-30b-a3b", 16384)]
+    out += ["", f"- TP=4 at M = 16384: gate_up's separate delta adds {t16['LoRA separate delta']:.0f} µs against a "
+            f"floor of {l16.gate_up_shrink_us + l16.gate_up_expand_us:.0f}; down's wide build adds "
+            f"{t16['GEMM down']:.0f} µs to the base GEMM and {t16['LoRA shrink']:.0f} µs of shrink against a floor of "
+            f"{l16.down_shrink_us + l16.down_expand_us:.0f}: its tail walks every adapter's 32 columns (128) for "
+            f"every row, where a row needs 32. qwen3 at M = 16384: the two shrinks add {q16['LoRA shrink']:.0f} µs "
+            f"against {qf.gate_up_shrink_us + qf.down_shrink_us:.0f} µs of shrink floor.",
+            "- The router reads x from the wide buffer's strided view where gate_up takes the wide build, and its "
+            "float copy of x then runs torch's strided kernel: " + ", ".join(
+                f"{r.added_us:+.1f} µs at M = {r.M}" for r in last[(last.part == "router (fp32, torch)")
+                                                                  & (last.preset == "qwen3-30b-a3b")
+                                                                  & (last.M >= 4096)].itertuples())
+            + " (qwen3). A cost of the wide build outside its kernels, counted nowhere before.",
+            "", "LoRA's share against a leaner base (`lean_base_shares`): the base layer with its router, SiLU-and-mul "
+            "and top-k sum at their floors (`torch_part_floors`: a bf16 router product, SiLU-and-mul as one kernel, "
+            "the sum's bytes once), the parts an engine runs as fused kernels. A bound computed from measured parts, "
+            "not a measurement of such a layer:", "",
+            "| preset | M | torch parts (µs, of all kernels) | their floors (µs) | base layer, live → lean (µs) | "
+            "share, live → lean |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in lb.itertuples():
+        out.append(f"| {r.preset} | {r.M} | {r.torch_parts_us:.0f} ({r.torch_parts_pct:.0f} %) | "
+                   f"{r.torch_floors_us:.0f} | {r.base_us:.0f} → {r.lean_base_us:.0f} | {r.share_pct:.1f} → "
+                   f"{r.lean_share_pct:.1f} % |")
+    out += ["", "- The lab's base layer runs its router in fp32 on CUDA cores (cuBLAS `ffma`), SiLU and mul as two "
+            "torch kernels and the top-k sum as a torch reduction: " + ", ".join(
+                f"{lb[lb.preset == pr].torch_parts_pct.min():.0f}–{lb[lb.preset == pr].torch_parts_pct.max():.0f} % "
+                f"({pr})" for pr in lb.preset.unique()) + " of its kernel time. Those parts dilute LoRA's share: "
+            "against the leaner base the same LoRA time is " + ", ".join(
+                f"{lb[lb.preset == pr].lean_share_pct.min():.1f}–{lb[lb.preset == pr].lean_share_pct.max():.1f} % "
+                f"({pr})" for pr in lb.preset.unique()) + " of the layer."]
+    return "\n".join(out)
+
+
 def _floors_clause(bg, vs) -> str:
     from lora_moe_lab.instruments.analysers import floors as fl
 
@@ -1649,6 +1769,7 @@ BLOCKS = {"setup": setup_block, "guards": guards_block, "traces": traces_block, 
           "lab-headline": lab_headline_block, "kernels-base": kernels_base_block,
           "kernels-base-headline": kernels_base_headline_block, "kernels-fold": kernels_fold_block,
           "kernels-fold-headline": kernels_fold_headline_block, "kernels-floors": kernels_floors_block,
+          "kernels-share": kernels_share_block,
           "kernels-packed": kernels_packed_block}
 
 

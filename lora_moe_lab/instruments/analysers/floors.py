@@ -10,6 +10,8 @@
     share_floors()                 # LoRA's share of the layer: its floor with the deltas folded, beside the goal and
                                    # the committed tables' share, per session, preset and M
     layer_parts()                  # the layer's kernels grouped into parts, without and with the adapters (profiled)
+    lean_base_shares()             # LoRA's share against a base layer whose torch parts (router, SiLU-and-mul, top-k
+                                   # sum) ran at their floors, as an engine's fused kernels come near
 
 A kernel cannot beat the larger of two times: the fewest bytes it must move over the measured copy bandwidth,
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
@@ -273,3 +275,46 @@ def layer_parts(names=PARTS_SESSIONS, path: str | Path | None = None) -> pd.Data
         g.insert(0, "session", n)
         out.append(g[["session", "preset", "M", "part", "base_us", "lora_us", "added_us"]])
     return pd.concat(out, ignore_index=True)
+
+
+TORCH_PARTS = ("router (fp32, torch)", "SiLU and mul (torch)", "top-k sum (torch)")
+
+
+def torch_part_floors(preset: str, M: int, c: dict) -> dict:
+    """The floors of the base layer's parts the lab runs as torch ops: the router (a bf16 product of x and the
+    router's weights on tensor cores, float logits out), SiLU-and-mul as one kernel (read the (pairs, 2I) product,
+    write (pairs, I)), and the sum over top_k (read the (pairs, H) down output, write (M, H))."""
+    sh = get_shape(preset)
+    H, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
+    P = M * k
+    return {"router (fp32, torch)": _roof_us(BF16_BYTES * (M * H + E * H) + 4 * M * E, 2.0 * M * H * E, c),
+            "SiLU and mul (torch)": _roof_us(BF16_BYTES * (P * 2 * I + P * I), 0.0, c),
+            "top-k sum (torch)": _roof_us(BF16_BYTES * (P * H + M * H), 0.0, c)}
+
+
+def lean_base_shares(parts: pd.DataFrame | None = None, shares: pd.DataFrame | None = None, session: str | None = None,
+                     c: dict | None = None) -> pd.DataFrame:
+    """Per preset and M: the live base layer and LoRA's added time (share_floors, the sessions' means), the time its
+    torch parts took (layer_parts, one profiled session: the last of PARTS_SESSIONS), their floors
+    (`torch_part_floors`), and LoRA's share against the base with those parts at their floors (`lean_share_pct`): the
+    share an engine's base layer would show at best, since its fused kernels cannot beat the floors. A bound
+    computed from measured parts, not a measurement of such a layer."""
+    parts = layer_parts() if parts is None else parts
+    shares = share_floors() if shares is None else shares
+    session = session or parts.session.iloc[-1]
+    c = ceilings() if c is None else c
+    p = parts[parts.session == session]
+    live = shares.groupby(["preset", "M"])[["base_us", "added_us", "share_pct"]].mean()
+    rows = []
+    for (preset, M), g in p.groupby(["preset", "M"]):
+        if (preset, M) not in live.index:
+            continue
+        g, fl = g.set_index("part"), torch_part_floors(preset, int(M), c)
+        took = sum(float(g.base_us.get(n, 0.0)) for n in TORCH_PARTS)
+        lv = live.loc[(preset, M)]
+        lean = lv.base_us - took + sum(fl.values())
+        rows.append(dict(preset=preset, M=int(M), session=session, base_us=lv.base_us, added_us=lv.added_us,
+                         share_pct=lv.share_pct, gemm_pct=100 * g.base_us[g.index.str.startswith("GEMM")].sum()
+                         / g.base_us["<busy>"], torch_parts_us=took, torch_parts_pct=100 * took / g.base_us["<busy>"],
+                         torch_floors_us=sum(fl.values()), lean_base_us=lean, lean_share_pct=100 * lv.added_us / lean))
+    return pd.DataFrame(rows)

@@ -161,3 +161,18 @@ def test_the_profiled_parts_agree_with_the_live_layer():
     down = p[(p.session == "parts_s2") & (p.part == "GEMM down") & (p.preset == "qwen3-30b-a3b-tp4") & (p.M >= 4096)]
     floor = s.groupby(["preset", "M"]).down_expand_us.first()
     assert all(r.added_us > 2 * floor[(r.preset, r.M)] for r in down.itertuples())
+
+
+def test_the_share_against_a_lean_base_is_larger():
+    """The base layer's torch parts at their floors: the router's floor counts x and its weights by hand, and the
+    share against that leaner base is above the measured one at every point (from a third of the base layer's
+    kernel time at qwen3 M >= 4096 and half at TP=4)."""
+    f = fl.torch_part_floors("qwen3-30b-a3b", 1024, C)
+    assert f["router (fp32, torch)"] == pytest.approx(max((2 * (1024 * 2048 + 128 * 2048) + 4 * 1024 * 128) / 4000e9,
+                                                          2 * 1024 * 2048 * 128 / 800e12) * 1e6)
+    assert f["top-k sum (torch)"] == pytest.approx(2 * (8192 * 2048 + 1024 * 2048) / 4000e9 * 1e6)
+    lb = fl.lean_base_shares()
+    assert len(lb) == 8 and (lb.lean_share_pct > lb.share_pct).all() and (lb.torch_floors_us < lb.torch_parts_us).all()
+    big = lb[lb.M >= 4096]
+    assert (big[big.preset == "qwen3-30b-a3b"].torch_parts_pct > 30).all()
+    assert (big[big.preset == "qwen3-30b-a3b-tp4"].torch_parts_pct > 45).all()
