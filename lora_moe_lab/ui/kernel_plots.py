@@ -178,3 +178,29 @@ def floors_figure(gf, title: str = "The base GEMM against its roofline floor, an
     fig.update_layout(title=title, barmode="group", height=480, plot_bgcolor="white",
                       legend=dict(orientation="h", y=1.12))
     return fig
+
+
+LORA_PARTS = ("LoRA shrink", "LoRA slot order", "LoRA separate delta", "GEMM gate_up", "GEMM down", "alignment",
+              "router (fp32, torch)")
+
+
+def lora_parts_figure(parts, shares, title: str = "What LoRA adds to the layer, kernel by kernel, and its floor"):
+    """Stacked bars per (preset, M): LoRA's added GPU time per part of the layer (analysers.floors.layer_parts, one
+    profiled session), beside its floor with the deltas folded (floors.share_floors, `floor_us`) and the live paired
+    figure (`added_us`), both as markers."""
+    p = parts[parts.session == parts.session.iloc[-1]]
+    live = shares.groupby(["preset", "M"])[["added_us", "floor_us"]].mean()
+    keys = [k for k in live.index if k in set(zip(p.preset, p.M))]
+    x = [f"{pr.removeprefix('qwen3-30b-a3b').lstrip('-') or 'tp1'} M={m}" for pr, m in keys]
+    fig = go.Figure()
+    for part in LORA_PARTS:
+        y = [float(p[(p.preset == pr) & (p.M == m) & (p.part == part)].added_us.sum()) for pr, m in keys]
+        if any(abs(v) > 0.5 for v in y):
+            fig.add_trace(go.Bar(x=x, y=y, name=part))
+    fig.add_trace(go.Scatter(x=x, y=[live.loc[k, "added_us"] for k in keys], mode="markers", name="added, live",
+                             marker=dict(symbol="diamond", size=10, color="black")))
+    fig.add_trace(go.Scatter(x=x, y=[live.loc[k, "floor_us"] for k in keys], mode="markers", name="floor",
+                             marker=dict(symbol="line-ew-open", size=26, color="#d62728", line=dict(width=3))))
+    fig.update_layout(title=title, barmode="relative", height=420, plot_bgcolor="white", yaxis_title="µs per forward",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
