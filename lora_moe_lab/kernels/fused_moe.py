@@ -276,7 +276,7 @@ def fused_moe_kernel(
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
     PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
     EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
-    TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0, TAIL_BLK: tl.constexpr = False,
+    TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0, TAIL_BLK: tl.constexpr = False, TAIL_WIN: tl.constexpr = 0,
 ):
     # TAIL (`Tail`, the wide LoRA build, kernels/fused_moe_lora_packed.py): x's and w's rows go on past K, the
     # adapters' u and B_packed columns, and tail_ptr holds how many of them every tile's K loop walks: all when any
@@ -290,6 +290,14 @@ def fused_moe_kernel(
     # TAIL_BLK: each tile walks only the columns of the slots its block's live pairs use (blk_ptr, written by the
     # shrink), of its own slice (gate or up), widened to whole BLOCK_K steps: a trip count per tile, so a persistent
     # grid's loops are not flattened (the layer takes it where it measured faster: configs.WIDE_GATE_UP_TOKENS).
+    # TAIL_WIN (rows the pairs' own, the down GEMM, TMA weights): the shrink wrote each pair's u in x's tail shifted
+    # to its block's window: the columns from the block's first live slot's (kept inside the C columns) where the
+    # block's live slots fit in TAIL_WIN columns, else unshifted. x's tail is read from column K as always; only w's
+    # tail is read from the same shift (a TMA coordinate: past K + C the copy fills zeros). tail_ptr, written by the
+    # shrink: TAIL_WIN when every block fits, C when one does not, 0 with nothing live; one trip count for the
+    # launch, so the persistent grid keeps its flattening. On the alignment ordered by LoRA row a block holds one or
+    # two slots: a tile walks 64 columns instead of 128. (A jump of x's row pointers instead, by the shift, cost x
+    # its asynchronous copies in the static compile: 16 KB less shared memory, 122 -> 194 registers at TP=4 down.)
     kb = K
     if TAIL and not TAIL_BLK:  # (EVEN_K holds for K + every tail: the launcher checks both against BLOCK_K)
         K = K + tl.load(tail_ptr)
@@ -317,7 +325,7 @@ def fused_moe_kernel(
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                        BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
                        STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK)
+                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -340,7 +348,7 @@ def fused_moe_kernel(
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                    BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
                    FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
-                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK)
+                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
 
 
 @triton.jit
@@ -355,7 +363,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
                FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
                EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
                EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr, kb,
-               TAIL_J: tl.constexpr, TAIL_BLK: tl.constexpr):
+               TAIL_J: tl.constexpr, TAIL_BLK: tl.constexpr, TAIL_WIN: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED);
     kb: the base K (TAIL_J: where each row's pointer jumps to its pair's tail)."""
@@ -412,6 +420,10 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         t_lo = ((p_lo * PACK_C + lo) // BLOCK_K) * BLOCK_K
         t_hi = tl.minimum(tl.cdiv(p_hi * PACK_C + hi, BLOCK_K) * BLOCK_K, P * PACK_C)
         K = kb + tl.where(hi > lo, t_hi - t_lo, 0)
+    if TAIL_WIN > 0:  # w's tail from the block's window (the shrink wrote x's tail from it): its first live slot's
+        # column, kept inside the C columns, where its live slots fit in TAIL_WIN columns; else from column 0
+        lo = tl.load(blk)
+        t_lo = tl.where(tl.load(blk + 1) - lo <= TAIL_WIN, tl.minimum(lo, PACK_C - TAIL_WIN), 0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # accumulate in fp32 whatever the inputs
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
@@ -420,7 +432,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         else:
             xt = tl.load(x_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         if W_DESC:
-            if TAIL_BLK:
+            if TAIL_BLK or TAIL_WIN > 0:
                 wt = w_desc.load([w_row, k0 + tl.where(k0 >= kb, t_lo, 0)]).T
             else:
                 wt = w_desc.load([w_row, k0]).T
@@ -433,7 +445,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         if TAIL_J > 0 or TAIL_BLK:
             x_ptrs += tl.where(k0 + BLOCK_K == kb, jump + t_lo, 0)[:, None]
         w_ptrs += BLOCK_K * stride_wk
-        if TAIL_BLK:
+        if TAIL_BLK or TAIL_WIN > 0:
             w_ptrs += tl.where(k0 + BLOCK_K == kb, t_lo, 0)
 
     if LORA:
@@ -555,6 +567,8 @@ class Tail(NamedTuple):
     jump: int = 0
     blk: torch.Tensor | None = None  # per-block slot columns (the shrink's blk): each tile walks only those
     slices: int = 1  # P: gate_up's c columns are two slices of c // 2 (blk's columns are within one)
+    win: int = 0  # with blk, down only: every tile walks one window of win columns from its block's first live slot
+    # (cols: win, or c when a block's slots do not fit; the shrink decides: lora_shrink_packed(tail_win=))
 
 
 class Packed(NamedTuple):
@@ -609,10 +623,16 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
     tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None, gather, top_k)
-    if (tail_kw.get("TAIL_J") or tail_kw.get("TAIL_BLK")) and K % cfg.block_k:
-        raise ValueError(f"moe_gemm: a tail with a jump (gathered rows) or per-block columns needs K={K} to be a "
-                         f"multiple of the tile's BLOCK_K={cfg.block_k}: the row pointers jump to the pair's tail "
-                         f"between two K steps")
+    if (tail_kw.get("TAIL_J") or tail_kw.get("TAIL_BLK") or tail_kw.get("TAIL_WIN")) and K % cfg.block_k:
+        raise ValueError(f"moe_gemm: a tail with a jump (gathered rows), per-block columns or a window needs K={K} "
+                         f"to be a multiple of the tile's BLOCK_K={cfg.block_k}: the row pointers jump to the pair's "
+                         f"tail between two K steps")
+    if tail_kw.get("TAIL_WIN") and tail_kw["TAIL_WIN"] % cfg.block_k:
+        raise ValueError(f"moe_gemm: tail.win={tail_kw['TAIL_WIN']} must be a multiple of the tile's "
+                         f"BLOCK_K={cfg.block_k}: the window is walked in whole K steps")
+    if tail_kw.get("TAIL_WIN") and not (cfg.w_desc and tma_ok(w)):
+        raise ValueError("moe_gemm: tail.win needs the tile's TMA weight loads (w_desc): a shifted window reads w's "
+                         "columns past K + C, which the TMA copy fills with zeros")
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = rows_desc(w, [cfg.block_n, cfg.block_k], K + tail_c) if use_desc else w
     if lora is None:  # dummy pointers and strides, never read
@@ -686,4 +706,10 @@ def _check_tail(tail, x, w, K, other, gather, top_k):
         if tail.slices not in (1, 2) or c % tail.slices or tail.blk.dtype != torch.int32 or tail.blk.dim() != 2:
             raise ValueError(f"moe_gemm: tail.blk must be the shrink's (blocks, 2) int32 slot columns and tail.slices "
                              f"1 or 2 dividing c={c}, got {tuple(tail.blk.shape)} {tail.blk.dtype}, {tail.slices}")
+    win = int(tail.win)
+    if win:
+        if tail.blk is None or jump or tail.slices != 1 or not 0 < win < c:
+            raise ValueError(f"moe_gemm: tail.win={win} needs the shrink's blk, rows of the pairs' own (no jump), one "
+                             f"slice and 0 < win < c={c}")
+        return c, dict(TAIL=True, TAIL_J=0, TAIL_BLK=False, TAIL_WIN=win)
     return c, dict(TAIL=True, TAIL_J=jump, TAIL_BLK=tail.blk is not None)

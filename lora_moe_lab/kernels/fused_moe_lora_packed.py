@@ -46,10 +46,12 @@ LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth 
 
 
 @triton.jit
-def _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, WB: tl.constexpr, BLOCK_R: tl.constexpr):
+def _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, WB: tl.constexpr, BLOCK_R: tl.constexpr, shift=0):
     """Pointers of u's (rows, window columns) tile, rows the offsets of u's rows: column c of the window at slot w0
-    is slice c_p[c], column w0 * BLOCK_R + c % WB of that slice's slots."""
-    return u_ptr + rows[:, None] + c_p[None, :] * stride_up + (w0 * BLOCK_R + offs_c % WB)[None, :]
+    is slice c_p[c], column w0 * BLOCK_R + c % WB - shift of that slice's slots; and whether that column is >= 0
+    (TAIL_WIN: each pair's columns shifted to its block's window)."""
+    col = w0 * BLOCK_R + offs_c % WB - shift
+    return u_ptr + rows[:, None] + c_p[None, :] * stride_up + col[None, :], (col >= 0)[None, :]
 
 
 @triton.jit(do_not_specialize=["num_pairs", "L"])
@@ -68,7 +70,7 @@ def packed_shrink_kernel(
     stride_uj, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
     P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
-    U_PAIR: tl.constexpr = False, ORDERED: tl.constexpr = False,
+    U_PAIR: tl.constexpr = False, ORDERED: tl.constexpr = False, TAIL_WIN: tl.constexpr = 0,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
@@ -91,9 +93,10 @@ def packed_shrink_kernel(
     pid_m = pid // SUB  # the alignment block
     p0 = tl.program_id(1) * P_ALL  # the program's first slice
     writer = (p0 == 0) & (pid % SUB == 0)  # one writer of the block's range
-    if U_PAIR:
+    c_all = tl.num_programs(1) * P_ALL * S_POW2 * BLOCK_R  # u's columns per pair, every slice
+    if U_PAIR and TAIL_WIN == 0:
         if (pid == 0) & (p0 == 0):
-            tl.store(tail_ptr, tl.where(any_live, tl.num_programs(1) * P_ALL * S_POW2 * BLOCK_R, 0))
+            tl.store(tail_ptr, tl.where(any_live, c_all, 0))
     if not any_live:
         if writer:
             tl.store(blk_ptr + 2 * pid_m, 0)
@@ -113,16 +116,25 @@ def packed_shrink_kernel(
     n_live = tl.sum(live.to(tl.int32), 0)
     if SUB == 1:
         blk_slot, blk_live = slot, live
-    else:  # the range covers the whole alignment block: its first program reads every row's slot
+    else:  # the range covers the whole alignment block: its first program reads every row's slot (TAIL_WIN: each
+        # program, for the block's window)
         pair_b, valid_b = block_pairs(sorted_ids_ptr, pid_m, num_pairs, SUB * BLOCK_M)
-        _, blk_slot, blk_live = _folded_rows(pair_b, valid_b & writer, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr,
-                                             L)
+        _, blk_slot, blk_live = _folded_rows(pair_b, valid_b & (writer | (TAIL_WIN > 0)), top_k, mapping_ptr,
+                                             lora_ids_ptr, enabled_ptr, L)
         blk_live = blk_live & (blk_slot < S) & (expert >= 0)
+    any_b = tl.sum(blk_live.to(tl.int32), 0) > 0
+    b_lo = tl.where(any_b, tl.min(tl.where(blk_live, blk_slot, S_POW2), 0) * BLOCK_R, 0)
+    b_hi = tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R, 0)
+    # TAIL_WIN: the block's window, from its first live slot's column kept inside C, where its live slots fit in
+    # TAIL_WIN columns; each pair's u is written shifted by it (the GEMM reads w's tail from the same shift)
+    shift = 0
+    if TAIL_WIN > 0:
+        shift = tl.where(b_hi - b_lo <= TAIL_WIN, tl.minimum(b_lo, c_all - TAIL_WIN), 0)
     if writer:  # (0, 0) when nothing is live: the GEMM adds nothing there
-        any_b = tl.sum(blk_live.to(tl.int32), 0) > 0
-        tl.store(blk_ptr + 2 * pid_m, tl.where(any_b, tl.min(tl.where(blk_live, blk_slot, S_POW2), 0) * BLOCK_R, 0))
-        tl.store(blk_ptr + 2 * pid_m + 1, tl.where(any_b, (tl.max(tl.where(blk_live, blk_slot, -1), 0) + 1) * BLOCK_R,
-                                                   0))
+        tl.store(blk_ptr + 2 * pid_m, b_lo)
+        tl.store(blk_ptr + 2 * pid_m + 1, b_hi)
+        if U_PAIR and TAIL_WIN > 0:  # (tail_ptr zeroed by the launcher) the window if every block's slots fit in it
+            tl.atomic_max(tail_ptr, tl.where(any_b, tl.where(b_hi - b_lo <= TAIL_WIN, TAIL_WIN, c_all), 0))
     if U_PAIR:
         rows = tok * stride_um + (pair % top_k) * stride_uj
     else:
@@ -132,11 +144,16 @@ def packed_shrink_kernel(
     offs_c = tl.arange(0, CW)
     c_p = p0 + offs_c // (W * BLOCK_R)  # slice of column c
     c_r = offs_c % BLOCK_R  # rank index of column c
+    if TAIL_WIN > 0:  # the columns no shifted store reaches, [C - shift, C): zeros (read where the GEMM walks all C)
+        offs_a = tl.arange(0, S_POW2 * BLOCK_R)  # (one slice: u's C columns of the row)
+        tl.store(u_ptr + rows[:, None] + offs_a[None, :], tl.zeros((BLOCK_M, S_POW2 * BLOCK_R),
+                                                                   dtype=u_ptr.dtype.element_ty),
+                 mask=valid[:, None] & (offs_a >= c_all - shift)[None, :])
     if n_live == 0:
         if SUB > 1 or U_PAIR:  # the block may hold live rows in another program: the GEMM reads these rows, as zeros
             for w0 in tl.static_range(0, S_POW2, W):
-                tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
-                         tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty), mask=valid[:, None])
+                zp, z_ok = _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R, shift)
+                tl.store(zp, tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty), mask=valid[:, None] & z_ok)
         return
     offs_k = tl.arange(0, BLOCK_K)
     # One window of W slots side by side per dot; each pair keeps its own slot's columns, the rest become zeros. The
@@ -149,9 +166,9 @@ def packed_shrink_kernel(
         w_lo = (tl.min(tl.where(live, slot, S_POW2), 0) // W) * W
         w_hi = tl.max(tl.where(live, slot, -1), 0) + 1
         for w0 in tl.static_range(0, S_POW2, W):
-            tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
-                     tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty),
-                     mask=valid[:, None] & ((w0 + W <= w_lo) | (w0 >= w_hi)))
+            zp, z_ok = _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R, shift)
+            tl.store(zp, tl.zeros((BLOCK_M, CW), dtype=u_ptr.dtype.element_ty),
+                     mask=valid[:, None] & z_ok & ((w0 + W <= w_lo) | (w0 >= w_hi)))
     for w0 in range(w_lo, w_hi, W):
         c_s = w0 + (offs_c // BLOCK_R) % W  # slot of column c
         hit = live[:, None] & (slot[:, None] == c_s[None, :])
@@ -183,8 +200,8 @@ def packed_shrink_kernel(
         # Kept in the weights' dtype, as the matrix units take it (the separate kernel casts its intermediate the
         # same way). Every real row is written, zeros where the pair has no live adapter in the window's slots: the
         # GEMM masks nothing per row.
-        tl.store(_u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R),
-                 tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None],
+        up, u_ok = _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R, shift)
+        tl.store(up, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None] & u_ok,
                  eviction_policy="evict_first" if X_KEEP else "")
 
 
@@ -209,7 +226,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
                        x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None,
-                       slot_order: bool = False, block_order=None):
+                       slot_order: bool = False, block_order=None, tail_win: int = 0):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
     slot_window: slots per dot (a power of two; 0: every slot in one dot). Only the windows between the program's
@@ -225,7 +242,10 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     slot_order: the programs take the alignment's blocks slot by slot (`align.slot_major_order`, one more launch:
     gate_up's x rows, read once per expert of a token, come back from DRAM less often). block_order: that order, or
     any int32 permutation of the blocks, given (the same result either way, bit for bit: each block is computed as
-    without it)."""
+    without it). tail_win (u_pair, one slice): each pair's u is written shifted to its block's window (from its first
+    live slot's column, kept inside C, where its live slots lie within tail_win columns; else unshifted) and
+    tail_cols is tail_win when every block fits, C when one does not (the GEMM's window: `Tail.win`), 0 when nothing
+    is live."""
     if u_pair and tail_cols is None:
         raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
@@ -250,6 +270,11 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                                     or block_order.shape[0] != align.expert_ids.shape[1]):
         raise ValueError(f"lora_shrink_packed: block_order must be an int32 permutation of the alignment's "
                          f"{align.expert_ids.shape[1]} blocks, got {block_order.dtype} {tuple(block_order.shape)}")
+    if tail_win and (not u_pair or P != 1 or tail_win % br or not 0 < tail_win < pow2(S) * br):
+        raise ValueError(f"lora_shrink_packed: tail_win={tail_win} needs u_pair, one slice and a multiple of "
+                         f"BLOCK_R={br} below C={pow2(S) * br}")
+    if tail_win:
+        tail_cols.zero_()  # the programs raise it with atomic_max: the window, or C where a block's slots spill over
     bk = min(block_k, max(16, triton.next_power_of_2(K)))
     stages = stages_for(num_stages, (rows * bk + bk * p_all * win * br) * x.element_size())
     packed_shrink_kernel[(nb_launch * (bm // rows), P // p_all)](
@@ -260,7 +285,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         u.stride(1) if u_pair else 0,
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
         SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), U_PAIR=bool(u_pair),
-        ORDERED=block_order is not None,
+        ORDERED=block_order is not None, TAIL_WIN=int(tail_win),
         num_warps=num_warps,
         num_stages=stages, **reg_cap(max_regs),
     )
@@ -368,7 +393,7 @@ def x_wide_columns(lora_a: torch.Tensor, top_k: int, gather: bool) -> int:
 
 def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora_ids, adapter_enabled, *,
                        routed_weights=None, gather: bool = False, config: GemmConfig | None = None,
-                       shrink: dict | None = None, per_block: bool = False):
+                       shrink: dict | None = None, per_block: bool = False, window: int = 0):
     """The MoE GEMM with its LoRA delta, the adapters' columns as the last K iterations of the plain GEMM's own loop.
     x and w are the first K columns of wider tensors: w of w_wide = `wide_weights(w, pack_lora_b(B))` (C =
     `wide_columns(lora_a)` more columns), x of x_wide, whose columns past K this call overwrites with u:
@@ -380,9 +405,11 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     adapter live every tile walks K + C columns, else K, decided on the GPU. per_block: each tile walks only the
     columns of the slots its block's live pairs use (the shrink's per-block ranges), of its own slice, in whole
     BLOCK_K steps: on the alignment ordered by LoRA row (`moe_align(order_by=)`) one or two slots' instead of all C
-    (K must be a multiple of BLOCK_K; a trip count per tile, so a persistent grid's loops are not flattened). Same
-    result as `moe_gemm_lora` (pairs without a live adapter bit for bit the plain GEMM's). shrink:
-    `lora_shrink_packed`'s options."""
+    (K must be a multiple of BLOCK_K; a trip count per tile, so a persistent grid's loops are not flattened).
+    window (down only): every tile walks `window` columns from its block's first live slot's (a multiple of
+    BLOCK_R and of the tile's BLOCK_K, below C), one trip count for the launch; where a block's live slots spill
+    past a window the shrink makes every tile walk all C (`Tail.win`). Same result as `moe_gemm_lora` (pairs without
+    a live adapter bit for bit the plain GEMM's). shrink: `lora_shrink_packed`'s options."""
     P = 2 if gather else 1
     if lora_a.dim() != 5 or lora_a.shape[0] != P:
         raise ValueError(f"moe_gemm_lora_wide: lora_a must be ({P}, S, E, R, K), the "
@@ -405,8 +432,10 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
                          x.storage_offset() + K)
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     cols = torch.empty(1, dtype=torch.int32, device=x.device)
+    if window and (gather or per_block):
+        raise ValueError("moe_gemm_lora_wide: window is the down GEMM's (gather=False) and excludes per_block")
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
-                       u_pair=True, tail_cols=cols, **(shrink or {}))
+                       u_pair=True, tail_cols=cols, tail_win=window, **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             tail=Tail(C, cols, C if gather else 0, blk if per_block else None, P))
+             tail=Tail(C, cols, C if gather else 0, blk if per_block or window else None, P, window))
     return out

@@ -202,5 +202,6 @@ def lora_parts_figure(parts, shares, title: str = "What LoRA adds to the layer, 
     fig.add_trace(go.Scatter(x=x, y=[live.loc[k, "floor_us"] for k in keys], mode="markers", name="floor",
                              marker=dict(symbol="line-ew-open", size=26, color="#d62728", line=dict(width=3))))
     fig.update_layout(title=title, barmode="relative", height=420, plot_bgcolor="white", yaxis_title="µs per forward",
+                      xaxis_title="preset and tokens M",
                       legend=dict(orientation="h", y=-0.25))
     return fig

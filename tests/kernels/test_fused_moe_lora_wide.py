@@ -46,7 +46,7 @@ def wide_case(c, dtype, E, top_k, N, bm, order=False):
     return d, w, x_wide, w_wide, al, K, C
 
 
-def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False, per_block=False):
+def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False, per_block=False, window=0):
     d, w, x_wide, w_wide, al, K, C = wide_case(c, dtype, E, top_k, N, bm, order)
     base = torch.full((c["ids"].numel(), N), float("nan"), dtype=dtype, device=DEV)
     gather = c["gather"]
@@ -54,7 +54,7 @@ def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False
     out = torch.full_like(base, float("nan"))
     res = moe_gemm_lora_wide(x_wide[:, :K], w_wide[..., :K], al, top_k, out, d["a"].to(dtype), d["mapping"],
                              d["lora_ids"], d["enabled"], routed_weights=d["rw"], gather=gather, config=config,
-                             shrink=shrink, per_block=per_block)
+                             shrink=shrink, per_block=per_block, window=window)
     assert res is out
     codes = check_against_float64(c, w, top_k, out, base, dtype,
                                   unwritten="a row of out was not written, or a NaN of u was read")
@@ -122,6 +122,66 @@ def test_wide_per_block_matches_reference(dtype, tile, shrink, op):
         codes, x_wide = run_wide(c, dtype, 5, 3, NS * (2 if gu else 1), bm=32 if tile == "ppt" else 16,
                                  config=TILES[tile], shrink=sh, order=seed == 1, per_block=True)
         assert (codes == 0).any() and (codes != 0).any()
+
+
+# the window reads w's tail through TMA (past K + C the copy fills zeros): the tiles with TMA weights
+WIN_TILES = {"desc": TILES["desc"], "ppt_desc": GemmConfig(32, 32, 4, 4, 2, w_desc=True),
+             "persist_sub_desc": GemmConfig(16, 32, 4, 4, 2, w_desc=True, persistent=2, flatten=True, sub_m=16,
+                                            early_loads=True)}
+
+
+@pytest.mark.parametrize("slots", ["adjacent", "spread"])
+@pytest.mark.parametrize("tile", WIN_TILES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_window_matches_reference(dtype, tile, slots):
+    """The down GEMM's window (`window=32`: two slots of BLOCK_R 16, one BLOCK_K step of 32, against C = 64): on the
+    ordered alignment with slots 2 and 3 in use every block fits a window (from column 32: a tile that started at 0
+    would miss slot 3); with slots 0, 1 and 3 some block spills over and every tile walks all C. Enough tokens that
+    a block of 32 rows fills its second program of 16 (sub_m 16): each program shifts by the whole block's window. Both against float64, out and u NaN-poisoned."""
+    lids = [2, 3, -1, 3] if slots == "adjacent" else [0, 3, -1, 1]  # slots 2, 3: the window starts past 0
+    for seed in range(2):
+        g = torch.Generator().manual_seed(29 * seed + len(tile) + len(slots))
+        M, N = int(torch.randint(40, 70, (1,), generator=g)), int(torch.randint(8, 30, (1,), generator=g))
+        K = 32 * int(torch.randint(1, 4, (1,), generator=g))
+        c = make_case(seed + 19, M, K, N, 5, 3, 4, 4, 5 + seed * 7, 1, gather=False, with_rw=True, lora_ids=lids,
+                      enabled=[1, 1, 1, 0])
+        codes, _ = run_wide(c, dtype, 5, 3, N, bm=32 if tile == "ppt_desc" else 16, config=WIN_TILES[tile],
+                            shrink=dict(slot_window=1, sub_m=16 if seed else 0), order=seed == 0, window=32)
+        assert (codes == 0).any() and (codes != 0).any()
+
+
+@pytest.mark.parametrize("order", [True, False])
+def test_shrink_window_decides_the_tail_from_every_block(order):
+    """tail_cols after the shrink with tail_win: the window where every block's live slot columns [lo, hi) span at
+    most it, C where one spans more, 0 with nothing live; the blocks' ranges are those the GEMM reads."""
+    for lids, en in (([2, 3, -1, 3], [1, 1, 1, 0]), ([0, 3, -1, 1], [1, 1, 1, 1]), ([0, 1, 2, 3], [0, 0, 0, 0])):
+        c = make_case(3, 40, 64, 16, 5, 3, 4, 4, 8, 1, gather=False, lora_ids=lids, enabled=en)
+        d, _, x_wide, _, al, K, C = wide_case(c, torch.float32, 5, 3, 16, 16, order)
+        u = torch.as_strided(x_wide, (40, 3, 1, C), (3 * x_wide.stride(0), x_wide.stride(0), C, 1), K)
+        blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
+        cols = torch.full((1,), 99, dtype=torch.int32, device=DEV)  # the launcher zeroes it first
+        lora_shrink_packed(x_wide[:, :K], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk,
+                           gather=False, u_pair=True, tail_cols=cols, tail_win=32)
+        live = [b for b in blk.tolist() if b[1] > b[0]]
+        want = 0 if not live else (32 if all(hi - lo <= 32 for lo, hi in live) else C)
+        assert int(cols) == want, (lids, en, live)
+        if lids == [2, 3, -1, 3] and order:
+            assert want == 32  # two adjacent slots on the ordered alignment: every block fits
+
+
+def test_window_errors():
+    c = make_case(1, 12, 64, 16, 5, 3, 4, 4, 8, 1, gather=False)
+    d, _, x_wide, w_wide, al, K, C = wide_case(c, torch.float32, 5, 3, 16, 16)
+    out = torch.empty(36, 16, device=DEV)
+    args = (x_wide[:, :K], w_wide[..., :K], al, 3, out, d["a"], d["mapping"], d["lora_ids"], d["enabled"])
+    with pytest.raises(ValueError, match="needs u_pair, one slice and a multiple of BLOCK_R"):
+        moe_gemm_lora_wide(*args, window=24)
+    with pytest.raises(ValueError, match="window is the down GEMM's"):
+        moe_gemm_lora_wide(*args, window=32, per_block=True)
+    with pytest.raises(ValueError, match="must be a multiple of the tile's BLOCK_K=64"):
+        moe_gemm_lora_wide(*args, window=32, config=GemmConfig(32, 64, 4, 4, 2, w_desc=True))
+    with pytest.raises(ValueError, match="needs the tile's TMA weight loads"):
+        moe_gemm_lora_wide(*args, window=32, config=GemmConfig(32, 32, 4, 4, 2))
 
 
 @pytest.mark.parametrize("contiguous", [False, True])
