@@ -270,11 +270,12 @@ def _wide_case(rng, g, dev, i):
     place, `Tail.jump`) or down (even i): one of PACKED_TILES, the base or the ordered alignment, the shrink in whole
     blocks or programs of 16 rows, over every slot or windows of 1 or 2, both slices per program or not (gate_up),
     the pointer tiles rebuilt per step or not, a register cap of 128 on one-slot windows or not, the blocks taken
-    slot by slot (`slot_order`) or in order, every tile over all
-    C columns or only its block's slots' (`per_block`, where K is a multiple of BLOCK_K); down's K a multiple
-    of 64 or of 8 only (K predicates), gate_up's a multiple of the tile's BLOCK_K (the jump needs it); x_wide's u
-    columns and `out` NaN-poisoned (with no adapter live the GEMM must not read u: the shrink writes none of it);
-    (error against float64, rows without a live adapter bit-exact)."""
+    slot by slot (`slot_order`) or in order; every tile over all C columns, only its block's slots' (`per_block`,
+    where K is a multiple of BLOCK_K) or, down, a window of two slots' columns (`window`, where the tile reads w
+    through TMA and BLOCK_K divides K and the window); down's K a multiple of 64 or of 8 only (K predicates),
+    gate_up's a multiple of the tile's BLOCK_K (the jump needs it); x_wide's u columns and `out` NaN-poisoned (with no
+    adapter live the GEMM must not read u: the shrink writes none of it); (error against float64, rows without a live
+    adapter bit-exact)."""
     gu = i % 2 == 1
     M, E, k = rng.randint(1, 96), rng.choice((4, 9)), rng.randint(1, 4)
     L, R, bm = rng.randint(1, S), rng.choice((8, 16, 32)), rng.choice((16, 64))
@@ -295,9 +296,12 @@ def _wide_case(rng, g, dev, i):
     shrink = dict(sub_m=16 if bm > 16 and rng.random() < 0.5 else 0, slot_window=win, row_ptrs=rng.random() < 0.5,
                   max_regs=128 if win == 1 and rng.random() < 0.5 else 0, both_slices=gu and rng.random() < 0.5,
                   slot_order=rng.random() < 0.5)
-    per_block = K % cfg.block_k == 0 and rng.random() < 0.5  # each tile walks its block's slots' columns only
+    W = 2 * (C // pow2(S))  # down's window of two slots, where the tile reads w through TMA and steps evenly over it
+    window = W if (not gu and cfg.w_desc and K % cfg.block_k == 0 and W % cfg.block_k == 0 and W < C
+                   and rng.random() < 0.8) else 0
+    per_block = not window and K % cfg.block_k == 0 and rng.random() < 0.5  # each tile walks its block's slots only
     moe_gemm_lora_wide(x, w, al, k, out, c["a"], c["mapping"], c["lids"], c["en"], routed_weights=rw, gather=gu,
-                       config=cfg, shrink=shrink, per_block=per_block)
+                       config=cfg, shrink=shrink, per_block=per_block, window=window)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -777,6 +781,11 @@ def wide(preset, dev, gen, reps):
         KX, jump = w.shape[2], C if gu else 0  # the GEMM's K; gate_up's pairs' tails C apart in the token's row
         w_wide = wide_weights(w, bp)
         wv = w_wide[..., :KX]
+        def u_of(s, gu=gu, C=C, KX=KX):  # u's view in x_wide: pair (token, j)'s columns past K
+            P, xs, rows = a.shape[0], s["xw"].shape[1], s["xw"].shape[0]
+            m = rows if gu else rows // k
+            return torch.as_strided(s["xw"], (m, k, P, C // P), (xs, C, C // P, 1) if gu else (k * xs, xs, C, 1), KX)
+
         for M in WIDE_M:
             sets, bm, bml, dec = _aligned_sets(sh, M, dev, gen)
             cfg2 = lora_down_config(M, k, E, S, bml, K, I)
@@ -789,8 +798,7 @@ def wide(preset, dev, gen, reps):
                 s["on_c"] = torch.full((1,), C, dtype=torch.int32, device=dev)
                 s["off_c"] = torch.zeros(1, dtype=torch.int32, device=dev)
                 blk = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
-                P, xs, m = a.shape[0], KX + cx, rows if gu else rows // k
-                u = torch.as_strided(s["xw"], (m, k, P, C // P), (xs, C, C // P, 1) if gu else (k * xs, xs, C, 1), KX)
+                u = u_of(s)
                 lora_shrink_packed(s["xv"], a, s["al"], k, s["slot"], lids, on, u, blk, gather=gu, u_pair=True,
                                    tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
                 # the ordered alignment's per-block slot columns (u's rows are the pairs': the same u serves it)
@@ -805,9 +813,22 @@ def wide(preset, dev, gen, reps):
                                      routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
                                      per_slot=per_slot, shrink=shr, expand=exp)
 
-            def wide_path(s, en, al="al", shrink=None, per_block=False):
+            def wide_path(s, en, al="al", shrink=None, per_block=False, window=0):
                 moe_gemm_lora_wide(s["xv"], wv, s[al], k, s[O], a, s["slot"], lids, en, routed_weights=s["rw_op"],
-                                   gather=gu, shrink=shrink, per_block=per_block)
+                                   gather=gu, shrink=shrink, per_block=per_block, window=window)
+
+            # down's window of two slots (`window`), where the table's tile allows it (TMA weights, BLOCK_K dividing
+            # it): the layer's path today on the ordered alignment (`path_wide_ordc`, all C) against it; `win_held`:
+            # the share of the sets whose every block fit a window (else the launch walks all C)
+            W = 2 * block_r(a.shape[3])
+            cfg_w = configs.gemm_config(M, bm, w.shape[1], KX, E)
+            win = W if not gu and cfg_w.w_desc and W % cfg_w.block_k == 0 and W < C else 0
+            held = []
+            for s in sets if win else ():
+                cols = torch.zeros(1, dtype=torch.int32, device=dev)
+                lora_shrink_packed(s["xv"], a, s["al_ord"], k, s["slot"], lids, on, u_of(s), s["blk_ord"], gather=gu,
+                                   u_pair=True, tail_cols=cols, tail_win=win, **shr)
+                held.append(float(int(cols) == win))
 
             def base(s, x=X, ww=w, tail=None, al="al"):
                 moe_gemm(s[x], ww, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu, tail=tail)
@@ -828,6 +849,9 @@ def wide(preset, dev, gen, reps):
                                                              True),
                     "path_wide_blk_off": lambda s: wide_path(s, off, "al_ord", shr, True),
                     "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
+                    **({"path_wide_ordc": lambda s: wide_path(s, on, "al_ord", shr),
+                        "path_wide_win": lambda s: wide_path(s, on, "al_ord", shr, window=win),
+                        "path_wide_win_off": lambda s: wide_path(s, off, "al_ord", shr, window=win)} if win else {}),
                     "copy_x": lambda s: s["xv"].copy_(s[X]),
                     "align": lambda s: moe_align(s["ids"], E, bm),
                     "align_ordered": lambda s: moe_align(s["ids"], E, bm, order_by=s["slot"])}
@@ -862,6 +886,12 @@ def wide(preset, dev, gen, reps):
                                                                     "ratio_of_medians"),
                    "path_wide_added_pct": bootstrap_paired(s_["path_wide"], s_["base"], "median_change_pct"),
                    "path_committed_added_pct": bootstrap_paired(com, s_["base"], "median_change_pct")}
+            if win:
+                out["path_wide_win_over_ordc"] = bootstrap_paired(s_["path_wide_win"], s_["path_wide_ordc"],
+                                                                  "ratio_of_medians")
+                out["path_wide_win_off_over_base"] = bootstrap_paired(s_["path_wide_win_off"], s_["base"],
+                                                                      "ratio_of_medians")
+                out["win_held"] = (sum(held) / len(held),) * 3
             if gu:  # with x copied into x_wide on every call (a layer whose input is not written there)
                 cw = [v + c for v, c in zip(s_["path_wide"], s_["copy_x"])]
                 out["path_wide_copy_over_committed"] = bootstrap_paired(cw, com, "ratio_of_medians")
@@ -968,12 +998,13 @@ def layer(preset, dev, reps):
     torch.cuda.empty_cache()
 
 
-PREV = "prev"  # the layer section's tables before this session's last change: gate_up's wide shrink without the
-# slot-major block order (lay_s6 on). In lay_s5 it was the tables before the twenty-fourth session (without TP=4
-# gate_up's fold at M >= 8192 and the down GEMM's wide build at M = 128, 256), in lay_s3 and lay_s4 the committed
-# tables without gate_up's wide build, in lay_s1 and lay_s2 without the down GEMM's, in exp_s8 and exp_s9 without
-# the packed GEMM's tiles per shape, in exp_s2-exp_s4 the per-op table alone with the one-dot shrink.
-PREV_TABLES = {"WIDE_GATE_UP_SHRINK": configs.W1S}
+PREV = "prev"  # the layer section's tables before this session's last change: the down GEMM's wide build over all C
+# columns, without its window (lay_s9 on); gate_up's wide shrink without the slot-major block order (lay_s6-lay_s8).
+# In lay_s5 it was the tables before the twenty-fourth session (without TP=4 gate_up's fold at M >= 8192 and the down
+# GEMM's wide build at M = 128, 256), in lay_s3 and lay_s4 the committed tables without gate_up's wide build, in
+# lay_s1 and lay_s2 without the down GEMM's, in exp_s8 and exp_s9 without the packed GEMM's tiles per shape, in
+# exp_s2-exp_s4 the per-op table alone with the one-dot shrink.
+PREV_TABLES = {"WIDE_DOWN_WINDOW_TOKENS": frozenset()}
 
 
 def _with_table(table, fn):

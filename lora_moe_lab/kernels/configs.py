@@ -393,6 +393,25 @@ def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts:
             and K % gemm_config(num_tokens, block_m, N, K, num_experts).block_k == 0)
 
 
+# The down GEMM's wide build in a window of two slots' columns (`moe_gemm_lora_wide(window=)`, `Tail.win`): each
+# tile walks 2 * BLOCK_R columns from its block's first live slot (u written shifted there by the shrink), where the
+# 4 slots' C = 128 columns cost the GEMM a third more K steps at TP=4 (K = 192). It holds where every block of the
+# ordered alignment spans at most two slots: with 4 adapters and uniform routing, from M = 16384 (a slot's pairs per
+# expert, about 256, outnumber a block's 128 rows). Elsewhere the shrink finds a block that spills and the launch
+# walks all C. The candidate under measurement (lay_s9): 8192 and 16384.
+WIDE_DOWN_WINDOW_TOKENS: frozenset = frozenset({8192, 16384})
+
+
+def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
+    """The columns each tile of the layer's wide down GEMM walks at this token count (static shapes): 2 * br where
+    the bucket is in WIDE_DOWN_WINDOW_TOKENS, the tile reads w through TMA and steps evenly over K and the window,
+    and the window is narrower than all C columns; else 0 (all C)."""
+    if FOLD_BUILD != "packed" or token_bucket(num_tokens) not in WIDE_DOWN_WINDOW_TOKENS or 2 * br >= C:
+        return 0
+    cfg = gemm_config(num_tokens, block_m, N, K, num_experts)
+    return 2 * br if cfg.w_desc and K % cfg.block_k == 0 and (2 * br) % cfg.block_k == 0 else 0
+
+
 def use_wide_down(num_tokens: int) -> bool:
     """Whether the layer's folded down GEMM takes the wide build at this token count (static shapes: capture-safe)."""
     return FOLD_BUILD == "packed" and token_bucket(num_tokens) in WIDE_DOWN_TOKENS

@@ -144,9 +144,14 @@ class LoRAHook:
         M = act.shape[0] // top_k
         if wide:
             ww = w.wide_w("down", w2)
-            return self.backend.moe_gemm_lora_wide(act, ww[..., :w2.shape[2]], align, top_k, out, w.down_a[None],
+            E, N, K = w2.shape
+            C = ww.shape[2] - K
+            br = C // (1 << (w.down_a.shape[0] - 1).bit_length())  # C: the slots (a power of two) x BLOCK_R
+            win = self.backend.wide_down_window(M, align.block_m, N, K, E, C, br)
+            return self.backend.moe_gemm_lora_wide(act, ww[..., :K], align, top_k, out, w.down_a[None],
                                                    i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
-                                                   routed_weights=topk_w, shrink=self.backend.packed_shrink(M))
+                                                   routed_weights=topk_w, shrink=self.backend.packed_shrink(M),
+                                                   window=win)
         gemm = self._gemm("down", M, w2, top_k)
         return gemm(act, w2, align, top_k, out, w.down_a[None], w.down_b[None], i.token_lora_mapping, i.lora_ids,
                     i.adapter_enabled, routed_weights=topk_w, gather=False)

@@ -123,13 +123,19 @@ class Backend(ABC):
         return False
 
     @staticmethod
+    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
+        """The wide down GEMM's window of columns at this token count (0: all C; static shapes only)."""
+        return 0
+
+    @staticmethod
     def wide_gate_up_shrink(num_tokens: int) -> dict:
         """gate_up's wide build: its shrink's options at this token count (static shapes only)."""
         return {}
 
     @staticmethod
     def moe_gemm_lora_wide(x, w, align: Alignment, top_k: int, out, lora_a, token_lora_mapping, lora_ids,
-                           adapter_enabled, *, routed_weights=None, gather=False, shrink=None, per_block=False):
+                           adapter_enabled, *, routed_weights=None, gather=False, shrink=None, per_block=False,
+                           window=0):
         """The GEMM with its delta, u and B_packed as columns past K of x and w (`LayerLoRAWeights.wide_w`)."""
         raise NotImplementedError("this backend has no wide LoRA GEMM (use_wide_down answers False)")
 

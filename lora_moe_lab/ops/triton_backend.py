@@ -13,6 +13,7 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels import configs
 from ..kernels.align import moe_align
+from ..kernels.common import pow2
 from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
                                moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
@@ -55,6 +56,10 @@ class TritonBackend(Backend):
     @staticmethod
     def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:
         return configs.use_wide_gate_up(num_tokens, block_m, N, K, num_experts)
+
+    @staticmethod
+    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
+        return configs.wide_down_window(num_tokens, block_m, N, K, num_experts, C, br)
 
     @staticmethod
     def wide_gate_up_shrink(num_tokens: int) -> dict:
@@ -148,9 +153,12 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         if fold2 and configs.use_wide_down(M):  # the wide build: x and w with the adapters' C columns past K
             C = wide_columns(a2)
             hw, w2w = torch.zeros(k, I + C, dtype=dtype, device=device), wide_weights(w2, pack_lora_b(b2))
-            jobs.append(("wide2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f, M=M: moe_gemm_lora_wide(
-                hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot, lora_ids,
-                enabled, routed_weights=rw, shrink=configs.packed_shrink(M), config=c)))
+            win = configs.wide_down_window(M, bm_base, K, I, E, C, C // pow2(S))  # down's window, where it runs
+            jobs.append((f"wide2_w{win}", gemm_config(M, bm_base, K, I, E), bm_base,
+                         lambda c, al=al_f, M=M, win=win: moe_gemm_lora_wide(
+                             hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot,
+                             lora_ids, enabled, routed_weights=rw, shrink=configs.packed_shrink(M), config=c,
+                             window=win)))
         if fold13 and configs.use_wide_gate_up(M, bm_base, 2 * I, K, E):  # gate_up per block: top_k tails a row
             C13 = wide_columns(a13)
             xw, w13w = torch.zeros(1, K + k * C13, dtype=dtype, device=device), wide_weights(w13, pack_lora_b(b13))

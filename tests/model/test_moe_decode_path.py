@@ -199,6 +199,32 @@ def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
     _check_model(lab, x, y, tensors, device)
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_layer_takes_the_wide_down_window(enabled, device, monkeypatch):
+    """Where configs.WIDE_DOWN_WINDOW_TOKENS names the bucket and the tile reads w through TMA, the layer's wide down
+    GEMM walks a window of two slots' columns (`window=2 * BLOCK_R`), and the forward matches the reference, live
+    and disabled. The tile: one with TMA weights and a BLOCK_K dividing K and the window, as the H200's tables have."""
+    from lora_moe_lab.kernels import fused_moe
+
+    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
+    _set_build(monkeypatch, "wide")
+    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", frozenset())
+    monkeypatch.setattr(configs, "WIDE_DOWN_WINDOW_TOKENS", ALL)
+    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    tile = configs.GemmConfig(32, 32, 4, 4, 2, w_desc=True)
+    monkeypatch.setattr(configs, "gemm_config", lambda *a, **k: tile)  # the layer's choice and the GEMM's agree
+    monkeypatch.setattr(fused_moe, "gemm_config", lambda *a, **k: tile)
+    lab = _lab(device)
+    backend = type(lab.model.backend)
+    windows, wide = [], backend.moe_gemm_lora_wide
+    monkeypatch.setattr(backend, "moe_gemm_lora_wide", staticmethod(
+        lambda *a, **kw: (windows.append(kw.get("window", 0)), wide(*a, **kw))[1]))
+    _, (x, y, batch, tensors) = _spied_forward(lab, monkeypatch, enabled)
+    R = lab.pool.layers[0].down_a.shape[2]
+    assert windows == [2 * configs.block_r(R)] * 2  # C = 4 slots x BLOCK_R: half of it per tile
+    _check_model(lab, x, y, tensors, device)
+
+
 @pytest.mark.parametrize("copy", [False, True])
 @pytest.mark.parametrize("enabled", [True, False])
 def test_layer_takes_the_wide_gate_up_build(enabled, copy, device, monkeypatch):
