@@ -398,8 +398,12 @@ def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts:
 # 4 slots' C = 128 columns cost the GEMM a third more K steps at TP=4 (K = 192). It holds where every block of the
 # ordered alignment spans at most two slots: with 4 adapters and uniform routing, from M = 16384 (a slot's pairs per
 # expert, about 256, outnumber a block's 128 rows). Elsewhere the shrink finds a block that spills and the launch
-# walks all C. The candidate under measurement (lay_s9): 8192 and 16384.
-WIDE_DOWN_WINDOW_TOKENS: frozenset = frozenset({8192, 16384})
+# walks all C, which costs a little more than the build without the window (the tail's reset, the shifted stores).
+# Measured (H200, CUDA graphs, 20 paired rounds, bootstrap 95 %): the path over the layer's (dwin_s1) at M = 16384
+# 0.965 [0.960, 0.971] (qwen3) and 0.909 [0.906, 0.912] (TP=4), the window held in every set; at 8192 it never held
+# (0.999 and 1.031x). The layer over the tables without it (lay_s9): 0.992 [0.988, 0.997] and 0.978 [0.976, 0.980] at
+# 16384; at 8192 a tie (qwen3) and 1.014 [1.012, 1.016] (TP=4). So 16384 only.
+WIDE_DOWN_WINDOW_TOKENS: frozenset = frozenset({16384})
 
 
 def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
