@@ -1274,7 +1274,19 @@ def _wide_gate_up_text() -> str:
             f"{lay.lo.min():.3f}–{lay.hi.max():.3f}× at M ≥ 8192 ({', '.join(n for n, _ in bg.WIDE_GU_LAYER)}); its "
             f"shrink takes its blocks slot by slot: DRAM bytes {exp.min():.2f} → {slot.max():.2f}× the floor "
             f"({', '.join(bg.ORDER_NCU_RUNS)}), the layer {ol.value.min():.3f}–{ol.value.max():.3f}× at qwen3 "
-            f"M ≥ 4096 ({', '.join(n for n, _ in bg.ORDER_LAYER)})")
+            f"M ≥ 4096 ({', '.join(n for n, _ in bg.ORDER_LAYER)}); {_down_window_text()}")
+
+
+def _down_window_text() -> str:
+    """down's window in the headline: where the layer takes it and the layer's figure there."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+    from lora_moe_lab.kernels import configs
+
+    lay = bg.layer_tables(tuple(n for n, _ in bg.WINDOW_LAYER))
+    lay = lay[(lay.figure == "picked_all_over_prev") & lay.M.isin(configs.WIDE_DOWN_WINDOW_TOKENS)]
+    return (f"the down GEMM walks a window of two slots' columns at {sorted(configs.WIDE_DOWN_WINDOW_TOKENS)}: the "
+            "layer " + ", ".join(f"{g.lo.min():.3f}–{g.hi.max():.3f}× ({p_})" for p_, g in lay.groupby(
+                "preset", sort=False)) + f" ({', '.join(n for n, _ in bg.WINDOW_LAYER)})")
 
 
 def _wide_text() -> str:
@@ -1361,7 +1373,8 @@ def kernels_packed_block() -> str:
             f"(`data/kernels/{'_*`, `'.join(chk.run)}_*`); the presets' shapes at M = 1..8192 in fold_s12c's log.",
             "- Counters (ncu, M=8192, one launch each, `data/kernels/fold_s12_kernels_fold_ncu.csv`, beside "
             f"{bg.NCU_NOW_RUN}'s plain GEMM): " + "; ".join(cnt) + "."]
-    return "\n".join(out + [""] + _wide_lines() + [""] + _wide_gate_up_lines() + [""] + _slot_order_lines())
+    return "\n".join(out + [""] + _wide_lines() + [""] + _wide_gate_up_lines() + [""] + _slot_order_lines() + [""]
+                     + _down_window_lines())
 
 
 def _slot_order_lines() -> list[str]:
@@ -1403,6 +1416,35 @@ def _slot_order_lines() -> list[str]:
                     g.figure == "picked_all_over_prev"].itertuples()) + " (disabled " + ", ".join(
                     f"{r.value:.3f}" for r in g[g.figure == "picked_none_over_prev"].itertuples()) + ")"
                 for M, g in lay.groupby("M", sort=True)) + "."]
+    return out
+
+
+def _down_window_lines() -> list[str]:
+    """down's window of two slots: the path with it, how often it held, and the layer (base_gemm.down_window,
+    WINDOW_LAYER)."""
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+    from lora_moe_lab.kernels import configs
+
+    d = bg.down_window()
+    out = ["The down GEMM's wide build in a window of two slots' columns (`moe_gemm_lora_wide(window=)`, `Tail.win`: "
+           "each pair's u written shifted to its block's window, w's tail read from the same shift through TMA, one "
+           "trip count per launch, all C where a block's live slots spill over), the path over the layer's path "
+           "without it on the same ordered alignment (" + ", ".join(bg.WINDOW_SESSIONS) + ", paired 95 %), and the "
+           "share of the timed sets whose every block fit a window:", "",
+           "| preset | M | window held | path with it / without | disabled / the plain GEMM |",
+           "| --- | ---: | ---: | --- | --- |"]
+    for r in d.itertuples():
+        out.append(f"| {r.preset} | {r.M} | {r.win_held:.0%} | {r.path_wide_win_over_ordc:.3f} "
+                   f"[{r.path_wide_win_over_ordc_lo:.3f}, {r.path_wide_win_over_ordc_hi:.3f}] | "
+                   f"{r.path_wide_win_off_over_base:.3f} [{r.path_wide_win_off_over_base_lo:.3f}, "
+                   f"{r.path_wide_win_off_over_base_hi:.3f}] |")
+    lay = bg.layer_tables(tuple(n for n, _ in bg.WINDOW_LAYER))
+    lay = lay[(lay.M >= 8192) & (lay.figure == "picked_all_over_prev")]
+    out += ["", f"The layer takes it at {sorted(configs.WIDE_DOWN_WINDOW_TOKENS)}. The layer with it over the same "
+            f"tables without ({', '.join(n for n, _ in bg.WINDOW_LAYER)}; lay_s9 also ran it at 8192): " + "; ".join(
+                f"{p_} M={int(M)} " + ", ".join(f"{r.value:.3f} [{r.lo:.3f}, {r.hi:.3f}]" for r in g.itertuples())
+                for (p_, M), g in lay.groupby(["preset", "M"], sort=False))
+            + "."]
     return out
 
 
@@ -1654,8 +1696,11 @@ def kernels_share_block() -> str:
     whose torch parts ran at their floors (floors.lean_base_shares)."""
     from lora_moe_lab.instruments.analysers import floors as fl
 
+    from lora_moe_lab.instruments.analysers import base_gemm as bg
+
     s, p, lb = fl.share_floors(), fl.layer_parts(), fl.lean_base_shares()
-    ses, pses = list(dict.fromkeys(s.session)), list(dict.fromkeys(p.session))
+    sp = fl.share_floors(bg.PARTS_LAYER)  # the live layer at the tables the parts ran
+    ses, pses, pls = list(dict.fromkeys(s.session)), list(dict.fromkeys(p.session)), list(dict.fromkeys(sp.session))
     out = ["LoRA's share of the layer against its floor (`analysers/floors.py`: `lora_floor`, `share_floors`; the "
            "layer sessions " + " and ".join(f"`{x}`" for x in ses) + ", every token on one of 4 adapters of "
            "rank 32). The floor is the least time LoRA can add with the deltas folded as issue 24 asks: each "
@@ -1704,11 +1749,11 @@ def kernels_share_block() -> str:
     lparts = ["GEMM gate_up", "GEMM down", "LoRA shrink", "LoRA slot order", "LoRA separate delta", "alignment",
               "router (fp32, torch)"]
     out += ["", "What LoRA adds, kernel by kernel (µs per forward, " + f"`{pses[-1]}`" + "; the sum in both sessions "
-            "beside the live paired figure, the mean of " + " and ".join(f"`{x}`" for x in ses) + "), and the floor of "
-            "each op's LoRA work (`lora_floor`: shrink + expand):", "",
+            "beside the live paired figure at the same tables, the mean of " + " and ".join(f"`{x}`" for x in pls)
+            + ", before down's window), and the floor of each op's LoRA work (`lora_floor`: shrink + expand):", "",
             "| preset | M | added, profiled | added, live | " + " | ".join(lparts) + " | floor gate_up | floor down |",
             "| --- | ---: | ---: | ---: |" + " ---: |" * (len(lparts) + 2)]
-    live = s.groupby(["preset", "M"]).mean(numeric_only=True)
+    live = sp.groupby(["preset", "M"]).mean(numeric_only=True)
     for (preset, M), g in last.groupby(["preset", "M"], sort=False):
         g, lv = g.set_index("part"), live.loc[(preset, M)]
         tot = " / ".join(f"{busy.loc[(x, preset, M), 'added_us']:.0f}" for x in pses)

@@ -1052,9 +1052,9 @@ for p, g in sf[sf.M == 1024].groupby("preset", sort=False):
 
 # %%
 parts = floors.layer_parts()
-lora_parts_figure(parts, sf).show()
+lora_parts_figure(parts, floors.share_floors(base_gemm.PARTS_LAYER)).show()
 busy = parts[parts.part == "<busy>"].pivot_table(index=["preset", "M"], columns="session", values="added_us")
-busy["live"] = sf.groupby(["preset", "M"]).added_us.mean()
+busy["live"] = floors.share_floors(base_gemm.PARTS_LAYER).groupby(["preset", "M"]).added_us.mean()
 print("LoRA's added µs, profiled per session against live:\n" + busy.round(1).to_string())
 
 # %% [markdown]

@@ -137,7 +137,8 @@ def test_wide_window_matches_reference(dtype, tile, slots):
     """The down GEMM's window (`window=32`: two slots of BLOCK_R 16, one BLOCK_K step of 32, against C = 64): on the
     ordered alignment with slots 2 and 3 in use every block fits a window (from column 32: a tile that started at 0
     would miss slot 3); with slots 0, 1 and 3 some block spills over and every tile walks all C. Enough tokens that
-    a block of 32 rows fills its second program of 16 (sub_m 16): each program shifts by the whole block's window. Both against float64, out and u NaN-poisoned."""
+    a block of 32 rows fills its second program of 16 (sub_m 16): each program shifts by the whole block's window.
+    Both against float64, out and u NaN-poisoned."""
     lids = [2, 3, -1, 3] if slots == "adjacent" else [0, 3, -1, 1]  # slots 2, 3: the window starts past 0
     for seed in range(2):
         g = torch.Generator().manual_seed(29 * seed + len(tile) + len(slots))

@@ -463,7 +463,8 @@ WIDE_GU_COMMITTED = (("lay_s3", "picked"), ("lay_s4", "picked"))  # the tables w
 # (taken back: 1.014-1.016x); lay_s6 (c6a3634) the shrink slot by slot with the first order kernel (a tie, disabled
 # 1.007-1.008x); lay_s7 and lay_s8 (4293238) with the rebuilt one, the committed tables over W1S in block order.
 ORDER_LAYER = (("lay_s7", "picked_all_over_prev"), ("lay_s8", "picked_all_over_prev"))
-COMMITTED_LAYER = (("lay_s7", "picked"), ("lay_s8", "picked"))
+COMMITTED_LAYER = (("lay_s10", "picked"),)  # the committed tables since down's window
+PARTS_LAYER = (("lay_s7", "picked"), ("lay_s8", "picked"))  # the tables before it: parts_s1, parts_s2 ran them
 PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
@@ -478,6 +479,28 @@ PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 ORDER_SESSIONS = ("ord_s2", "ord_s3")
 ORDER_NCU_RUNS = ("ord_n1", "ord_n2")
 ORDER_PATH_SESSIONS = ("wg_s7", "wg_s8")
+# down's window of two slots (twenty-fifth session): the wide section's down rows with the window's arms (dwin_s1, one
+# session: the path over the layer's path on the ordered alignment, `path_wide_win_over_ordc`, and the share of the
+# sets whose every block fit a window, `win_held`); the layer with it over the tables without it: lay_s9 (the window
+# at 8192 and 16384) and lay_s10 (at 16384, the committed table)
+WINDOW_SESSIONS = ("dwin_s1",)
+WINDOW_LAYER = (("lay_s9", "picked_all_over_prev"), ("lay_s10", "picked_all_over_prev"))
+
+
+def down_window(names: tuple[str, ...] = WINDOW_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:
+    """Per session, preset and M of the wide section's down rows that ran the window: how often it held
+    (`win_held`), the path with it over the layer's path without (`path_wide_win_over_ordc`) and, with every adapter
+    disabled, over the plain GEMM (`path_wide_win_off_over_base`), each with its bootstrap 95 % interval."""
+    out = []
+    for n in names:
+        k = load_fold_run(n, path).section("wide")
+        k = k[(k.op == "down") & k.win_held.notna()].copy()
+        k.insert(0, "session", n)
+        cols = ["session", "preset", "M", "win_held"]
+        for f in ("path_wide_win_over_ordc", "path_wide_win_off_over_base"):
+            cols += [f, f"{f}_lo", f"{f}_hi"]
+        out.append(k[cols + ["path_wide_win_us", "path_wide_ordc_us"]])
+    return pd.concat(out, ignore_index=True)
 
 
 def shrink_order_trials(names: tuple[str, ...] = ORDER_SESSIONS, path: str | Path | None = None) -> pd.DataFrame:

@@ -151,7 +151,7 @@ def test_the_profiled_parts_agree_with_the_live_layer():
     """The layer's added time summed over the profiled kernels is the live paired figure (lay_s7, lay_s8) within
     5 %, in both sessions; the base layer's GEMMs are under 70 % of it from M = 4096 (80 % at 1024); and at TP=4,
     M >= 4096, the base GEMM's down grows by more than twice what LoRA's bytes and FLOPs need (`down_expand_us`)."""
-    p, s = fl.layer_parts(), fl.share_floors()
+    p, s = fl.layer_parts(), fl.share_floors(base_gemm.PARTS_LAYER)  # the live layer at the parts' tables
     live = s.groupby(["preset", "M"]).added_us.mean()
     busy = p[p.part == "<busy>"].set_index(["session", "preset", "M"])
     for (sess, preset, M), r in busy.iterrows():
