@@ -209,7 +209,7 @@ def test_the_per_shape_fold_table_cuts_qwen3_share_at_large_m():
     r = t[t.figure == "picked_all_over_prev"]
     big = r[(r.preset == "qwen3-30b-a3b") & (r.M >= 8192)]
     assert len(big) == 4 and (big.hi < 1).all() and (r.lo < 1.01).all()
-    c = base_gemm.committed_layer()
+    c = base_gemm.committed_layer(base_gemm.PARTS_LAYER)  # two sessions of the tables before down's window
     q = c[(c.preset == "qwen3-30b-a3b") & (c.M >= 8192)]
     assert len(q) == 4 and (q.all_hi < 21.5).all() and (q.all_hi < q.separate_lo).all()
 
@@ -294,7 +294,7 @@ def test_the_shrink_slot_by_slot_moves_fewer_bytes_and_the_layer_keeps_it():
     q = lay[(lay.preset == "qwen3-30b-a3b") & (lay.M >= 4096)]
     assert (q[q.figure == "picked_all_over_prev"].value < 1).all()
     assert (q[q.figure == "picked_none_over_prev"].hi < 1.01).all()
-    cl = base_gemm.committed_layer()
+    cl = base_gemm.committed_layer(base_gemm.PARTS_LAYER)  # the tables of that session, before down's window
     assert len(cl) == 24 and (cl[(cl.preset == "qwen3-30b-a3b") & (cl.M == 16384)].all_hi < 14).all()
     t5 = base_gemm.layer_tables(("lay_s5",))
     tp = t5[(t5.figure == "picked_all_over_prev") & (t5.preset == "qwen3-30b-a3b-tp4") & (t5.M >= 8192)]
@@ -473,3 +473,21 @@ def test_peer_sessions_compare_the_same_tables_twice():
     assert len({v.run.iloc[0] for v in vs}) == len(vs)
     t = [v.set_index(["preset", "op", "M"]).table_tile.astype(str) for v in vs]
     assert all(x.equals(t[-1]) for x in t)
+
+
+def test_downs_window_holds_at_16384_and_the_layer_keeps_it():
+    """dwin_s1, lay_s9, lay_s10 (docs/kernels.md, "The down GEMM's tail in a window of two slots"): the window held
+    in every timed set at M = 16384 and in none below; there the path beats the layer's path without it on both
+    presets, and the layer with it beats the layer without in both sessions; at TP=4 M = 8192, where it falls back,
+    the layer lost in lay_s9, the reason the table names 16384 only."""
+    from lora_moe_lab.kernels import configs
+
+    d = base_gemm.down_window()
+    big, small = d[d.M == 16384], d[d.M < 16384]
+    assert len(big) == 2 and (big.win_held == 1).all() and (small.win_held == 0).all()
+    assert (big.path_wide_win_over_ordc_hi < 0.975).all()
+    lay = base_gemm.layer_tables(tuple(n for n, _ in base_gemm.WINDOW_LAYER))
+    r = lay[lay.figure == "picked_all_over_prev"]
+    assert len(r[r.M == 16384]) == 2 * len(base_gemm.WINDOW_LAYER) and (r[r.M == 16384].hi < 1).all()
+    tp = r[(r.session == "lay_s9") & (r.preset == "qwen3-30b-a3b-tp4") & (r.M == 8192)]
+    assert len(tp) == 1 and (tp.lo > 1.005).all() and configs.WIDE_DOWN_WINDOW_TOKENS == frozenset({16384})
