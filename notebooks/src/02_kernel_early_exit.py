@@ -1070,8 +1070,9 @@ lb[["preset", "M", "gemm_pct", "torch_parts_pct", "share_pct", "lean_share_pct"]
 # **Reading it.**
 # - **At M = 1024 the goals are out of reach:** they leave LoRA 1.24-1.33x less time than its floor. From M = 4096
 #   they need a third to two thirds of the floor, and the committed kernels run 2.4-4.1x it.
-# - **Where the time goes:** at qwen3 the shrinks (about 260 µs at M = 16384 against about 110 µs of floor); at
-#   TP=4 gate_up's separate delta (about 185 µs against 56) and down's wide GEMM, whose tail walks all four
-#   adapters' columns for every row (+121 µs).
+# - **Where the time goes** (the parts ran before down's window): at qwen3 the shrinks (about 260 µs at M = 16384
+#   against about 110 µs of floor); at TP=4 gate_up's separate delta (about 185 µs against 56) and down's wide GEMM,
+#   whose tail walked all four adapters' columns for every row (+121 µs). Its window of two slots, taken at M = 16384,
+#   brought that to +68 µs (parts_s3) and the TP=4 share there to about 22.5 % (lay_s10).
 # - **The base is not an engine's base:** a third to a half of its kernel time is torch parts an engine fuses, so
 #   the measured share understates what LoRA would cost beside a production layer.
