@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .. import runtime
 from . import tiles
-from .common import cdiv
+from .common import cdiv, pow2
 
 
 @dataclass(frozen=True)
@@ -406,10 +406,12 @@ def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts:
 WIDE_DOWN_WINDOW_TOKENS: frozenset = frozenset({16384})
 
 
-def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
-    """The columns each tile of the layer's wide down GEMM walks at this token count (static shapes): 2 * br where
-    the bucket is in WIDE_DOWN_WINDOW_TOKENS, the tile reads w through TMA and steps evenly over K and the window,
-    and the window is narrower than all C columns; else 0 (all C)."""
+def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, slots: int) -> int:
+    """The columns each tile of the layer's wide down GEMM walks at this token count (static shapes): two slots'
+    columns, 2 * br (br = C over the slots rounded up to a power of two), where the bucket is in
+    WIDE_DOWN_WINDOW_TOKENS, the tile reads w through TMA and steps evenly over K and the window, and the window is
+    narrower than all C columns; else 0 (all C)."""
+    br = C // pow2(slots)
     if FOLD_BUILD != "packed" or token_bucket(num_tokens) not in WIDE_DOWN_WINDOW_TOKENS or 2 * br >= C:
         return 0
     cfg = gemm_config(num_tokens, block_m, N, K, num_experts)

@@ -430,10 +430,10 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     # u (M, top_k, P, C // P): pair (token, j)'s columns in x_wide, past K of its own row (down) or of its token's
     u = torch.as_strided(x, (M, top_k, P, C // P), (xs, C, C // P, 1) if gather else (top_k * xs, xs, C, 1),
                          x.storage_offset() + K)
-    blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
-    cols = torch.empty(1, dtype=torch.int32, device=x.device)
     if window and (gather or per_block):
         raise ValueError("moe_gemm_lora_wide: window is the down GEMM's (gather=False) and excludes per_block")
+    blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
+    cols = torch.empty(1, dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        u_pair=True, tail_cols=cols, tail_win=window, **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,

@@ -146,8 +146,7 @@ class LoRAHook:
             ww = w.wide_w("down", w2)
             E, N, K = w2.shape
             C = ww.shape[2] - K
-            br = C // (1 << (w.down_a.shape[0] - 1).bit_length())  # C: the slots (a power of two) x BLOCK_R
-            win = self.backend.wide_down_window(M, align.block_m, N, K, E, C, br)
+            win = self.backend.wide_down_window(M, align.block_m, N, K, E, C, w.down_a.shape[0])
             return self.backend.moe_gemm_lora_wide(act, ww[..., :K], align, top_k, out, w.down_a[None],
                                                    i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
                                                    routed_weights=topk_w, shrink=self.backend.packed_shrink(M),

@@ -123,7 +123,7 @@ class Backend(ABC):
         return False
 
     @staticmethod
-    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
+    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, slots: int) -> int:
         """The wide down GEMM's window of columns at this token count (0: all C; static shapes only)."""
         return 0
 

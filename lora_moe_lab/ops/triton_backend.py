@@ -13,7 +13,6 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels import configs
 from ..kernels.align import moe_align
-from ..kernels.common import pow2
 from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
                                moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
 from ..kernels.fused_moe import moe_gemm
@@ -58,8 +57,8 @@ class TritonBackend(Backend):
         return configs.use_wide_gate_up(num_tokens, block_m, N, K, num_experts)
 
     @staticmethod
-    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, br: int) -> int:
-        return configs.wide_down_window(num_tokens, block_m, N, K, num_experts, C, br)
+    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, slots: int) -> int:
+        return configs.wide_down_window(num_tokens, block_m, N, K, num_experts, C, slots)
 
     @staticmethod
     def wide_gate_up_shrink(num_tokens: int) -> dict:
@@ -153,7 +152,7 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
         if fold2 and configs.use_wide_down(M):  # the wide build: x and w with the adapters' C columns past K
             C = wide_columns(a2)
             hw, w2w = torch.zeros(k, I + C, dtype=dtype, device=device), wide_weights(w2, pack_lora_b(b2))
-            win = configs.wide_down_window(M, bm_base, K, I, E, C, C // pow2(S))  # down's window, where it runs
+            win = configs.wide_down_window(M, bm_base, K, I, E, C, S)  # down's window, where it runs
             jobs.append((f"wide2_w{win}", gemm_config(M, bm_base, K, I, E), bm_base,
                          lambda c, al=al_f, M=M, win=win: moe_gemm_lora_wide(
                              hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot,
