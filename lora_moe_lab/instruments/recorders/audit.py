@@ -52,9 +52,9 @@ from typing import Callable
 
 import pandas as pd
 import torch
-from torch.overrides import TorchFunctionMode
 
-from . import sync_check, syncs
+from . import syncs
+from .audit_watch import DEBUG_MODE_KINDS, KINDS, FocusError, Sites, Watch, classify, debug_mode_hook
 
 __all__ = [
     "audit",
@@ -64,33 +64,17 @@ __all__ = [
     "AuditError",
     "SpecError",
     "NoCudaWork",
+    "FocusError",
     "set_saving_estimator",
     "classify",
     "main",
 ]
 
-# kind -> what the reader sees
-KINDS = {
-    "item": ".item() / bool() / int() / float(): reads one device value",
-    "tolist": ".tolist(): reads a device tensor into Python",
-    "d2h": ".cpu() / .numpy() / print: a device-to-host copy",
-    "shape": "data-dependent shape (nonzero, where(cond), mask indexing, unique, bincount, "
-    "repeat_interleave without output_size)",
-    "pageable": "non_blocking copy from pageable host memory (runs synchronously)",
-    "synchronize": "stream / event / device synchronize",
-    "allocator": "caching-allocator growth / empty_cache (cudaMalloc, cudaFree)",
-    "other": "seen only by torch's sync debug mode",
-}
 NOT_ESTIMATED = "not estimated"
-
-_ITEM = {"item", "__bool__", "__int__", "__float__", "__index__", "__complex__"}
-_D2H = {"cpu", "numpy", "__repr__", "__format__"}
-_SHAPE = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
-_COPIES = {f: n for f, n in sync_check.COPY_FUNCS}
 
 
 class AuditError(ValueError):
-    """Bad input to audit(): not a callable, reps or warmup out of range."""
+    """Bad input to audit(): not a callable, reps or warmup out of range, a focus not installed."""
 
 
 class SpecError(AuditError):
@@ -101,96 +85,38 @@ class NoCudaWork(UserWarning):
     """The audited forward launched no CUDA work on a GPU machine."""
 
 
-# --- classification -----------------------------------------------------------------------------
-def _tensors(a):
-    if isinstance(a, torch.Tensor):
-        yield a
-    elif isinstance(a, (tuple, list)):
-        for b in a:
-            yield from _tensors(b)
-
-
-def _bool_index(idx) -> bool:
-    return any(t.dtype == torch.bool and t.dim() > 0 for t in _tensors(idx))
-
-
-def classify(func, args, kwargs, device_type: str) -> tuple[str, str] | None:
-    """(kind, op) when this torch call would block the host on a device of `device_type`, else None.
-    Decided from the call's arguments before it runs."""
-    name = getattr(func, "__name__", "")
-    first = next(_tensors(args[:1]), None) if args else None
-    on_dev = first is not None and first.device.type == device_type
-    if name in _ITEM:
-        return ("item", name) if on_dev else None
-    if name == "tolist":
-        return ("tolist", name) if on_dev else None
-    if name in _D2H:
-        return ("d2h", name) if on_dev else None
-    if name in _SHAPE:
-        return ("shape", name) if on_dev else None
-    if name == "where" and len(args) + len(kwargs) == 1:
-        return ("shape", "where(cond)") if on_dev else None
-    if name in ("__getitem__", "__setitem__", "index_put", "index_put_") and len(args) > 1:
-        return ("shape", f"{name}[bool mask]") if on_dev and _bool_index(args[1]) else None
-    if name == "repeat_interleave" and kwargs.get("output_size") is None:
-        reps = args[0] if len(args) == 1 else (args[1] if len(args) > 1 else kwargs.get("repeats"))
-        if isinstance(reps, torch.Tensor) and reps.device.type == device_type and reps.numel() > 1:
-            return "shape", "repeat_interleave (no output_size)"
-        return None
-    if func in _COPIES:
-        return _classify_copy(func, _COPIES[func], args, kwargs, device_type)
-    return None
-
-
-def _classify_copy(func, op, args, kwargs, device_type):
-    if device_type == "cuda":
-        if sync_check.pageable_upload(func, args, kwargs) is not None:
-            return "pageable", op
-        src = args[1] if op == "Tensor.copy_" and len(args) > 1 else (args[0] if args else None)
-        if op == "Tensor.copy_":
-            to_host = isinstance(src, torch.Tensor) and src.is_cuda and args[0].device.type == "cpu"
-        else:  # .to(...): a CPU target among the arguments
-            dev = next(
-                (a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, (str, torch.device))),
-                None,
-            )
-            to_host = (
-                isinstance(src, torch.Tensor)
-                and src.is_cuda
-                and dev is not None
-                and torch.device(dev).type == "cpu"
-            )
-        nb = kwargs.get("non_blocking", False) or any(a is True for a in args[2:])
-        return ("d2h", f"{op} to the host") if to_host and not nb else None
-    # CPU-only machine: a non_blocking copy_ from an unpinned tensor is the upload it would be
-    if op == "Tensor.copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
-        nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        return ("pageable", op) if nb and not args[1].is_pinned() else None
-    return None
-
-
 # --- results ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class SyncEventRecord:
     kind: str
     op: str
-    site: str  # file:line
+    site: str  # package-relative file:line of the innermost frame outside torch and the tooling
     function: str
     rep: int  # which audited call (0-based)
     t_ns: int  # perf_counter ns from the call's start
-    blocked_ns: int  # perf_counter around the torch call
+    blocked_ns: int  # perf_counter around the op
+    called_from: str = ""  # the innermost frame of the user's own code
+    code: str = ""  # the source line at `site`
+
+
+_COLS = ["site", "function", "code", "called_from", "kind", "ops", "count_per_call", "host_blocked_us",
+         "host_blocked_us_per_call", "timed_on", "gpu_idle_after_us", "saving_us", "estimate", "torch_count"]
 
 
 @dataclasses.dataclass
 class AuditReport:
-    """What audit() saw. `events`: every sync of the detection calls; `rows()` / `table()`: per site
-    and kind, counts per call, host time blocked, GPU idle after and saving (both per call)."""
+    """What audit() saw. `events`: every sync of the detection calls; `cpu_only`: checks that only a
+    CPU makes (not counted); `table()`: per line and kind, counts per call, host time blocked, GPU
+    idle after and saving (both per call)."""
 
     device: str  # "cuda" | "cpu"
     reps: int
     events: list = dataclasses.field(default_factory=list)
+    cpu_only: list = dataclasses.field(default_factory=list)
     call_ms: list = dataclasses.field(default_factory=list)  # wall time of each detection call
-    torch_counts: Counter = dataclasses.field(default_factory=Counter)  # site -> sync debug mode count
+    torch_total: int = 0  # syncs torch's debug mode reported over the detection calls (GPU)
+    mismatch: list = dataclasses.field(default_factory=list)  # predicted more than the debug mode saw
+    focus: str | None = None
     gpu_idle_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns, one profiled call
     saving_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns or None
     total_saving_ns: float = math.nan
@@ -206,8 +132,19 @@ class AuditReport:
 
     @property
     def count(self) -> float:
-        """Syncs per call."""
+        """Syncs per call (every kind)."""
         return len(self.events) / self.reps
+
+    @property
+    def debug_mode_count(self) -> float:
+        """Syncs per call of the kinds torch's sync debug mode counts: on a GPU it equals what the
+        debug mode reported (`torch_count`); on a CPU it is what it would report on a GPU."""
+        return sum(e.kind in DEBUG_MODE_KINDS for e in self.events) / self.reps
+
+    @property
+    def torch_count(self) -> float:
+        """Syncs per call torch's own debug mode reported (GPU; NaN on a CPU)."""
+        return self.torch_total / self.reps if self.device == "cuda" else math.nan
 
     @property
     def sites(self) -> Counter:
@@ -220,13 +157,14 @@ class AuditReport:
         c = Counter(e.kind for e in self.events)
         return Counter({k: v / self.reps for k, v in c.items()})
 
-    def table(self) -> pd.DataFrame:
+    def table(self, cpu_only: bool = False) -> pd.DataFrame:
         """One row per (site, function, kind): count per call, host time blocked (median per
         occurrence and total per call, µs), GPU idle after (per call, µs; NaN on a CPU), the saving
-        if removed (per call, µs; NaN with `estimate` = "not estimated ..." where there is none).
-        Sorted by saving, then GPU idle, then count."""
+        if removed (per call, µs; NaN with `estimate` = "not estimated ..." where there is none),
+        `called_from` (the user's lines that led there). Sorted by saving, then GPU idle, then count.
+        `cpu_only=True`: the table of the CPU-only checks instead."""
         g = defaultdict(list)
-        for e in self.events:
+        for e in self.cpu_only if cpu_only else self.events:
             g[(e.site, e.function, e.kind)].append(e)
         rows = []
         for (site, fn, kind), evs in g.items():
@@ -236,6 +174,8 @@ class AuditReport:
                 dict(
                     site=site,
                     function=fn,
+                    code=evs[0].code,
+                    called_from=", ".join(sorted({e.called_from for e in evs})),
                     kind=kind,
                     ops=", ".join(sorted({e.op for e in evs})),
                     count_per_call=len(evs) / self.reps,
@@ -246,29 +186,17 @@ class AuditReport:
                     saving_us=math.nan if sv is None else sv / 1e3,
                     estimate="replay" if sv is not None else self._why_not(kind),
                     torch_count=(
-                        self.torch_counts.get(site, 0) / self.reps if self.device == "cuda" else math.nan
+                        (len(evs) if kind in DEBUG_MODE_KINDS else 0) / self.reps
+                        if self.device == "cuda"
+                        else math.nan
                     ),
                 )
             )
-        cols = [
-            "site",
-            "function",
-            "kind",
-            "ops",
-            "count_per_call",
-            "host_blocked_us",
-            "host_blocked_us_per_call",
-            "timed_on",
-            "gpu_idle_after_us",
-            "saving_us",
-            "estimate",
-            "torch_count",
-        ]
-        df = pd.DataFrame(rows, columns=cols)
+        df = pd.DataFrame(rows, columns=_COLS)
         if len(df):
             df = df.sort_values(
-                ["saving_us", "gpu_idle_after_us", "count_per_call"],
-                ascending=False,
+                ["saving_us", "gpu_idle_after_us", "count_per_call", "site"],
+                ascending=[False, False, False, True],
                 na_position="last",
                 kind="stable",
             ).reset_index(drop=True)
@@ -285,10 +213,12 @@ class AuditReport:
         t = self.table()
         head = (
             f"{self.count:g} host-device sync(s) per call on the {self.timed_on} "
-            f"({len(t)} site/kind row(s), {self.reps} call(s) audited)"
+            f"({len(t)} line/kind row(s), {self.reps} call(s) audited)"
         )
-        if self.device != "cuda":
-            head += "; CPU-only: the calls that would sync on a GPU, times are CPU times, nothing estimated"
+        if self.device == "cuda":
+            head += f"; torch's sync debug mode counted {self.torch_count:g}"
+        else:
+            head += "; CPU count: the calls that would sync on a GPU, times are CPU times, nothing estimated"
         lines = [head]
         for r in t.head(top).itertuples():
             cost = (
@@ -296,12 +226,19 @@ class AuditReport:
                 if self.device == "cuda"
                 else ""
             )
+            where = "" if r.called_from == r.site else f" <- {r.called_from}"
             lines.append(
-                f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops})"
+                f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops}){where}"
                 f" blocked {r.host_blocked_us:.1f} us each [{r.timed_on}]{cost}"
             )
         if len(t) > top:
             lines.append(f"  ... {len(t) - top} more row(s)")
+        if self.cpu_only:
+            c = Counter(e.site for e in self.cpu_only)
+            lines.append(
+                f"left out: {len(self.cpu_only) / self.reps:g} CPU-only check(s) per call that a GPU does not make "
+                f"({', '.join(f'{s} x{n / self.reps:g}' for s, n in c.most_common(3))})"
+            )
         if self.device == "cuda" and math.isfinite(self.total_saving_ns):
             lines.append(
                 f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
@@ -314,55 +251,7 @@ class AuditReport:
         return f"AuditReport(device={self.device!r}, syncs_per_call={self.count:g}, sites={dict(self.sites)})"
 
 
-# --- the interception ---------------------------------------------------------------------------
-def _report(on_event, kind: str, op: str, frame, t0: int, t1: int) -> str:
-    """One sync, reported at the user's site (the innermost frame outside torch and the tools)."""
-    f = syncs.user_frame(frame)
-    site = syncs._fmt_site(f.f_code.co_filename, f.f_lineno)
-    on_event(kind, op, site, syncs.frame_function(f), t0, t1)
-    return site
-
-
-class _Interceptor(TorchFunctionMode):
-    """Classifies every torch call of the region; records (and on a profiled run, marks with a
-    `audit_sync_<n>` range) the ones that block the host."""
-
-    def __init__(self, device_type: str, on_event, mark: bool = False, watch_alloc: bool = False):
-        super().__init__()
-        self.dev, self.on_event, self.mark, self.watch_alloc = device_type, on_event, mark, watch_alloc
-        self.marks: list[tuple[str, str]] = []  # (site, kind) of each range, by its number
-
-    def record(self, kind: str, op: str, frame, t0: int, t1: int) -> str:
-        return _report(self.on_event, kind, op, frame, t0, t1)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        hit = classify(func, args, kwargs, self.dev)
-        if hit is None and not self.watch_alloc:
-            return func(*args, **kwargs)
-        before = torch.cuda.memory_reserved() if self.watch_alloc else 0
-        rng = contextlib.nullcontext()
-        if hit is not None and self.mark:
-            rng = torch.profiler.record_function(f"audit_sync_{len(self.marks)}")
-        with rng:
-            t0 = time.perf_counter_ns()
-            out = func(*args, **kwargs)
-            t1 = time.perf_counter_ns()
-        if hit is not None:
-            site = self.record(*hit, sys._getframe(1), t0, t1)
-            if self.mark:
-                self.marks.append((site, hit[0]))
-        elif self.watch_alloc and torch.cuda.memory_reserved() > before:  # cudaMalloc inside this call
-            self.record(
-                "allocator",
-                f"{getattr(func, '__name__', func)} (reserved memory grew)",
-                sys._getframe(1),
-                t0,
-                t1,
-            )
-        return out
-
-
+# --- explicit synchronize / empty_cache (not torch functions) ------------------------------------
 @contextlib.contextmanager
 def _patched_syncs(on_call):
     """Explicit synchronize / empty_cache calls are not torch functions: wrap them for the region."""
@@ -397,13 +286,14 @@ def _patched_syncs(on_call):
 syncs.tool_file(__file__)  # the interception's frames are never a user's site
 
 
-# --- the saving estimate (the replay engine lives in sim/, a layer above: it registers itself) ----
+# --- the saving estimate (the replay engine lives in sim/, a layer above) ------------------------
 _ESTIMATOR: list[Callable] = []
 
 
 def set_saving_estimator(fn: Callable | None) -> None:
     """fn(trace_tables, ranges: {(site, kind): [(start_ns, end_ns), ...]}) -> ({(site, kind): ns or
-    None}, total_ns, note). `lora_moe_lab.sim` registers its replay-based estimator on import."""
+    None}, total_ns, note): the default estimator of audit(); `lora_moe_lab.sim` registers its
+    replay-based one on import. audit(estimator=...) passes one for a single call instead."""
     _ESTIMATOR[:] = [fn] if fn is not None else []
 
 
@@ -421,38 +311,52 @@ def _reraise_note(e: BaseException, what: str) -> None:
 
 
 class _Session:
-    """One audit: detection calls (interceptor + torch's debug mode), then the profiled call."""
+    """One audit: detection calls (both interceptions + torch's debug mode), then the profiled call."""
 
-    def __init__(self, device: str | None, reps: int):
+    def __init__(self, device: str | None, reps: int, focus: str | None = None, estimator: Callable | None = None):
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev not in ("cuda", "cpu"):
             raise AuditError(f"device must be 'cuda', 'cpu' or None (auto), got {device!r}")
-        self.rep = AuditReport(device=dev, reps=reps)
+        if focus is not None and not isinstance(focus, str):
+            raise AuditError(f"focus must be a package name, 'user' or None, got {focus!r}")
+        self.sites = Sites(focus)  # FocusError when that package is not installed
+        self.rep = AuditReport(device=dev, reps=reps, focus=focus)
+        self.estimator = estimator
         self.cur, self.t_call = 0, 0
 
-    def on_event(self, kind, op, site, function, t0, t1):
-        self.rep.events.append(SyncEventRecord(kind, op, site, function, self.cur, t0 - self.t_call, t1 - t0))
-
-    def on_call(self, kind, op, frame, t0, t1):
-        _report(self.on_event, kind, op, frame, t0, t1)
+    def _take(self, w: Watch):
+        for e in w.events:
+            self.rep.events.append(
+                SyncEventRecord(e.kind, e.op, e.site, e.function, self.cur, e.t0 - self.t_call, e.t1 - e.t0,
+                                e.called_from, e.code)
+            )
+        for e in w.cpu_only:
+            self.rep.cpu_only.append(
+                SyncEventRecord(e.kind, e.op, e.site, e.function, self.cur, e.t0 - self.t_call, e.t1 - e.t0,
+                                e.called_from, e.code)
+            )
+        self.rep.torch_total += w.torch_total
+        self.rep.mismatch += w.mismatch
 
     @contextlib.contextmanager
     def detecting(self, i: int):
         self.cur, self.t_call = i, time.perf_counter_ns()
         cuda = self.rep.device == "cuda"
-        mode = _Interceptor(self.rep.device, self.on_event, watch_alloc=cuda)
-        with syncs.count_syncs() as seen, _patched_syncs(self.on_call), mode:
-            yield
-        if cuda:
-            self.rep.torch_counts.update(seen.sites)
-        self.rep.call_ms.append((time.perf_counter_ns() - self.t_call) / 1e6)
+        w = Watch(self.rep.device, self.sites, watch_alloc=cuda)
 
-    def finish_torch_view(self):
-        """Sites torch's debug mode synchronised at that no classified call explains: kind `other`."""
-        mine = Counter(e.site for e in self.rep.events if e.kind in ("item", "tolist", "d2h", "shape"))
-        for site, n in self.rep.torch_counts.items():
-            for _ in range(max(0, n - mine.get(site, 0))):
-                self.rep.events.append(SyncEventRecord("other", "sync debug mode", site, "?", -1, 0, 0))
+        def on_call(kind, op, frame, t0, t1):
+            w._emit(kind, op, self.sites.locate(frame), t0, t1)
+
+        with contextlib.ExitStack() as st:
+            if cuda:
+                st.enter_context(debug_mode_hook(w))
+            st.enter_context(_patched_syncs(on_call))
+            st.enter_context(w)
+            yield
+        self._take(w)
+        if w.mismatch:
+            self.rep.notes.append(f"the audit predicted more syncs than torch's debug mode saw: {w.mismatch[:3]}")
+        self.rep.call_ms.append((time.perf_counter_ns() - self.t_call) / 1e6)
 
     def _no_work(self, tables) -> bool:
         if len(tables.kernels):
@@ -472,16 +376,16 @@ class _Session:
         marks = []
 
         def run():
-            mode = _Interceptor("cuda", lambda *a: None, mark=True)
-            with _patched_syncs(lambda *a: None), mode:
+            w = Watch("cuda", self.sites, mark=True)
+            with _patched_syncs(lambda *a: None), w:
                 call()
-            marks.extend(mode.marks)
+            marks.extend(w.marks)
 
         self.analyse(profile_forwards(run, n_warmup=0, n_active=1), marks)
 
     def analyse(self, tables, marks: list) -> None:
         """Per (site, kind) of the profiled call's `audit_sync_<n>` ranges (marks[n]): the GPU idle
-        after its syncs, and the registered estimator's saving."""
+        after its syncs, and the estimator's saving."""
         self.rep.trace = tables
         if self._no_work(tables):
             return
@@ -503,11 +407,12 @@ class _Session:
                 if len(nxt):
                     idle += max(0, int(nxt.min()) - max(int(prev), s))
             self.rep.gpu_idle_ns[key] = idle
-        if not _ESTIMATOR:
-            self.rep.estimate_note = "the replay engine is not loaded: import lora_moe_lab.sim first"
+        est = self.estimator or (_ESTIMATOR[0] if _ESTIMATOR else None)
+        if est is None:
+            self.rep.estimate_note = "no saving estimator: pass audit(estimator=...) or import lora_moe_lab.sim"
             return
         try:
-            self.rep.saving_ns, self.rep.total_saving_ns, note = _ESTIMATOR[0](tables, dict(ranges))
+            self.rep.saving_ns, self.rep.total_saving_ns, note = est(tables, dict(ranges))
             self.rep.estimate_note = note
         except Exception as e:  # noqa: BLE001 - an estimate that fails is reported, the audit stands
             self.rep.estimate_note = f"the replay failed: {type(e).__name__}: {e}"
@@ -520,11 +425,16 @@ def audit(
     reps: int = 1,
     device: str | None = None,
     profile: bool = True,
+    focus: str | None = None,
+    estimator: Callable | None = None,
     **kw,
 ):
     """Audit `fn(*args, **kw)`: `warmup` plain calls, `reps` detection calls, then (on CUDA, with
     `profile`) one profiled call. Returns an AuditReport. Without `fn`: a context manager that
-    audits its block once (detection only; `.profiled` is False) and yields the report.
+    audits its block once (detection only) and yields the report.
+    `focus`: None (each sync at the innermost frame outside torch, installed packages included), a
+    package name ("transformers": its innermost frame there) or "user" (the user's own frame).
+    `estimator`: the saving estimator of the profiled call (default: the registered one).
     An exception of `fn` propagates unchanged (its own traceback, a note added)."""
     if fn is None:
         if args or kw:
@@ -532,9 +442,9 @@ def audit(
                 "audit() as a context manager takes no arguments for a forward: "
                 "use `with audit() as rep:` or audit(fn, *args)"
             )
-        return _block(device, warmup)
+        return _block(device, warmup, focus)
     _check(fn, warmup, reps)
-    s = _Session(device, reps)
+    s = _Session(device, reps, focus, estimator)
     t_start = time.perf_counter()
     plain = []  # the forward's own wall time, from the plain warm-up calls
     for i in range(warmup):
@@ -553,11 +463,9 @@ def audit(
             _reraise_note(e, f"audited call {i + 1}")
             raise
     n_calls = warmup + reps
-    if s.rep.device == "cuda":
-        s.finish_torch_view()
-        if profile:
-            s.profile(lambda: fn(*args, **kw))
-            n_calls += 1
+    if s.rep.device == "cuda" and profile:
+        s.profile(lambda: fn(*args, **kw))
+        n_calls += 1
     # overhead: the audit's wall time beyond the forward's own calls. The warm-up calls are plain calls
     # and count as what they took (a cold process compiles its kernels in the first one: not the
     # audit's cost); each audited call is charged the fastest plain call.
@@ -567,14 +475,12 @@ def audit(
 
 
 @contextlib.contextmanager
-def _block(device, warmup):
+def _block(device, warmup, focus=None):
     if warmup not in (0, 1):  # a block runs once: warmup has no meaning there
         raise AuditError("a `with audit()` block runs once: pass no warmup/reps")
-    s = _Session(device, 1)
+    s = _Session(device, 1, focus)
     with s.detecting(0):
         yield s.rep
-    if s.rep.device == "cuda":
-        s.finish_torch_view()
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -632,6 +538,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")
     ap.add_argument("--reps", type=int, default=1, help="audited calls (default 1)")
     ap.add_argument("--csv", help="write the table here")
+    ap.add_argument("--focus", help="site each sync at its innermost frame in this package (e.g. transformers), "
+                    "or 'user' for the caller's own lines (default: the innermost frame outside torch)")
     a = ap.parse_args(argv)
     try:
         fn = resolve(a.callable)
@@ -643,7 +551,11 @@ def main(argv=None) -> int:
     # the CLI is the top of the stack: it loads the replay engine (sim/, above instruments) by name
     # so that a GPU audit estimates savings; the library module itself never imports sim/
     importlib.import_module("lora_moe_lab.sim")
-    rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, **kw)
+    try:
+        rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, focus=a.focus, **kw)
+    except (FocusError, AuditError) as e:
+        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     print(rep.summary())
     if a.csv:
         rep.table().to_csv(a.csv, index=False)
