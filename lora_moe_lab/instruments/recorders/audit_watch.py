@@ -281,14 +281,19 @@ class Sites:
         self._rel: dict[str, str] = {}
 
     def rel(self, filename: str) -> str:
+        """An installed package's file relative to its site directory (`transformers/...`); the user's
+        own file relative to the working directory; else relative to the deepest import root."""
         r = self._rel.get(filename)
         if r is None:
             f = os.path.normpath(filename)
-            r = os.path.basename(f)
-            for root in self.roots:
-                if f.startswith(root + os.sep):
-                    r = os.path.relpath(f, root).replace(os.sep, "/")
-                    break
+            cwd = os.getcwd()
+            sites = [p for p in self.roots if os.path.basename(p) in ("site-packages", "dist-packages")]
+            base = next((p for p in sites if f.startswith(p + os.sep)), None)
+            if base is None and f.startswith(cwd + os.sep):
+                base = cwd
+            if base is None:
+                base = next((p for p in self.roots if f.startswith(p + os.sep)), None)
+            r = os.path.relpath(f, base).replace(os.sep, "/") if base else os.path.basename(f)
             self._rel[filename] = r
         return r
 
