@@ -30,6 +30,7 @@ patterns = "all"     # all, or a list of pattern names (lora_moe_lab/instruments
 lab_layers = 48      # layers of the lab's own MoE forward that the audit is pointed at first
 live_reps = 0        # paired live repetitions per pattern (0 for none, 10 or more for an interval)
 live_warmup = 4      # warm-up pairs discarded before the live repetitions
+hf_tokens = 16       # input length of the tiny transformers Qwen3-MoE audited after the lab's forward
 
 # %%
 import inspect
@@ -53,6 +54,7 @@ if patterns != "all" and (not isinstance(patterns, (list, tuple)) or set(pattern
     raise NotebookParameterError(f"bad notebook parameter patterns={patterns!r}: "
                                  f"'all' or a list from {HS.names()}")
 nbp.check_positive_int("lab_layers", lab_layers)
+nbp.check_positive_int("hf_tokens", hf_tokens)
 if not isinstance(live_reps, int) or isinstance(live_reps, bool) or not (live_reps == 0 or live_reps >= 10):
     raise NotebookParameterError(f"bad notebook parameter live_reps={live_reps!r}: 0 or an int >= 10")
 if not isinstance(live_warmup, int) or isinstance(live_warmup, bool) or live_warmup < 0:
@@ -100,6 +102,94 @@ AP.cost_table_figure(lab_audit["sync"]).show()
 #   queued ahead of the sync plus a round trip: a long block can be free (the GPU was busy) and a
 #   short one expensive. **GPU idle after** (one profiled forward) and the **replay saving** are
 #   what removing it buys; they exist on a GPU only. The table is sorted by saving, then idle.
+
+# %% [markdown]
+# ## The audit on code no one here wrote: transformers' Qwen3-MoE
+# The same audit on a model this lab did not write: a tiny random-init `Qwen3MoeForCausalLM` from
+# transformers (2 layers of 8 experts, top-2; float32 on a CPU, bf16 on a GPU; `hf_tokens` tokens),
+# with the per-expert loop transformers ships as its `eager` experts implementation. Through the
+# notebook magic this time: `%load_ext lora_moe_lab.nb.audit_magic`, then `rep = %sync_audit EXPR`
+# audits EXPR as a callable's body (one warm-up call first) and shows the table and the timeline;
+# a `%%sync_audit` cell audits the cell once. `--focus transformers` sites each sync at its innermost
+# line inside transformers. The loop walks the experts hit with device tensors as loop state, so
+# the audit should find, per layer, **1 `nonzero` + 5 syncs per expert hit**: `bool()` of
+# `expert_idx == num_experts`, a 0-d index and a `where(cond)` on one line, two more 0-d indices
+# (`gate_up_proj[expert_idx]`, `down_proj[expert_idx]`). The experts hit are counted apart, from the
+# router's choices (a hook on a plain forward, outside the audit).
+
+# %%
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+hf_cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, intermediate_size=64, moe_intermediate_size=32,
+                        num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=128)
+hf_cfg._experts_implementation = "eager"  # transformers' per-expert loop (its default is grouped_mm)
+torch.manual_seed(0)
+model = Qwen3MoeForCausalLM(hf_cfg).to(device=DEV, dtype=torch.float32 if DEV == "cpu" else torch.bfloat16).eval()
+ids = torch.randint(0, hf_cfg.vocab_size, (1, hf_tokens), generator=torch.Generator().manual_seed(0)).to(DEV)
+fwd = torch.no_grad()(lambda: model(ids, use_cache=False).logits)
+experts = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+routed = []  # each layer's top-k expert ids, from one plain forward
+hooks = [m.register_forward_pre_hook(lambda m, a: routed.append(a[1].detach().cpu())) for m in experts]
+eager_out = fwd()
+for h in hooks:
+    h.remove()
+hits = [int(r.unique().numel()) for r in routed]
+closed = [1 + 5 * h for h in hits]
+print(f"{len(experts)} MoE layers of {hf_cfg.num_experts} experts, {hf_tokens} tokens on {DEV}; experts hit per "
+      f"layer (the router's choices): {hits}")
+
+# %%
+%load_ext lora_moe_lab.nb.audit_magic
+hf_eager = %sync_audit --focus transformers fwd()
+t = hf_eager.table()
+loop = t[t["function"].str.startswith("Qwen3MoeExperts.") & t["kind"].isin(["item", "index0d", "shape"])]
+for layer, (h, n) in enumerate(zip(hits, closed)):
+    print(f"layer {layer}: 1 nonzero + 5 x {h} experts hit = {n}")
+print(f"the audit, in Qwen3MoeExperts.forward: {loop['count_per_call'].sum():g} syncs per forward on "
+      f"{loop['site'].nunique()} lines (closed form {sum(closed)}); outside it: "
+      f"{hf_eager.count - loop['count_per_call'].sum():g} ({', '.join(sorted(set(t['site']) - set(loop['site'])))})")
+assert loop["count_per_call"].sum() == sum(closed), "the eager loop's syncs differ from the closed form"
+
+# %% [markdown]
+# ### The rewrite: one `.tolist()` per layer
+# `lora_moe_lab/instruments/recorders/expert_loop.py` computes the same thing from one host read
+# per layer: each expert's token count (`.tolist()`), after a stable sort of the routing table in
+# the order `torch.where` walks it, so every expert sees its rows in the same order and the output
+# is bit-equal. `expert_loop.register()` adds it to transformers' experts interface as "hoisted";
+# the experts read `self.config._experts_implementation` at each call. Every module that has a
+# `.config` is set (normally they all share the model's one config object: checked below).
+
+# %%
+from lora_moe_lab.instruments.recorders import expert_loop
+
+expert_loop.register()
+cfgs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+print(f"{sum(hasattr(m, 'config') for m in model.modules())} modules have a .config: {len(cfgs)} distinct object(s)"
+      + (", the model's own: setting model.config is enough" if list(cfgs) == [id(model.config)] else ""))
+for c in cfgs.values():
+    c._experts_implementation = expert_loop.NAME
+hf_hoisted = %sync_audit --focus transformers fwd()
+same = torch.equal(fwd(), eager_out)
+print(f"hoisted: {hf_hoisted.kinds.get('tolist', 0):g} .tolist() per forward ({len(experts)} layers), "
+      f"{hf_hoisted.count:g} syncs in all (eager {hf_eager.count:g}); logits bit-equal to the eager loop's: {same}")
+assert hf_hoisted.kinds.get("tolist", 0) == len(experts), "not one .tolist() per layer"
+assert not hf_hoisted.kinds.get("index0d") and not hf_hoisted.kinds.get("shape"), dict(hf_hoisted.kinds)
+assert same, "the hoisted loop's logits differ from the eager loop's"
+
+# %% [markdown]
+# ### The priced rewrite, recorded on the H200
+# On a GPU the audit prices each sync (the GPU idle after it and the replay's saving); whether the
+# rewrite buys that back is a timing question: `data/audit_corpus/priced_rewrites.csv` holds the
+# replay's predicted saving beside the measured one (paired, with its 95 % interval) per model and
+# rewrite, recorded on an H200. Read as recorded; nothing here is computed on this machine.
+
+# %%
+PRICED = nbp.DATA / "audit_corpus" / "priced_rewrites.csv"
+if PRICED.exists():
+    display(pd.read_csv(PRICED).round(2))
+else:
+    print("no H200 recording of the priced rewrite in data/audit_corpus/ yet")
 
 # %% [markdown]
 # ## The patterns
