@@ -113,6 +113,10 @@ def classify_aten(func, args, kwargs, device_type: str) -> tuple[str, int, str] 
         lo = args[2] if len(args) > 2 else kwargs.get("min", 0)
         hi = args[3] if len(args) > 3 else kwargs.get("max", 0)
         return ("shape", 2, name) if lo == hi and first.numel() else None  # reads min and max back
+    if name == "_grouped_mm" and on_dev and first.dtype != torch.bfloat16:
+        # CUDA's grouped GEMM runs bf16 natively (sm90); other dtypes take ATen's fallback, which reads
+        # the group offsets back to the host to loop over the groups: one sync per call
+        return "d2h", 1, "_grouped_mm (non-bf16 fallback reads its offsets)"
     if name in _INDEX_OPS and on_dev and len(args) > 1:
         idx = [t for t in (args[1] or ()) if t is not None]
         if any(_is_mask(t) for t in idx):
@@ -216,6 +220,13 @@ def _classify_copy(func, op, args, kwargs, device_type):
         nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
         return ("pageable", op) if nb and not args[1].is_pinned() else None
     return None
+
+
+def _uploaded(args, out) -> bool:
+    """A constructor from host data whose result landed on a CUDA device, with bytes to copy."""
+    data = args[0] if args else None
+    return (isinstance(out, torch.Tensor) and out.is_cuda and out.numel() > 0
+            and not isinstance(data, torch.Tensor))
 
 
 def _target_device(func, args, kwargs):
@@ -498,6 +509,10 @@ class _FunctionSide(TorchFunctionMode):
         expanded = [(relabel or k, a, loc, t0, t_1) for k, n, a, loc, t0, t_1 in preds for _ in range(n)]
         if not expanded and py is not None:
             expanded = [(py[0], "", w.sites.locate(call.frame), call.t0, t1)]
+        if not expanded and w.dev == "cuda" and name in _NEW_FROM_DATA and _uploaded(call.args, out):
+            # torch.tensor(data, device="cuda"): the host buffer is copied inside torch's constructor,
+            # below the dispatcher's Python key: no aten op shows it
+            expanded = [("upload", "", w.sites.locate(call.frame), call.t0, t1)]
         if w.dev == "cuda":
             seen = w.warns - call.warn0
             if seen < len(expanded):
