@@ -40,6 +40,7 @@ RECORDINGS = {
     "tp_emulation": ("tp_emulation", "nvidia-h200", "~5-6 min a session (--session s1, s2), then --summarize on a CPU",
                      ["--session", "s1"]),
     "hidden_syncs": ("hidden_syncs", "nvidia-h200", "~20 s on an H200 (--session s1, s2)", ["--session", "s1"]),
+    "audit_corpus": ("audit_corpus", "nvidia-h200", "~80 s a session (--session s1, s2)", ["--session", "s1"]),
     "replay": ("replay", "none (CPU)", "about a minute", None),
     "simulator": ("simulator", "none (CPU)", "~10 s", None),
     "setup": ("setup", "none (CPU)", "3 fresh set-ups, a few minutes", None),

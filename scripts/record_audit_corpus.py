@@ -21,22 +21,19 @@ import argparse
 import csv
 import json
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lora_moe_lab.instruments.analysers import stats  # noqa: E402
-from lora_moe_lab.instruments.recorders import expert_loop  # noqa: E402
-from lora_moe_lab.instruments.recorders.audit import audit  # noqa: E402
-from lora_moe_lab.instruments.recorders.profiling import profile_forwards  # noqa: E402
-from lora_moe_lab.instruments.recorders.timing import rotated, time_once  # noqa: E402
-from lora_moe_lab.provenance import metadata  # noqa: E402
-from lora_moe_lab.sim import replay_transforms as RT  # noqa: E402
-from lora_moe_lab.sim.replay import SYNC, build_graph, replay  # noqa: E402
+from lora_moe_lab.instruments.analysers import stats
+from lora_moe_lab.instruments.recorders import expert_loop
+from lora_moe_lab.instruments.recorders.audit import audit
+from lora_moe_lab.instruments.recorders.profiling import profile_forwards
+from lora_moe_lab.instruments.recorders.timing import rotated, time_once
+from lora_moe_lab.provenance import metadata
+from lora_moe_lab.sim import replay_transforms as RT
+from lora_moe_lab.sim.replay import SYNC, build_graph, replay
 
 MODELS = {
     # the shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts, top-8, moe intermediate 768), 4 layers

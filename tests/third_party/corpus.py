@@ -106,9 +106,10 @@ def _dbrx(impl):
     from transformers import DbrxConfig, DbrxForCausalLM
     from transformers.models.dbrx.modeling_dbrx import DbrxExperts
 
-    cfg = DbrxConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=128, vocab_size=VOCAB,
-                     attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0), ffn_config=dict(ffn_hidden_size=32, moe_num_experts=8,
-                                                                     moe_top_k=2))
+    attn = dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0)  # clip_qkv=None fails in DBRX's clamp
+    ffn = dict(ffn_hidden_size=32, moe_num_experts=8, moe_top_k=2)
+    cfg = DbrxConfig(d_model=64, n_heads=4, n_layers=2, max_seq_len=128, vocab_size=VOCAB, attn_config=attn,
+                     ffn_config=ffn)
     return DbrxForCausalLM, cfg, DbrxExperts, "ffn.experts"
 
 

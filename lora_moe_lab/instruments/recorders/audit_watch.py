@@ -546,7 +546,7 @@ class _FunctionSide(TorchFunctionMode):
         elif target is not None and ts and w.is_host(ts[0]):
             nb = kwargs.get("non_blocking", False) or any(a is True for a in args[1:])
             if nb and not ts[0].is_pinned():
-                return "pageable", f"Tensor.to(device, non_blocking=True) of pageable memory"
+                return "pageable", "Tensor.to(device, non_blocking=True) of pageable memory"
             return None if nb else ("upload", f"{name}(device) of a host tensor")
         elif ts and all(w.is_host(t) for t in ts) and target is None:
             self._mark_host(out)

@@ -24,9 +24,8 @@ def gpu(f):
 
 DEV = "cuda" if runtime.has_cuda() else "cpu"
 WARM = 1 if DEV == "cuda" else 0  # on a GPU the caching allocator grows in a first call (kind "allocator")
-GUARD_SITE = (
-    f"lora_moe_lab/model/guards.py:{next(i for i, l in enumerate(inspect.getsourcelines(guards)[0], 1) if 'flag.item()' in l)}"
-)
+_GUARD_LINE = next(i for i, l in enumerate(inspect.getsourcelines(guards)[0], 1) if "flag.item()" in l)
+GUARD_SITE = f"lora_moe_lab/model/guards.py:{_GUARD_LINE}"
 
 
 @pytest.fixture(autouse=True, scope="module")
