@@ -12,6 +12,12 @@ import lora_moe_lab  # noqa: E402,F401  (sets TRITON_INTERPRET before any kernel
 
 from lora_moe_lab import runtime  # noqa: E402
 
+# Under the interpreter: triton.language patched once per launch, not again at every nested jit call (a quarter of
+# the suite's interpreter time; tests/triton_interp.py says why the kernels run the same code).
+import triton_interp  # noqa: E402
+
+triton_interp.install()
+
 # Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread, and so do the notebook
 # kernels it starts (they inherit the environment): two workers on two cores, each with torch's default of one
 # thread per core, would oversubscribe.
