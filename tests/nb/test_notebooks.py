@@ -32,14 +32,14 @@ def test_sources_and_notebooks_in_sync():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def _run(nb, params, tmp_path):
+def _run(nb, params, tmp_path, km=None):
     import papermill as pm
 
     from lora_moe_lab.nb.runner import kernel_config
 
     return pm.execute_notebook(str(nb), str(tmp_path / nb.name), parameters=params, cwd=str(nb.parent),
                                kernel_name="python3", progress_bar=False, execution_timeout=900,
-                               config=kernel_config())  # IPC: no "running over TCP" warning
+                               config=kernel_config(), km=km)  # IPC: no "running over TCP" warning
 
 
 @pytest.mark.parametrize("nb", [p for p in NBS if p.stem[:2] in ("01", "02", "03", "04")], ids=lambda p: p.stem)
@@ -93,15 +93,47 @@ BAD_PARAMS = [("01_sync_bubble", {"preset": "qwen9"}, "bad notebook parameter pr
               ("07_hidden_syncs", {"live_reps": 5}, "bad notebook parameter live_reps")]
 
 
+@pytest.fixture(scope="module")
+def parameter_kernel():
+    """One kernel (per worker) for the bad-parameter runs: each stops in its notebook's first code cell, at the
+    checks after the imports, so a kernel of its own would only repeat the kernel's start and the same imports.
+    (The notebooks' full runs, above, each get a fresh kernel.) A kernel that died is started again."""
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.utils import run_sync
+
+    from lora_moe_lab.nb.runner import kernel_config
+
+    class Shared(AsyncKernelManager):
+        clients = []
+
+        def client(self, **kw):  # each run's client, closed after the run (the kernel stays)
+            kc = super().client(**kw)
+            self.clients.append(kc)
+            return kc
+
+    km = Shared(kernel_name="python3", config=kernel_config())
+
+    def get():
+        while km.clients:
+            km.clients.pop().stop_channels()
+        if not run_sync(km.is_alive)():
+            run_sync(km.start_kernel)(cwd=str(ROOT / "notebooks"))
+        return km
+
+    yield get
+    get()
+    run_sync(km.shutdown_kernel)(now=True)
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("stem,params,msg", BAD_PARAMS,
                          ids=lambda v: v if isinstance(v, str) and v[:2].isdigit() else None)
-def test_bad_parameter_fails_clearly(stem, params, msg, tmp_path):
+def test_bad_parameter_fails_clearly(stem, params, msg, tmp_path, parameter_kernel):
     import papermill as pm
 
     nb = ROOT / "notebooks" / f"{stem}.ipynb"
     with pytest.raises(pm.PapermillExecutionError, match=msg):
-        _run(nb, {**CI_PARAMS[nb.stem], **params}, tmp_path)
+        _run(nb, {**CI_PARAMS[nb.stem], **params}, tmp_path, km=parameter_kernel())
 
 
 def test_report_reads_one_local_plotly_js(tmp_path):
