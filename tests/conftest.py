@@ -28,6 +28,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+FIRST = ("browser", "notebook", "slow")  # markers of the tests that take seconds each (a browser, a kernel, more)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests first, the rest in their order. `--dist worksteal` hands each worker a contiguous half of this
+    list and an idle worker steals the tail of the other's: with the long ones at the front, what is left at the
+    end is short tests on both workers, not a browser or a notebook on one worker while the other waits."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in FIRST))  # stable
+
+
 @pytest.fixture
 def device():
     return runtime.default_device()

@@ -250,6 +250,7 @@ def test_run_notebooks_reports_after_each_with_the_rest_pending(tmp_path, monkey
     assert got["passed"] == 3 and got["pending"] == [] and got["failed"] == 0
 
 
+@pytest.mark.slow
 def test_a_pytest_run_past_its_timeout_still_names_its_failures(tmp_path, monkeypatch):
     # at the timeout pytest gets SIGINT: it stops in the running test and writes the XML of those that ran, so a
     # failure before the cut is named (a kill left only an unnamed 'F' in the progress line, 74af83d)

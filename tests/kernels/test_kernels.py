@@ -328,6 +328,7 @@ def _draw_launch(data, configs):
             data.draw(st.sampled_from(configs), label="config"))
 
 
+@pytest.mark.slow
 @HYP
 @given(data=st.data())
 def test_moe_gemm_random(data):
@@ -342,6 +343,7 @@ def test_moe_gemm_random(data):
                    dtype, bm=bm, config=cfg)
 
 
+@pytest.mark.slow
 @settings(HYP, max_examples=N_HYP + (20 if not CUDA else 0))
 @given(data=st.data())
 def test_lora_delta_random(data):
