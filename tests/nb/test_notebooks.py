@@ -113,16 +113,20 @@ def parameter_kernel():
 
     km = Shared(kernel_name="python3", config=kernel_config())
 
-    def get():
+    def close_clients():
         while km.clients:
             km.clients.pop().stop_channels()
+
+    def get():
+        close_clients()
         if not run_sync(km.is_alive)():
             run_sync(km.start_kernel)(cwd=str(ROOT / "notebooks"))
         return km
 
     yield get
-    get()
-    run_sync(km.shutdown_kernel)(now=True)
+    close_clients()
+    if km.has_kernel:
+        run_sync(km.shutdown_kernel)(now=True)
 
 
 @pytest.mark.notebook
