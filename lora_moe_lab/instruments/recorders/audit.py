@@ -325,17 +325,10 @@ class _Session:
         self.cur, self.t_call = 0, 0
 
     def _take(self, w: Watch):
-        for e in w.events:
-            self.rep.events.append(
-                SyncEventRecord(e.kind, e.op, e.site, e.function, self.cur, e.t0 - self.t_call, e.t1 - e.t0,
-                                e.called_from, e.code)
-            )
-        for e in w.cpu_only:
-            self.rep.cpu_only.append(
-                SyncEventRecord(e.kind, e.op, e.site, e.function, self.cur, e.t0 - self.t_call, e.t1 - e.t0,
-                                e.called_from, e.code)
-            )
-        self.rep.torch_total += w.torch_total
+        for src, dst in ((w.events, self.rep.events), (w.cpu_only, self.rep.cpu_only)):
+            dst.extend(SyncEventRecord(e.kind, e.op, e.site, e.function, self.cur, e.t0 - self.t_call, e.t1 - e.t0,
+                                       e.called_from, e.code) for e in src)
+        self.rep.torch_total += w.warns
         self.rep.mismatch += w.mismatch
 
     @contextlib.contextmanager

@@ -267,7 +267,6 @@ def _no_site_dirs() -> tuple[str, ...]:
 
 
 _NO_SITE = _no_site_dirs()
-_STDLIB = os.path.normpath(os.path.dirname(os.__file__)) + os.sep
 
 
 def package_dir(name: str) -> str:
@@ -379,8 +378,7 @@ class Watch:
         self.cpu_only: list[Event] = []
         self.marks: list[tuple[str, str]] = []
         self.stack: list[_Call] = []
-        self.warns = 0  # sync debug mode warnings seen (GPU)
-        self.torch_total = 0
+        self.warns = 0  # sync debug mode warnings seen (GPU): torch's own count of the region
         self.mismatch: list[str] = []
         self.pending = 0  # top-level aten syncs whose debug-mode warnings have not arrived yet
         self.host_born: weakref.WeakSet = weakref.WeakSet()  # CPU only: tensors a GPU run keeps on the host
@@ -400,7 +398,6 @@ class Watch:
     def on_warning(self, frame) -> None:
         """A sync debug mode warning (GPU): one sync torch made."""
         self.warns += 1
-        self.torch_total += 1
         if not self.stack:
             if self.pending:
                 self.pending -= 1
