@@ -31,7 +31,7 @@ endif
 	touch $(STAMP)
 
 # The suite runs on one pytest-xdist worker per core (at most 8; none on a single core), each worker on one thread
-# (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+# (conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; [ $$n -lt 2 ] && n=0; echo $$n)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)

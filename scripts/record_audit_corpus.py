@@ -28,7 +28,7 @@ import torch
 
 from lora_moe_lab.instruments.analysers import stats
 from lora_moe_lab.instruments.recorders import expert_loop
-from lora_moe_lab.instruments.recorders.audit import audit
+from lora_moe_lab.audit import audit
 from lora_moe_lab.instruments.recorders.profiling import profile_forwards
 from lora_moe_lab.instruments.recorders.timing import rotated, time_once
 from lora_moe_lab.provenance import metadata

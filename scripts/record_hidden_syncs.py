@@ -29,7 +29,7 @@ import time
 import pandas as pd
 
 from lora_moe_lab import runtime
-from lora_moe_lab import sim  # noqa: F401  (registers the replay estimate the audit columns read)
+from lora_moe_lab.audit import estimate
 from lora_moe_lab.instruments.recorders import hidden_syncs as HS
 from lora_moe_lab.instruments.analysers import stats
 from lora_moe_lab.provenance import metadata
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     rows = []
     for name in only:
         t1 = time.time()
-        r = HS.measure(name, size, device, reps=reps, warmup=warmup, session=a.session)
+        r = HS.measure(name, size, device, reps=reps, warmup=warmup, session=a.session, estimator=estimate)
         rows.append(r)
         print(
             f"{name:18s} occ {r['occurrences']:g}  cost/occ {r['per_occ_us']:.1f} us "

@@ -6,7 +6,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "lora_moe_lab"
 # bottom to top; a module may import its own layer or any layer below it
 LAYERS = [{"runtime", "config", "provenance"}, {"kernels"}, {"ops"}, {"model"}, {"instruments"}, {"sim"},
-          {"ui"}, {"nb"}]
+          {"ui"}, {"nb"}, {"audit"}]  # audit.py: the priced audit's face (recorders' audit + sim's replay estimate)
 
 
 def _module(path: Path) -> str:
@@ -23,11 +23,11 @@ def _layer(mod: str) -> int | None:
     return None  # the package's own __init__
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, text: str | None = None) -> set[str]:
     mod = _module(path)
     pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
@@ -40,6 +40,13 @@ def _imports(path: Path) -> set[str]:
                 out |= {f"{target}.{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("lora_moe_lab")}
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            # importlib.import_module("lora_moe_lab.x") / __import__("lora_moe_lab.x"): an edge too
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            arg = node.args[0].value
+            if name in ("import_module", "__import__") and isinstance(arg, str) and arg.startswith("lora_moe_lab"):
+                out.add(arg)
     files = {_module(p) for p in PKG.rglob("*.py")}
     return {t for t in out if t in files and t != mod}
 
@@ -139,6 +146,16 @@ def test_scripts_reach_the_package_through_public_modules_only():
             assert "sys.path.insert" not in p.read_text() and "sys.path.append" not in p.read_text(), p.name
 
 
-def test_the_package_never_imports_a_script():
+def test_the_package_never_imports_a_script_or_a_study():
+    """studies/ (each study's recording, reader, block and findings) imports the library, never the reverse;
+    nor does the library name a study's module by string (importlib)."""
     for p in PKG.rglob("*.py"):
-        assert not any(m.startswith("scripts") for m in _script_imports(p)), p
+        assert not any(m.split(".")[0] in ("scripts", "studies") for m in _script_imports(p)), p
+        assert "import_module(\"studies" not in p.read_text() and "import_module('studies" not in p.read_text(), p
+
+
+def test_an_importlib_edge_is_an_edge():
+    """The graph above reads importlib.import_module("lora_moe_lab...") calls too (an import by name that points
+    up, or closes a circle, is caught like a plain import)."""
+    probe = 'import importlib\nimportlib.import_module("lora_moe_lab.nb.runner")\n'
+    assert "lora_moe_lab.nb.runner" in _imports(PKG / "sim" / "probe.py", text=probe)

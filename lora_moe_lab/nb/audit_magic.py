@@ -1,6 +1,6 @@
 """`%sync_audit`: the sync audit (instruments/recorders/audit.py) as an IPython magic.
 
-    %load_ext lora_moe_lab.nb.audit_magic        # the real path (there is no lora_moe_lab.audit)
+    %load_ext lora_moe_lab.audit                 # (or lora_moe_lab.nb.audit_magic, the same magics)
     rep = %sync_audit model(x)                   # EXPR is the audited callable's body: 1 warm-up call,
                                                  # 1 audited call, on a GPU 1 profiled call
     %%sync_audit --focus transformers            # a cell: run once (no warm-up, not profiled);
@@ -30,6 +30,7 @@ from IPython.display import display
 
 from ..instruments.recorders import syncs
 from ..instruments.recorders.audit import FocusError, audit
+from ..sim.sync_savings import estimate
 from ..instruments.recorders.audit_watch import Sites
 
 __all__ = ["AuditMagics", "load_ipython_extension", "split_options"]
@@ -105,7 +106,7 @@ class AuditMagics(Magics):
             return eval(code, ns)  # the user's own expression or cell: its errors are its own
 
         warmup = a.warmup if a.warmup is not None else (1 if cell is None else 0)
-        rep = audit(body, warmup=warmup, reps=a.reps, focus=a.focus, profile=cell is None)
+        rep = audit(body, warmup=warmup, reps=a.reps, focus=a.focus, profile=cell is None, estimator=estimate)
         show(rep, top=a.top, plot=not a.no_plot)
         if cell is not None:
             ns["_sync_audit"] = rep

@@ -16,4 +16,3 @@ from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, SIM_DIR, Calibrat
                           load_calibration, production_figures, readme_block)
 from . import replay_transforms  # noqa: F401  (what-if transformations of a replay Graph)
 from .replay import Graph, ReplayError, ReplayResult, build_graph, replay as replay_graph  # noqa: F401  (sim.replay: the module)
-from . import sync_savings  # noqa: F401,E402  (registers the audit's replay-based saving estimate)

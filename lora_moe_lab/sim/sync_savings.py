@@ -1,8 +1,8 @@
 """The audit's saving estimate: what removing one call site's syncs would save, from the replay
 engine (sim/replay.py) on the audit's one profiled forward.
 
-instruments/recorders/audit.py sits below sim/ and cannot import it; importing `lora_moe_lab.sim` registers
-`estimate` with the audit (audit.set_saving_estimator). For each site, the sync calls of the graph
+instruments/recorders/audit.py sits below sim/ and never imports it: lora_moe_lab/audit.py (above both)
+hands `estimate` to audit(estimator=...). For each site, the sync calls of the graph
 that lie in the site's `audit_sync_<n>` ranges are removed with the D2H copy right before each
 (replay_transforms.remove_syncs(which="all", calls=...)), and the forward is replayed: the saving
 is the traced forward's replayed time minus the changed one. A site without a blocking runtime
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..instruments.recorders import audit as _audit
 from . import replay_transforms as RT
 from .replay import SYNC, build_graph, replay
 
@@ -59,5 +58,3 @@ def estimate(tables, ranges: dict, forward: int = 0):
     )
     return out, total, note
 
-
-_audit.set_saving_estimator(estimate)

@@ -14,7 +14,7 @@
 #   removing the stalls cut NCCL all-reduce kernel time by about 68 % (the other ranks spin).
 # * **vLLM** runs a GPU sync check with an allowlist of sites for the same reason.
 #
-# Profilers show where a GPU idles. The **audit** (`lora_moe_lab.instruments.recorders.audit`) answers "which
+# Profilers show where a GPU idles. The **audit** (`lora_moe_lab.audit`) answers "which
 # line of my Python made it idle, and what would removing it buy?": for any PyTorch callable,
 # every host-device sync with its call site, its kind, its count per call, the host time blocked,
 # and on a GPU the GPU idle after it (one profiled forward) and the saving the replay engine
@@ -39,10 +39,9 @@ import pandas as pd
 import torch
 
 from lora_moe_lab import runtime
-from lora_moe_lab import sim  # noqa: F401  (registers the replay engine's saving estimate with the audit)
 from lora_moe_lab.instruments.analysers import hidden_sync_runs
 from lora_moe_lab.instruments.recorders import hidden_syncs as HS
-from lora_moe_lab.instruments.recorders.audit import audit
+from lora_moe_lab.audit import audit  # the audit, priced by the replay engine
 from lora_moe_lab.nb import params as nbp
 from lora_moe_lab.nb.params import NotebookParameterError
 from lora_moe_lab.ui import audit_plots as AP
@@ -108,7 +107,7 @@ AP.cost_table_figure(lab_audit["sync"]).show()
 # The same audit on a model this lab did not write: a tiny random-init `Qwen3MoeForCausalLM` from
 # transformers (2 layers of 8 experts, top-2; float32 on a CPU, bf16 on a GPU; `hf_tokens` tokens),
 # with the per-expert loop transformers ships as its `eager` experts implementation. Through the
-# notebook magic this time: `%load_ext lora_moe_lab.nb.audit_magic`, then `rep = %sync_audit EXPR`
+# notebook magic this time: `%load_ext lora_moe_lab.audit`, then `rep = %sync_audit EXPR`
 # audits EXPR as a callable's body (one warm-up call first) and shows the table and the timeline;
 # a `%%sync_audit` cell audits the cell once. `--focus transformers` sites each sync at its innermost
 # line inside transformers. The loop walks the experts hit with device tensors as loop state, so
@@ -140,7 +139,7 @@ print(f"{len(experts)} MoE layers of {hf_cfg.num_experts} experts, {hf_tokens} t
       f"layer (the router's choices): {hits}")
 
 # %%
-%load_ext lora_moe_lab.nb.audit_magic
+%load_ext lora_moe_lab.audit
 hf_eager = %sync_audit --focus transformers fwd()
 t = hf_eager.table()
 loop = t[t["function"].str.startswith("Qwen3MoeExperts.") & t["kind"].isin(["item", "index0d", "shape"])]

@@ -1,4 +1,4 @@
-"""tests/triton_interp.py (installed by tests/conftest.py under the interpreter): the kernels give the same bits
+"""tests/triton_interp.py (installed by the root conftest.py under the interpreter): the kernels give the same bits
 with it as without it, leave triton.language as the interpreter itself leaves it (its nested calls of triton's
 own jit functions patch triton.language.core and its tensor class and never restore them: that stays so), and
 nested calls no longer re-patch it (nor is the numpy dtype table built at every op)."""

@@ -31,7 +31,7 @@ def g():
 def shell():
     hooks = sys.displayhook, sys.excepthook
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "lora_moe_lab.nb.audit_magic")
+    ip.run_line_magic("load_ext", "lora_moe_lab.audit")
     yield ip
     InteractiveShell.clear_instance()
     sys.displayhook, sys.excepthook = hooks

@@ -41,5 +41,13 @@ def test_remove_syncs_calls_are_checked(tables):
         RT.remove_syncs(g, calls=[0])
 
 
-def test_importing_sim_registers_the_estimator():
-    assert A._ESTIMATOR and A._ESTIMATOR[0] is SS.estimate
+def test_the_priced_audit_hands_the_replay_estimator_down():
+    """No registry: the library audit prices nothing unless handed an estimator; lora_moe_lab.audit hands the
+    replay's (so no import of the audit's layer points up to sim/)."""
+    import inspect
+
+    from lora_moe_lab import audit as face
+
+    assert inspect.signature(face.audit).parameters["estimator"].default is SS.estimate
+    assert inspect.signature(A.audit).parameters["estimator"].default is None
+    assert not hasattr(A, "set_saving_estimator")

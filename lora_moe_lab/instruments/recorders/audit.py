@@ -6,7 +6,7 @@
     with audit() as rep:                          # or a block (run once, no warm-up)
         model(x)
 
-    python -m lora_moe_lab.instruments.recorders.audit mypkg.models:forward --inputs mypkg.models:make_inputs
+    python -m lora_moe_lab.audit mypkg.models:forward --inputs mypkg.models:make_inputs   # priced (lora_moe_lab/audit.py)
 
 How it sees a sync. A `TorchFunctionMode` sees every torch call the forward makes (not the calls
 torch makes inside them) and classifies the ones that make the host wait for the GPU (KINDS):
@@ -23,8 +23,8 @@ On a GPU (CUDA): only calls on CUDA tensors count; torch's sync debug mode (sync
 counts what torch itself synchronised per site (`torch_count`: a site the mode did not classify
 is listed as kind "other"); then ONE profiled forward (profiling.profile_forwards) gives, per site, the
 GPU idle after each sync (next GPU op start minus the later of the sync's start and the last GPU
-op that finished before it returned), and the replay engine (sim/sync_savings.py, registered by
-`import lora_moe_lab.sim`) the forward time saved if that site's syncs were removed.
+op that finished before it returned), and the estimator it is handed (`estimator=`; lora_moe_lab.audit
+hands it the replay engine's, sim/sync_savings.py) the forward time saved if that site's syncs were removed.
 
 On a CPU-only machine there is no device: the audit counts and locates the calls that WOULD sync
 on a GPU (on the CPU tensors: host-side metadata kept in CPU tensors is counted too, a known
@@ -37,7 +37,6 @@ with the site of the torch call that led to it, or by the profiler, unattributed
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib
@@ -65,7 +64,6 @@ __all__ = [
     "SpecError",
     "NoCudaWork",
     "FocusError",
-    "set_saving_estimator",
     "classify",
     "main",
 ]
@@ -286,17 +284,6 @@ def _patched_syncs(on_call):
 syncs.tool_file(__file__)  # the interception's frames are never a user's site
 
 
-# --- the saving estimate (the replay engine lives in sim/, a layer above) ------------------------
-_ESTIMATOR: list[Callable] = []
-
-
-def set_saving_estimator(fn: Callable | None) -> None:
-    """fn(trace_tables, ranges: {(site, kind): [(start_ns, end_ns), ...]}) -> ({(site, kind): ns or
-    None}, total_ns, note): the default estimator of audit(); `lora_moe_lab.sim` registers its
-    replay-based one on import. audit(estimator=...) passes one for a single call instead."""
-    _ESTIMATOR[:] = [fn] if fn is not None else []
-
-
 def _check(fn, warmup, reps):
     if not callable(fn):
         raise AuditError(f"audit needs a callable (a forward), got {type(fn).__name__}: {fn!r:.80}")
@@ -400,9 +387,10 @@ class _Session:
                 if len(nxt):
                     idle += max(0, int(nxt.min()) - max(int(prev), s))
             self.rep.gpu_idle_ns[key] = idle
-        est = self.estimator or (_ESTIMATOR[0] if _ESTIMATOR else None)
+        est = self.estimator
         if est is None:
-            self.rep.estimate_note = "no saving estimator: pass audit(estimator=...) or import lora_moe_lab.sim"
+            self.rep.estimate_note = ("no saving estimator: lora_moe_lab.audit.audit prices with the replay engine, "
+                                      "or pass audit(estimator=...)")
             return
         try:
             self.rep.saving_ns, self.rep.total_saving_ns, note = est(tables, dict(ranges))
@@ -427,7 +415,8 @@ def audit(
     audits its block once (detection only) and yields the report.
     `focus`: None (each sync at the innermost frame outside torch, installed packages included), a
     package name ("transformers": its innermost frame there) or "user" (the user's own frame).
-    `estimator`: the saving estimator of the profiled call (default: the registered one).
+    `estimator`: the saving estimator of the profiled call (None: no price; lora_moe_lab.audit.audit passes the
+    replay engine's, sim/sync_savings.estimate).
     An exception of `fn` propagates unchanged (its own traceback, a note added)."""
     if fn is None:
         if args or kw:
@@ -516,44 +505,3 @@ def _inputs(factory) -> tuple[tuple, dict]:
     if isinstance(v, dict):
         return (), v
     return (v,), {}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m lora_moe_lab.instruments.recorders.audit",
-        description=(
-            "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
-            "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."
-        ),
-    )
-    ap.add_argument("callable", help="module:callable to audit, e.g. mypkg.models:forward")
-    ap.add_argument("--inputs", help="module:factory returning its arguments (tuple, dict or one value)")
-    ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")
-    ap.add_argument("--reps", type=int, default=1, help="audited calls (default 1)")
-    ap.add_argument("--csv", help="write the table here")
-    ap.add_argument("--focus", help="site each sync at its innermost frame in this package (e.g. transformers), "
-                    "or 'user' for the caller's own lines (default: the innermost frame outside torch)")
-    a = ap.parse_args(argv)
-    try:
-        fn = resolve(a.callable)
-        factory = resolve(a.inputs, "inputs") if a.inputs else None
-        args, kw = _inputs(factory)
-    except SpecError as e:
-        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    # the CLI is the top of the stack: it loads the replay engine (sim/, above instruments) by name
-    # so that a GPU audit estimates savings; the library module itself never imports sim/
-    importlib.import_module("lora_moe_lab.sim")
-    try:
-        rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, focus=a.focus, **kw)
-    except (FocusError, AuditError) as e:
-        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(rep.summary())
-    if a.csv:
-        rep.table().to_csv(a.csv, index=False)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -534,13 +534,15 @@ def _time_ms(fn, device) -> float:
 
 
 def measure(
-    name: str, size: Size | None = None, device="cpu", reps: int = 24, warmup: int = 4, session: str = "live"
+    name: str, size: Size | None = None, device="cpu", reps: int = 24, warmup: int = 4, session: str = "live",
+    estimator=None,
 ) -> dict:
     """One row: the rewrite checked equal and audited sync-free (on a GPU also inside checked_region),
     the original audited (its syncs per forward: the occurrences), then both forwards timed
     interleaved and paired (order alternating per repetition, `warmup` pairs discarded first, the
     warm-up drift checked by stats.warmup_check), the paired median difference (µs) with its
-    bootstrap 95 % interval, and per occurrence. An unsettled point keeps NaN figures."""
+    bootstrap 95 % interval, and per occurrence. An unsettled point keeps NaN figures. `estimator`: the
+    audit's saving estimator (lora_moe_lab.audit.estimate, the replay engine) for the audit_saving_us column."""
     import math
 
     import numpy as np
@@ -562,7 +564,7 @@ def measure(
             checked = False
     dev = "cuda" if cuda else "cpu"  # audit the tensors' device (a CPU case on a GPU machine too)
     fix_syncs = audit(case.rewrite, warmup=0, reps=1, profile=False, device=dev).count
-    rep = audit(case.original, warmup=1, reps=1, profile=cuda, device=dev)
+    rep = audit(case.original, warmup=1, reps=1, profile=cuda, device=dev, estimator=estimator)
     t = rep.table()
     row = dict(
         session=session,

@@ -14,7 +14,8 @@ import torch
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import hidden_syncs as HS
 from lora_moe_lab.instruments.recorders import syncs
-from lora_moe_lab.instruments.recorders.audit import AuditError, NoCudaWork, SpecError, audit, classify, main, resolve
+from lora_moe_lab.audit import main
+from lora_moe_lab.instruments.recorders.audit import AuditError, NoCudaWork, SpecError, audit, classify, resolve
 from lora_moe_lab.model import guards
 
 
@@ -254,8 +255,8 @@ def test_profiled_call_analysis_on_a_recorded_shape_trace():
     range is marked as one audited sync of one site."""
     import pandas as pd
 
-    import lora_moe_lab.sim  # noqa: F401  (registers the replay estimate)
     from lora_moe_lab.instruments.recorders import audit as A
+    from lora_moe_lab.sim.sync_savings import estimate
     from lora_moe_lab.instruments.analysers import trace as T
 
     t = T.load_trace(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "model_sync_L4.json.gz"))
@@ -264,7 +265,7 @@ def test_profiled_call_analysis_on_a_recorded_shape_trace():
     layers = a[a["name"].str.startswith("moe_layer") & (a["start_ns"] < f0["end_ns"])].reset_index(drop=True)
     marks = layers.assign(name=[f"audit_sync_{i}" for i in range(len(layers))])
     t.annotations = pd.concat([a, marks], ignore_index=True)
-    s = A._Session("cuda", 1)
+    s = A._Session("cuda", 1, estimator=estimate)
     s.analyse(t, [("model.py:7", "item")] * 3 + [("model.py:9", "item")])
     assert s.rep.gpu_idle_ns[("model.py:7", "item")] > 0 and s.rep.ranges[("model.py:9", "item")]
     sv = s.rep.saving_ns

@@ -311,7 +311,7 @@ def test_focus_and_user_collapse():
 
 
 def test_cli_focus(tmp_path, capsys):
-    from lora_moe_lab.instruments.recorders.audit import main
+    from lora_moe_lab.audit import main
 
     mod = tmp_path / "hf_target.py"
     mod.write_text(

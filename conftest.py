@@ -3,8 +3,11 @@ import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# The repository's root conftest: it serves both test trees, tests/ (the library's tests) and studies/ (each
+# study's findings tests). `lora_moe_lab` and `studies` import from this checkout; tests/ holds shared helpers.
+ROOT = os.path.abspath(os.path.dirname(__file__))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, "tests"))
 # Notebook kernels started by papermill/JupyterLab in tests import the package from this checkout.
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                     if p])
@@ -17,6 +20,8 @@ from lora_moe_lab import runtime  # noqa: E402
 import triton_interp  # noqa: E402
 
 triton_interp.install()
+
+# (tests/triton_interp.py: imported from tests/, the path above)
 
 # Under pytest-xdist (`make test` runs one worker per core) each worker keeps to one thread, and so do the notebook
 # kernels it starts (they inherit the environment): two workers on two cores, each with torch's default of one
