@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["lora_moe_lab", "scripts", "tests"]
+PATHS = ["lora_moe_lab", "scripts", "tests", "studies", "conftest.py"]
 
 
 def _ruff() -> list[str] | None:

@@ -6,7 +6,7 @@
     with audit() as rep:                          # or a block (run once, no warm-up)
         model(x)
 
-    python -m lora_moe_lab.audit mypkg.models:forward --inputs mypkg.models:make_inputs   # priced (lora_moe_lab/audit.py)
+    python -m lora_moe_lab.audit mypkg.models:forward --inputs mypkg.models:make_inputs  # priced: lora_moe_lab/audit.py
 
 How it sees a sync. A `TorchFunctionMode` sees every torch call the forward makes (not the calls
 torch makes inside them) and classifies the ones that make the host wait for the GPU (KINDS):
@@ -65,7 +65,6 @@ __all__ = [
     "NoCudaWork",
     "FocusError",
     "classify",
-    "main",
 ]
 
 NOT_ESTIMATED = "not estimated"
