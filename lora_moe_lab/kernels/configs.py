@@ -99,7 +99,7 @@ def token_bucket(num_tokens: int) -> int:
 # BLOCK_M by the mean number of (token, k) pairs a group will hold: (upper bound, BLOCK_M) steps.
 # Blocks about as tall as the groups waste few padded rows; taller ones reuse each weight tile more.
 _MOE_BM_STEPS = ((16, 16), (48, 32), (192, 64), (float("inf"), 128))
-# LoRA: BLOCK_M 32 (at 25-48 pairs per group) was dropped after data/archive/kernels/expand_run6_*: at 32 pairs
+# LoRA: BLOCK_M 32 (25-48 pairs per group) dropped after data/archive/kernels/expand_run6_* (git history): at 32 pairs
 # per group (M=2048, 4 adapters, 128 experts, top-8) both deltas together took 184.4 us with BLOCK_M 32
 # and 171.9 with 64 (tp4 138.4 -> 130.7); at 16 pairs BLOCK_M 16 stays (32 was -2.5 % / +2 %).
 _LORA_BM_STEPS = ((24, 16), (float("inf"), 64))
@@ -200,7 +200,7 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
     """Tile of the fused LoRA kernel for the down delta (P=1, routed weights): its N (hidden) is wide
     and each work item's time goes to the read-add-write of `out`, so a wider BLOCK_N keeps more of
     those bytes in flight per iteration; BLOCK_K 32 with 4 stages at small M, 64 above (H200 sweep,
-    data/archive/kernels/decode_run1_*: 277 -> 235 us at M=8192 qwen3-30b-a3b, 77 -> 60 us at M=1024).
+    data/archive/kernels/decode_run1_* (git history): 277 -> 235 us at M=8192 qwen3-30b-a3b, 77 -> 60 us at M=1024).
 
     Programs per SM decide the bytes in flight, and registers decide the programs per SM (65536 per
     SM: 128 per thread for 4 programs of 4 warps). data/kernels/expand_run2_* (H200): at 8 pairs per
@@ -251,7 +251,7 @@ def block_r(rank: int) -> int:
 
 # The decode path (no alignment) is taken for M * top_k <= this many pairs: per pair it reads its
 # adapter-expert's weights once, with no reuse between pairs of one (adapter, expert). H200,
-# data/archive/kernels/decode_run3_*: the whole LoRA path of a layer (both deltas) is 0.69-0.84x today's
+# data/archive/kernels/decode_run3_* (git history): the whole LoRA path of a layer (both deltas) is 0.69-0.84x today's
 # (alignment + aligned deltas) up to M=32 at top-8 (256 pairs), 0.97-1.05x at 512 pairs.
 DECODE_MAX_PAIRS = 256
 _DECODE_PROGRAMS = 2 * _NUM_SMS_GUESS  # about two programs per SM

@@ -145,7 +145,7 @@ def test_engine_costs_cost_host_time_and_are_recorded(lab):
     # it adds at least that, plus the 2 ms of the earlier batch. On a GPU the kernels launched before each host
     # stretch run WHILE the host works, so the forward takes at least the host work and never less than without it,
     # but the difference can be smaller: GPU time that was exposed in r0 hides behind the host work in r1 (the whole
-    # suite under 12 workers on one H200, data/gpu_tests/gpu_check_08cbb61.log: 25.5 - 13.0 ms against 14 ms).
+    # suite under 12 workers on one H200, an earlier GPU check: 25.5 - 13.0 ms against 14 ms).
     host_ms = 2 * (2 * 2.0 + 3.0)
     if slow.cuda:
         assert r1["prefill_ms"] >= max(host_ms, r0["prefill_ms"]) * 0.95
