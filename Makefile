@@ -10,7 +10,7 @@ HAS_CUDA_TORCH := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.i
 PORT ?= 8888
 
 # pip is quiet (-q) for about a minute and a half: say what it installs and how long it takes, from
-# the measurement in data/setup/setup_time.json (scripts/record_setup.py)
+# the measurement in data/setup/setup_time.json (studies/setup/record.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
 .PHONY: test run lab venv clean report gpu-check record

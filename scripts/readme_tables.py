@@ -98,7 +98,7 @@ def guards_block(folder: Path | None = None) -> str:
     if not sessions:
         head = (f"From the archived guards recording {files} ({rec.label}), recorded before the warm-up check: "
                 f"{int(p.n.min())} interleaved repetitions per point after 3 untimed calls per guard, every repetition "
-                "used as recorded. **The two sessions of the new protocol are pending** (`scripts/record_guards.py "
+                "used as recorded. **The two sessions of the new protocol are pending** (`studies/guards/record.py "
                 "--session s1` and `--session s2`, on separate device sessions).")
     else:
         n_s = "one session; the second is pending" if len(sessions) == 1 else f"{len(sessions)} device sessions"
@@ -407,7 +407,7 @@ def signature_block() -> str | None:
     n_s = len(names)
     lines = [
         f"From `data/production/signature_*` ({n_s} device session{'s' if n_s > 1 else ''}: {where}), written by "
-        f"`scripts/record_production.py`: the decoder, {int(m['params']['layers'])} layers, TP=1, "
+        f"`studies/production/record.py`: the decoder, {int(m['params']['layers'])} layers, TP=1, "
         f"{int(first.summary['requests'].iloc[0])} requests × {int(m['params']['input_len'])} tokens, "
         f"260 guard syncs per forward, no adapter in use, `sync` against `cpu_flag`, {reps} interleaved repetitions "
         f"kept per session after the warm-up check. Host-blocked figures: unprofiled (perf_counter around each "
@@ -654,7 +654,7 @@ def replay_block() -> str | None:
     lines = [f"A profiled forward as a host/device dependency graph (`lora_moe_lab/sim/replay.py`, after Daydream: "
              f"Zhu, Phanishayee and Pekhimenko, USENIX ATC 2020), transformed (`sim/replay_transforms.py`: remove or "
              f"add the guard's syncs, scale host time, one graph launch, early-exit launches, collectives) and "
-             f"replayed. Every recorded forward replays to itself exactly. Held out (`scripts/record_replay.py`, "
+             f"replayed. Every recorded forward replays to itself exactly. Held out (`studies/replay/record.py`, "
              f"{label(meta)}): the `cpu_flag` forward predicted from a profiled `sync` forward and the reverse, "
              f"against the unprofiled measurement of the target; one host factor per source trace "
              f"(the profiler slows the host), fitted on the source's own unprofiled forward, never the target's. "
@@ -735,7 +735,7 @@ def setup_block() -> str | None:
     if not f.exists():
         return None
     d = json.loads(f.read_text())
-    return (f"Set-up time, measured by `python3 scripts/record_setup.py` (a fresh clone and `make venv` with "
+    return (f"Set-up time, measured by `python3 studies/setup/record.py` (a fresh clone and `make venv` with "
             f"pip's cache off, {d['runs']} runs on this {d['cores']}-core CI-sized machine, commit {d['commit']}): "
             f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, "
             f"the "
@@ -778,7 +778,7 @@ def graphs_block() -> str | None:
                      + " | ".join(cells) + " |")
     sw = rec.switches
     return (f"Three ways to put LoRA under CUDA graphs (`model/graph_strategies.py`), recorded by "
-            f"`scripts/record_graphs.py` into `data/graphs/` ({rec.label}) on the 48-layer qwen3-30b-a3b MoE model, "
+            f"`studies/graphs/record.py` into `data/graphs/` ({rec.label}) on the 48-layer qwen3-30b-a3b MoE model, "
             f"bf16, 4 adapter slots of rank 32: graphs for decode (1 to 64 requests) and prefill (512, 2048 tokens), "
             f"capture time (kernels compiled first), the private graph pool's memory, and one whole step (pick, "
             f"upload, replay) relative to `one_graph` (one graph with the LoRA kernels always inside; it relies on the "
@@ -865,7 +865,7 @@ def tp4_block() -> str | None:
         return None
     sessions, v, p, cost = f
     names = " and ".join(sessions)
-    lines = [f"**Predicted, not measured** (`data/tp_emulation/`, `scripts/record_tp_emulation.py`, "
+    lines = [f"**Predicted, not measured** (`data/tp_emulation/`, `studies/tp_emulation/record.py`, "
              f"`lora_moe_lab/sim/tp_emulation.py`; sessions {names}, each on a freshly started H200). One GPU runs "
              f"one rank's shapes (a 1/TP share of heads and expert intermediate; `model/tp.py: EmulatedTPGroup`), and "
              f"each all-reduce is a GPU spin of the time NCCL took for those bytes on two H200s: {cost.bus_gbps:.1f} "
@@ -921,7 +921,7 @@ def kernels_base_block() -> str:
     ses = bg.base_sessions().set_index(["preset", "op", "M"])
     Ms = sorted(v.M.unique())
     out = [f"The base GEMM (`kernels/fused_moe.py`) with the tuned tile tables (`kernels/tile_tables/`, written by "
-           f"`scripts/record_kernels_base.py`, `data/kernels/{run.name}_*`, {run.label}): bf16, CUDA-graph replay, "
+           f"`studies/kernels/record_base.py`, `data/kernels/{run.name}_*`, {run.label}): bf16, CUDA-graph replay, "
            "top-8 of 128, alignment outside the timed region. Gain = the rules' kernel (the tiles before the "
            "tables, predicate-free loads) over the table's, paired medians of 20 interleaved repetitions, "
            "percentile bootstrap 95 %; with more than one device session, the mean and the union of the sessions' "
@@ -1000,7 +1000,7 @@ def _persist_lines(bg) -> str:
                   + " builds (`--sections persist`, "
                   + ", ".join(f"`data/kernels/{n}_*`" for n in names) + f": {intro.get(i, '')}; percentile "
                   "bootstrap 95 %). The tables took an arm only where its interval lay below 0.99 in every session of "
-                  "the round, free of drift (`record_kernels_base.py --adopt-persist`); arm / the table's tile "
+                  "the round, free of drift (`studies/kernels/record_base.py --adopt-persist`); arm / the table's tile "
                   "before:", "",
                   "| preset | GEMM | M | build | " + " | ".join(names) + " |",
                   "| --- | --- | ---: | --- |" + " ---: |" * len(names)]
@@ -1111,7 +1111,7 @@ def kernels_fold_block() -> str:
 
     out = [f"The folded LoRA path (`kernels/fused_moe_lora_folded.py`: a shrink kernel, then the base GEMM with the "
            "expand as extra K iterations) against the base GEMM + the separate delta "
-           f"(`scripts/record_kernels_fold.py`, `data/kernels/{run.name}_*`, {run.label}): bf16, rank 32, 4 adapters "
+           f"(`studies/kernels/record_fold.py`, `data/kernels/{run.name}_*`, {run.label}): bf16, rank 32, 4 adapters "
            "all live, every token with one, CUDA-graph replay, 20 interleaved paired repetitions, percentile "
            "bootstrap 95 %. `folded`: the base alignment, all LoRA rows side by side in the shrink, the expand's "
            "operands through TMA. `rows_ptr`, the layer's build (`configs.FOLDED_ORDER_BY_ROW`): the alignment "
@@ -1611,7 +1611,7 @@ def kernels_floors_block() -> str:
     ses = list(dict.fromkeys(d.session))
     d["tile"] = d.config.str.replace(r"^bm\d+/", "", regex=True).str.replace("split1/w4/s3/", "")
     Ms = sorted(d.M.unique())
-    out += ["", "The LoRA down delta's narrower tiles (`record_kernels_expand.py --candidates down`, " + " and ".join(
+    out += ["", "The LoRA down delta's narrower tiles (`record_expand.py --candidates down`, " + " and ".join(
         f"`{x}`" for x in ses) + ": two device sessions, sweep medians of 15 graph replays, not paired): candidate / "
         "the table's tile (`bn128/bk64/pps4/xs3`, BLOCK_M 16 at M = 1024, 64 above), one figure per session. The "
         "hypothesis was more programs per SM, so more `out` bytes in flight:", "",
@@ -1733,7 +1733,7 @@ def kernels_share_block() -> str:
              "alignment"]
     last = p[p.session == pses[-1]]
     busy = p[p.part == fl.BUSY].set_index(["session", "preset", "M"])
-    out += ["", "The layer's kernels one by one (`scripts/record_kernels_parts.py`: each arm's CUDA graph replayed 20 "
+    out += ["", "The layer's kernels one by one (`studies/kernels/record_parts.py`: each arm's CUDA graph replayed 20 "
             "times under torch.profiler, every kernel's GPU time from CUPTI's records, medians per forward; "
             + " and ".join(f"`{x}`" for x in pses) + " on two machines). Profiled, so attributions beside the live "
             "figures, not in their place. The base layer (µs per forward, " + f"`{pses[-1]}`" + "; all kernels in "

@@ -1,10 +1,10 @@
 """One entry for every recording: list them, or run one.
 
     python scripts/record.py                 # the table: section, script, data folder, device, rough device time
-    python scripts/record.py SECTION [ARGS]  # run scripts/record_<SECTION>.py with --out $OUT/<SECTION> (or ARGS)
+    python scripts/record.py SECTION [ARGS]  # run the section's study script with --out $OUT/<SECTION> (or ARGS)
 
-Naming rule: scripts/record_<folder>.py writes data/<folder>/ (record_<folder>_<part>.py: one part of
-that folder). On a GPU machine (the device tool) run from the checkout with the package importable
+Naming rule: studies/<study>/record.py writes data/<study>/ (record_<part>.py: one part of that folder).
+On a GPU machine (the device tool) run from the checkout with the package importable
 (`pip install -e .`, the venv, or PYTHONPATH=$PWD), then copy what $OUT holds into data/<folder>/
 with its README updated. The exception: scripts/gpu_check.py (the GPU check, `make gpu-check`) writes
 data/gpu_tests/. Device times are each script's own budget or its docstring's estimate, not a
@@ -47,13 +47,20 @@ RECORDINGS = {
 }
 
 
+def script(section: str) -> str:
+    """The study script of a section: kernels_base -> studies/kernels/record_base.py."""
+    folder = RECORDINGS[section][0]
+    part = section[len(folder) + 1:] if section.startswith(folder + "_") else ""
+    return f"studies/{folder}/record{'_' + part if part else ''}.py"
+
+
 def table() -> str:
     head = f"{'section':<15}{'script':<36}{'writes':<20}{'device':<16}rough device time"
     lines = [head]
     for sec, (folder, kind, t, _) in RECORDINGS.items():
-        script = f"scripts/record_{sec}.py"
-        missing = "" if (ROOT / script).exists() else "  (not in this checkout)"
-        lines.append(f"{sec:<15}{script:<36}{'data/' + folder + '/':<20}{kind:<16}{t}{missing}")
+        path = script(sec)
+        missing = "" if (ROOT / path).exists() else "  (not in this checkout)"
+        lines.append(f"{sec:<15}{path:<36}{'data/' + folder + '/':<20}{kind:<16}{t}{missing}")
     lines.append(f"{'gpu-check':<15}{'scripts/gpu_check.py':<36}{'data/gpu_tests/':<20}{'nvidia-h200':<16}"
                  "< 10 min a part (make gpu-check)")
     return "\n".join(lines)
@@ -66,7 +73,7 @@ def command(section: str, args: list[str]) -> list[str]:
     if not args and default is not None:
         out = os.environ.get("OUT", str(ROOT / "build" / "record"))
         args = ["--out", os.path.join(out, section), *default]
-    return [sys.executable, str(ROOT / "scripts" / f"record_{section}.py"), *args]
+    return [sys.executable, str(ROOT / script(section)), *args]
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""Synthetic guards sessions in the schema scripts/record_guards.py writes (warm-up check
+"""Synthetic guards sessions in the schema studies/guards/record.py writes (warm-up check
 applied by recordings.mark_warmup), for the reader's and the README block's tests."""
 import numpy as np
 import pandas as pd

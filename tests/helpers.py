@@ -19,9 +19,13 @@ def fp32_tol(device):
 
 
 def load_script(name: str):
-    """scripts/<name>.py as a module (the scripts are not a package): tests call its functions."""
+    """A study's script as a module ("studies.kernels.record_base"), or scripts/<name>.py (the tools, not a
+    package): tests call its functions."""
+    import importlib
     import importlib.util
 
+    if "." in name:
+        return importlib.import_module(name)
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -146,6 +146,17 @@ def test_scripts_reach_the_package_through_public_modules_only():
             assert "sys.path.insert" not in p.read_text() and "sys.path.append" not in p.read_text(), p.name
 
 
+def test_studies_import_the_library_and_never_edit_the_path():
+    """A study (studies/<name>/: its recording scripts, readers, findings tests) reaches the library through its
+    public modules and never edits sys.path; it does not import scripts/ (the tools)."""
+    for p in sorted((PKG.parent / "studies").rglob("*.py")):
+        imps = _script_imports(p)
+        assert not any(m.split(".")[0] == "scripts" for m in imps), p
+        for m in (m for m in imps if m.startswith("lora_moe_lab")):
+            assert not any(part.startswith("_") for part in m.split(".")), (p, m)
+        assert "sys.path.insert" not in p.read_text() and "sys.path.append" not in p.read_text(), p
+
+
 def test_the_package_never_imports_a_script_or_a_study():
     """studies/ (each study's recording, reader, block and findings) imports the library, never the reverse;
     nor does the library name a study's module by string (importlib)."""

@@ -1,5 +1,5 @@
-"""scripts/record.py lists every recording script of the naming rule record_<folder>.py, and each
-names a data folder; the harness writes a CSV beside its .meta.json."""
+"""scripts/record.py lists every recording script of the naming rule studies/<folder>/record[_<part>].py, and
+each names a data folder; the harness writes a CSV beside its .meta.json."""
 import json
 
 from pathlib import Path
@@ -11,8 +11,9 @@ ROOT_P = Path(ROOT)
 
 def test_every_recording_script_is_listed():
     rec = load_script("record")
-    scripts = {p.stem[len("record_"):] for p in (ROOT_P / "scripts").glob("record_*.py")}
-    assert scripts <= set(rec.RECORDINGS), scripts - set(rec.RECORDINGS)
+    scripts = {p.relative_to(ROOT_P).as_posix() for p in (ROOT_P / "studies").glob("*/record*.py")}
+    listed = {rec.script(sec) for sec in rec.RECORDINGS}
+    assert scripts == listed, (scripts - listed, listed - scripts)
     out = rec.table()
     assert "scripts/gpu_check.py" in out and "data/gpu_tests/" in out
     for sec, (folder, *_rest) in rec.RECORDINGS.items():

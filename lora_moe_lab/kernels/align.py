@@ -38,7 +38,7 @@ def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
     return (n + block_m - 1) // block_m * block_m
 
 
-# On a GPU the Triton version below is used (measured on an H200 by scripts/record_kernels.py, section
+# On a GPU the Triton version below is used (measured on an H200 by studies/kernels/record.py, section
 # "align"; data/kernels/): a handful of launches instead of a few dozen small torch ops.
 TRITON_ON_CUDA = True
 

@@ -158,7 +158,7 @@ _NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function 
 
 def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                 N: int, K: int) -> LoRAKernelConfig:
-    """Tile of the fused LoRA kernel (values from the H200 sweep of scripts/record_kernels.py)."""
+    """Tile of the fused LoRA kernel (values from the H200 sweep of studies/kernels/record.py)."""
     if runtime.interpreter():
         return _INTERP_LORA
     # Rough count of busy blocks, from shapes only: at most one per pair, and about one per
@@ -279,7 +279,7 @@ def use_decode_path(num_tokens: int, top_k: int) -> bool:
 
 # The fused LoRA epilogue (kernels/fused_moe_lora_epilogue.py: the base GEMM adds the delta before its
 # store) is used for these (op, token bucket) pairs only; everywhere else the base GEMM and the
-# separate delta run. Filled from the H200 recording of scripts/record_kernels_fused.py.
+# separate delta run. Filled from the H200 recording of studies/kernels/record_fused.py.
 FUSED_LORA_TOKENS: dict = {"gate_up": frozenset(), "down": frozenset()}
 # The folded LoRA path (a shrink kernel, then the base GEMM with the expand as extra K iterations; FOLD_BUILD below
 # says which build) for these (op, token bucket) pairs; it takes precedence over the epilogue; elsewhere the layer

@@ -3,7 +3,7 @@
     lora_moe_lab/kernels/tile_tables/<GPU>_E<experts>_H<hidden>_I<intermediate>.json
     e.g. NVIDIA_H200_E128_H2048_I768.json (qwen3-30b-a3b), NVIDIA_H200_E128_H2048_I192.json (its TP=4 shard)
 
-Each file is written by `scripts/record_kernels_base.py` from its sweep (the sweep's CSV sits in
+Each file is written by `studies/kernels/record_base.py` from its sweep (the sweep's CSV sits in
 data/kernels/ beside the file's copy) and holds, per token bucket (M rounded up to a power of two):
 the BLOCK_M of the alignment, which gate_up and down share, and each GEMM's tile. A bucket that
 was not swept takes the largest swept bucket below it. No file for this GPU or shape: the rules

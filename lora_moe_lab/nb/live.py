@@ -7,7 +7,7 @@ The profiler adds host work to every launch (it records each runtime call), so a
 a profiled forward measures the profiler, not the guard. Here every repetition runs each guard once
 (and, on a GPU, a CUDA-graph replay of the same forward) back to back in a rotating order, each from
 an idle device (`instruments.recorders.timing.time_interleaved`): the difference of two variants within one
-repetition is a paired measurement, as in the canonical recording (scripts/record_guards.py).
+repetition is a paired measurement, as in the canonical recording (studies/guards/record.py).
 The rows have the recording's schema (`recordings.SAMPLE_COLUMNS`), so `Recording(samples)` gives
 medians, intervals and paired differences through the one function that reads the recording.
 """

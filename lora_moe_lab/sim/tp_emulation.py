@@ -7,7 +7,7 @@ all-reduce becomes a GPU spin of the time NCCL took for those bytes on two real 
 (`allreduce_cost`: the median NCCL kernel of the profiled TP=2 forwards, data/production/traces,
 as a bus bandwidth). The method is checked first where the answer is known: TP=2 emulated
 against TP=2 measured on two GPUs (data/production/tp2_*.summary.csv). Only then is it run at
-TP=4 (scripts/record_tp_emulation.py -> data/tp_emulation/emulation_<session>/).
+TP=4 (studies/tp_emulation/record.py -> data/tp_emulation/emulation_<session>/).
 
     cost = allreduce_cost()                 # AllReduceCost from data/tp_emulation/allreduce.json
     sessions = load_sessions()              # the emulation sessions (production_runs layout)

@@ -255,7 +255,7 @@ if LIVE:
 # %%
 rec, meta = ee.recorded_disabled_launches()
 if rec is None:
-    print("No recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by scripts/record_kernels.py).")
+    print("No recorded kernel figures yet (data/kernels/kernels.csv, written on a GPU by studies/kernels/record.py).")
 else:
     src = f"recorded: {label(meta)}"
     print(src, "(no launch: 0 us by definition)")
@@ -419,7 +419,7 @@ pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
 # output, add `t @ B.T`, write them back. What a stream reaches is set by the bytes it keeps in flight,
 # and those by how many programs fit on an SM: 65536 registers per SM make room for 4 programs of
 # 4 warps at 128 registers a thread, 3 at 168, 2 above. Below, every tile variant of the H200 sweep
-# (`scripts/record_kernels_expand.py --candidates regs`): its registers, the programs per SM they allowed
+# (`studies/kernels/record_expand.py --candidates regs`): its registers, the programs per SM they allowed
 # (colour) and whether the expand loop was pipelined by hand (`prefetch`, marker). A register cap
 # (`maxnreg`) that buys a fourth program pays (M=512, down); one that makes the compiler spill
 # costs far more than it buys (M=8192, down). These are recordings, not live timings: this
@@ -456,7 +456,7 @@ share_floor_figure(sf).show()
 # %% [markdown]
 # ## Under the LoRA delta: the base GEMM and what the counters say (recorded on the H200)
 # Every "what LoRA costs" figure is measured against the base MoE GEMM. Its tiles now come from a
-# tuned table per GPU and layer shape (`kernels/tile_tables/`, swept by `scripts/record_kernels_base.py`),
+# tuned table per GPU and layer shape (`kernels/tile_tables/`, swept by `studies/kernels/record_base.py`),
 # its loads drop their predicates where K and N are tile multiples, and its weight tiles come
 # through the Tensor Memory Accelerator where that was faster. Below: the table's kernel against
 # vLLM's tuned kernel (figures carried from another run: `direct`, and `bridged` through the kernel
@@ -550,7 +550,7 @@ gf[["preset", "op", "M", "bound", "floor_us", "table_us", "vllm_us", "ours_of_fl
 # A shrink kernel writes each pair's rank-R intermediate, and the base GEMM adds the expand to its
 # fp32 accumulator as extra K iterations: one BLOCK_R-deep dot per live LoRA row present in the
 # tile. The delta then never reads or writes the output on its own. Below is the recording
-# (`scripts/record_kernels_fold.py`): each point is the whole GEMM with its delta, folded over
+# (`studies/kernels/record_fold.py`): each point is the whole GEMM with its delta, folded over
 # separate, paired; above 1 the separate kernels win. Two builds: `folded` (the alignment as the
 # base GEMM has it, every LoRA row side by side in the shrink, the expand's operands through TMA)
 # and the layer's build `rows_ptr` (the alignment ordered by LoRA row inside each expert, a shrink
@@ -814,7 +814,7 @@ cl.round(2)
 # %% [markdown]
 # ## Loads before the K loop, and a program per tile
 #
-# Two more builds of the packed GEMM's expand (`record_kernels_fold.py --sections expand`, the GEMM alone on the same
+# Two more builds of the packed GEMM's expand (`studies/kernels/record_fold.py --sections expand`, the GEMM alone on the same
 # u, paired, 95 %):
 # - `early`: the expand's first step (u's and B_packed's tiles of the block's first slot) loaded by pointers before the
 #   K loop and held in registers across it, so no wait is left after the loop for that step. Three sessions
@@ -1047,7 +1047,7 @@ for p, g in sf[sf.M == 1024].groupby("preset", sort=False):
 
 # %% [markdown]
 # Which kernels make up LoRA's added time: each arm's CUDA graph replayed under the profiler, every kernel's GPU
-# time from CUPTI (`scripts/record_kernels_parts.py`; attributions, set beside the live paired figure, the black
+# time from CUPTI (`studies/kernels/record_parts.py`; attributions, set beside the live paired figure, the black
 # diamond, and the floor, the red bar):
 
 # %%

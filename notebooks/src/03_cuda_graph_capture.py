@@ -286,7 +286,7 @@ except NoGraphFits as e:
 
 # %% [markdown]
 # ### On the H200: capture cost, graph memory and replay time
-# Recorded by `scripts/record_graphs.py` on the 48-layer `qwen3-30b-a3b` MoE model and the
+# Recorded by `studies/graphs/record.py` on the 48-layer `qwen3-30b-a3b` MoE model and the
 # Qwen3-shaped decoder (bf16, 4 adapter slots of rank 32): capture time of every graph (kernels
 # compiled beforehand), the bytes the strategy's private graph pool holds, and one whole step
 # (pick the graph on the host, write the batch into its static buffers, replay) timed with CUDA

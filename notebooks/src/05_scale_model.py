@@ -244,7 +244,7 @@ like.round(2)
 # ## TP=4
 # The lab's one TP=4 figure is a prediction measured on one GPU at a TP=4 rank's shapes, each
 # all-reduce replaced by its measured time, after the same method passed at TP=2
-# (`scripts/record_tp_emulation.py` → `data/tp_emulation/`). The earlier extrapolations (the queue
+# (`studies/tp_emulation/record.py` → `data/tp_emulation/`). The earlier extrapolations (the queue
 # simulator's, and those scaled from TP=1 and TP=2) are retired here; notebook 06 keeps them as
 # history.
 

@@ -326,7 +326,7 @@ if emu:
               f"predicted ({r.sessions} sessions{'' if r.agree else ', which disagree'})")
     print(f"production measured {PRODUCTION['input_throughput_gain_pct']:+.1f} % at TP=4")
 else:
-    print("TP=4: not recorded yet (scripts/record_tp_emulation.py writes data/tp_emulation/ on a GPU)")
+    print("TP=4: not recorded yet (studies/tp_emulation/record.py writes data/tp_emulation/ on a GPU)")
 
 # %% [markdown]
 # ### History: the earlier TP=4 extrapolation (retired)

@@ -179,7 +179,7 @@ assert same, "the hoisted loop's logits differ from the eager loop's"
 # %% [markdown]
 # ### The priced rewrite, recorded on the H200
 # On a GPU the audit prices each sync (the GPU idle after it and the replay's saving); whether the
-# rewrite buys that back is a timing question: `data/audit_corpus/` (`scripts/record_audit_corpus.py`,
+# rewrite buys that back is a timing question: `data/audit_corpus/` (`studies/audit_corpus/record.py`,
 # one `priced_<session>.csv` per device session) holds the replay's predicted saving beside the
 # measured one (eager against hoisted, paired, with its 95 % interval) per model, recorded on an H200.
 # Read as recorded; nothing here is computed on this machine.
@@ -231,7 +231,7 @@ for name in NAMES:
 
 # %% [markdown]
 # ## What each costs on the H200 (recorded)
-# `data/hidden_syncs/hidden_syncs_<session>.csv` (`scripts/record_hidden_syncs.py`, one device
+# `data/hidden_syncs/hidden_syncs_<session>.csv` (`studies/hidden_syncs/record.py`, one device
 # session each): M = 4096 tokens × H = 2048, 8 layers of 2 fp32 matmuls (several ms of GPU work per
 # forward, so the host runs ahead and each sync drains a real queue); original and rewrite timed
 # interleaved and paired, each forward's wall time ending with a device sync, after a warm-up
@@ -242,7 +242,7 @@ for name in NAMES:
 # %%
 REC = hidden_sync_runs.recorded()
 if REC is None:
-    print("H200 costs: not recorded yet (run scripts/record_hidden_syncs.py --session s1 on a GPU; "
+    print("H200 costs: not recorded yet (run studies/hidden_syncs/record.py --session s1 on a GPU; "
           "data/hidden_syncs/README.md)")
 else:
     display(REC[["pattern", "kind", "occurrences", "per_occ_us", "per_occ_lo_us", "per_occ_hi_us", "diff_us",

@@ -1,4 +1,4 @@
-"""scripts/kernel_resources.py: the static resources of a build, compiled for sm_90 without a GPU."""
+"""studies/kernels/resources.py: the static resources of a build, compiled for sm_90 without a GPU."""
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), *args], capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "studies/kernels/resources.py"), *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=300)
 
 

@@ -11,7 +11,7 @@ from lora_moe_lab.instruments.analysers.recordings import SAMPLE_COLUMNS, load_g
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 TOKENS = (16, 128, 1024, 4096, 16384)
-# variant -> (guard, mode), as scripts/record_guards.py records them
+# variant -> (guard, mode), as studies/guards/record.py records them
 VARIANTS = {"sync": ("sync", "eager"), "cpu_flag": ("cpu_flag", "eager"),
             "launch_always": ("launch_always", "eager"), "graph": ("cpu_flag", "graph")}
 

@@ -51,7 +51,7 @@ def test_validation_compares_like_with_like(tmp_path):
 
 
 def test_recording_smoke_writes_a_session_the_readers_take(tmp_path):
-    rec = load_script("record_tp_emulation")
+    rec = load_script("studies.tp_emulation.record")
     assert rec.parse_task("tp4_prodlike_C8192") == (4, "prodlike", 8192)
     assert rec.main(["--smoke", "--tasks", "tp4_prodlike_C8192", "--out", str(tmp_path), "--session", "t"]) == 0
     s = E.load_sessions(tmp_path)

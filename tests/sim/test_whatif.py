@@ -28,7 +28,7 @@ def test_held_out_moe_points_match_the_validation(m):
 
 
 def test_validation_covers_the_first_recordings_points():
-    """scripts/record_replay.py: the signature sessions' 10 points and the first recording's 8 (adapters mix at
+    """studies/replay/record.py: the signature sessions' 10 points and the first recording's 8 (adapters mix at
     TP=1; TP=2 at gs 260/48 none and mix, gs 1/48 none), both directions, one session each; every miss has a cause."""
     v = W.validation()
     assert len(v) == 18 and not v.duplicated(["model", "config", "source"]).any()

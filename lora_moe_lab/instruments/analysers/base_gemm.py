@@ -1,4 +1,4 @@
-"""Readers of the base MoE GEMM recordings (scripts/record_kernels_base.py) and of the peers' carried figures.
+"""Readers of the base MoE GEMM recordings (studies/kernels/record_base.py) and of the peers' carried figures.
 
     run = load_base_run()                 # data/kernels/base_run3_*: sweep, variants, compare (+ ncu counters)
     run.compare, run.variants, run.ncu    # tidy DataFrames
@@ -37,7 +37,7 @@ BASE_RUN = "base_run3"  # the canonical recording: sweep -> tile tables, variant
 # (persist_s3, persist_s4: compare measured the tables with that run's picks; base_sessions combines a point only over
 # the sessions that timed the latest session's tile there)
 BASE_SESSION_GLOBS = ("base_s*_kernels_base.csv", "persist_s*_kernels_base.csv")
-# The counters (scripts/record_kernels_base.py --ncu-run under ncu): base_s3 counts the base GEMMs as base_run3 did,
+# The counters (studies/kernels/record_base.py --ncu-run under ncu): base_s3 counts the base GEMMs as base_run3 did,
 # and the LoRA deltas as the layer runs them: the decode kernel at M=16, the aligned kernel at M=1024 and 8192.
 NCU_RUN = "base_s3"
 NCU_REPEAT_RUN = "base_s4"  # the same 32 launches counted again in a later device session (426609a)
@@ -53,7 +53,7 @@ NCU_NOW_REPEAT_RUN = "base_s9"
 # 8192), base_s9 (5d0beeb) the ones before; both at M = 16, 1024 and 8192 with the SMs' active cycles (load balance).
 SUBBLOCK_NCU_RUNS = ("base_s7", "base_s8")  # the TP=4 down table before and after the sub-block build
 PEERS_BASE = "peers_base_carried.csv"
-# scripts/record_kernels_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
+# studies/kernels/record_fold.py. fold_s1 timed an earlier build (pointer expand, intermediate in pair order; its
 # differential is fold_s1check). From fold_s2 on every run has check, kernels and layer; fold_s2 has the counters
 # of the three folded builds; fold_s3 on time the layer's build (rows_ptr) and the layer's own pick (picked_all);
 # fold_s4 adds the two alignments side by side and the layer with the down GEMM folded; fold_s5 and fold_s6 time
@@ -80,7 +80,7 @@ FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_fold
 
 @dataclass
 class BaseRun(KernelRun):
-    """One run of scripts/record_kernels_base.py (KernelRun's rows, meta, name, section, label) and its
+    """One run of studies/kernels/record_base.py (KernelRun's rows, meta, name, section, label) and its
     ncu counters, where the run has them."""
 
     ncu: pd.DataFrame | None = None
@@ -191,10 +191,10 @@ def base_sessions(path: str | Path | None = None) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------------
-# The LoRA path folded into the base GEMM (scripts/record_kernels_fold.py)
+# The LoRA path folded into the base GEMM (studies/kernels/record_fold.py)
 # ------------------------------------------------------------------------------------------------
 def load_fold_run(name: str = FOLD_RUN, path: str | Path | None = None) -> BaseRun:
-    """A run of scripts/record_kernels_fold.py: `section("kernels")`, `section("check")` where it has one
+    """A run of studies/kernels/record_fold.py: `section("kernels")`, `section("check")` where it has one
     (the differential is its own run, FOLD_RUN + "check"), and `ncu`."""
     return load_base_run(name, path, stem="kernels_fold")
 
@@ -288,7 +288,8 @@ def fold_sessions(names: tuple[str, ...] = FOLD_SESSIONS, path: str | Path | Non
     return _session_rows(figs)
 
 
-# The packed build (kernels/fused_moe_lora_packed.py), sections packed and layer of record_kernels_fold.py. fold_s13
+# The packed build (kernels/fused_moe_lora_packed.py), sections packed and layer of studies/kernels/record_fold.py.
+# fold_s13
 # timed a shrink variant (both slices per program, 8 warps) that lost to fold_s12's and was reverted; its figures are
 # not the committed kernels', so it is not a session of the headline.
 PACKED_SESSIONS = ("fold_s12", "fold_s14", "fold_s16")  # fold_s16 (08cbb61): the packed section only
@@ -331,7 +332,7 @@ def disabled_trials(path: str | Path | None = None) -> pd.DataFrame:
 
 
 def shrink_sweep(run: BaseRun | None = None) -> pd.DataFrame:
-    """The packed shrink's tile sweep (record_kernels_fold.py, section shrink; GUARD_TRIAL's shrink is the committed
+    """The packed shrink's tile sweep (kernels study: record_fold.py, shrink; GUARD_TRIAL's shrink is the committed
     one): per (preset, op, M) the committed tile's µs, the fastest tile, its µs and its paired ratio to the committed
     one (bootstrap 95 %)."""
     k = (run or load_fold_run(GUARD_TRIAL)).section("shrink")
@@ -345,7 +346,8 @@ def shrink_sweep(run: BaseRun | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# The packed shrink in slot windows (record_kernels_fold.py, section window), three machines: win_s1 (e5255d2: its
+# The packed shrink in slot windows (studies/kernels/record_fold.py, section window), three machines: win_s1 (e5255d2:
+# its
 # one-dot shrink held 214 registers where the committed one holds 128, so its `shrink_*_over_committed` figures are
 # against a slowed reference), win_s2 (3775a0a: fixed; x kept in L2, 8 warps, two slots per dot), win_s3 (dc7a25f:
 # programs of 64 rows under a register cap of 128). The figures the sessions share are compared between them.
@@ -355,7 +357,7 @@ WINDOW_COMPARED = ("win_s2", "win_s3")  # the sessions after the fix
 
 def section_ratios(names: tuple[str, ...], section: str, suffixes: tuple[str, ...],
                    path: str | Path | None = None) -> pd.DataFrame:
-    """Per session, preset, op and M of one record_kernels_fold.py section: each figure whose column ends with one of
+    """Per session, preset, op and M of one record_fold.py section: each figure whose column ends with one of
     `suffixes` (a paired ratio `<arm>_over_<ref>`, or LoRA's share `<arm>_share_pct`) as figure, value and its
     bootstrap 95 % interval (lo, hi), with the microseconds of its arm (op "layer" for the layer section's rows)."""
     rows = []
@@ -410,7 +412,7 @@ def window_counters(names: tuple[str, ...] = WINDOW_COMPARED, path: str | Path |
     return fold_counters_of(names, path)
 
 
-# The packed GEMM's expand (record_kernels_fold.py, section expand), three machines: exp_s1 (2b38260) and exp_s2
+# The packed GEMM's expand (studies/kernels/record_fold.py, section expand), three machines: exp_s1 (2b38260) and exp_s2
 # (3466e02) ran the loop, its L2 prefetch (`pf`), guarded steps without a loop (`un`), both (`unpf`), and exp_s2 two
 # slots per dot (`d64`); exp_s3 (6dc8b10) the loop, `d64` and the dense build on the plain alignment. The layer section
 # of exp_s2, exp_s3 and exp_s4 priced the per-shape fold table and the W1S shrink (`picked_all`) against the table
@@ -431,7 +433,8 @@ TILE_SESSIONS = ("exp_s7", "exp_s8")
 TILE_LAYER = (("exp_s7", "cand_all_over_picked"), ("exp_s8", "picked_all_over_prev"),
               ("exp_s9", "picked_all_over_prev"))
 # The down GEMM's wide build (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`: u and B_packed as columns past K
-# of the GEMM's own x and w), section wide of record_kernels_fold.py on two machines: wide_s1 (79f9e23) and wide_s2
+# of the GEMM's own x and w), section wide of studies/kernels/record_fold.py on two machines: wide_s1 (79f9e23) and
+# wide_s2
 # (0fd9eef; between them only the K predicates of a tail that is not a multiple of BLOCK_K, which no preset has).
 # wide_s1 also ran ncu (one launch each at M = 8192: the wide build beside the committed W1S packed path). The
 # 1000-case differential: wide_s2c (0fd9eef); wide_s1c at 79f9e23 failed 4 of 1000 on that tail (its files did not
@@ -469,7 +472,7 @@ PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 
 
 # gate_up's wide shrink with its blocks slot by slot (`lora_shrink_packed(slot_order=True)`), the shrink alone at
-# qwen3's gate_up (scripts/record_kernels_order.py, each arm a CUDA graph): ord_s2 (c6a3634) and ord_s3 (4293238),
+# qwen3's gate_up (studies/kernels/record_order.py, each arm a CUDA graph): ord_s2 (c6a3634) and ord_s3 (4293238),
 # two machines. The order given (`*_slot_over_expert`) is the same quantity in both; with its computation
 # (`*_slot_paid_over_expert`) ord_s2 ran the first order kernel (steps of 256 blocks, the keys gathered twice), ord_s3
 # the rebuilt one (one step). ord_s1 (d1abd34) ran eagerly (Triton's host time in every arm) with the order by torch
@@ -792,7 +795,7 @@ def load_counters(name: str = NCU_NOW_RUN, path: str | Path | None = None) -> pd
     d = Path(path) if path is not None else KERNELS_DIR
     f = d / f"{name}_kernels_base_ncu.csv"
     if not f.exists():
-        raise FileNotFoundError(f"no counters at {f}: scripts/record_kernels_base.py --ncu-run under ncu writes them")
+        raise FileNotFoundError(f"no counters at {f}: studies/kernels/record_base.py --ncu-run under ncu writes them")
     c = pd.read_csv(f)
     copy_gbps = json.loads((KERNELS_DIR / "kernels.meta.json").read_text())["copy_gbps"]
     c["dram_gbps"] = (c.dram_read_bytes + c.dram_write_bytes) / (c.duration_us * 1e3)
@@ -875,7 +878,8 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 # ------------------------------------------------------------------------------------------------
 # Persistent builds of the base GEMM and the down delta's pipelined expand (issue 24, twelfth session)
 # ------------------------------------------------------------------------------------------------
-# record_kernels_base.py --sections persist, in rounds: each round's arms against the tables its sessions ran with
+# studies/kernels/record_base.py --sections persist, in rounds: each round's arms against the tables its sessions ran
+# with
 # (round 2 with the tables round 1 adopted), the tables taking what qualified in every session of a round. Round 1:
 # two device sessions (603effa). Round 2: persist_s3 and persist_s4 (one device session, two runs; adopted from
 # them, ae11ba7) and persist_s5 (a fresh machine, against the tables before that adoption: prev_tables).
@@ -884,7 +888,7 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 PERSIST_ROUNDS = (("persist_s1", "persist_s2"), ("persist_s3", "persist_s4", "persist_s5"),
                   ("persist_s7", "persist_s8"))
 PERSIST_SESSIONS = PERSIST_ROUNDS[0]
-STAGES_SESSIONS = ("stages_s1", "stages_s2", "stages_s3")  # record_kernels_expand.py --sections sweep --candidates
+STAGES_SESSIONS = ("stages_s1", "stages_s2", "stages_s3")  # record_expand.py --sections sweep --candidates
 # stages (stages_s3 also times M = 64 and 128, and the down tile over 8 warps)
 
 

@@ -17,7 +17,7 @@ A kernel cannot beat the larger of two times: the fewest bytes it must move over
 and the arithmetic it must do over the measured matrix rate. `of_floor` = floor / time is the fraction of the
 hardware's reach a kernel takes (1.0 = at the roofline). A goal whose `goal_of_floor` nears or passes 1.0 asks
 for more than the machine does with its own copy engine and cuBLAS, and is not met by tuning. The ceilings are
-recorded by `scripts/record_kernels_expand.py` (`harness.copy_bandwidth`, `harness.matmul_rate`) in the meta of
+recorded by `studies/kernels/record_expand.py` (`harness.copy_bandwidth`, `harness.matmul_rate`) in the meta of
 each run that has them; the most generous (highest) of the sessions is used, so every demand is a lower bound.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ BF16_BYTES = 2
 # invocations on one machine) and the down sweep's sessions
 CEILING_RUNS = ("down_s1", "delta_random_s2", "down_s2")
 DOWN_SESSIONS = ("down_s1", "down_s2")
-DOWN_NCU_RUN = "down_s2"  # record_kernels_expand.py --ncu-run under ncu, in the down_s2 device call
+DOWN_NCU_RUN = "down_s2"  # studies/kernels/record_expand.py --ncu-run under ncu, in the down_s2 device call
 # round 2 (`--sections down_paired --candidates balance`, two fresh machines): the load-balance hypothesis (SPLIT_N 2,
 # 4) and BLOCK_N 256 at BLOCK_M 16, paired against the table; down_s3 also ran --ncu-run with the SMs' active cycles
 BALANCE_SESSIONS = ("down_s3", "down_s4")
@@ -51,7 +51,7 @@ def ceilings(names=CEILING_RUNS, path: str | Path | None = None) -> dict:
     for n in names:
         f = d / f"{n}_kernels_expand.meta.json"
         if not f.exists():
-            raise FileNotFoundError(f"no ceilings at {f}: record them with scripts/record_kernels_expand.py")
+            raise FileNotFoundError(f"no ceilings at {f}: record them with studies/kernels/record_expand.py")
         m = json.loads(f.read_text())
         if "matmul_tflops" not in m:
             raise ValueError(f"{f} has no matmul_tflops: it predates harness.matmul_rate")
@@ -129,12 +129,12 @@ def down_balance(names=BALANCE_SESSIONS, path: str | Path | None = None) -> pd.D
 
 def down_counters(name: str = DOWN_NCU_RUN, path: str | Path | None = None) -> pd.DataFrame:
     """ncu's counters of the down delta's table tile and `down` candidates (one launch each, `<name>_kernels_expand_
-    ncu.csv`, parsed by record_kernels_base.py --ncu-parse): duration under ncu (not a timing), DRAM % of peak,
+    ncu.csv`, parsed by studies/kernels/record_base.py --ncu-parse): duration under ncu (not a timing), DRAM % of peak,
     bytes over the byte floor, achieved occupancy, L2 hit rate, registers, the top stall and its cycles per issue."""
     d = Path(path) if path is not None else KERNELS_DIR
     f = d / f"{name}_kernels_expand_ncu.csv"
     if not f.exists():
-        raise FileNotFoundError(f"no counters at {f}: record_kernels_expand.py --ncu-run under ncu")
+        raise FileNotFoundError(f"no counters at {f}: studies/kernels/record_expand.py --ncu-run under ncu")
     c = pd.read_csv(f)
     return c[["preset", "M", "arm", "tile", "duration_us", "dram_pct_peak", "dram_bytes_over_floor",
               "achieved_occupancy_pct", "l2_hit_pct", "registers", "top_stall", "top_stall_ratio"]
@@ -208,7 +208,7 @@ def share_floors(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER, c: dict | 
     for name, arm in runs:
         f = d / f"{name}_kernels_fold.csv"
         if not f.exists():
-            raise FileNotFoundError(f"no layer recording at {f}: record_kernels_fold.py --sections layer")
+            raise FileNotFoundError(f"no layer recording at {f}: studies/kernels/record_fold.py --sections layer")
         p = json.loads((d / f"{name}_kernels_fold.meta.json").read_text())["params"]
         t = pd.read_csv(f)
         for r in t[t.section == "layer"].itertuples():
@@ -226,7 +226,7 @@ def share_floors(runs: tuple[tuple[str, str], ...] = COMMITTED_LAYER, c: dict | 
     return pd.DataFrame(rows)
 
 
-# scripts/record_kernels_parts.py's sessions, two machines. parts_s1 summed each kernel name's launches, so its base
+# studies/kernels/record_parts.py's sessions, two machines. parts_s1 summed each kernel name's launches, so its base
 # GEMMs are one part (`GEMMs`); parts_s2 keeps each launch's place: the base GEMM's gate_up, then its down.
 PARTS_SESSIONS = ("parts_s1", "parts_s2")
 BUSY, SPAN = "<busy>", "<span>"
@@ -265,7 +265,7 @@ def layer_parts(names=PARTS_SESSIONS, path: str | Path | None = None) -> pd.Data
     for n in names:
         f = d / f"{n}_kernels_parts.csv"
         if not f.exists():
-            raise FileNotFoundError(f"no layer parts at {f}: record them with scripts/record_kernels_parts.py")
+            raise FileNotFoundError(f"no layer parts at {f}: record them with studies/kernels/record_parts.py")
         t = pd.read_csv(f)
         occ = t["occurrence"] if "occurrence" in t else pd.Series([None] * len(t))
         t["part"] = [part_of(k, None if o is None or pd.isna(o) else int(o)) for k, o in zip(t.kernel, occ)]

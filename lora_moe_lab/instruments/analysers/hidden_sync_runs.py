@@ -1,4 +1,4 @@
-"""The recorded hidden-sync sessions (scripts/record_hidden_syncs.py -> data/hidden_syncs/), read: one
+"""The recorded hidden-sync sessions (studies/hidden_syncs/record.py -> data/hidden_syncs/), read: one
 row per pattern of recorders/hidden_syncs.py over the sessions (notebook 07, the audit plots)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recorded production-setting sessions (scripts/record_production.py -> data/production/signature_<s>/),
+"""The recorded production-setting sessions (studies/production/record.py -> data/production/signature_<s>/),
 read once for the README, notebook 06 and the tests: one loader, one combination rule.
 
     load_sessions()          -> dict session -> Session(summary, rows, forwards, syncs, meta)
@@ -36,7 +36,7 @@ class Session:
     forwards: pd.DataFrame  # profiled steady forwards, per task and guard (signature.per_forward)
     syncs: pd.DataFrame  # per sync of those forwards (signature.per_sync)
     meta: dict
-    clocks: pd.DataFrame | None = None  # nvidia-smi samples every 100 ms (scripts/record_production.py: ClockLog)
+    clocks: pd.DataFrame | None = None  # nvidia-smi samples every 100 ms (studies/production/record.py: ClockLog)
 
 
 def _cat(files) -> pd.DataFrame:

@@ -14,7 +14,7 @@ The recording holds every repetition (one row per sample), not only a median: th
 interleaved (each repetition runs every variant back to back in a rotating order, each from an
 idle GPU), so the difference of two variants within one repetition is a paired measurement.
 
-Warm-up (scripts/record_guards.py records it; `warmup_check` is the rule): every arm's
+Warm-up (studies/guards/record.py records it; `warmup_check` is the rule): every arm's
 repetitions are checked with `stats.drop_warmup`; the largest leading drift over the arms is
 dropped from all of them, so the pairs stay pairs (`warmup_drift` marks those rows; they stay in
 the file). A point where any arm never settles has `status` "unstable": its figures are NaN, not
@@ -314,7 +314,7 @@ class Recording:
 
 def _read_one(path: Path, check_warmup: bool) -> tuple[pd.DataFrame, dict]:
     if not path.exists():
-        raise FileNotFoundError(f"no recording at {path}: scripts/record_guards.py writes it on a GPU")
+        raise FileNotFoundError(f"no recording at {path}: studies/guards/record.py writes it on a GPU")
     df = pd.read_csv(path)
     missing = set(SAMPLE_COLUMNS) - set(df.columns)
     if missing:
@@ -335,7 +335,7 @@ def session_files(folder: str | Path = GUARDS_DIR) -> list[Path]:
 
 
 def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_warmup: bool = False) -> Recording:
-    """The canonical guards recording, or another written by scripts/record_guards.py.
+    """The canonical guards recording, or another written by studies/guards/record.py.
 
     path None: data/guards/. A folder: its session files (`*_guards_s*.csv`) together, one
     session each; with none, its one `*_guards.csv` (the archived recording). A file: that file.
@@ -348,13 +348,13 @@ def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_
         if p.is_dir():
             files = session_files(p) or sorted(p.glob("*_guards.csv"))
             if len(files) != 1 and not session_files(p):
-                raise FileNotFoundError(f"no recording in {p}: scripts/record_guards.py writes "
+                raise FileNotFoundError(f"no recording in {p}: studies/guards/record.py writes "
                                         f"{p}/<gpu>_guards_<session>.csv on a GPU" if not files else
                                         f"{p} holds {len(files)} recordings without a session: pass one file")
         else:
             files = [p]
     if not files:
-        raise FileNotFoundError("no recording given: scripts/record_guards.py writes one on a GPU")
+        raise FileNotFoundError("no recording given: studies/guards/record.py writes one on a GPU")
     read = [_read_one(f, check_warmup) for f in files]
     if len(read) == 1:
         df, meta = read[0]
@@ -371,7 +371,7 @@ def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_
                      parents.pop() if len(parents) == 1 else files[0], files)
 
 # ----------------------------------------------------------------------------------------------
-# The graph-strategies recording (scripts/record_graphs.py -> data/graphs/strategies_*)
+# The graph-strategies recording (studies/graphs/record.py -> data/graphs/strategies_*)
 GRAPHS_DIR = DATA / "graphs"
 STRATEGY_KEYS = ["model", "tokens", "requests", "tokens_per_request", "active"]
 
@@ -423,7 +423,7 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
     files = {n: d / f"strategies_{n}.csv" for n in ("capture", "replay", "switches")}
     for f in files.values():
         if not f.exists():
-            raise FileNotFoundError(f"no recording at {f}: scripts/record_graphs.py writes it on a GPU")
+            raise FileNotFoundError(f"no recording at {f}: studies/graphs/record.py writes it on a GPU")
     mp = d / "strategies.meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     frames = [_renamed_strategies(pd.read_csv(f)) for f in files.values()]
@@ -442,7 +442,7 @@ def _renamed_strategies(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernel runs of scripts/record_kernels_expand.py (data/kernels/expand_run*): tiles, bandwidth, LoRA's share
+# The kernel runs of studies/kernels/record_expand.py (data/kernels/expand_run*): tiles, bandwidth, LoRA's share
 KERNELS_DIR = DATA / "kernels"
 # The canonical kernel runs, each named once (data/kernels/README.md says which figure reads which):
 CANONICAL_KERNEL_RUN = "expand_run7"  # the code as it is: check, deltas, exit floors, the layer paired, the path
@@ -486,11 +486,11 @@ class KernelRun:
 
 
 def load_kernel_run(name: str = CANONICAL_KERNEL_RUN, path: str | Path | None = None) -> KernelRun:
-    """One run of scripts/record_kernels_expand.py: `name`_kernels_expand.csv and its .meta.json in data/kernels."""
+    """One run of studies/kernels/record_expand.py: `name`_kernels_expand.csv and its .meta.json in data/kernels."""
     d = Path(path) if path is not None else KERNELS_DIR
     f = d / f"{name}_kernels_expand.csv"
     if not f.exists():
-        raise FileNotFoundError(f"no recording at {f}: scripts/record_kernels_expand.py writes it on a GPU")
+        raise FileNotFoundError(f"no recording at {f}: studies/kernels/record_expand.py writes it on a GPU")
     mp = d / f"{name}_kernels_expand.meta.json"
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
     return KernelRun(pd.read_csv(f), meta, name)

@@ -279,7 +279,7 @@ def load_sweep(path: str | os.PathLike):
 
 def normalize_sweep(df, meta: dict | None = None):
     """A recorded timing table in this module's row schema. The side-by-side script
-    (scripts/record_guards.py) writes one row per (M, active, variant) where variant is a guard
+    (studies/guards/record.py) writes one row per (M, active, variant) where variant is a guard
     or 'graph' (a replay of the cpu_flag capture); this renames and derives the key columns. Rows
     already in the sweep schema pass through unchanged."""
     import pandas as pd

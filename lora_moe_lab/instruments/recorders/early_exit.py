@@ -187,7 +187,7 @@ def check_against_reference(case: Case, out: torch.Tensor, tol: float) -> dict:
 # What an all-disabled launch costs
 # ------------------------------------------------------------------------------------------------
 def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.DataFrame | None, dict]:
-    """The figures written by scripts/record_kernels.py (data/kernels): an all-disabled gate_up LoRA
+    """The figures written by studies/kernels/record.py (data/kernels): an all-disabled gate_up LoRA
     launch vs an empty Triton kernel, CUDA-graph replay, per preset and M, with the enabled launch's
     time beside it. `kernels.csv` is the current kernel (grid "current"); files named
     `earlier_<commit>_kernels.csv` are older kernels (grid "earlier <commit>"). Returns (rows, the

@@ -178,8 +178,8 @@ def pack_session(work, out, name: str, meta: dict, t0: float, **extra) -> None:
 
 
 def session_parser(doc: str, out: str, reps: int, minutes: float, tasks: list[str]):
-    """The flags every session recording shares (scripts/record_production.py,
-    record_tp_emulation.py): --session, --out, --reps, --minutes, --tasks, --smoke."""
+    """The flags every session recording shares (studies/production/record.py,
+    studies/tp_emulation/record.py): --session, --out, --reps, --minutes, --tasks, --smoke."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

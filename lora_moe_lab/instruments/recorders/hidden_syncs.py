@@ -1,6 +1,6 @@
 """The hidden syncs serving engines shipped, as runnable patterns: each an original forward that
 syncs, and its sync-free rewrite with the same output. Notebook 07, its tests and
-scripts/record_hidden_syncs.py all read PATTERNS; the recorded sessions are read by
+studies/hidden_syncs/record.py all read PATTERNS; the recorded sessions are read by
 analysers/hidden_sync_runs.py.
 
     case = build("lora_guard", Size.smoke(), "cpu")

@@ -1,5 +1,5 @@
-"""The inputs and timed cases the kernel recordings share (scripts/record_kernels_decode.py,
-record_kernels_expand.py, record_kernels_fused.py): LoRA weights and input sets at a preset, the
+"""The inputs and timed cases the kernel recordings share (studies/kernels/record_decode.py,
+studies/kernels/record_expand.py, studies/kernels/record_fused.py): LoRA weights and input sets at a preset, the
 decode kernel's random differential against float64, the whole LoRA path of a layer at decode sizes
 (today's aligned path against the decode path, with the all-disabled exit against same-grid empty
 kernels), and one MoE layer with and without LoRA. Rows go to harness.ROWS.
@@ -168,7 +168,7 @@ def down_candidates(table) -> list:
     more programs per SM, each with half the `out` bytes in flight), BLOCK_K 32 on the shrink (a smaller x tile),
     a register cap of 168 (3 programs of 4 warps per SM; the compiler may spill), 4 stages at BLOCK_N 64, and BLOCK_N
     64 on a grid of 5 programs per SM (at BLOCK_M 16 its 101 registers fit 5). Static compile with Triton 3.6
-    (scripts/kernel_resources.py, qwen3): at BLOCK_M 64 the table's tile holds 254 registers (2 programs per SM),
+    (studies/kernels/resources.py, qwen3): at BLOCK_M 64 the table's tile holds 254 registers (2 programs per SM),
     BLOCK_N 64 160 (3), the cap 168 spills 200 B; at BLOCK_M 16 166 (3) against 101 (5) and BLOCK_K 32 128 (4).
     Timed (data/kernels/down_s1, down_s2) every candidate lost to the table but BLOCK_N 64 at qwen3 M = 4096
     (0.98x, unpaired), and ncu saw occupancy rise while DRAM throughput fell (analysers/floors.py: down_counters).
@@ -190,7 +190,7 @@ def balance_candidates(table, block_m: int) -> list:
       4 cut each item's columns into smaller items (more of them, each re-running the shrink: x read 2-4 times);
     * bytes in flight at BLOCK_M 16 (M = 1024): a 16 x 128 `out` tile is 4 KB, so 3 programs with 2 tiles ahead hold
       24 KB of `out` reads per SM, about what Little's law asks at 4.2 TB/s (~25 KB a SM for ~0.8 us). BLOCK_N 256
-      over 8 warps (alone and split in 2) holds 32 KB (Triton 3.6, scripts/kernel_resources.py: 128 registers, 53 KB,
+      over 8 warps (alone and split in 2) holds 32 KB (Triton 3.6, studies/kernels/resources.py: 128 registers, 53 KB,
       2 programs per SM).
     At BLOCK_M 64 the table already holds 64 KB a SM, so there BLOCK_N 64 (0.98x at qwen3 M = 4096 in round 1) runs
     beside the split instead. ncu's sm__cycles_active avg / max over the SMs reads the imbalance."""

@@ -1,4 +1,4 @@
-"""Named builds of the base MoE GEMM's tile for the recording scripts and scripts/kernel_resources.py (one home:
+"""Named builds of the base MoE GEMM's tile for the recording scripts and studies/kernels/resources.py (one home:
 a script may not import another): the tile's one-token name, and the arms of record_kernels_base's `persist`
 section. Host-side config objects only; nothing here launches a kernel.
 """
@@ -48,7 +48,7 @@ def cfg_str(bm, cfg: GemmConfig) -> str:
 
 def programs_per_sm(res, warps) -> int:
     """Programs of `warps` warps one H100/H200 SM holds with a build's static resources (res: regs a thread, shared
-    bytes; scripts/kernel_resources.py reads them from the cubin): 64K registers, 228 KB of shared memory (1 KB
+    bytes; studies/kernels/resources.py reads them from the cubin): 64K registers, 228 KB of shared memory (1 KB
     reserved per program), 64 warps."""
     by_regs = 65536 // (max(res["regs"], 1) * 32 * warps)
     by_smem = (228 * 1024) // (res["shared"] + 1024) if res["shared"] else 64
@@ -83,7 +83,7 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     """arm -> GemmConfig at the table's BLOCK_M: the table's tile (with TMA where it lacks it) in a persistent grid
     (1 program per SM at 8 warps, 3 at 4 warps), with and without the flattened loop, and one narrower or wider
     tile persistent and flattened; `early`: the table's tile with the epilogue's gathers issued before the K loop.
-    Compiled for sm_90 offline (scripts/kernel_resources.py, Triton 3.6), the persistent loop costs 19-75 more
+    Compiled for sm_90 offline (studies/kernels/resources.py, Triton 3.6), the persistent loop costs 19-75 more
     registers a thread than one program per tile, and the flattened one up to 255 with a few spilled bytes and
     32 KB more shared memory; where the table's tile fits two programs of 8 warps (BLOCK_N 128), the loop alone
     drops that to one, so `p2_cap128` caps the registers at 128 (no spill there) to keep two.
@@ -91,7 +91,7 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     Where the alignment's BLOCK_M is 128 at 8 warps, the `m64` arms split each block into two sub-blocks of 64 rows
     (config sub_m; the same alignment): the 128 x 256 tile's 3 stages hold 144-176 KB of shared memory and 255
     registers a thread at TP=4 down (one program per SM, top stall `wait`, base_s5), where a static compile (Triton
-    3.6, scripts/kernel_resources.py) puts bm64/bn256/bk64/w8/s2, persistent and flattened, at 124 registers and 96
+    3.6, studies/kernels/resources.py) puts bm64/bn256/bk64/w8/s2, persistent and flattened, at 124 registers and 96
     KB: two programs per SM. `m64_p2_pf` is that build, `m64_p2` the same loop unflattened (127 registers, 80 KB: 2),
     `m64` a program per tile with 2 stages (98 registers, 80 KB: 2). The tables took `m64_p2_pf` at TP=4 down (round
     2); its warps now wait on loads (`long_scoreboard`) at 45 % of DRAM peak, so two more arms put more programs, each

@@ -26,11 +26,11 @@ def once_per_arm(time_interleaved):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
-                    "recording itself runs (scripts/record_kernels_base.py)")
+                    "recording itself runs (studies/kernels/record_base.py)")
 def test_dry_run_writes_every_section(tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "_DRY", False)  # restored after: the dry run switches the harness to dry
     monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)  # the dry run stubs it
-    rb = load_script("record_kernels_base")
+    rb = load_script("studies.kernels.record_base")
     monkeypatch.setattr(rb, "time_interleaved", once_per_arm(rb.time_interleaved))
     rb.main(["--out", str(tmp_path), "--dry", "--reps", "10"])
     rows = list(csv.DictReader(open(tmp_path / "kernels_base.csv")))
@@ -39,7 +39,7 @@ def test_dry_run_writes_every_section(tmp_path, monkeypatch):
 
 
 def test_ncu_parse_matches_targets_in_launch_order(tmp_path):
-    rb = load_script("record_kernels_base")
+    rb = load_script("studies.kernels.record_base")
     head = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
             "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
             "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"]
@@ -340,7 +340,7 @@ def test_counters_per_kernel():
 
 
 def test_ncu_parse_names_the_shrink_kernel(tmp_path):
-    rb = load_script("record_kernels_base")
+    rb = load_script("studies.kernels.record_base")
     with open(tmp_path / "raw.csv", "w", newline="") as fh:
         w = csv.writer(fh, quoting=csv.QUOTE_ALL)
         for r in [["ID", "Kernel Name", "gpu__time_duration.sum"], ["", "", "nsecond"],
@@ -356,11 +356,11 @@ def test_ncu_parse_names_the_shrink_kernel(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
-                    "recording itself runs (scripts/record_kernels_fold.py)")
+                    "recording itself runs (studies/kernels/record_fold.py)")
 def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "_DRY", False)
     monkeypatch.setattr(torch.cuda, "synchronize", torch.cuda.synchronize)
-    rf = load_script("record_kernels_fold")
+    rf = load_script("studies.kernels.record_fold")
     rf.main(["--out", str(tmp_path), "--dry", "--sections", "check"])
     rows = [r for r in csv.DictReader(open(tmp_path / "kernels_fold.csv")) if r["section"] == "check"]
     rnd = [r for r in rows if r["op"].startswith("random")]
@@ -371,7 +371,7 @@ def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
 def test_fold_arm_ptxas_refuses_is_left_out_not_the_preset():
     """fold_s5: a register cap of 128 did not compile at M >= 1024 (ptxas C7602) and took the rest of the
     preset's kernel points with it; such an arm is now left out of its point, any other error still raises."""
-    rf = load_script("record_kernels_fold")
+    rf = load_script("studies.kernels.record_fold")
 
     class PTXASError(RuntimeError):
         pass

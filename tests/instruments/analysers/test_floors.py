@@ -46,7 +46,7 @@ def test_goal_floors_demand_scales_with_the_goal():
 
 
 def test_ceilings_name_what_is_missing(tmp_path):
-    with pytest.raises(FileNotFoundError, match="record_kernels_expand.py"):
+    with pytest.raises(FileNotFoundError, match="studies/kernels/record_expand.py"):
         fl.ceilings(("nope",), tmp_path)
     (tmp_path / "old_kernels_expand.meta.json").write_text(json.dumps(dict(copy_gbps=4000.0)))
     with pytest.raises(ValueError, match="no matmul_tflops"):
@@ -119,7 +119,7 @@ def test_the_share_goals_at_1024_ask_for_less_than_the_adapters_own_bytes():
     assert (small.goal_of_floor > 1.2).all() and (large.goal_of_floor < 0.7).all()
     assert (s.added_over_floor > 1.0).all() and (s.floor_share_pct > s.weights_share_pct).all()
     assert s[s.M < 1024].goal_pct.isna().all()
-    with pytest.raises(FileNotFoundError, match="record_kernels_fold.py"):
+    with pytest.raises(FileNotFoundError, match="studies/kernels/record_fold.py"):
         fl.share_floors((("nope", "picked"),), C)
 
 
@@ -143,7 +143,7 @@ def test_layer_parts_group_and_subtract(tmp_path):
     p = fl.layer_parts(("x",), tmp_path).set_index("part")
     assert p.loc["GEMM down", "added_us"] == 20.0 and p.loc["LoRA shrink", "lora_us"] == 25.0
     assert p.loc["LoRA shrink", "base_us"] == 0.0 and p.loc["<busy>", "added_us"] == 55.0
-    with pytest.raises(FileNotFoundError, match="record_kernels_parts.py"):
+    with pytest.raises(FileNotFoundError, match="studies/kernels/record_parts.py"):
         fl.layer_parts(("nope",), tmp_path)
 
 

@@ -27,5 +27,5 @@ def test_recording_summary_table_and_figure():
 
 
 def test_missing_recording_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="scripts/record_graphs.py"):
+    with pytest.raises(FileNotFoundError, match="studies/graphs/record.py"):
         load_graph_strategies(tmp_path)

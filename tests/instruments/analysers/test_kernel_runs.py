@@ -1,4 +1,4 @@
-"""The kernel-run loader (scripts/record_kernels_expand.py recordings): sections, LoRA's share against its byte
+"""The kernel-run loader (studies/kernels/record_expand.py recordings): sections, LoRA's share against its byte
 floor computed from the run's own rows, named errors; and the two figures notebook 02 draws from it."""
 import json
 
@@ -39,7 +39,7 @@ def test_share_floor_from_the_table_rows(tmp_path):
 
 
 def test_named_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="record_kernels_expand.py"):
+    with pytest.raises(FileNotFoundError, match="studies/kernels/record_expand.py"):
         load_kernel_run("nope", tmp_path)
     with pytest.raises(ValueError, match="no section 'floor'"):
         _write(tmp_path).section("floor")
@@ -66,9 +66,9 @@ def test_the_committed_final_run_loads():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording runs 1000")
 def test_random_delta_differential_covers_every_expand_build(monkeypatch):
-    # record_kernels_expand.py --sections random: every build of the expand loop (Triton's pipeliner, the hand
+    # studies/kernels/record_expand.py --sections random: every build of the expand loop (Triton's pipeliner, the hand
     # prefetch, the cap) against float64 with untouched rows bit-exact, on the CPU interpreter in float32.
-    re_ = load_script("record_kernels_expand")
+    re_ = load_script("studies.kernels.record_expand")
     monkeypatch.setattr(re_, "BF", torch.float32)
     monkeypatch.setattr(harness, "_DRY", True)  # small M under the interpreter
     monkeypatch.setattr(harness, "ROWS", [])
@@ -82,11 +82,12 @@ def test_random_delta_differential_covers_every_expand_build(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
 def test_down_candidates_are_checked_against_float64(monkeypatch):
-    # record_kernels_expand.py --candidates down: every candidate of the down delta (narrower tiles, the register
+    # studies/kernels/record_expand.py --candidates down: every candidate of the down delta (narrower tiles, the
+    # register
     # cap, 4 stages) is in the check's list and computes the delta against float64 with untouched rows bit-exact.
     from lora_moe_lab.instruments.recorders import kernel_cases as kc
 
-    re_ = load_script("record_kernels_expand")
+    re_ = load_script("studies.kernels.record_expand")
     for mod in (re_, kc):
         monkeypatch.setattr(mod, "BF", torch.float32)
     monkeypatch.setattr(kc, "RANK", 8)

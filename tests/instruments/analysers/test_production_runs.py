@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
     out = tmp_path_factory.mktemp("sig")
-    script = load_script("record_production")
+    script = load_script("studies.production.record")
     for s in ("s1", "s2"):
         assert script.main(["--smoke", "--session", s, "--out", str(out / "dev"), "--tasks", "prodlike_C16384"]) == 0
         with tarfile.open(out / "dev" / f"signature_{s}.tar.gz") as t:
@@ -94,7 +94,7 @@ def test_a_sessions_clock_log_is_not_read_as_rows(tmp_path):
 def test_smoke_calibration_survives_a_floor_above_the_target(monkeypatch):
     # A GPU shared with other work (the suite under pytest-xdist) can put the back-to-back syncs' round trip above
     # production's later-sync target: --smoke records why and adds no host work; a real run stops with the error.
-    script = load_script("record_production")
+    script = load_script("studies.production.record")
 
     def unreachable(*a, **k):
         raise ValueError("a later-sync mean of 115.83 us is below this forward's floor (218 us: round trips)")

@@ -283,14 +283,14 @@ def test_profile_forwards(tmp_path, suffix):
     assert len(t2.forwards) == 1 and t2.forwards.loc[0, "name"] == T.FORWARD_WRAPPER
 
 
-# --- recorded GPU traces (data/traces/, written by scripts/record_traces.py) --------------------
+# --- recorded GPU traces (data/traces/, written by studies/traces/record.py) --------------------
 RECORDED = sorted(glob.glob(os.path.join(ROOT, "data", "traces", "*.json.gz")))
 
 
 @pytest.mark.parametrize("path", RECORDED or [None], ids=[os.path.basename(p) for p in RECORDED] or ["none"])
 def test_recorded_traces(path):
     if path is None:
-        pytest.skip("no recorded traces in data/traces/ (run scripts/record_traces.py on a GPU)")
+        pytest.skip("no recorded traces in data/traces/ (run studies/traces/record.py on a GPU)")
     assert os.path.getsize(path) < 1_000_000
     meta_path = path[: -len(".json.gz")] + ".meta.json"
     with open(meta_path) as f:
@@ -388,9 +388,9 @@ def test_tables_to_doc_roundtrip(hand, tmp_path):
 
 
 def test_gpu_traces_script_smoke(tmp_path, capsys):
-    """scripts/record_traces.py end to end on the tiny preset (eager only without a GPU)."""
+    """studies/traces/record.py end to end on the tiny preset (eager only without a GPU)."""
     pytest.importorskip("lora_moe_lab.model.lab")
-    spec = importlib.util.spec_from_file_location("record_traces", os.path.join(ROOT, "scripts", "record_traces.py"))
+    spec = importlib.util.spec_from_file_location("record_traces", os.path.join(ROOT, "studies", "traces", "record.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rc = mod.main(["--out", str(tmp_path), "--preset", "tiny", "--layers", "2", "--tokens", "4",

@@ -1,4 +1,4 @@
-"""scripts/record_guards.py end to end with tiny settings (any machine; CPU: the torch backend,
+"""studies/guards/record.py end to end with tiny settings (any machine; CPU: the torch backend,
 wall-clock timing): two sessions written, read back and pooled; every repetition kept in the
 file, the warm-up verdict per point, metadata without machine paths; bad arguments refused."""
 import json
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script("record_guards")
+    return load_script("studies.guards.record")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""scripts/record_hidden_syncs.py --smoke on the CPU: a CSV and its metadata, the reader reads them."""
+"""studies/hidden_syncs/record.py --smoke on the CPU: a CSV and its metadata, the reader reads them."""
 
 import json
 import shutil
@@ -11,7 +11,7 @@ from lora_moe_lab.instruments.analysers import hidden_sync_runs
 
 
 def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
-    mod = load_script("record_hidden_syncs")
+    mod = load_script("studies.hidden_syncs.record")
     assert (
         mod.main(["--smoke", "--out", str(tmp_path), "--reps", "10", "--only", "offsets_item", "mask_index"])
         == 0
@@ -29,7 +29,7 @@ def test_smoke_run_writes_csv_meta_and_is_read(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    mod = load_script("record_hidden_syncs")
+    mod = load_script("studies.hidden_syncs.record")
     for argv in (["--smoke", "--session", "one"], ["--smoke", "--reps", "5"], ["--smoke", "--only", "nope"]):
         with pytest.raises(SystemExit):
             mod.main(argv + ["--out", str(tmp_path)])

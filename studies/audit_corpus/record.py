@@ -1,0 +1,174 @@
+"""Recording: the sync audit on transformers' eager MoE forwards on a GPU, and a rewrite priced before
+it is measured (data/audit_corpus/, README there).
+
+For each model (random init, bf16, `--tokens` tokens, transformers' eager per-expert loop):
+  1. audit: the audit's count against torch's sync debug mode, its kinds (0 `other`), every row's
+     site in transformers (section "audit", one row per line and kind in section "sites");
+  2. predict: ONE plain profiled forward (no audit modes: their Python overhead would inflate the
+     host's gaps), its blocking runtime calls matched in order to the audit's syncs; the replay engine
+     removes the syncs that the rewrite removes (every expert-loop sync but one per layer: the hoisted
+     loop keeps one `.tolist()` where the eager loop has its `nonzero`) and predicts the saving;
+  3. measure: eager against the rewrite (lora_moe_lab/instruments/recorders/expert_loop.py), unprofiled,
+     interleaved and paired, `--warmup` pairs checked for drift then `--reps` pairs; the saving is the
+     median paired difference with its percentile bootstrap 95 % interval; the outputs bit-equal.
+
+    python studies/audit_corpus/record.py --out data/audit_corpus --session s1
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from lora_moe_lab.instruments.analysers import stats
+from lora_moe_lab.instruments.recorders import expert_loop
+from lora_moe_lab.audit import audit
+from lora_moe_lab.instruments.recorders.profiling import profile_forwards
+from lora_moe_lab.instruments.recorders.timing import rotated, time_once
+from lora_moe_lab.provenance import metadata
+from lora_moe_lab.sim import replay_transforms as RT
+from lora_moe_lab.sim.replay import SYNC, build_graph, replay
+
+MODELS = {
+    # the issue's shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts, top-8, moe intermediate 768), 4 layers
+    "qwen3_moe": dict(layers=4, experts=128, top_k=8, hidden=2048, inter=768),
+    "olmoe": dict(layers=4, experts=64, top_k=8, hidden=2048, inter=1024),
+}
+
+
+def build(name: str, tokens: int, seed: int = 0):
+    import transformers as tf
+
+    p = MODELS[name]
+    common = dict(vocab_size=4096, hidden_size=p["hidden"], num_hidden_layers=p["layers"], num_attention_heads=32,
+                  num_key_value_heads=4, max_position_embeddings=max(4096, tokens), num_experts_per_tok=p["top_k"])
+    if name == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(**common, head_dim=128, intermediate_size=6144, moe_intermediate_size=p["inter"],
+                                num_experts=p["experts"], decoder_sparse_step=1)
+        model_cls, experts_cls = tf.Qwen3MoeForCausalLM, tf.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts
+    else:
+        cfg = tf.OlmoeConfig(**common, intermediate_size=p["inter"], num_experts=p["experts"])
+        model_cls, experts_cls = tf.OlmoeForCausalLM, tf.models.olmoe.modeling_olmoe.OlmoeExperts
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_cls(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed)).cuda()
+
+    @torch.no_grad()
+    def fwd():
+        return model(ids, use_cache=False).logits
+
+    return model, fwd, experts_cls
+
+
+def predicted_saving(rep, fwd, experts_file: str, nonzero_line: int):
+    """The replay's saving of removing the rewrite's syncs, from one plain profiled forward."""
+    tables = profile_forwards(fwd, n_warmup=1, n_active=1)
+    g = build_graph(tables, forward=0)
+    sync_idx = np.nonzero(g.host["kind"] == SYNC)[0]
+    events = sorted((e for e in rep.events if e.rep == 0), key=lambda e: e.t_ns)
+    note = f"{len(sync_idx)} blocking runtime calls in the trace, {len(events)} syncs in the audit"
+    if len(sync_idx) != len(events):
+        return float("nan"), float(replay(g).step_ns[0]) / 1e3, note + ": cannot match them in order"
+    keep = f"{experts_file}:{nonzero_line}"
+    removed = [i for i, e in enumerate(events) if e.site.startswith(experts_file + ":") and e.site != keep]
+    base = float(replay(g).step_ns[0])
+    after = float(replay(RT.remove_syncs(g, which="all", calls=sync_idx[removed])).step_ns[0])
+    return (base - after) / 1e3, base / 1e3, note + f"; {len(removed)} removed"
+
+
+def measure(model, fwd, warmup: int, reps: int):
+    impls = {"eager": "eager", "hoisted": expert_loop.register()}
+
+    def arm(impl):
+        def run():
+            model.config._experts_implementation = impl
+            return fwd()
+        return run
+
+    fns = {k: arm(v) for k, v in impls.items()}
+    got = {k: [] for k in fns}
+    for r in range(warmup + reps):
+        for k in rotated(list(fns), r):
+            got[k].append(time_once(fns[k], True)[0])
+    check = stats.warmup_check({k: v[warmup:] for k, v in got.items()}) if reps else None
+    a = np.array(got["eager"][warmup + check.dropped:])
+    b = np.array(got["hoisted"][warmup + check.dropped:])
+    est, lo, hi = stats.bootstrap_paired(a, b, "median_diff")
+    model.config._experts_implementation = "eager"
+    return dict(eager_us=float(np.median(a)), hoisted_us=float(np.median(b)), saving_us=est, lo_us=lo, hi_us=hi,
+                n=len(a), warmup_note=check.note, warmup_ok=check.stable)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--session", required=True)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--models", default=",".join(MODELS))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("record_audit_corpus needs a CUDA GPU (it times transformers' forwards on it)")
+    import inspect
+
+    import transformers
+
+    os.makedirs(a.out, exist_ok=True)
+    meta = metadata(dict(vars(a), transformers=transformers.__version__))
+    root = os.path.dirname(os.path.dirname(transformers.__file__))
+    rows, sites = [], []
+    for name in a.models.split(","):
+        t0 = time.time()
+        model, fwd, ecls = build(name, a.tokens)
+        y0 = fwd()
+        rep = audit(fwd, warmup=1, reps=1, profile=False, focus="transformers")
+        experts_file = os.path.relpath(inspect.getsourcefile(ecls), root).replace(os.sep, "/")
+        lines, first = inspect.getsourcelines(ecls.forward)
+        nonzero_line = next(i for i, l in enumerate(lines, first) if ".nonzero()" in l)
+        t = rep.table()
+        for r in t.itertuples():
+            sites.append(dict(session=a.session, model=name, site=r.site, function=r.function, kind=r.kind,
+                              count=r.count_per_call, torch_count=r.torch_count, code=r.code))
+        pred, base_replay_us, note = predicted_saving(rep, fwd, experts_file, nonzero_line)
+        model.config._experts_implementation = expert_loop.register()
+        y1 = fwd()
+        after = audit(fwd, warmup=0, reps=1, profile=False)
+        model.config._experts_implementation = "eager"
+        m = measure(model, fwd, a.warmup, a.reps)
+        rows.append(dict(
+            session=a.session, model=name, tokens=a.tokens, layers=MODELS[name]["layers"],
+            experts=MODELS[name]["experts"], rewrite="hoisted expert loop (one .tolist() per layer)",
+            syncs_before=rep.count, torch_count_before=rep.torch_count, other=rep.kinds.get("other", 0),
+            sites_in_transformers=bool(all(s.startswith("transformers/") for s in rep.sites)),
+            syncs_after=after.count, outputs_equal=bool(torch.equal(y0, y1)),
+            predicted_saving_us=pred, replay_base_us=base_replay_us, predict_note=note,
+            measured_saving_us=m["saving_us"], measured_lo_us=m["lo_us"], measured_hi_us=m["hi_us"],
+            eager_us=m["eager_us"], hoisted_us=m["hoisted_us"], reps=m["n"], warmup_ok=m["warmup_ok"],
+            warmup_note=m["warmup_note"], interval="percentile bootstrap 95 % of the paired median difference",
+            pred_error_pct=100 * (pred / m["saving_us"] - 1) if m["saving_us"] else float("nan"),
+            halfwidth_pct=100 * (m["hi_us"] - m["lo_us"]) / 2 / m["saving_us"] if m["saving_us"] else float("nan"),
+            gpu=meta["gpu"], driver=meta["driver"], commit=meta["commit"], dirty=meta["dirty"],
+            date=meta["date"], transformers=transformers.__version__,
+            seconds=round(time.time() - t0, 1)))
+        print(json.dumps(rows[-1], default=str), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    for fname, rs in ((f"priced_{a.session}.csv", rows), (f"sites_{a.session}.csv", sites)):
+        with open(os.path.join(a.out, fname), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rs[0]))
+            w.writeheader()
+            w.writerows(rs)
+    with open(os.path.join(a.out, f"priced_{a.session}.meta.json"), "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
