@@ -58,7 +58,7 @@ def test_paired_lost_per_sync_and_labels(tmp_path):
 def test_wrong_schema_and_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="studies/guards/record.py"):
         load_guards(tmp_path / "none.csv")
-    with pytest.raises(FileNotFoundError, match="record_guards"):
+    with pytest.raises(FileNotFoundError, match="studies/guards/record.py"):
         load_guards(tmp_path)  # a folder without any recording
     bad = tmp_path / "bad.csv"
     pd.DataFrame(dict(preset=["tiny"], median_us=[1.0])).to_csv(bad, index=False)
