@@ -10,14 +10,14 @@
 
 The audit itself (instruments/recorders/audit.py) detects and times; the price of removing a site's
 syncs comes from the replay engine (sim/sync_savings.py), a layer above it. This module sits above
-both and hands the one to the other, so no import points back down-to-up.
+both and hands the one to the other, and every import points down.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .instruments.recorders.audit import AuditError, AuditReport, FocusError, SpecError, _inputs, resolve
+from .instruments.recorders.audit import AuditError, AuditReport, FocusError, SpecError, call_args, resolve
 from .instruments.recorders.audit import audit as _audit
 from .sim.sync_savings import estimate
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     try:
         fn = resolve(a.callable)
         factory = resolve(a.inputs, "inputs") if a.inputs else None
-        args, kw = _inputs(factory)
+        args, kw = call_args(factory)
     except SpecError as e:
         print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

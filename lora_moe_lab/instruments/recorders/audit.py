@@ -493,7 +493,7 @@ def resolve(spec: str, what: str = "callable"):
     return obj
 
 
-def _inputs(factory) -> tuple[tuple, dict]:
+def call_args(factory) -> tuple[tuple, dict]:
     """A factory's result as call arguments: a tuple -> *args, a dict -> **kwargs, (tuple, dict) ->
     both, anything else -> one argument."""
     v = factory() if factory is not None else ()
