@@ -5,6 +5,8 @@
     DATA                    -> the repository's data/ folder (the one place recordings live)
     normalize_meta(d)       -> a recorded dict in this schema (older files used git_commit/date_utc)
     label(meta)             -> "H200 · commit 1c65309 · 2026-11-29" for a figure's caption
+    catalog(name)           -> the file(s) a logical name stands for (data/catalog.json): the one way the
+                               package finds a recording it is not handed
 
 No hostname is recorded. The commit is read from .git directly (no git binary needed); the
 GIT_COMMIT environment variable wins, for a copied tree on a GPU machine that has no .git.
@@ -12,6 +14,7 @@ GIT_COMMIT environment variable wins, for a copied tree on a GPU machine that ha
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import shutil
@@ -22,6 +25,7 @@ from . import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
+CATALOG = DATA / "catalog.json"
 META_KEYS = ("gpu", "torch", "triton", "cuda", "python", "commit", "date")
 _LEGACY = {"git_commit": "commit", "date_utc": "date"}
 
@@ -188,3 +192,56 @@ def label(meta: dict | None) -> str:
     m = normalize_meta(meta)
     gpu = str(m.get("gpu", "?")).replace("NVIDIA ", "")
     return f"{gpu} · commit {str(m.get('commit', ''))[:7] or '?'} · {str(m.get('date', ''))[:10] or '?'}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The catalog: logical name -> the recording's file(s), relative to the catalog's own folder.
+class CatalogKeyError(KeyError):
+    """A name the catalog does not hold (its message names the catalog file and the key)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+_ENTRY_KINDS = ("path", "paths", "glob")
+
+
+def catalog_entries(catalog_path: str | Path | None = None) -> dict[str, dict]:
+    """Every entry of the catalog (data/catalog.json unless `catalog_path`): name -> {path | paths | glob, what}.
+    Keys starting with "_" are notes, not entries."""
+    f = Path(catalog_path) if catalog_path is not None else CATALOG
+    if not f.is_file():
+        raise FileNotFoundError(f"no catalog at {f}")
+    doc = json.loads(f.read_text())
+    out = {}
+    for k, v in doc.items():
+        if k.startswith("_"):
+            continue
+        kinds = [x for x in _ENTRY_KINDS if x in v] if isinstance(v, dict) else []
+        if len(kinds) != 1 or not isinstance(v.get("what"), str) or not v["what"].strip():
+            raise ValueError(f"{f}: entry {k!r} needs exactly one of {', '.join(_ENTRY_KINDS)} and a `what` line")
+        out[k] = v
+    return out
+
+
+def catalog(name: str, catalog_path: str | Path | None = None) -> Path | list[Path]:
+    """The file(s) the catalog names `name`: a `path` entry -> that Path (a file or a folder), a `paths`
+    entry -> those Paths in order, a `glob` entry -> its sorted matches. Relative to the catalog's folder
+    (data/). KeyError (CatalogKeyError) naming the catalog file and the key when the name is not there;
+    FileNotFoundError naming the entry when a file is missing or a glob matches nothing."""
+    f = Path(catalog_path) if catalog_path is not None else CATALOG
+    entries = catalog_entries(f)
+    if name not in entries:
+        raise CatalogKeyError(f"{f} has no entry {name!r}; it has: {', '.join(sorted(entries))}")
+    e, base = entries[name], f.parent
+    if "glob" in e:
+        found = sorted(base.glob(e["glob"]))
+        if not found:
+            raise FileNotFoundError(f"{f}: entry {name!r} ({e['glob']}) matches no file under {base}")
+        return found
+    rels = [e["path"]] if "path" in e else list(e["paths"])
+    paths = [base / r for r in rels]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{f}: entry {name!r} names a missing file: {', '.join(missing)}")
+    return paths[0] if "path" in e else paths

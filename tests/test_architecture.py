@@ -1,7 +1,10 @@
 """The package's layers, checked from its own imports: no module imports one above it, and the
 import graph has no cycle. The simulator covers every step of the model's step list."""
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "lora_moe_lab"
 # bottom to top; a module may import its own layer or any layer below it
@@ -170,3 +173,86 @@ def test_an_importlib_edge_is_an_edge():
     up, or closes a circle, is caught like a plain import)."""
     probe = 'import importlib\nimportlib.import_module("lora_moe_lab.nb.runner")\n'
     assert "lora_moe_lab.nb.runner" in _imports(PKG / "sim" / "probe.py", text=probe)
+
+
+# --- the package names no recording session and no study's files ------------------------------------------------
+# "The library reads recordings only through paths or a catalog it is handed, never by naming a study's files."
+DATA = PKG.parent / "data"
+STUDY_FOLDERS = sorted(d.name for d in DATA.iterdir() if d.is_dir())  # guards, production, kernels, ...
+# a session or run label (expand_run7, fold_s12, ord_n1, wg_s2c), a GPU-tagged file (h200_guards...), a signature
+# session
+SESSION_LABEL = re.compile(r"\b[a-z]+_(s|run|n)[0-9]+[a-z]?\b|\bh200_\w|signature_s\d")
+# DATA joined with a study's folder (DATA / "guards"); the catalog file itself is no study's
+DATA_JOIN = re.compile(r"\bDATA\s*/\s*[\"'](%s)\b" % "|".join(map(re.escape, STUDY_FOLDERS)))
+# a string in code (not a docstring) holding a path into a study's folder: "guards/x.csv", "data/production/traces"
+STUDY_PATH = re.compile(r"(?:^|[^\w/.-])(?:data/)?(?:%s)/[\w*.{-]" % "|".join(map(re.escape, STUDY_FOLDERS)))
+# files that still name a study's data, owned by others (the kernels' move to studies/kernels/ in progress): until
+# they land, the strict test below skips them
+MOVES_IN_PROGRESS = ("instruments/recorders/bench.py", "instruments/recorders/early_exit.py", "ui/whatif_bench.py")
+
+
+def _docstring_nodes(tree) -> set[int]:
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value,
+                                                                                                      str):
+                out.add(id(first.value))
+    return out
+
+
+def _study_names(path: Path, text: str | None = None) -> list[str]:
+    """file:line of every session label (code, comments, docstrings), every DATA / "<study>" and every string in
+    code naming a path in a study's folder."""
+    text, rel = path.read_text() if text is None else text, path.relative_to(PKG.parent)
+    out = [f"{rel}:{i}: {line.strip()[:90]}" for i, line in enumerate(text.splitlines(), 1)
+           if SESSION_LABEL.search(line) or DATA_JOIN.search(line)]
+    tree = ast.parse(text)
+    docs = _docstring_nodes(tree)
+    out += [f"{rel}:{n.lineno}: a study's path {n.value[:70]!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and STUDY_PATH.search(n.value)]
+    return out
+
+
+def _pending(path: Path) -> bool:
+    rel = path.relative_to(PKG).as_posix()
+    return any(rel == m or (m.endswith("/") and rel.startswith(m)) for m in MOVES_IN_PROGRESS)
+
+
+@pytest.mark.xfail(strict=False, reason="kernels and configs move in progress")
+def test_no_session_label_in_the_package():
+    found = [h for p in sorted(PKG.rglob("*.py")) for h in _study_names(p)]
+    assert not found, "the package names sessions or a study's files:\n" + "\n".join(found)
+
+
+def test_no_session_label_outside_the_moves_in_progress():
+    """The same rule, held now on every file that is not being moved (MOVES_IN_PROGRESS): the lead drops this test
+    with the xfail mark above once the moves land."""
+    found = [h for p in sorted(PKG.rglob("*.py")) if not _pending(p) for h in _study_names(p)]
+    assert not found, "the package names sessions or a study's files:\n" + "\n".join(found)
+
+
+def test_the_rule_catches_what_it_is_for():
+    probe = PKG / "sim" / "probe.py"  # a name inside the package for the file:line; never written
+    for line in ('RUN = "expand_run7"', 'F = DATA / "guards"', 'G = "production/tp2_C16384_gs1.summary.csv"',
+                 '# the archived h200_guards.csv', 'x = 1  # fold_s12c lost', 'S = "signature_s1/traces"'):
+        found = _study_names(probe, line + "\n")
+        assert found and found[0].startswith("lora_moe_lab/sim/probe.py:1: "), line
+    # prose naming a folder, the catalog file, a recorder's file pattern: not a study's file
+    clean = '"""Reads data/guards/ through the catalog."""\nCAT = DATA / "catalog.json"\nP = "*_guards_s*.csv"\n'
+    assert not _study_names(probe, clean)
+
+
+def test_every_catalog_entry_resolves_to_existing_files():
+    from lora_moe_lab.provenance import CATALOG, catalog, catalog_entries
+
+    entries = catalog_entries()
+    assert entries, f"{CATALOG} holds no entry"
+    for name, e in entries.items():
+        got = catalog(name)
+        paths = got if isinstance(got, list) else [got]
+        assert paths and all(p.exists() for p in paths), name
+        assert all(DATA in p.resolve().parents for p in paths), f"{name}: outside data/"
+        assert e["what"].strip(), name

@@ -60,3 +60,36 @@ def test_recorded_metadata_names_no_machine_path():
     from helpers import load_script
 
     assert load_script("tidy_meta_paths").main(["--check"]) == 0
+
+
+def test_catalog_resolves_relative_to_its_folder_and_names_what_is_missing(tmp_path):
+    import pytest
+
+    (tmp_path / "guards").mkdir()
+    for n in ("a_guards_s2.csv", "a_guards_s1.csv", "old.csv"):
+        (tmp_path / "guards" / n).write_text("x\n")
+    cat = tmp_path / "catalog.json"
+    cat.write_text(json.dumps({
+        "_about": "a note, not an entry",
+        "one": {"path": "guards/old.csv", "what": "a file"},
+        "folder": {"path": "guards", "what": "a folder"},
+        "both": {"paths": ["guards/a_guards_s2.csv", "guards/a_guards_s1.csv"], "what": "files in this order"},
+        "sessions": {"glob": "guards/*_guards_s*.csv", "what": "sorted matches"},
+        "gone": {"path": "guards/nope.csv", "what": "a missing file"},
+        "empty": {"glob": "guards/*.json", "what": "matches nothing"}}))
+    assert provenance.catalog("one", cat) == tmp_path / "guards" / "old.csv"
+    assert provenance.catalog("folder", cat) == tmp_path / "guards"
+    assert [p.name for p in provenance.catalog("both", cat)] == ["a_guards_s2.csv", "a_guards_s1.csv"]
+    assert [p.name for p in provenance.catalog("sessions", cat)] == ["a_guards_s1.csv", "a_guards_s2.csv"]
+    assert "_about" not in provenance.catalog_entries(cat)
+    with pytest.raises(KeyError, match=r"catalog\.json has no entry 'nope'"):
+        provenance.catalog("nope", cat)
+    with pytest.raises(FileNotFoundError, match=r"entry 'gone' names a missing file: .*nope\.csv"):
+        provenance.catalog("gone", cat)
+    with pytest.raises(FileNotFoundError, match=r"entry 'empty' \(guards/\*\.json\) matches no file"):
+        provenance.catalog("empty", cat)
+    with pytest.raises(FileNotFoundError, match="no catalog at"):
+        provenance.catalog("one", tmp_path / "none.json")
+    cat.write_text(json.dumps({"bad": {"path": "x", "glob": "y", "what": "two kinds"}}))
+    with pytest.raises(ValueError, match="'bad' needs exactly one of path, paths, glob and a `what` line"):
+        provenance.catalog_entries(cat)

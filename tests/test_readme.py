@@ -1,6 +1,7 @@
 """The figures of README.md and docs/results.md are what data/ says: scripts/readme_tables.py
-regenerates every block between its markers, and this test fails when either has drifted from the
-recordings. The README stays a front door: short, the quick start on the first screen."""
+regenerates every block between its markers (each written by a study's studies/<name>/block.py), and this
+test fails when either has drifted from the recordings. The README stays a front door: short, the quick
+start on the first screen."""
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,8 @@ def test_every_block_is_filled():
     for text in (readme, results):
         assert "no recording in data/ yet" not in text
     assert "<!-- begin:setup -->" in readme and "<!-- begin:tp4-headline -->" in readme
-    for name in ("signature", "guards", "production", "traces", "graphs", "kernels", "replay", "simulator",
-                 "simulator-check", "tp4"):
+    for name in ("signature", "guards", "production", "traces", "graphs", "replay", "simulator",
+                 "simulator-check", "tp4"):  # the kernels' blocks are in studies/kernels/README.md
         assert f"<!-- begin:{name} -->" in results and f"<!-- end:{name} -->" in results, name
 
 
@@ -46,10 +47,9 @@ def test_a_block_without_its_generator_or_data_gets_a_note(monkeypatch):
 
 
 def test_the_one_tp4_figure_is_labelled_predicted():
-    from helpers import load_script
+    from studies.tp_emulation.block import tp4_headline_block
 
-    rt = load_script("readme_tables")
-    line = rt.tp4_headline_block()
+    line = tp4_headline_block()
     if line is None:
         pytest.skip("no data/tp_emulation sessions")
     assert "**predicted**" in line and "TP=2 check" in line

@@ -1,7 +1,7 @@
-"""The README's guards block (scripts/readme_tables.py: guards_block) in its three states: the
+"""The README's guards block (studies/guards/block.py: guards_block) in its three states: the
 archived recording while no session is recorded, one session (the second pending), two sessions
-(each session's figure beside the reader's, disagreements flagged, warm-up drops and unstable
-points listed). tests/test_readme.py checks that README.md is what data/ says."""
+(the reader's figure, each session's where they disagree, warm-up drops and unstable points
+listed). tests/test_readme.py checks that README.md is what data/ says."""
 import shutil
 from pathlib import Path
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tables():
-    return load_script("readme_tables")
+    return load_script("studies.guards.block")
 
 
 def test_archived_recording_says_the_sessions_are_pending(tables, tmp_path):
@@ -37,7 +37,7 @@ def test_one_session_then_two(tables, tmp_path):
     write_session(tmp_path, "s2", lost_per_sync=60.0, seed=2)
     two = tables.guards_block(tmp_path)
     assert "2 device sessions" in two and "pending" not in two
-    assert "lost per sync (µs), s1 [95 %]" in two and "lost per sync (µs), s2 [95 %]" in two
+    assert "they disagree at tiny M = 16 (s1 " in two and ", s2 " in two  # each session's figure where they disagree
     assert "take** [between sessions]" in two and "†" in two and "they disagree at tiny M = 16" in two
     assert "(s2 only)" in two  # M = 4096 was unstable in s1
     assert "s1: tiny M = 16, first 2 of 16" in two

@@ -1,5 +1,6 @@
 """Triton kernels, one op per file, each `@triton.jit` kernel beside its launcher: alignment
-(align), base grouped GEMM (fused_moe), fused MoE-LoRA delta (fused_moe_lora), the decode-path
-LoRA delta without alignment (lora_decode), the base GEMM with the LoRA delta in its epilogue (an
-experiment: fused_moe_lora_epilogue), RMSNorm (rmsnorm), empty kernels (empty); shared input
-checks (common) and launch-config tables (configs)."""
+(align), base grouped GEMM (fused_moe), fused MoE-LoRA delta (fused_moe_lora), the LoRA path packed
+into the base GEMM (fused_moe_lora_packed), the decode-path LoRA delta without alignment
+(lora_decode), RMSNorm (rmsnorm), empty kernels (empty); shared input checks (common), launch-config
+tables (configs, tiles) and the layer's kernel plan (plan: which LoRA path, from tile_tables/lora_plan_*.json).
+Builds the plan takes nowhere live in studies/kernels/tried/."""

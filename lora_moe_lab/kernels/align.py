@@ -338,7 +338,7 @@ def slot_major_order(align: Alignment, top_k: int, token_lora_mapping: torch.Ten
     For gate_up's packed shrink (`lora_shrink_packed(slot_order=True)`) on the alignment ordered by LoRA row: each
     token's x row is read once per expert of the token, and blocks taken expert by expert need rows of every token at
     once. Taken slot by slot, the programs in flight read only one slot's tokens' rows (a quarter with four adapters),
-    and fewer come back from DRAM (data/kernels/ord_n1)."""
+    and fewer come back from DRAM (ncu on the H200; studies/kernels/README.md)."""
     nb, dev = align.expert_ids.shape[1], align.sorted_token_ids.device
     if out is not None and (out.dtype != torch.int32 or out.shape != (nb,)):
         raise ValueError(f"slot_major_order: out must be an int32 ({nb},) tensor, got {out.dtype} {tuple(out.shape)}")

@@ -28,7 +28,7 @@ from .configs import GemmConfig, gemm_config
 @triton.jit
 def grouped_tile(pid, N, num_blocks, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Program id -> (token block, N tile), grouped: GROUP_M consecutive token blocks sweep the
-    same N tiles together (shared with kernels/fused_moe_lora_epilogue.py)."""
+    same N tiles together (shared with the tried epilogue build, studies/kernels/tried/)."""
     num_pid_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * num_pid_n
     first_m = (pid // in_group) * GROUP_M
@@ -139,7 +139,7 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
             # No loop: PACK_C / EXPAND_K guarded steps. A second loop inside a persistent tile loop stops Triton from
             # flattening the two (FuseNestedLoops wants the K loop alone), and the flattened loop is where the plain
             # GEMM's next tile loads while this one drains. Rejected on the H200: the flattened loop pipelines these
-            # loads too and spills (docs/kernels.md, "The expand's waits").
+            # loads too and spills (studies/kernels/README.md, "The expand's waits").
             for j in tl.static_range(PACK_C // EXPAND_K):
                 c0 = base + lo + j * EXPAND_K
                 if c0 < base + hi:
@@ -172,7 +172,7 @@ def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u
     if PACK_DESC:
         if U_PTR:  # u's rows by pointer loads: issued before B's TMA copy, so the two round trips overlap
             ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :])
-        else:  # each TMA copy is waited for before the next is issued (ncu source view, docs/kernels.md)
+        else:  # each TMA copy is waited for before the next is issued (ncu source view, studies/kernels/README.md)
             ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
         bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
     else:
@@ -254,7 +254,7 @@ def fused_moe_kernel(
     stride_we, stride_wn, stride_wk,
     stride_om, stride_on,
     w_desc,  # TMA descriptor of w viewed as (E * N, K), block (BLOCK_N, BLOCK_K); read only when W_DESC
-    # ---- the folded LoRA expand (read only when LORA; kernels/fused_moe_lora_folded.py) ----
+    # ---- the folded LoRA expand (read only when LORA; the tried rows build, studies/kernels/tried/) ----
     t_ptr,  # (EM, P, BLOCK_R) the shrink of each pair with a live adapter, in the alignment's order
     b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
     mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
@@ -289,7 +289,7 @@ def fused_moe_kernel(
     # into the tail (K is a multiple of BLOCK_K: the launcher checks), by one add: no select between two pointers.
     # TAIL_BLK: each tile walks only the columns of the slots its block's live pairs use (blk_ptr, written by the
     # shrink), of its own slice (gate or up), widened to whole BLOCK_K steps: a trip count per tile, so a persistent
-    # grid's loops are not flattened (the layer takes it where it measured faster: configs.WIDE_GATE_UP_TOKENS).
+    # grid's loops are not flattened (the layer takes it where it measured faster: kernels/plan.py).
     # TAIL_WIN (rows the pairs' own, the down GEMM, TMA weights): the shrink wrote each pair's u in x's tail shifted
     # to its block's window: the columns from the block's first live slot's (kept inside the C columns) where the
     # block's live slots fit in TAIL_WIN columns, else unshifted. x's tail is read from column K as always; only w's
@@ -387,7 +387,7 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     w_row = (expert * N + pid_n * BLOCK_N).to(tl.int32)  # TMA coordinates are 32-bit (tma_ok checks E * N)
     # EARLY_LOADS (config `early_loads`): the gathers the epilogue needs are issued before the K loop, so their
     # latency passes under the MMAs; after the loop each is exposed once per tile, and at one program per SM
-    # nothing else hides it (docs/kernels.md, "The disabled cost").
+    # nothing else hides it (studies/kernels/README.md, "Builds no table takes").
     if EARLY_LOADS:
         if HAS_RW:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -530,7 +530,7 @@ def _tma_device(t) -> bool:
 
 
 class Folded(NamedTuple):
-    """The folded LoRA expand's operands (kernels/fused_moe_lora_folded.py checks and builds them):
+    """The folded LoRA expand's operands (studies/kernels/tried/fused_moe_lora_folded.py checks and builds them):
     t (EM, P, BLOCK_R) the shrink in the alignment's order, lora_b (P, S, E, N/P, R), the (M,) token ->
     LoRA row mapping and the (L,) weight slot / enabled of each row; desc: read t and B through TMA
     descriptors where they allow it (`fold_tma_ok`)."""

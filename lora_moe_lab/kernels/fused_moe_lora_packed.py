@@ -8,25 +8,25 @@ i is the pair's place in the base GEMM's alignment, p the slice (gate_up: P = 2,
 B_packed[e, n, (p, s, r)] = B[p, s, e, n - p*N/P, r] where p is n's slice, 0 in the other slice's columns
 (`pack_lora_b`: every slot's B side by side along K, built once when the adapters load).
 
-Why packed. The folded build (kernels/fused_moe_lora_folded.py) adds, after the K loop, one BLOCK_R-deep dot per LoRA
-row present in the tile, each with its own row masks and gathers: the GEMM holds that code's registers even where
-it skips it (173 -> 248 registers, qwen3 gate_up; data/kernels/fold_s2) and it keeps the alignment's 128-row tile.
-Here the per-row decisions move into the shrink, which writes zeros for every pair without a live adapter, so the
-expand is the base loop's own dot on a dense box of u against a slice of B_packed: no row masks, no gathers, and
-the GEMM keeps the plain GEMM's tile table (persistent grids, sub-blocks). The shrink also writes each alignment
-block's column range [lo, hi) of the slots its live pairs use; a block with nothing live gets (0, 0) and the GEMM
-runs no extra iteration there. With every adapter disabled both kernels launch (the CUDA-graph case) and the GPU
-decides: every shrink program reads the L slot ids and flags, writes its block's empty range and exits, and the GEMM
-reads two integers per tile. (A launch-wide branch in the GEMM to the plain loop was slower at the persistent tiles,
-in both branches: data/kernels/fold_s15.)
+Why packed. The folded build (studies/kernels/tried/fused_moe_lora_folded.py) adds, after the K loop, one
+BLOCK_R-deep dot per LoRA row present in the tile, each with its own row masks and gathers: the GEMM holds that
+code's registers even where it skips it (173 -> 248 registers, qwen3 gate_up, ncu on the H200) and it keeps the
+alignment's 128-row tile. Here the per-row decisions move into the shrink, which writes zeros for every pair without
+a live adapter, so the expand is the base loop's own dot on a dense box of u against a slice of B_packed: no row
+masks, no gathers, and the GEMM keeps the plain GEMM's tile table (persistent grids, sub-blocks). The shrink also
+writes each alignment block's column range [lo, hi) of the slots its live pairs use; a block with nothing live gets
+(0, 0) and the GEMM runs no extra iteration there. With every adapter disabled both kernels launch (the CUDA-graph
+case) and the GPU decides: every shrink program reads the L slot ids and flags, writes its block's empty range and
+exits, and the GEMM reads two integers per tile. (A launch-wide branch in the GEMM to the plain loop was slower at
+the persistent tiles, in both branches.)
 
-The shrink's options (`lora_shrink_packed`; all off by default, `configs.PACKED_SHRINK_TOKENS` picks them per
-token bucket for the layer): one window of slots per dot instead of every slot's columns (on the alignment ordered
-by LoRA row a block holds one or two slots), both slices from one x tile, programs of fewer rows, a register cap.
-At M >= 8192 one slot per dot with both slices, 64-row programs and a cap of 128 ran the gate_up shrink in 0.60-0.75x
-the one-dot shrink's time (data/kernels/win_s3; docs/kernels.md, "The packed shrink in slot windows"). And the blocks
-taken slot by slot (`slot_order`): 0.85-0.92x again, DRAM bytes 2.06 -> 1.73x the floor (ord_s2, ord_s3, ord_n1,
-ord_n2; docs/kernels.md, "gate_up's shrink slot by slot").
+The shrink's options (`lora_shrink_packed`; all off by default, the layer's plan picks them per token bucket:
+kernels/plan.py): one window of slots per dot instead of every slot's columns (on the alignment ordered by LoRA row
+a block holds one or two slots), both slices from one x tile, programs of fewer rows, a register cap. At M >= 8192
+one slot per dot with both slices, 64-row programs and a cap of 128 ran the gate_up shrink in 0.60-0.75x the one-dot
+shrink's time (studies/kernels/README.md, "Shrink windows and slot order"). And the blocks taken slot by slot
+(`slot_order`): 0.85-0.92x again, DRAM bytes 2.06 -> 1.73x the floor (studies/kernels/README.md, "Shrink windows and
+slot order"). The H200 recordings behind these numbers: studies/kernels/README.md.
 """
 from dataclasses import replace
 
@@ -35,10 +35,9 @@ import triton
 import triton.language as tl
 
 from .align import slot_major_order
-from .common import pow2, reg_cap, stages_for
+from .common import check_tensor, pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import Packed, Tail, _folded_rows, block_pairs, moe_gemm, tail_columns
-from .fused_moe_lora_epilogue import check_lora_gemm_inputs
+from .fused_moe import Packed, Tail, _folded_rows, block_pairs, check_gemm_inputs, moe_gemm, tail_columns
 
 # moe_gemm_lora_packed(expand=...): see fused_moe.Packed
 EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr", "early", "tile"})
@@ -188,7 +187,7 @@ def packed_shrink_kernel(
                 x_ptrs = x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xk
                 a_ptrs = a_cols[None, :] + (k0 + offs_k)[:, None] * stride_ak
             # x rows come back for each of a token's top_k experts: X_KEEP asks L2 to keep them (evict_last) and to
-            # stream A and u, each used once (evict_first); ncu saw the L2 hit rate unchanged (data/kernels/win_s2)
+            # stream A and u, each used once (evict_first); ncu saw the L2 hit rate unchanged (H200)
             xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0,
                          eviction_policy="evict_last" if X_KEEP else "")  # rows of other windows: no bytes
             at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0,
@@ -203,6 +202,30 @@ def packed_shrink_kernel(
         up, u_ok = _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R, shift)
         tl.store(up, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None] & u_ok,
                  eviction_policy="evict_first" if X_KEEP else "")
+
+
+def check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled,
+                           routed_weights, gather, what):
+    """The checks of a base GEMM with the LoRA delta inside (this file's builds, and the tried ones in
+    studies/kernels/tried/); returns (N, K, num_pairs, block_m, P, R, L)."""
+    N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, what)
+    dev = x.device
+    for nm, t in (("lora_a", lora_a), ("lora_b", lora_b)):
+        check_tensor(nm, t, 5, (x.dtype,), dev)
+    P, S, E, R, Ka = lora_a.shape
+    if P not in (1, 2) or N % P or Ka != K or E != w.shape[0] or lora_b.shape != (P, S, E, N // P, R):
+        raise ValueError(f"{what}: lora_a (P, S, E, r, K)={tuple(lora_a.shape)} and lora_b (P, S, E, N/P, r)="
+                         f"{tuple(lora_b.shape)} must match w (E, N, K)={tuple(w.shape)} with P 1 or 2")
+    M = num_pairs // top_k
+    for nm, t in (("token_lora_mapping", token_lora_mapping), ("lora_ids", lora_ids),
+                  ("adapter_enabled", adapter_enabled)):
+        check_tensor(nm, t, 1, (torch.int32,), dev)
+    L = lora_ids.shape[0]
+    if token_lora_mapping.shape != (M,) or adapter_enabled.shape != (L,) or not 1 <= L <= S:
+        raise ValueError(f"{what}: token_lora_mapping must be (M,)=({M},) and lora_ids / adapter_enabled (L,) "
+                         f"with 1 <= L <= S={S}; got {tuple(token_lora_mapping.shape)}, {tuple(lora_ids.shape)}, "
+                         f"{tuple(adapter_enabled.shape)}")
+    return N, K, num_pairs, bm, P, R, L
 
 
 def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Tensor:
@@ -234,8 +257,8 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     slots per block) a window of 1 computes about the rank columns each pair needs instead of every slot's.
     both_slices: gate_up's two slices from one x tile (x read once) instead of one program per slice.
     row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). x_keep: x loaded evict_last,
-    A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change:
-    data/kernels/win_s2). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
+    A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change on
+    the H200). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
     SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M, top_k, P, C), any strides with unit
     columns: the wide build's columns past K of the down GEMM's x rows, or of gate_up's token rows), every real row
     written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live.

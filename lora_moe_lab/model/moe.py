@@ -4,7 +4,9 @@
 One MoE layer: router (softmax, top-k, renormalise) -> alignment -> base gate_up grouped GEMM ->
 LoRA gate_up delta (hooks) -> SiLU-and-mul -> base down GEMM (x routed weight) -> LoRA down delta
 (hooks, x routed weight) -> sum over top-k. The LoRA work only runs through hooks that the guard
-hands out: an empty list when the guard decided no adapter is active.
+hands out: an empty list when the guard decided no adapter is active. Which LoRA path each op takes
+(its delta separate, or inside the base GEMM) is the kernel plan's (kernels/plan.py), asked once per
+op per layer; the layer has two hook points, after gate_up and after down.
 
 SKEWED ROUTING. A random router spreads tokens evenly over the experts; real serving traffic hits
 a few hot experts. `skew` adds a fixed per-expert bias to the router logits,
@@ -22,6 +24,7 @@ from torch.profiler import record_function
 
 from .. import runtime
 from ..config import MoEShape
+from ..kernels.plan import OPS, LoRADims, LoRAPlan, plan
 from ..ops import Backend, get_backend
 from . import init
 from .guards import Guard, get_guard
@@ -70,120 +73,96 @@ def _tail_columns(x, c):
 
 
 class LoRAHook:
-    """The LoRA work of one layer for one batch: gate_up and down deltas, either over a per-adapter
-    alignment or, at decode sizes (`backend.use_decode_path`, static shapes only), straight from
-    topk_ids and the per-token row mapping with no alignment kernels at all."""
+    """The LoRA work of one layer for one batch, at the layer's two hook points (as SGLang's LoRAHooks):
+    `after_gate_up` and `after_down`. Where each op's delta runs is the plan's (kernels/plan.py, asked once per op
+    for the batch: `plans`): "decode" (straight from topk_ids and the per-token row mapping, no alignment),
+    "separate" (over a per-adapter alignment), or inside the base GEMM ("packed", "wide": `gemm` replaces the
+    layer's base GEMM of that op, and the op's hook point has nothing left to do)."""
 
     def __init__(self, info: LoRAInfo, backend: Backend, num_experts: int):
         self.info, self.backend, self.E = info, backend, num_experts
         self.align = None
         self.topk_ids = None  # set instead of `align` on the decode path
+        self.plan: tuple[LoRAPlan, LoRAPlan] | None = None  # (gate_up, down) of this batch: `plans`
+        self._plans: dict = {}
 
-    def fuses(self, op: str, M: int, top_k: int, N: int, K: int) -> bool:
-        """Whether `op` runs inside the base GEMM, folded or in its epilogue (`backend.use_fused_lora`)."""
-        return self.backend.use_fused_lora(op, M, top_k, self.E, N, K)
+    @property
+    def dims(self) -> LoRADims:
+        """The static LoRA shapes the plan reads: weight slots, padded rank, this batch's LoRA rows."""
+        w = self.info.weights
+        return LoRADims(slots=w.down_a.shape[0], rank=w.down_a.shape[2], rows=self.info.lora_ids.shape[0])
 
-    def _folds(self, op, M, top_k, N, K) -> bool:
-        return self.backend.use_folded_lora(op, M, top_k, self.E, N, K)
+    def plans(self, M: int, shape: MoEShape, device, *, first: bool = True,
+              alone: bool = True) -> tuple[LoRAPlan, LoRAPlan]:
+        """(gate_up, down): this hook's plan per op at M tokens, asked once per op and kept for the hook's batch.
+        first: the layer's first hook (the only one whose delta may run inside the base GEMM); alone: the layer's
+        only hook (the wide builds need it). Static shapes only: capture-safe."""
+        key = (M, first, alone)
+        if key not in self._plans:
+            kw = dict(lora=self.dims, backend=self.backend.name, fuse=first, alone=alone)
+            self._plans[key] = tuple(plan(op, M, shape, device, **kw) for op in OPS)
+        self.plan = self._plans[key]
+        return self.plan
 
-    def fold_order(self, M: int, top_k: int, hidden: int, inter: int):
-        """The per-token LoRA row to order the layer's alignment by (`moe_align(order_by=)`), when this hook
-        folds an op and the backend takes the per-row build; else None (static shapes decide: capture-safe)."""
-        folds = self._folds("gate_up", M, top_k, 2 * inter, hidden) or self._folds("down", M, top_k, hidden, inter)
-        return self.info.token_lora_mapping if folds and self.backend.folded_order_by_row(M) else None
-
-    def _gemm(self, op, M, w, top_k):
-        """The backend's base GEMM with the delta inside for `op`: folded into its K loop or in its epilogue."""
-        b = self.backend
-        if not self._folds(op, M, top_k, w.shape[1], w.shape[2]):
-            return b.moe_gemm_lora
-        per_row = b.folded_order_by_row(M)  # the layer then ordered its alignment by LoRA row (fold_order)
-        if b.fold_build() == "packed":  # one expand dot per slot of a block where the alignment is ordered
-            bp = self.info.weights.packed_b(op)
-            return lambda *a, **kw: b.moe_gemm_lora_packed(*a, b_packed=bp, per_slot=per_row,
-                                                           shrink=b.packed_shrink(M),
-                                                           expand=b.packed_expand(M, op, w.shape[1], w.shape[2]),
-                                                           **kw)
-        return lambda *a, **kw: b.moe_gemm_lora_folded(*a, shrink_per_row=per_row, **kw)
-
-    def gemm_gate_up(self, x, w13, align, top_k, out, wide: bool = False):
-        """The base gate_up GEMM with this hook's delta inside (no alignment of its own); wide: x is the first K
-        columns of a wider buffer (`gate_up_columns`), and the GEMM takes the wide build per block."""
-        i, w = self.info, self.info.weights
-        if wide:
-            ww = w.wide_w("gate_up", w13)
-            return self.backend.moe_gemm_lora_wide(x, ww[..., :w13.shape[2]], align, top_k, out, w.gate_up_a,
-                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True,
-                                                   shrink=self.backend.wide_gate_up_shrink(x.shape[0]),
-                                                   per_block=True)
-        return self._gemm("gate_up", x.shape[0], w13, top_k)(x, w13, align, top_k, out, w.gate_up_a, w.gate_up_b,
-                                                      i.token_lora_mapping, i.lora_ids, i.adapter_enabled, gather=True)
-
-    def gate_up_columns(self, M: int, top_k: int, hidden: int, inter: int) -> int:
-        """The columns past K the layer's input x carries when this hook's gate_up GEMM takes the wide build
-        (`backend.use_wide_gate_up`, where gate_up folds): top_k tails of C; 0 otherwise."""
-        bm = self.backend.block_m(M, top_k, self.E, hidden, inter)
-        if not (self._folds("gate_up", M, top_k, 2 * inter, hidden)
-                and self.backend.use_wide_gate_up(M, bm, 2 * inter, hidden, self.E)):
-            return 0
-        from ..kernels.fused_moe_lora_packed import x_wide_columns  # the kernels import Triton: only when used
-        return x_wide_columns(self.info.weights.gate_up_a, top_k, True)
-
-    def wide_columns(self, M: int, top_k: int, hidden: int, inter: int) -> int:
-        """The adapters' columns C past K the layer's down input carries when this hook's down GEMM takes the wide
-        build (`backend.use_wide_down`, where down folds; static shapes decide: capture-safe); 0 otherwise."""
-        if not (self._folds("down", M, top_k, hidden, inter) and self.backend.use_wide_down(M)):
-            return 0
-        from ..kernels.fused_moe_lora_packed import wide_columns  # the kernels import Triton: only when used
-        return wide_columns(self.info.weights.down_a[None])
-
-    def gemm_down(self, act, w2, align, top_k, out, topk_w, wide: bool = False):
-        """The base down GEMM with this hook's delta inside; wide: act is the first I columns of the layer's wider
-        buffer (`wide_columns`), and the GEMM takes the wide build."""
-        i, w = self.info, self.info.weights
-        M = act.shape[0] // top_k
-        if wide:
-            ww = w.wide_w("down", w2)
-            E, N, K = w2.shape
-            C = ww.shape[2] - K
-            win = self.backend.wide_down_window(M, align.block_m, N, K, E, C, w.down_a.shape[0])
-            return self.backend.moe_gemm_lora_wide(act, ww[..., :K], align, top_k, out, w.down_a[None],
-                                                   i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
-                                                   routed_weights=topk_w, shrink=self.backend.packed_shrink(M),
-                                                   window=win)
-        gemm = self._gemm("down", M, w2, top_k)
-        return gemm(act, w2, align, top_k, out, w.down_a[None], w.down_b[None], i.token_lora_mapping, i.lora_ids,
-                    i.adapter_enabled, routed_weights=topk_w, gather=False)
+    def gemm(self, p: LoRAPlan, x, w, align, top_k, out, routed_weights=None):
+        """The base GEMM of op `p.op` with this hook's delta inside (`p.path` "packed" or "wide", with the plan's
+        options; no alignment of its own). For the wide build x is the first K columns of a wider buffer: p.columns
+        more (`MoELayer.norm` writes gate_up's input there, silu_and_mul down's)."""
+        i, lw = self.info, self.info.weights
+        gate_up = p.op == "gate_up"
+        a = lw.gate_up_a if gate_up else lw.down_a[None]
+        if p.path == "wide":
+            ww = lw.wide_w(p.op, w)
+            return self.backend.moe_gemm_lora_wide(x, ww[..., :w.shape[2]], align, top_k, out, a, i.token_lora_mapping,
+                                                   i.lora_ids, i.adapter_enabled, routed_weights=routed_weights,
+                                                   gather=gate_up, shrink=p.shrink_options, per_block=gate_up,
+                                                   window=p.window)
+        if p.path != "packed":
+            raise ValueError(f"LoRAHook.gemm runs a plan's packed or wide path, got {p.path!r}")
+        b = lw.gate_up_b if gate_up else lw.down_b[None]
+        return self.backend.moe_gemm_lora_packed(x, w, align, top_k, out, a, b, i.token_lora_mapping, i.lora_ids,
+                                                 i.adapter_enabled, routed_weights=routed_weights, gather=gate_up,
+                                                 b_packed=lw.packed_b(p.op), per_slot=p.order_by_row,
+                                                 shrink=p.shrink_options, expand=p.expand_options)
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
-        M, k = topk_ids.shape
-        if self.backend.use_decode_path(M, k):
+        """The separate deltas' alignment for this batch (per adapter, the plan's lora_block_m), or none on the
+        decode path (the deltas then read topk_ids)."""
+        if self.plan is None:
+            raise RuntimeError("LoRAHook.prepare: ask the plan first (`plans`, or the layer's forward)")
+        p = next(p for p in self.plan if not p.fused)
+        if p.path == "decode":
             self.align, self.topk_ids = None, topk_ids
             return
         S = self.info.lora_ids.shape[0]
-        bm = self.backend.lora_block_m(M, k, self.E, S)
-        self.align = self.backend.align(topk_ids, self.E, bm, self.info.token_lora_mapping, S)
+        self.align = self.backend.align(topk_ids, self.E, p.lora_block_m, self.info.token_lora_mapping, S)
         self.topk_ids = None
 
-    def _delta(self, x, a, b, out, top_k, **kw):
+    def _delta(self, p: LoRAPlan, x, a, b, out, top_k, **kw):
         i = self.info
         if self.topk_ids is not None:
             self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
                                            i.adapter_enabled, out, **kw)
         else:
-            if kw.get("routed_weights") is not None:  # the down delta: its own tile table, if the backend has one
-                M, E, L = out.shape[0] // top_k, self.E, i.lora_ids.shape[0]
-                cfg = self.backend.lora_down_config(M, top_k, E, L, self.align.block_m, out.shape[1], x.shape[1])
-                kw = dict(kw, config=cfg) if cfg is not None else kw
-            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, **kw)
+            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, plan=p, **kw)
 
-    def gate_up(self, x, inter, top_k):
-        w = self.info.weights
-        self._delta(x, w.gate_up_a, w.gate_up_b, inter, top_k, gather=True)
+    def after_gate_up(self, x, inter, topk_ids, top_k):
+        """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs separately (and the
+        LoRA alignment, where either op does; a hook whose deltas both ran inside the GEMMs needs none)."""
+        p13, p2 = self.plan
+        if not (p13.fused and p2.fused):
+            self.prepare(topk_ids)
+        if not p13.fused:
+            w = self.info.weights
+            self._delta(p13, x, w.gate_up_a, w.gate_up_b, inter, top_k, gather=True)
 
-    def down(self, act, out, top_k, topk_w):
-        w = self.info.weights
-        self._delta(act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
+    def after_down(self, act, out, top_k, topk_w):
+        """Hook point 2, after the down GEMM: the down delta (x routed weight) into `out` where it runs
+        separately."""
+        p2 = self.plan[1]
+        if not p2.fused:
+            w = self.info.weights
+            self._delta(p2, act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
 
 
 class MoELayer(torch.nn.Module):
@@ -229,12 +208,23 @@ class MoELayer(torch.nn.Module):
         w, ids = torch.topk(probs, self.top_k, dim=-1)
         return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
 
+    def plans(self, M: int, hooks: list[LoRAHook], backend: Backend) -> tuple[LoRAPlan, LoRAPlan]:
+        """(gate_up, down): the layer's plan per op for M tokens (kernels/plan.py), the first hook's; without hooks
+        the base GEMMs' alone. Each hook keeps its own (`LoRAHook.plans`: asked once per op for the batch); only the
+        first may run its delta inside the base GEMM. Static shapes decide: capture-safe."""
+        device = self.w13.device
+        for i, h in enumerate(hooks):
+            h.plans(M, self.shape, device, first=i == 0, alone=len(hooks) == 1)
+        if hooks:
+            return hooks[0].plan
+        return tuple(plan(op, M, self.shape, device, backend=backend.name) for op in OPS)
+
     def input_columns(self, M: int, hooks: list[LoRAHook]) -> int:
-        """The columns past K this layer's gate_up reads in its input's rows for this batch (the wide build's u:
-        `LoRAHook.gate_up_columns`); 0 when it reads none. Static shapes decide: capture-safe."""
-        if len(hooks) != 1:
+        """The columns past K this layer's gate_up reads in its input's rows for this batch (the plan's wide build:
+        each pair's u); 0 when it reads none. Static shapes decide: capture-safe."""
+        if not hooks:
             return 0
-        return hooks[0].gate_up_columns(M, self.top_k, self.shape.hidden, self.shape.intermediate)
+        return self.plans(M, hooks, hooks[0].backend)[0].columns
 
     def norm(self, h, hooks: list[LoRAHook], backend: Backend):
         """The layer's pre-norm of h, written where the layer reads it: the first K columns of a wider buffer when
@@ -242,6 +232,15 @@ class MoELayer(torch.nn.Module):
         C = self.input_columns(h.shape[0], hooks)
         out = h.new_empty(h.shape[0], h.shape[1] + C)[:, :h.shape[1]] if C else None
         return backend.rmsnorm(h, self.norm_w, self.eps, out=out)
+
+    @staticmethod
+    def _gemm(p: LoRAPlan, hooks, backend: Backend, x, w, align, top_k, out, topk_w=None):
+        """The op's GEMM: the first hook's, with its delta inside, where the plan fuses it; else the base GEMM."""
+        if p.fused:
+            return hooks[0].gemm(p, x, w, align, top_k, out, routed_weights=topk_w)
+        if topk_w is None:
+            return backend.moe_gemm(x, w, align, top_k, out, gather=True)
+        return backend.moe_gemm(x, w, align, top_k, out, routed_weights=topk_w, gather=False)
 
     def forward(self, x, hooks: list[LoRAHook], backend: Backend, routing_log: list | None = None,
                 before_down=None):
@@ -253,43 +252,28 @@ class MoELayer(torch.nn.Module):
         topk_w, topk_ids = self.route(x)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
-        # Where the first hook folds an op into the base GEMM, the alignment is ordered by LoRA row inside
-        # each expert (same blocks and padding): a tile then spans few LoRA rows.
-        order = hooks[0].fold_order(M, k, K, I) if hooks else None
-        align = backend.align(topk_ids, E, backend.block_m(M, k, E, K, I), order_by=order)
-        # The first hook's delta may run inside the base GEMM's epilogue (static shapes decide per op);
-        # the others, and any op not fused, run as separate kernels after the GEMM.
-        f13 = bool(hooks) and hooks[0].fuses("gate_up", M, k, 2 * I, K)
-        f2 = bool(hooks) and hooks[0].fuses("down", M, k, K, I)
+        p13, p2 = self.plans(M, hooks, backend)  # the plan, once per op (kernels/plan.py)
+        # Where the first hook's delta runs inside a GEMM on the alignment ordered by LoRA row inside each expert
+        # (same blocks and padding), a tile spans few LoRA rows.
+        order = hooks[0].info.token_lora_mapping if p13.order_by_row or p2.order_by_row else None
+        align = backend.align(topk_ids, E, p13.block_m, order_by=order)
         inter = x.new_empty(M * k, 2 * I)
-        CX = self.input_columns(M, hooks) if f13 else 0
-        if CX and not _tail_columns(x, CX):  # gate_up's wide build reads each pair's u past K in x's rows
-            xw = x.new_empty(M, K + CX)
+        if p13.columns and not _tail_columns(x, p13.columns):  # gate_up's wide build reads each pair's u past K
+            xw = x.new_empty(M, K + p13.columns)
             xw[:, :K] = x
             x = xw[:, :K]
-        if f13:
-            hooks[0].gemm_gate_up(x, self.w13, align, k, inter, wide=CX > 0)
-        else:
-            backend.moe_gemm(x, self.w13, align, k, inter, gather=True)
-        for i, h in enumerate(hooks):
-            if i or not (f13 and f2):  # a fully fused hook needs no LoRA alignment
-                h.prepare(topk_ids)
-            if i or not f13:
-                h.gate_up(x, inter, k)
+        self._gemm(p13, hooks, backend, x, self.w13, align, k, inter)
+        for h in hooks:  # hook point 1
+            h.after_gate_up(x, inter, topk_ids, k)
         # The down GEMM's wide build reads its adapters' columns from past I in the same rows: act is then the first
         # I columns of a wider buffer, written in place (no copy)
-        C = hooks[0].wide_columns(M, k, K, I) if f2 and len(hooks) == 1 else 0
-        act = backend.silu_and_mul(inter, out=x.new_empty(M * k, I + C)[:, :I] if C else None)
+        act = backend.silu_and_mul(inter, out=x.new_empty(M * k, I + p2.columns)[:, :I] if p2.columns else None)
         if before_down is not None:
             before_down()
         out = x.new_empty(M * k, K)
-        if f2:
-            hooks[0].gemm_down(act, self.w2, align, k, out, topk_w, wide=C > 0)
-        else:
-            backend.moe_gemm(act, self.w2, align, k, out, routed_weights=topk_w, gather=False)
-        for i, h in enumerate(hooks):
-            if i or not f2:
-                h.down(act, out, k, topk_w)
+        self._gemm(p2, hooks, backend, act, self.w2, align, k, out, topk_w)
+        for h in hooks:  # hook point 2
+            h.after_down(act, out, k, topk_w)
         return out.view(M, k, K).sum(1)
 
 

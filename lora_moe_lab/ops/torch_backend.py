@@ -51,7 +51,9 @@ def moe_gemm(x, w, align: Alignment, top_k: int, out, *, routed_weights=None, ga
 
 
 def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, top_k, out, *,
-               routed_weights=None, gather=True, exit_codes=None):
+               routed_weights=None, gather=True, exit_codes=None, plan=None):
+    """The delta block by block (plan: the layer's `LoRAPlan`; it holds no option for this backend: its
+    blocks' size, `kernels.plan.torch_block_m`, only sets how many rows one batched matmul takes)."""
     P, S, E, r, K = lora_a.shape
     N = lora_b.shape[3]
     n_pairs = out.shape[0]
@@ -79,20 +81,6 @@ def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, t
             out[:, p * N:(p + 1) * N].index_add_(0, pair.reshape(-1), torch.where(keep, d, 0).reshape(-1, N))
 
 
-def block_m(num_tokens: int, top_k: int, num_experts: int, hidden: int | None = None,
-            intermediate: int | None = None) -> int:
-    """Rows per block: small blocks when few pairs land on each expert (decode), larger in prefill.
-    Here BLOCK_M only sets how many rows one batched matmul takes (the results do not depend on
-    it); the Triton tiles are tuned separately in kernels/configs.py, which under the interpreter
-    always answers 16 and would make CPU runs of the torch backend slower for nothing."""
-    per_expert = num_tokens * top_k / num_experts
-    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
-
-
-def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) -> int:
-    return block_m(num_tokens, top_k, num_experts)
-
-
 def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     I = inter.shape[-1] // 2
     return torch.mul(torch.nn.functional.silu(inter[..., :I]), inter[..., I:], out=out)
@@ -110,7 +98,5 @@ class TorchBackend(Backend):
     name = "torch"
     moe_gemm = staticmethod(moe_gemm)
     lora_delta = staticmethod(lora_delta)
-    block_m = staticmethod(block_m)
-    lora_block_m = staticmethod(lora_block_m)
     silu_and_mul = staticmethod(silu_and_mul)
     rmsnorm = staticmethod(rmsnorm)

@@ -1,84 +1,50 @@
 """Triton backend: the `Backend` interface over the kernels in `kernels/` (each kernel file holds its
 `@triton.jit` kernel and its launcher), plus `warmup`, which compiles every config the launch
-tables can pick so that a CUDA-graph capture never compiles.
+tables and the layer's plan (kernels/plan.py) can pick so that a CUDA-graph capture never compiles.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import torch
 
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
-from ..kernels import configs
 from ..kernels.align import moe_align
-from ..kernels.configs import (decode_config, gemm_config, lora_block_m, lora_config, lora_down_config,
-                               moe_block_m, use_decode_path, use_folded_lora, use_fused_lora)
+from ..kernels.configs import decode_config, gemm_config, lora_block_m, lora_config, lora_down_config
 from ..kernels.fused_moe import moe_gemm
-from ..kernels.fused_moe_lora import lora_delta
-from ..kernels.fused_moe_lora_epilogue import moe_gemm_lora
-from ..kernels.fused_moe_lora_folded import moe_gemm_lora_folded
+from ..kernels.fused_moe_lora import lora_delta as _lora_delta
 from ..kernels.fused_moe_lora_packed import (moe_gemm_lora_packed, moe_gemm_lora_wide, pack_lora_b, wide_columns,
                                              wide_weights)
 from ..kernels.lora_decode import lora_delta_decode
+from ..kernels.plan import OPS, LoRADims, plan
 from ..kernels.rmsnorm import rmsnorm
 from .backend import Backend
 from .torch_backend import silu_and_mul
 
 
+def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None, gather=True,
+               exit_codes=None, plan=None, config=None):
+    """`kernels.fused_moe_lora.lora_delta` with the plan's launch config (`LoRAPlan.config`; config: one given
+    explicitly wins; neither: the kernel's own table)."""
+    if config is None and plan is not None:
+        config = plan.config
+    return _lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out,
+                       routed_weights=routed_weights, gather=gather, exit_codes=exit_codes, config=config)
+
+
 class TritonBackend(Backend):
-    """The fused Triton kernels: grouped GEMM, fused LoRA shrink+expand with early exit, RMSNorm."""
+    """The fused Triton kernels: grouped GEMM, fused LoRA shrink+expand with early exit, the LoRA path packed into
+    the base GEMM (packed and wide builds), RMSNorm. Which of them the layer runs is the plan's (kernels/plan.py)."""
 
     name = "triton"
     moe_gemm = staticmethod(moe_gemm)
     lora_delta = staticmethod(lora_delta)
     lora_delta_decode = staticmethod(lora_delta_decode)  # decode sizes: no alignment (kernels/lora_decode.py)
-    use_decode_path = staticmethod(use_decode_path)
-    moe_gemm_lora = staticmethod(moe_gemm_lora)  # the base GEMM with the delta in its epilogue
-    use_fused_lora = staticmethod(use_fused_lora)  # ... at the sizes where it won (kernels/configs.py)
-    moe_gemm_lora_folded = staticmethod(moe_gemm_lora_folded)  # a shrink kernel + the expand in the K loop
-    use_folded_lora = staticmethod(use_folded_lora)
-    lora_down_config = staticmethod(lora_down_config)  # the down delta's own tile table
-    block_m = staticmethod(moe_block_m)  # the base GEMM's alignment; LoRA aligns per adapter with lora_block_m
-    lora_block_m = staticmethod(lora_block_m)
+    moe_gemm_lora_packed = staticmethod(moe_gemm_lora_packed)  # the packed shrink + K iterations on the plain tile
+    moe_gemm_lora_wide = staticmethod(moe_gemm_lora_wide)  # the adapters' columns in the GEMM's own x and w
     silu_and_mul = staticmethod(silu_and_mul)
     rmsnorm = staticmethod(rmsnorm)
-
-    moe_gemm_lora_packed = staticmethod(moe_gemm_lora_packed)  # the packed shrink + K iterations on the plain tile
-    moe_gemm_lora_wide = staticmethod(moe_gemm_lora_wide)  # down: the adapters' columns in the GEMM's own x and w
-
-    @staticmethod
-    def use_wide_down(num_tokens: int) -> bool:
-        return configs.use_wide_down(num_tokens)
-
-    @staticmethod
-    def use_wide_gate_up(num_tokens: int, block_m: int, N: int, K: int, num_experts: int) -> bool:
-        return configs.use_wide_gate_up(num_tokens, block_m, N, K, num_experts)
-
-    @staticmethod
-    def wide_down_window(num_tokens: int, block_m: int, N: int, K: int, num_experts: int, C: int, slots: int) -> int:
-        return configs.wide_down_window(num_tokens, block_m, N, K, num_experts, C, slots)
-
-    @staticmethod
-    def wide_gate_up_shrink(num_tokens: int) -> dict:
-        return dict(configs.WIDE_GATE_UP_SHRINK)
-
-    @staticmethod
-    def folded_order_by_row(num_tokens: int) -> bool:
-        return configs.folded_order_by_row(num_tokens)  # read at each call: recordings and tests flip the tables
-
-    @staticmethod
-    def fold_build() -> str:
-        return configs.FOLD_BUILD
-
-    @staticmethod
-    def packed_shrink(num_tokens: int) -> dict:
-        return configs.packed_shrink(num_tokens)
-
-    @staticmethod
-    def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
-        return configs.packed_expand(num_tokens, op, N, K)
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,8 +83,13 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
     a2, b2 = rnd(1, S, E, R, I), rnd(1, S, E, K, R)
     h = rnd(k, I)
     seen = set()
+    dims = LoRADims(slots=S, rank=R, rows=S)
     for M in num_tokens:
-        bm_base = moe_block_m(M, k, E, K, I)
+        # the layer's plan for each op: alone (the wide builds where the plan takes them) and beside a second hook
+        # (the packed build where a wide entry falls back to it); both compile
+        wide = {op: plan(op, M, shape, device, lora=dims) for op in OPS}
+        packed = {op: plan(op, M, shape, device, lora=dims, alone=False) for op in OPS}
+        bm_base = wide["gate_up"].block_m
         bm_lora = lora_block_m(M, k, E, S)
         al = moe_align(ids, E, bm_base)
         jobs = [
@@ -131,47 +102,37 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        gather=False, config=c)),
         ]
-        fold13, fold2 = use_folded_lora("gate_up", M, k, E, 2 * I, K), use_folded_lora("down", M, k, E, K, I)
-        per_row = configs.folded_order_by_row(M)
-        # where an op folds, the layer aligns ordered by LoRA row (MoELayer: LoRAHook.fold_order): that alignment
-        # is compiled here too, and the folded jobs run on it as the layer does
-        al_f = moe_align(ids, E, bm_base, order_by=slot) if (fold13 or fold2) and per_row else al
-        packed = configs.FOLD_BUILD == "packed"
-        def fold(op, N, K_, M=M, per_row=per_row, packed=packed):  # the packed GEMM's tile is per GEMM shape
-            return (functools.partial(moe_gemm_lora_packed, per_slot=per_row, shrink=configs.packed_shrink(M),
-                                      expand=configs.packed_expand(M, op, N, K_)) if packed
-                    else functools.partial(moe_gemm_lora_folded, shrink_per_row=per_row))
-        if fold13:
-            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: fold(
-                "gate_up", 2 * I, K)(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13,
-                                     slot, lora_ids, enabled, config=c)))
-        if fold2:
-            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f: fold("down", K, I)(
-                h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
-                routed_weights=rw, gather=False, config=c)))
-        if fold2 and configs.use_wide_down(M):  # the wide build: x and w with the adapters' C columns past K
+        p13, p2 = packed["gate_up"], packed["down"]
+        # where an op folds on the alignment ordered by LoRA row (the plan's order_by_row), that alignment is
+        # compiled here too, and the folded jobs run on it as the layer does
+        al_f = moe_align(ids, E, bm_base, order_by=slot) if p13.order_by_row or p2.order_by_row else al
+        if p13.fused:
+            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f, p=p13: (
+                moe_gemm_lora_packed(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13,
+                                     slot, lora_ids, enabled, per_slot=p.order_by_row, shrink=p.shrink_options,
+                                     expand=p.expand_options, config=c))))
+        if p2.fused:
+            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f, p=p2: (
+                moe_gemm_lora_packed(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot,
+                                     lora_ids, enabled, routed_weights=rw, gather=False, per_slot=p.order_by_row,
+                                     shrink=p.shrink_options, expand=p.expand_options, config=c))))
+        if wide["down"].path == "wide":  # the wide build: x and w with the adapters' C columns past K
             C = wide_columns(a2)
             hw, w2w = torch.zeros(k, I + C, dtype=dtype, device=device), wide_weights(w2, pack_lora_b(b2))
-            win = configs.wide_down_window(M, bm_base, K, I, E, C, S)  # down's window, where it runs
-            jobs.append((f"wide2_w{win}", gemm_config(M, bm_base, K, I, E), bm_base,
-                         lambda c, al=al_f, M=M, win=win: moe_gemm_lora_wide(
+            p = wide["down"]  # its window, where it runs
+            jobs.append((f"wide2_w{p.window}", gemm_config(M, bm_base, K, I, E), bm_base,
+                         lambda c, al=al_f, p=p: moe_gemm_lora_wide(
                              hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot,
-                             lora_ids, enabled, routed_weights=rw, shrink=configs.packed_shrink(M), config=c,
-                             window=win)))
-        if fold13 and configs.use_wide_gate_up(M, bm_base, 2 * I, K, E):  # gate_up per block: top_k tails a row
+                             lora_ids, enabled, routed_weights=rw, shrink=p.shrink_options, config=c,
+                             window=p.window)))
+        if wide["gate_up"].path == "wide":  # gate_up per block: top_k tails a row
             C13 = wide_columns(a13)
             xw, w13w = torch.zeros(1, K + k * C13, dtype=dtype, device=device), wide_weights(w13, pack_lora_b(b13))
-            jobs.append(("wide13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f: moe_gemm_lora_wide(
-                xw[:, :K], w13w[..., :K], al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, slot,
-                lora_ids, enabled, gather=True, shrink=configs.WIDE_GATE_UP_SHRINK, per_block=True, config=c)))
-        if use_fused_lora("gate_up", M, k, E, 2 * I, K) and not fold13:
-            jobs.append(("fused13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al: moe_gemm_lora(
-                x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13, slot, lora_ids, enabled,
-                config=c)))
-        if use_fused_lora("down", M, k, E, K, I) and not fold2:
-            jobs.append(("fused2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al: moe_gemm_lora(
-                h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot, lora_ids, enabled,
-                routed_weights=rw, gather=False, config=c)))
+            jobs.append(("wide13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
+                         lambda c, al=al_f, p=wide["gate_up"]: moe_gemm_lora_wide(
+                             xw[:, :K], w13w[..., :K], al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13,
+                             slot, lora_ids, enabled, gather=True, shrink=p.shrink_options, per_block=True,
+                             config=c)))
         for bm in (bm_lora, bm_base):  # the layer may align LoRA with either size
             al_l = moe_align(ids, E, bm, slot, S)
             jobs += [
@@ -183,8 +144,9 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
                                                torch.zeros(k, K, dtype=dtype, device=device),
                                                routed_weights=rw, gather=False, config=c)),
             ]
-        if use_decode_path(M, k):  # the decode path: the tile the table picks for M (split_n is a run-time
-            # argument, so configs differing only in it share one binary; the key drops it)
+        if plan("down", M, shape, device, lora=dims, fuse=False).path == "decode":  # the decode path: the tile
+            # the table picks for M (split_n is a run-time argument, so configs differing only in it share one
+            # binary; the key drops it)
             c13, c2 = decode_config(M * k, 2, I, K, R), decode_config(M * k, 1, K, I, R)
             jobs += [
                 ("decode13", replace(c13, split_n=1), 0, lambda c, c13=c13: lora_delta_decode(

@@ -1,6 +1,6 @@
 """The simulator: a host/device queue model of a forward (engine), its costs from the model's own
 step list (cost), fitted to recorded GPU data (fit), pushed to the production setting (production),
-calibrated on the canonical recording and kept in data/simulator (calibration).
+calibrated on the canonical recording and kept where the catalog's "simulator" says (calibration).
 
     from lora_moe_lab import sim
     sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=48, timeline=True)
@@ -12,7 +12,16 @@ from .fit import (FIT_BOUNDS, FIT_PARAMS, FIT_PARAMS_RECORDED, FitResult, Valida
                   predict, summarize, trace_rows, validate)
 from .production import (PRODUCTION, PRODUCTION_SIGNATURE, compare_production, extrapolate, production_forward_ms,  # noqa: F401
                          scale_model_report, sync_us_to_match, what_if)
-from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, SIM_DIR, Calibration, calibrate,  # noqa: F401
+from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, Calibration, calibrate,  # noqa: F401
                           load_calibration, production_figures, readme_block)
 from . import replay_transforms  # noqa: F401  (what-if transformations of a replay Graph)
 from .replay import Graph, ReplayError, ReplayResult, build_graph, replay as replay_graph  # noqa: F401  (sim.replay: the module)
+
+
+def __getattr__(name: str):
+    """sim.SIM_DIR (studies/simulator/record.py): the catalog's "simulator", resolved when read."""
+    if name == "SIM_DIR":
+        from .calibration import __getattr__ as _calibration_attr
+
+        return _calibration_attr(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

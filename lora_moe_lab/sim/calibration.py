@@ -1,8 +1,8 @@
 """The simulator calibrated on the canonical GPU recording, and its one home on disk.
 
     cal = calibrate(load_guards())   # fit on every point, held-out validation, production extrapolation
-    cal.save()                       # data/simulator/simulator_fit.json, simulator_validation.csv,
-                                     # simulator_vs_production.csv (scripts/validate_simulator.py)
+    cal.save(folder)                 # simulator_fit.json, simulator_validation.csv, simulator_vs_production.csv
+                                     # (studies/simulator/record.py; no folder: the catalog's "simulator")
     cal = load_calibration()         # what the notebooks show on a machine without a GPU
 
 Every production figure the project quotes (README, notebook 05) is `cal.production`: one
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..provenance import DATA, label as _label, normalize_meta
+from ..provenance import DATA, catalog, label as _label, normalize_meta, repo_relative
 from .cost import CostModel
 from .fit import FIT_BOUNDS, FIT_PARAMS_RECORDED, FitResult, Validation, fit, holdout
 from .production import compare_production, extrapolate
 
-SIM_DIR = DATA / "simulator"
 FILES = {"fit": "simulator_fit.json", "validation": "simulator_validation.csv",
          "production": "simulator_vs_production.csv"}
 # The production extrapolation (sim/production.py: extrapolate): Qwen3-30B-A3B at TP=4, 48 layers,
@@ -54,8 +53,8 @@ class Calibration:
         p = p[(p["tokens"] == chunk) & (p["mode"] == "eager")]
         return {r.metric: float(r.predicted) for r in p.itertuples()}
 
-    def save(self, folder: str | Path = SIM_DIR) -> Path:
-        folder = Path(folder)
+    def save(self, folder: str | Path | None = None) -> Path:
+        folder = _folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         f = self.fit
         # "fitted": the parameters, "fitted_names": those the fit moved (the keys sim/tp.py reads too)
@@ -91,9 +90,14 @@ def calibrate(rec, *, target_pct: float = 15.0, params=FIT_PARAMS_RECORDED) -> C
     return Calibration(f, v, production_figures(f.params), recording)
 
 
-def load_calibration(folder: str | Path = SIM_DIR) -> Calibration:
-    """The calibration scripts/validate_simulator.py wrote (no refit)."""
-    folder = Path(folder)
+def _folder(folder: str | Path | None) -> Path:
+    """The calibration's folder: the one handed, else the catalog's "simulator"."""
+    return Path(folder) if folder is not None else catalog("simulator")
+
+
+def load_calibration(folder: str | Path | None = None) -> Calibration:
+    """The calibration studies/simulator/record.py wrote (no refit), in `folder` or the catalog's "simulator"."""
+    folder = _folder(folder)
     path = folder / FILES["fit"]
     doc = json.loads(path.read_text())
     if "recording" not in doc or "fitted_names" not in doc:
@@ -106,11 +110,13 @@ def load_calibration(folder: str | Path = SIM_DIR) -> Calibration:
     return Calibration(f, v, pd.read_csv(folder / FILES["production"]), rec)
 
 
-def readme_block(folder: str | Path = SIM_DIR) -> str:
+def readme_block(folder: str | Path | None = None) -> str:
     """The README's simulator paragraph (scripts/readme_tables.py), written from the saved calibration
-    only: the same numbers notebook 05 shows."""
+    only: the same numbers notebook 05 shows. It names the folder it read (repo-relative)."""
     from .production import PRODUCTION as P
 
+    folder = _folder(folder)
+    where = repo_relative(str(folder.resolve()))
     cal = load_calibration(folder)
     f, v, p, s = cal.fit, cal.validation, cal.params, PRODUCTION_SETTINGS
     rows = ["| guard | mode | points | pass | mean abs error | worst |", "| --- | --- | ---: | ---: | ---: | ---: |"]
@@ -127,7 +133,7 @@ def readme_block(folder: str | Path = SIM_DIR) -> str:
     other = [c for c in s["chunks"] if c != HEADLINE_CHUNK]
     return "\n".join([
         f"The host/device queue model (`lora_moe_lab.sim`) fitted to the canonical recording ({cal.label}) by "
-        f"`scripts/validate_simulator.py`, into `data/simulator/`: {f.rows} points, rms log error "
+        f"`scripts/validate_simulator.py`, into `{where}/`: {f.rows} points, rms log error "
         f"{f.rms_log_error:.2f}. Host: {p.launch_us:.1f} µs per eager launch, {p.triton_extra_us:.0f} µs more per "
         f"Triton launch, {p.sync_us:.1f} µs after each sync; device: {p.kernel_us:.2f} µs per kernel, "
         f"{p.tflops:.0f} TFLOP/s, {p.tbps:.2f} TB/s.{bound}", "",
@@ -144,4 +150,12 @@ def readme_block(folder: str | Path = SIM_DIR) -> str:
         f"{P['syncs_per_forward']:.0f} syncs per forward, and no published time lost per sync (its ~100 ms per "
         "forward is host time blocked in the syncs)."
         + "".join(f" At {c}-token chunks: {figs(cal.headline(c))}." for c in other)
-        + " Every figure: `data/simulator/simulator_vs_production.csv`."])
+        + f" Every figure: `{where}/{FILES['production']}`."])
+
+
+def __getattr__(name: str):
+    """SIM_DIR, the name this module once defined as a literal path (studies/simulator/record.py reads it as
+    sim.SIM_DIR): the catalog's "simulator", resolved when read."""
+    if name == "SIM_DIR":
+        return catalog("simulator")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,8 @@
     scale_collectives(g, factor)     NCCL kernels' durations x factor (or set to ns=)
     tile_layers(g, times)            the layers' block repeated (an 8-layer trace as a 48-layer forward)
     unblock_launches(g)              launches that waited for a full launch queue get their usual duration
+    drop_calls(g, calls)             a rewrite deletes ops: these host calls go with their kernels and gaps
+    repeat_calls(g, calls)           a rewrite adds ops like existing ones: a copy of each call right after it
     apply(g, "name", **kw)           by name; an unknown name raises UnknownTransformationError
 """
 from __future__ import annotations
@@ -23,8 +25,8 @@ import pandas as pd
 from .replay import CALL, HOST_FIELDS, KERNEL_FIELDS, SYNC, Graph, GraphError, UnknownTransformationError
 
 __all__ = ["GuardTemplate", "guard_template", "remove_syncs", "add_syncs", "scale_host", "graph_launch",
-           "add_early_exit", "scale_collectives", "tile_layers", "unblock_launches", "apply", "TRANSFORMS",
-           "GRAPH_LAUNCH_NS", "GRAPH_K2K_NS"]
+           "add_early_exit", "scale_collectives", "tile_layers", "unblock_launches", "drop_calls", "repeat_calls",
+           "apply", "TRANSFORMS", "GRAPH_LAUNCH_NS", "GRAPH_K2K_NS"]
 
 # cudaGraphLaunch host cost, unprofiled (a profiler inflates it: 150-440 µs in data/traces/*_graph_*,
 # where CUPTI records every node); the kernel-to-kernel gap inside a replayed graph (data/traces/*_graph_*: 416 ns).
@@ -418,10 +420,45 @@ def tile_layers(g: Graph, times: int) -> Graph:
     return _tag(out, f"tile_layers(x{times})")
 
 
+# --- a rewrite of the host's ops ---------------------------------------------------------------------
+def _calls(g: Graph, calls, what: str) -> np.ndarray:
+    idx = np.unique(np.asarray(calls, np.int64))
+    if len(idx) and (idx.min() < 0 or idx.max() >= g.n_host):
+        raise GraphError(f"{what}: calls must be host-call indices of the graph (0..{g.n_host - 1})")
+    return idx
+
+
+def drop_calls(g: Graph, calls) -> Graph:
+    """A rewrite that deletes ops: these host calls go, with the kernels they launched and the host time
+    before each (its gap: the Python and dispatcher work that issued it). The host then reaches the next
+    kept call sooner; a dropped sync no longer drains the queue."""
+    idx = _calls(g, calls, "drop_calls")
+    drop = np.zeros(g.n_host, bool)
+    drop[idx] = True
+    return _tag(_edit(g, drop_host=drop), f"drop_calls({len(idx)})")
+
+
+def repeat_calls(g: Graph, calls) -> Graph:
+    """A rewrite that adds ops resembling existing ones: a copy of each listed call (its gap, duration and
+    the kernels it launched) right after it. A copied sync is issued as a plain call (it cannot wait)."""
+    idx = _calls(g, calls, "repeat_calls")
+    h, k = g.host, g.kern
+    inserts = []
+    for c in idx:
+        hb = {f: np.asarray([h[f][c]]) for f in HOST_FIELDS}
+        hb["kind"] = np.asarray([CALL], np.int8)
+        mine = np.nonzero(k["host"] == c)[0]
+        kb = {f: np.asarray(k[f][mine]) for f in KERNEL_FIELDS}
+        kb["host"] = np.zeros(len(mine), np.int64)
+        inserts.append((int(c) + 1 if c + 1 < g.n_host else g.n_host, hb, kb if len(mine) else {}))
+    return _tag(_edit(g, inserts=inserts), f"repeat_calls({len(idx)})")
+
+
 TRANSFORMS = {"remove_syncs": remove_syncs, "add_syncs": add_syncs, "scale_host": scale_host,
               "graph_launch": graph_launch, "add_early_exit": add_early_exit,
               "scale_collectives": scale_collectives, "tile_layers": tile_layers,
-              "unblock_launches": unblock_launches}
+              "unblock_launches": unblock_launches,
+              "drop_calls": drop_calls, "repeat_calls": repeat_calls}
 
 
 def apply(g: Graph, name: str, **kw) -> Graph:

@@ -30,16 +30,16 @@ import json
 import pandas as pd
 
 from ..config import get_shape
-from ..provenance import DATA
+from ..provenance import catalog
 from .cost import CostModel, forward_us
 
 PRESET = "qwen3-30b-a3b"
 
 
 def fitted_params(path=None) -> CostModel:
-    """The cost model fitted to H200 recordings (data/simulator/simulator_fit.json), else defaults."""
-    p = DATA / "simulator" / "simulator_fit.json" if path is None else path
+    """The cost model fitted to H200 recordings (`path`, else the catalog's "simulator.fit"), else defaults."""
     try:
+        p = catalog("simulator.fit") if path is None else path
         fit = json.loads(p.read_text())["fitted"]
     except (OSError, KeyError, ValueError):
         return CostModel()

@@ -4,12 +4,12 @@ No machine here has four GPUs. One rank of a TP=n group does the same work whate
 ranks do, except at the all-reduces, where its stream waits for theirs. So one GPU runs one rank's
 shapes (model/tp.py: EmulatedTPGroup: a 1/n share of heads and expert intermediate) and each
 all-reduce becomes a GPU spin of the time NCCL took for those bytes on two real H200s
-(`allreduce_cost`: the median NCCL kernel of the profiled TP=2 forwards, data/production/traces,
+(`allreduce_cost`: the median NCCL kernel of the profiled TP=2 forwards, catalog "production.traces",
 as a bus bandwidth). The method is checked first where the answer is known: TP=2 emulated
-against TP=2 measured on two GPUs (data/production/tp2_*.summary.csv). Only then is it run at
-TP=4 (studies/tp_emulation/record.py -> data/tp_emulation/emulation_<session>/).
+against TP=2 measured on two GPUs (catalog "production.tp2_summaries"). Only then is it run at
+TP=4 (studies/tp_emulation/record.py: one emulation_<session>/ folder per device session).
 
-    cost = allreduce_cost()                 # AllReduceCost from data/tp_emulation/allreduce.json
+    cost = allreduce_cost()                 # AllReduceCost from the catalog's "tp_emulation.allreduce"
     sessions = load_sessions()              # the emulation sessions (production_runs layout)
     tp2_validation(sessions)                # emulated vs measured TP=2, per guard and for the fix
     tp4_prediction(sessions)                # the fix at TP=4, per regime and chunk, both sessions
@@ -30,12 +30,8 @@ import pandas as pd
 
 from ..instruments.analysers import production_runs as PR, stats
 from ..model.tp import AllReduceCost
-from ..provenance import DATA
+from ..provenance import catalog
 
-FOLDER = DATA / "tp_emulation"
-COST_FILE = FOLDER / "allreduce.json"
-TP2_MEASURED = {"gs5.42": DATA / "production" / "tp2_C16384_gs5.42.summary.csv",
-                "gs1": DATA / "production" / "tp2_C16384_gs1.summary.csv"}
 PASS_PCT = 5.0  # the what-if issue's bar: +-5 %, or the measurement's own interval where wider
 NCCL = re.compile(r"(?i)nccl")
 
@@ -75,13 +71,31 @@ def fit_allreduce(trace_paths, hidden: int, dtype_bytes: int = 2, size: int = 2)
     return cost, dict(median_us=us, nbytes=nbytes, chunk=chunk, size=size, traces=per)
 
 
-def allreduce_cost(path=COST_FILE) -> AllReduceCost:
-    d = json.loads(Path(path).read_text())
+def allreduce_cost(path=None) -> AllReduceCost:
+    """The fitted all-reduce cost in `path` (fit_allreduce's JSON); none: the catalog's "tp_emulation.allreduce"."""
+    d = json.loads(Path(catalog("tp_emulation.allreduce") if path is None else path).read_text())
     return AllReduceCost(bus_gbps=float(d["bus_gbps"]), latency_us=float(d["latency_us"]), source=d["source"])
 
 
-def load_sessions(folder=FOLDER) -> dict:
-    return PR.load_sessions(folder, prefix="emulation_")
+def load_sessions(paths=None) -> dict:
+    """The emulation sessions among `paths` (production_runs.load_sessions: session folders or a folder holding
+    them); none: the catalog's "tp_emulation.sessions"."""
+    return PR.load_sessions(catalog("tp_emulation.sessions") if paths is None else paths)
+
+
+_GUARD_SITES = re.compile(r"_(gs[\d.]+?)\.summary\.csv$")
+
+
+def tp2_measured(paths=None) -> dict[str, Path]:
+    """guard sites ("gs5.42") -> the TP=2 measured summary (<...>_gs<sites>.summary.csv), in the order handed;
+    none: the catalog's "production.tp2_summaries"."""
+    out = {}
+    for p in map(Path, catalog("production.tp2_summaries") if paths is None else paths):
+        m = _GUARD_SITES.search(p.name)
+        if m is None:
+            raise ValueError(f"{p.name}: no _gs<sites>.summary.csv in the name of a TP=2 summary")
+        out[m[1]] = p
+    return out
 
 
 def _guard_row(summary: pd.DataFrame, task: str, guard: str):
@@ -89,12 +103,13 @@ def _guard_row(summary: pd.DataFrame, task: str, guard: str):
     return x.iloc[0] if len(x) else None
 
 
-def tp2_validation(sessions: dict, measured: dict = TP2_MEASURED) -> pd.DataFrame:
+def tp2_validation(sessions: dict, measured: dict | None = None) -> pd.DataFrame:
     """One row per point: emulated TP=2 (per session and the reader's figure) beside TP=2 measured
-    on two GPUs. Points: each guard's forward time (the median chunk), and the fix's gain computed
-    from them. Passes within PASS_PCT, or inside the measurement's interval where that is wider."""
+    on two GPUs (`measured`: guard sites -> summary file; none: tp2_measured()). Points: each guard's
+    forward time (the median chunk), and the fix's gain computed from them. Passes within PASS_PCT,
+    or inside the measurement's interval where that is wider."""
     rows = []
-    for gs, path in measured.items():
+    for gs, path in (tp2_measured() if measured is None else measured).items():
         if not Path(path).is_file():
             continue
         real = pd.read_csv(path)
@@ -155,3 +170,15 @@ def tp4_prediction(sessions: dict) -> pd.DataFrame:
 def passed(validation: pd.DataFrame) -> bool:
     """The gate for a TP=4 figure: every TP=2 point passed."""
     return bool(len(validation)) and bool(validation["passed"].all())
+
+
+# The names this module once defined as literal paths, kept for their callers (studies/tp_emulation/record.py):
+# resolved from the catalog when read.
+def __getattr__(name: str):
+    if name == "FOLDER":
+        return catalog("tp_emulation.folder")
+    if name == "COST_FILE":
+        return catalog("tp_emulation.allreduce")
+    if name == "TP2_MEASURED":
+        return tp2_measured()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

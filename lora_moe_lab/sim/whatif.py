@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..instruments.analysers import stats
 from ..instruments.analysers import trace as T
-from ..provenance import DATA
+from ..provenance import catalog
 from . import replay as R
 from . import replay_transforms as X
 
@@ -49,9 +49,10 @@ __all__ = [
 
 TOL = 0.05
 SPIN_NS = 500_000  # as scripts/validate_replay.py: longer host gaps are the engine's busy-wait
-VALIDATION_CSV = DATA / "replay" / "validation.csv"
-SIG = DATA / "production" / "signature_s1" / "traces"
-MOE = DATA / "traces"
+# the recordings it reads, by catalog name (data/catalog.json): the validation, the decoder's and the MoE model's traces
+VALIDATION = "replay.validation"
+DEC_TRACES = "production.signature_traces"
+MOE_TRACES = "traces.moe"
 _DEC = re.compile(r"qwen3-30b-a3b_L48_tp1_C(\d+)_gs5\.41667_(h[\d.]+_f0_o70_)?none_(\w+?)_rank0\.json\.gz$")
 _MOE = re.compile(r"(qwen3-30b-a3b)_(sync|cpu_flag|launch_always)_(eager|graph)_M(\d+)\.json\.gz$")
 # the other configuration a guard template comes from (validate_replay.py's DEC_OTHER / MOE_OTHER)
@@ -90,7 +91,7 @@ def sources() -> pd.DataFrame:
     key), guard, mode, tokens (chunk or M), steps (forwards per measurement), layers (as replayed: the
     8-layer eager MoE traces tiled to 48; a graph-mode trace holds one launch of 8 layers), path."""
     rows = []
-    for p in sorted(SIG.glob("*.json.gz")):
+    for p in _traces(DEC_TRACES):
         m = _DEC.search(p.name)
         if m:
             cfg = f"{'prodlike' if m[2] else 'default'}_C{m[1]}"
@@ -107,7 +108,7 @@ def sources() -> pd.DataFrame:
                     path=p,
                 )
             )
-    for p in sorted(MOE.glob("*.json.gz")):
+    for p in _traces(MOE_TRACES):
         m = _MOE.search(p.name)
         if m:
             rows.append(
@@ -124,8 +125,16 @@ def sources() -> pd.DataFrame:
                 )
             )
     if not rows:
-        raise FileNotFoundError(f"no recorded traces in {SIG} or {MOE}")
+        raise FileNotFoundError(f"no recorded traces in the catalog's {DEC_TRACES!r} or {MOE_TRACES!r}")
     return pd.DataFrame(rows).set_index("name", drop=False)
+
+
+def _traces(name: str) -> list:
+    """The catalog's trace files under `name`; none recorded: []."""
+    try:
+        return catalog(name)
+    except FileNotFoundError:
+        return []
 
 
 def _source(name: str) -> pd.Series:
@@ -160,10 +169,12 @@ def _find(model: str, config: str, guard: str, mode: str = "eager") -> str:
 
 @lru_cache(maxsize=1)
 def validation() -> pd.DataFrame:
-    """data/replay/validation.csv (scripts/validate_replay.py): the held-out points."""
-    if not VALIDATION_CSV.is_file():
-        raise FileNotFoundError(f"no {VALIDATION_CSV}: run scripts/validate_replay.py")
-    return pd.read_csv(VALIDATION_CSV, dtype={"config": str})
+    """The replay's held-out points (catalog "replay.validation", written by studies/replay/record.py)."""
+    try:
+        f = catalog(VALIDATION)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}: run studies/replay/record.py") from None
+    return pd.read_csv(f, dtype={"config": str})
 
 
 def host_factor(model: str, config: str, guard: str, mode: str = "eager") -> tuple[float, str]:

@@ -180,20 +180,18 @@ assert same, "the hoisted loop's logits differ from the eager loop's"
 # ### The priced rewrite, recorded on the H200
 # On a GPU the audit prices each sync (the GPU idle after it and the replay's saving); whether the
 # rewrite buys that back is a timing question: `data/audit_corpus/` (`studies/audit_corpus/record.py`,
-# one `priced_<session>.csv` per device session) holds the replay's predicted saving beside the
+# `priced.csv`, a row per session and model) holds the replay's predicted saving beside the
 # measured one (eager against hoisted, paired, with its 95 % interval) per model, recorded on an H200.
 # Read as recorded; nothing here is computed on this machine.
 
 # %%
-CORPUS = nbp.DATA / "audit_corpus"  # priced_rewrites.csv, or one priced_<session>.csv per device session
-PRICED = [CORPUS / "priced_rewrites.csv"] if (CORPUS / "priced_rewrites.csv").exists() else sorted(
-    CORPUS.glob("priced_*.csv"))
-if PRICED:
-    priced = pd.concat([pd.read_csv(f) for f in PRICED], ignore_index=True)
-    cols = ["model", "rewrite", "tokens", "layers", "syncs_before", "syncs_after", "predicted_saving_us",
-            "measured_saving_us", "measured_lo_us", "measured_hi_us", "eager_us", "hoisted_us", "session", "gpu"]
-    print(f"recorded: {', '.join(f.name for f in PRICED)} (saving per forward, us; measured: paired, 95 % interval)")
-    display(priced[[c for c in cols if c in priced] or list(priced)].round(1))
+PRICED = nbp.DATA / "audit_corpus" / "priced.csv"  # one row per session and model
+if PRICED.exists():
+    priced = pd.read_csv(PRICED)
+    cols = ["session", "model", "syncs_before", "syncs_after", "predict_method", "predicted_saving_us",
+            "measured_saving_us", "measured_lo_us", "measured_hi_us", "pred_error_pct", "halfwidth_pct", "reps"]
+    print(f"recorded: {PRICED.name} (saving per forward, us; measured: paired, percentile bootstrap 95 % interval)")
+    display(priced[[c for c in cols if c in priced]].round(1))
 else:
     print("no H200 recording of the priced rewrite in data/audit_corpus/ yet")
 

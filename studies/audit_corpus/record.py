@@ -12,16 +12,16 @@ For each model (random init, bf16, `--tokens` tokens, transformers' eager per-ex
      interleaved and paired, `--warmup` pairs checked for drift then `--reps` pairs; the saving is the
      median paired difference with its percentile bootstrap 95 % interval; the outputs bit-equal.
 
-    python studies/audit_corpus/record.py --out data/audit_corpus --session s1
+    python studies/audit_corpus/record.py --out data/audit_corpus --session s3   # rows into priced.csv, sites.csv
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -33,7 +33,10 @@ from lora_moe_lab.instruments.recorders.profiling import profile_forwards
 from lora_moe_lab.instruments.recorders.timing import rotated, time_once
 from lora_moe_lab.provenance import metadata
 from lora_moe_lab.sim import replay_transforms as RT
+from lora_moe_lab.instruments.analysers.trace.analysis import ranges_index
+from lora_moe_lab.instruments.analysers.trace.parse import top_level
 from lora_moe_lab.sim.replay import SYNC, build_graph, replay
+from lora_moe_lab.sim.sync_savings import host_call_starts
 
 MODELS = {
     # the issue's shape: Qwen3-30B-A3B's layer (hidden 2048, 128 experts, top-8, moe intermediate 768), 4 layers
@@ -67,20 +70,56 @@ def build(name: str, tokens: int, seed: int = 0):
     return model, fwd, experts_cls
 
 
-def predicted_saving(rep, fwd, experts_file: str, nonzero_line: int):
-    """The replay's saving of removing the rewrite's syncs, from one plain profiled forward."""
+def _top_ops(tables, g):
+    """(starts, ends, names) of the host thread's top-level aten ops in the forward's window: the ops the
+    model's Python called (their nested ops and runtime calls lie inside them)."""
+    ops = tables.cpu_ops
+    w0, w1 = g.meta["window_ns"]
+    ops = ops[(ops["tid"] == g.meta["host_tid"]) & (ops["start_ns"] >= w0) & (ops["start_ns"] < w1)]
+    top = sorted(top_level(ops.to_dict("records")), key=lambda r: r["start_ns"])
+    return (np.array([r["start_ns"] for r in top], np.int64), np.array([r["end_ns"] for r in top], np.int64),
+            np.array([r["name"] for r in top], object))
+
+
+def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: int | None):
+    """The replay's saving of the rewrite, from ONE plain profiled forward of the eager loop, two ways:
+    `syncs`: every removed sync and the device-to-host copy before it go (remove_syncs);
+    `ops`: the ops the rewrite deletes go whole (drop_calls): each top-level aten op that holds a removed
+    sync (torch.where's nonzero with its scan launches and copy, the 0-d index's item, bool()) with every
+    runtime call in it and the host time before each; and per expert the rewrite's own two index kernels
+    (`seg % T`, `seg // T`) stand in as the eager loop's compare launch (`expert_idx == num_experts`, one
+    elementwise kernel over a few int64) kept and repeated once (repeat_calls). The per-layer routing
+    ops of both (one_hot, sum, nonzero against sort, scatter_add, tolist) are left as traced."""
     tables = profile_forwards(fwd, n_warmup=1, n_active=1)
     g = build_graph(tables, forward=0)
     sync_idx = np.nonzero(g.host["kind"] == SYNC)[0]
     events = sorted((e for e in rep.events if e.rep == 0), key=lambda e: e.t_ns)
     note = f"{len(sync_idx)} blocking runtime calls in the trace, {len(events)} syncs in the audit"
-    if len(sync_idx) != len(events):
-        return float("nan"), float(replay(g).step_ns[0]) / 1e3, note + ": cannot match them in order"
-    keep = f"{experts_file}:{nonzero_line}"
-    removed = [i for i, e in enumerate(events) if e.site.startswith(experts_file + ":") and e.site != keep]
     base = float(replay(g).step_ns[0])
-    after = float(replay(RT.remove_syncs(g, which="all", calls=sync_idx[removed])).step_ns[0])
-    return (base - after) / 1e3, base / 1e3, note + f"; {len(removed)} removed"
+    if len(sync_idx) != len(events):
+        return dict(syncs=float("nan"), ops=float("nan"), base=base / 1e3, note=note + ": cannot match them in order")
+    keep = f"{experts_file}:{keep_line}"
+    removed = [i for i, e in enumerate(events) if e.site.startswith(experts_file + ":") and e.site != keep]
+    syncs = base - float(replay(RT.remove_syncs(g, which="all", calls=sync_idx[removed])).step_ns[0])
+    starts = host_call_starts(g)
+    o_s, o_e, o_n = _top_ops(tables, g)
+    op_of = ranges_index(starts, o_s, o_e)
+    drop_ops = {int(op_of[sync_idx[i]]) for i in removed} - {-1}
+    drop = np.nonzero(np.isin(op_of, sorted(drop_ops)))[0]
+    repeat = []
+    if compare_line is not None:  # the launch right before each removed bool() of the compare line
+        cmp_site = f"{experts_file}:{compare_line}"
+        for i in removed:
+            if events[i].site == cmp_site:
+                first = np.nonzero(op_of == op_of[sync_idx[i]])[0][0]
+                if first > 0 and o_n[op_of[first - 1]] == "aten::eq":
+                    repeat.append(int(first - 1))
+    g2 = RT.drop_calls(RT.repeat_calls(g, repeat), [c + int(np.searchsorted(repeat, c, side="right")) for c in drop])
+    ops = base - float(replay(g2).step_ns[0])
+    names = ", ".join(f"{n} {c}" for n, c in Counter(o_n[sorted(drop_ops)]).most_common(4))
+    note += (f"; {len(removed)} syncs removed; ops: {len(drop_ops)} ops dropped ({names}), {len(drop)} runtime "
+             f"calls, {g.n_kernels - g2.n_kernels} kernels net, {len(repeat)} compare launches repeated")
+    return dict(syncs=syncs / 1e3, ops=ops / 1e3, base=base / 1e3, note=note)
 
 
 def measure(model, fwd, warmup: int, reps: int):
@@ -111,8 +150,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--session", required=True)
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--models", default=",".join(MODELS))
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -133,11 +172,13 @@ def main(argv=None):
         experts_file = os.path.relpath(inspect.getsourcefile(ecls), root).replace(os.sep, "/")
         lines, first = inspect.getsourcelines(ecls.forward)
         nonzero_line = next(i for i, l in enumerate(lines, first) if ".nonzero()" in l)
+        compare_line = next((i for i, l in enumerate(lines, first) if "== self.num_experts" in l), None)
         t = rep.table()
         for r in t.itertuples():
             sites.append(dict(session=a.session, model=name, site=r.site, function=r.function, kind=r.kind,
                               count=r.count_per_call, torch_count=r.torch_count, code=r.code))
-        pred, base_replay_us, note = predicted_saving(rep, fwd, experts_file, nonzero_line)
+        p = predicted_saving(rep, fwd, experts_file, nonzero_line, compare_line)
+        pred = p["ops"]
         model.config._experts_implementation = expert_loop.register()
         y1 = fwd()
         after = audit(fwd, warmup=0, reps=1, profile=False)
@@ -149,7 +190,9 @@ def main(argv=None):
             syncs_before=rep.count, torch_count_before=rep.torch_count, other=rep.kinds.get("other", 0),
             sites_in_transformers=bool(all(s.startswith("transformers/") for s in rep.sites)),
             syncs_after=after.count, outputs_equal=bool(torch.equal(y0, y1)),
-            predicted_saving_us=pred, replay_base_us=base_replay_us, predict_note=note,
+            predicted_saving_us=pred, predicted_syncs_only_us=p["syncs"], replay_base_us=p["base"],
+            predict_method="ops: the rewrite's deleted ops dropped whole, its index kernels as the compare's",
+            predict_note=p["note"],
             measured_saving_us=m["saving_us"], measured_lo_us=m["lo_us"], measured_hi_us=m["hi_us"],
             eager_us=m["eager_us"], hoisted_us=m["hoisted_us"], reps=m["n"], warmup_ok=m["warmup_ok"],
             warmup_note=m["warmup_note"], interval="percentile bootstrap 95 % of the paired median difference",
@@ -161,14 +204,31 @@ def main(argv=None):
         print(json.dumps(rows[-1], default=str), flush=True)
         del model
         torch.cuda.empty_cache()
-    for fname, rs in ((f"priced_{a.session}.csv", rows), (f"sites_{a.session}.csv", sites)):
-        with open(os.path.join(a.out, fname), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rs[0]))
-            w.writeheader()
-            w.writerows(rs)
-    with open(os.path.join(a.out, f"priced_{a.session}.meta.json"), "w") as f:
-        json.dump(meta, f, indent=1, default=str)
+    meta_path = os.path.join(a.out, "priced.meta.json")
+    metas = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    for fname, rs in (("priced.csv", rows), ("sites.csv", sites)):
+        append_rows(os.path.join(a.out, fname), rs, a.session)
+    metas[a.session] = meta
+    write_atomic(meta_path, json.dumps(metas, indent=1, default=str))
 
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def append_rows(path: str, rows: list[dict], session: str) -> None:
+    """The session's rows into the study's long table (its earlier rows of the same session replaced),
+    written whole to a temporary file and moved into place: a run that dies leaves the table as it was."""
+    import pandas as pd
+
+    new = pd.DataFrame(rows)
+    if os.path.exists(path):
+        old = pd.read_csv(path)
+        new = pd.concat([old[old["session"] != session], new], ignore_index=True)
+    write_atomic(path, new.to_csv(index=False))
 
 if __name__ == "__main__":
     main()

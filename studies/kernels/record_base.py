@@ -51,7 +51,6 @@ import torch
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments.analysers import base_gemm as bg
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
@@ -64,6 +63,9 @@ from lora_moe_lab.kernels.configs import GemmConfig, rule_block_m, rule_gemm_con
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.provenance import git_commit, repo_relative
+
+from studies.kernels import read as bg
+from studies.kernels import tidy
 
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
 SWEEP_M = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -637,6 +639,7 @@ def units_of(lines):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "build/kernels_base"), help="default: $OUT")
+    tidy.session_args(ap, "kernels_base")  # --ncu-parse: appended to the --ncu-stem section's counters
     ap.add_argument("--sections", default="sweep,variants,compare", help="default: sweep,variants,compare")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions of compare (default 15)")
     ap.add_argument("--sweep-reps", type=int, default=10, help="replays per sweep timing (default 10)")
@@ -652,7 +655,9 @@ def main(argv=None):
     if args.adopt_persist:
         return adopt_persist(args.adopt_persist, args.out)
     if args.ncu_parse:
-        return ncu_parse(args.ncu_parse, args.out, args.ncu_stem)
+        f = ncu_parse(args.ncu_parse, args.out, args.ncu_stem)
+        tidy.append_if_asked(args, args.ncu_stem.removesuffix("_ncu"), ncu_only=True)
+        return f
     dev = torch.device("cuda")
     if args.dry or not torch.cuda.is_available():
         dev = _dry()
@@ -698,6 +703,7 @@ def main(argv=None):
             rec.section(f"compare {preset}", compare, preset, dev, gen, args.reps)
             log(f"[compare {preset} done at {time.time() - t0:.0f}s]")
     rec.write()
+    tidy.append_if_asked(args, "kernels_base")
 
 
 def use_tables(path):

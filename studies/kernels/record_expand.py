@@ -62,6 +62,8 @@ from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import rel, tolerance
 
+from studies.kernels import tidy
+
 PRESETS = kc.PRESETS
 S, RANK, BF = kc.S, kc.RANK, torch.bfloat16
 SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the check's M); regs/table: REGS_M
@@ -513,6 +515,7 @@ def ncu_run(out, dev, gen, which="down"):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    tidy.session_args(ap, "kernels_expand")
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
     ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages", "down", "balance"),
@@ -561,6 +564,7 @@ def main(argv=None):
             rec.section(f"{sec} {preset}", fn, preset, dev, *extra)
         log(f"[{sec} done at {time.time() - t0:.0f}s]")
     rec.write()
+    tidy.append_if_asked(args, "kernels_expand")
     summary(meta)
 
 

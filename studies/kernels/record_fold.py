@@ -88,7 +88,6 @@ from lora_moe_lab.kernels.configs import GemmConfig, block_r, lora_block_m, lora
 from lora_moe_lab.kernels.common import pow2
 from lora_moe_lab.kernels.fused_moe import Folded, Packed, Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
-from lora_moe_lab.kernels.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_packed, moe_gemm_lora_wide,
                                                         pack_lora_b, wide_columns, wide_weights, x_wide_columns)
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
@@ -97,6 +96,9 @@ from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
+
+from studies.kernels import tidy
+from studies.kernels.tried.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 KERNEL_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
@@ -1114,6 +1116,7 @@ def ncu_run(out, dev, gen):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    tidy.session_args(ap, "kernels_fold")
     ap.add_argument("--sections", default="check,kernels,layer", help="default: check,kernels,layer")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
     ap.add_argument("--cases", type=int, default=1000, help="random cases per differential (default 1000)")
@@ -1157,6 +1160,7 @@ def main(argv=None):
                 rec.section(f"{sec} {preset}", fn, preset, dev, *extra, args.reps)
                 log(f"[{sec} {preset} done at {time.time() - t0:.0f}s]")
     rec.write()
+    tidy.append_if_asked(args, "kernels_fold")
 
 
 def _dry():

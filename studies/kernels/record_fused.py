@@ -32,9 +32,10 @@ from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
-from lora_moe_lab.kernels.fused_moe_lora_epilogue import moe_gemm_lora
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.ops.reference import rel, tolerance
+
+from studies.kernels.tried.fused_moe_lora_epilogue import moe_gemm_lora
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 FUSED_M = tuple(2 ** i for i in range(15))

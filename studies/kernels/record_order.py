@@ -41,6 +41,8 @@ from lora_moe_lab.kernels.configs import block_r, moe_block_m
 from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, wide_columns
 from lora_moe_lab.model.graphs import GraphForward
 
+from studies.kernels import tidy
+
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 W1S = configs.W1S  # the layer's gate_up shrink options, without the block order
 PRESET = "qwen3-30b-a3b"
@@ -125,6 +127,7 @@ def ncu_run(out, dev, gen):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    tidy.session_args(ap, "shrink_order")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
     ap.add_argument("--ncu-run", action="store_true", help="launch each arm once at M=8192 (run under ncu)")
     args = ap.parse_args(argv)
@@ -138,6 +141,7 @@ def main(argv=None):
                                                          shrink=W1S))
     rec.section("order", order, dev, gen, args.reps)
     rec.write()
+    tidy.append_if_asked(args, "shrink_order")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Where LoRA's share of the MoE layer goes: the layer's kernels, one by one, with and without the adapters (H200).
 
 The layer section of studies/kernels/record_fold.py times LoRA's share of one MoE layer (paired CUDA-graph replays), and
-`analysers.floors.share_floors` sets it beside the least time the adapters' bytes and FLOPs allow. This recording
+`read_floors.share_floors` sets it beside the least time the adapters' bytes and FLOPs allow. This recording
 says which kernels make up the difference: each arm's CUDA graph is replayed under torch.profiler, and every kernel's
 GPU duration is read from the trace (CUPTI's records, one per kernel node of the graph).
 
@@ -33,6 +33,8 @@ from lora_moe_lab.kernels.fused_moe_lora_packed import x_wide_columns
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from lora_moe_lab.model.moe import LoRAHook
+
+from studies.kernels import tidy
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
@@ -98,6 +100,7 @@ def parts(dev, forwards):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    tidy.session_args(ap, "kernels_parts")
     ap.add_argument("--forwards", type=int, default=20, help="profiled replays per arm (default 20)")
     args = ap.parse_args(argv)
     if args.forwards < 3:
@@ -108,6 +111,7 @@ def main(argv=None):
                                                           presets=PRESETS, parts_m=PARTS_M))
     rec.section("parts", parts, dev, args.forwards)
     rec.write()
+    tidy.append_if_asked(args, "kernels_parts")
 
 
 if __name__ == "__main__":

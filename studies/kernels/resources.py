@@ -4,7 +4,7 @@ presets' shapes, so Triton specialises the arguments exactly as on the GPU (stri
 16), and the launch is replaced by Triton's compile-only warm-up. Nothing runs; no timing comes from here.
 
     PYTHONPATH=/tmp/t36 python studies/kernels/resources.py        # with the GPU machine's Triton (3.6)
-    python studies/kernels/resources.py --check data/kernels/base_s3_kernels_base_ncu.csv
+    python studies/kernels/resources.py --check base_s3     # a session of data/kernels/kernels_base_ncu.csv
 
 Registers are read from the cubin (`cuobjdump -res-usage`, shipped with Triton). They depend on the
 Triton and ptxas versions, so use the Triton the GPU machine runs; `--check` compares them with the
@@ -205,9 +205,17 @@ def lora_str(c: LoRAKernelConfig) -> str:
 
 
 def check(ncu_csv) -> int:
-    """Every base-GEMM row of an ncu recording compiled here: registers equal to ncu's, or a failure."""
+    """Every base-GEMM row of an ncu recording compiled here: registers equal to ncu's, or a failure. `ncu_csv`: a
+    parsed ncu CSV, or a session of data/kernels/kernels_base_ncu.csv (studies/kernels/tidy.py)."""
     bad = 0
-    for row in csv.DictReader(open(ncu_csv)):
+    if os.path.exists(ncu_csv):
+        rows = list(csv.DictReader(open(ncu_csv)))
+    else:
+        from studies.kernels import tidy
+
+        rows = tidy.rows("kernels_base", ncu_csv, ncu=True).astype(object).where(lambda t: t.notna(), "").astype(
+            str).to_dict("records")
+    for row in rows:
         if row["kernel"] == "fused_moe_lora_kernel":
             r = report_lora(row["preset"], row["op"].removeprefix("lora_"), int(row["M"]))
         elif row["kernel"] == "fused_moe_kernel":
@@ -272,7 +280,8 @@ def record(out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", metavar="DIR", help="write DIR/kernel_resources.csv (+ .meta.json)")
-    ap.add_argument("--check", metavar="NCU_CSV", help="compare with ncu's registers of the same builds")
+    ap.add_argument("--check", metavar="NCU_CSV", help="compare with ncu's registers of the same builds (a parsed "
+                    "ncu CSV, or a session of data/kernels/kernels_base_ncu.csv)")
     ap.add_argument("--tile", action="append", help="e.g. bm128/bn256/bk64/g16/w8/s4/tma/p1/flat (repeatable)")
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--op", choices=("gate_up", "down"), default="down")

@@ -9,8 +9,7 @@ at all with no adapter live); rows of pairs without a live adapter must equal th
 """
 import pytest
 import torch
-from test_fused_moe_lora_epilogue import check_against_float64
-from test_lora_decode import make_case
+from lora_gemm_cases import check_against_float64, make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels import align as align_mod

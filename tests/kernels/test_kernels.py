@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lora_moe_lab import runtime
-from lora_moe_lab.kernels import configs, fused_moe, fused_moe_lora
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.kernels import configs, fused_moe, fused_moe_lora, plan
 from lora_moe_lab.ops import triton_backend
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.ops.reference import ref_lora_delta, ref_moe_gemm
@@ -468,8 +469,8 @@ def test_launch_plan_matches_the_launch():
 
 
 def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
-    """Where the table folds an op, the layer aligns ordered by LoRA row; warm-up must compile that alignment
-    (on CUDA its own Triton kernels) and run the folded GEMM on it, not on the plain one."""
+    """Where the plan folds an op on the alignment ordered by LoRA row, the layer aligns so; warm-up must compile
+    that alignment (on CUDA its own Triton kernels) and run the folded GEMM on it, not on the plain one."""
     seen = []
     align = triton_backend.moe_align
 
@@ -478,41 +479,97 @@ def test_warmup_aligns_folded_ops_as_the_layer_does(monkeypatch):
         return align(*a, **kw)
 
     monkeypatch.setattr(triton_backend, "moe_align", spy)
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": frozenset({1})})
-    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", frozenset({1}))  # the packed build orders there too
-    triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
+    base = plan.table_for()
+    down = {**plan.entries(), **plan.entries("packed", buckets=(1,), per_slot=True)}  # the packed build, ordered
+    with plan.override(base.but(ops={"gate_up": plan.entries(), "down": down}, shapes={})):
+        triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1, 2))
     assert seen.count(True) == 1  # M=1 folds the down GEMM; M=2 (bucket 2) folds nothing
-    monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", False)
     seen.clear()
-    triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1,))
+    down = {**plan.entries(), **plan.entries("packed", buckets=(1,))}  # one dot over every slot: not ordered
+    with plan.override(base.but(ops={"gate_up": plan.entries(), "down": down}, shapes={})):
+        triton_backend.warmup("tiny", torch.float32, max_loras=2, max_rank=8, device=DEV, num_tokens=(1,))
     assert not any(seen)
 
 
+QWEN3, TP4 = get_shape("qwen3-30b-a3b"), get_shape("qwen3-30b-a3b-tp4")
+DIMS = plan.LoRADims(slots=4, rank=16, rows=4)
+
+
+def _plan(op, M, shape, **kw):
+    return plan.plan(op, M, shape, lora=DIMS, **kw)
+
+
 def test_fold_table_per_gemm_shape():
-    """FOLDED_LORA_SHAPE_TOKENS folds one GEMM shape at buckets its op's table leaves separate: qwen3-30b-a3b's
-    gate_up (N = 1536, K = 2048) at M >= 4096 (4096 with gate_up's wide build), not at 2048, and not its TP=4 shape
-    (N = 384: the layer lost, lay_s5); the W1S shrink is the packed shrink's at M >= 8192 only; gate_up's wide build's
-    at 4096 too."""
-    E, k = 128, 8
-    assert configs.use_folded_lora("gate_up", 8192, k, E, 1536, 2048)
-    assert configs.use_folded_lora("gate_up", 16384, k, E, 1536, 2048)
-    assert configs.use_folded_lora("gate_up", 4096, k, E, 1536, 2048)
-    assert not configs.use_folded_lora("gate_up", 2048, k, E, 1536, 2048)
-    assert not configs.use_folded_lora("gate_up", 8192, k, E, 384, 2048)
-    assert configs.use_wide_gate_up(8192, 128, 384, 2048, E) and configs.use_wide_down(128)
-    assert configs.WIDE_GATE_UP_SHRINK == dict(configs.W1S, slot_order=True)
-    assert configs.WIDE_GATE_UP_TOKENS == {4096, 8192, 16384}
-    assert configs.packed_shrink(8192) == configs.W1S and configs.packed_shrink(4096) == {}
+    """The H200 plan (the default elsewhere) folds qwen3-30b-a3b's gate_up at M >= 4096 by its shape's entry, with
+    its wide build per block and the slot-ordered W1S shrink, not at 2048, and not its TP=4 shape (the layer lost
+    there); the W1S shrink is the packed shrink's at M >= 8192 only (a second hook: the packed build)."""
+    for M in (4096, 8192, 16384):
+        p = _plan("gate_up", M, QWEN3)
+        assert p.path == "wide" and p.order_by_row and p.shrink_options == plan.table_for().options[
+            "W1S_slot_order"].dict()
+        assert p.columns == QWEN3.top_k * 2 * 4 * 16  # top_k tails of 2 slices x 4 slots x BLOCK_R
+        assert "wg_s4" in p.decided_by  # the recordings that decided it travel with the entry
+        assert _plan("gate_up", M, TP4).path == "separate"
+        packed = _plan("gate_up", M, QWEN3, alone=False)
+        assert packed.path == "packed" and packed.shrink_options == (configs.W1S if M >= 8192 else {})
+    assert _plan("gate_up", 2048, QWEN3).path == "separate"
+    for M, path in ((16, "decode"), (128, "packed"), (1024, "packed"), (2048, "separate")):
+        assert {_plan("gate_up", M, sh).path for sh in (QWEN3, TP4)} == {path}, M
+    assert {_plan("down", M, QWEN3).path for M in (128, 256, 1024, 2048, 4096, 8192, 16384)} == {"wide"}
+    assert _plan("down", 512, QWEN3).path == "packed" and _plan("down", 64, QWEN3).path == "separate"
+    assert _plan("down", 16384, QWEN3).columns == 4 * 16  # C: 4 slots x BLOCK_R past I in each pair's row
+    # a later hook never fuses, and the torch backend has no fused path
+    assert _plan("down", 8192, QWEN3, fuse=False).path == "separate"
+    assert _plan("down", 8192, QWEN3, backend="torch").path == "separate"
+    assert plan.plan("down", 8192, QWEN3).path == "none"  # no LoRA: the base GEMM's alignment only
 
 
 def test_packed_tile_per_gemm_shape():
-    """PACKED_TILE_SHAPE_TOKENS gives the packed GEMM a program per tile at TP=4 down (N = 2048, K = 192) of M = 1024
-    only: not at 4096, not at qwen3's down (K = 768), and the bucket's expand options stay beside it."""
+    """The TP=4 shape's entry gives the packed GEMM a program per tile at down (N = 2048, K = 192) of M = 1024 only
+    (where down falls back from its wide build to the packed one: a second hook): not at 4096, not at qwen3's down
+    (K = 768), and the bucket's expand options stay beside it."""
     ppt = dict(persistent=0, flatten=False)
+    assert _plan("down", 1024, TP4, alone=False).expand_options == dict(tile=ppt)
+    assert "tile" not in _plan("down", 4096, TP4, alone=False).expand_options
+    assert _plan("down", 1024, QWEN3, alone=False).expand_options == {}
+    assert _plan("down", 4096, QWEN3, alone=False).expand_options == dict(depth=64)
+    # the former tables' names, derived from the plan
     assert configs.packed_expand(1024, "down", 2048, 192) == dict(tile=ppt)
-    assert "tile" not in configs.packed_expand(4096, "down", 2048, 192)
-    assert configs.packed_expand(1024, "down", 2048, 768) == {}
-    assert configs.packed_expand(4096) == dict(depth=64)
+    assert configs.PACKED_TILE_SHAPE_TOKENS == {("down", 2048, 192): {1024: ppt}}
+
+
+def test_plan_tables_are_well_formed_and_named_per_gpu():
+    """Every lora_plan file reads and checks (every op lists every token bucket); the default follows the H200's,
+    so the CPU and the interpreter take the H200's choices."""
+    files = sorted(plan.TABLE_DIR.glob("lora_plan_*.json"))
+    assert {f.name for f in files} == {plan.file_name("NVIDIA H200"), plan.DEFAULT_FILE}
+    h200, default = plan.load("NVIDIA H200"), plan.load(None)
+    assert default.ops == h200.ops and default.shapes == h200.shapes and default.gpu == "default"
+    assert plan.load("Some Other GPU").ops == h200.ops
+    for t in (h200,):
+        for op in plan.OPS:
+            assert set(t.ops[op]) == set(plan.BUCKETS)
+            assert all(e.decided_by and e.why for e in t.ops[op].values()), op
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(decode={}), "decode.max_pairs must be"),
+    (dict(ops={"gate_up": {}}), "ops must be exactly"),
+    (dict(ops={"gate_up": {"1": {"path": "folded"}}, "down": {}}), "path must be one of"),
+    (dict(ops={"gate_up": {"3": {"path": "separate"}}, "down": {}}), "bucket '3' is not a token bucket"),
+    (dict(ops={"gate_up": {"1": {"path": "separate"}}, "down": {}}), "gate_up lacks the buckets"),
+    (dict(ops={"gate_up": {"1": {"path": "separate", "per_slot": True}}, "down": {}}), "takes no fold options"),
+    (dict(ops={"gate_up": {"1": {"path": "wide", "window": True}}, "down": {}}), "window is the down GEMM"),
+    (dict(ops={"gate_up": {"1": {"path": "packed", "shrink": "W9"}}, "down": {}}), "names option set 'W9'"),
+    (dict(ops={"gate_up": {"1": {"path": "packed", "tiles": {}}}, "down": {}}), "an entry holds only"),
+    (dict(shapes={"2048x768": {}}), "must be named H<hidden>_I<intermediate>"),
+])
+def test_malformed_plans_are_named_errors(change, match):
+    import json
+    raw = json.loads((plan.TABLE_DIR / plan.file_name("NVIDIA H200")).read_text())
+    raw.update(change)
+    with pytest.raises(ValueError, match=match):
+        plan.check_table(raw, "p.json")
 
 
 def test_warmup_runs_every_config():

@@ -9,9 +9,11 @@ import torch
 from helpers import rel_err
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lora_gemm_cases import I32, make_case
 
 from lora_moe_lab import runtime
-from lora_moe_lab.kernels import configs
+from lora_moe_lab.config import get_shape
+from lora_moe_lab.kernels import configs, plan
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import DecodeConfig
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
@@ -21,26 +23,6 @@ from lora_moe_lab.ops.reference_rows import ref_lora_delta_rows
 
 DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
-I32 = dict(dtype=torch.int32)
-
-
-def make_case(seed, M, K, N, E, top_k, S, L, R, P, *, dtype=torch.float32, gather=True, with_rw=False,
-              mapping=None, lora_ids=None, enabled=None, dead_experts=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(M)]).int()
-    if dead_experts:  # some pairs routed nowhere (expert -1)
-        ids.view(-1)[torch.randperm(M * top_k, generator=g)[:dead_experts]] = -1
-    rnd = lambda *s, std=1.0: (torch.randn(*s, generator=g) * std).to(dtype)  # noqa: E731
-    c = dict(x=rnd(M if gather else M * top_k, K), a=rnd(P, S, E, R, K, std=K ** -0.5),
-             b=rnd(P, S, E, N, R, std=R ** -0.5), ids=ids, gather=gather,
-             mapping=(torch.tensor(mapping, **I32) if mapping is not None
-                      else torch.randint(-1, L, (M,), generator=g, **I32)),
-             lora_ids=(torch.tensor(lora_ids, **I32) if lora_ids is not None
-                       else torch.randperm(S, generator=g)[:L].int()),
-             enabled=torch.tensor(enabled, **I32) if enabled is not None else torch.ones(L, **I32),
-             rw=torch.rand(M, top_k, generator=g).add_(0.1) if with_rw else None,
-             out0=rnd(M * top_k, P * N))
-    return c
 
 
 def run_case(c, dtype, *, live_pairs=None, config=None, exit_codes=False):
@@ -169,5 +151,12 @@ def test_validation_errors():
 
 
 def test_path_choice_is_static():
-    assert configs.use_decode_path(1, 8) and configs.use_decode_path(configs.DECODE_MAX_PAIRS // 8, 8)
-    assert not configs.use_decode_path(configs.DECODE_MAX_PAIRS // 8 + 1, 8)
+    """The plan takes the decode path up to its table's bound of (token, k) pairs, from static shapes only."""
+    sh = get_shape("qwen3-30b-a3b")
+    bound = plan.table_for().decode_max_pairs
+    dims = plan.LoRADims(slots=4, rank=16, rows=4)
+    for M, path in ((1, "decode"), (bound // 8, "decode"), (bound // 8 + 1, "separate")):
+        assert {plan.plan(op, M, sh, lora=dims).path for op in plan.OPS} == {path}, M
+    # the names old callers read, derived from the same table
+    assert configs.DECODE_MAX_PAIRS == bound and configs.use_decode_path(bound // 8, 8)
+    assert not configs.use_decode_path(bound // 8 + 1, 8)

@@ -8,7 +8,7 @@ from lora_moe_lab.kernels import configs, tiles
 
 
 def test_committed_tables_are_well_formed_and_cover_both_presets():
-    files = sorted(tiles.TABLE_DIR.glob("*.json"))
+    files = sorted(f for f in tiles.TABLE_DIR.glob("*.json") if not f.name.startswith("lora_plan_"))  # not the plans
     assert {f.name for f in files} >= {"NVIDIA_H200_E128_H2048_I768.json", "NVIDIA_H200_E128_H2048_I192.json"}
     for f in files:
         t = tiles.check_table(json.loads(f.read_text()), str(f))

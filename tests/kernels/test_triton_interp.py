@@ -6,7 +6,7 @@ import pytest
 import torch
 import triton.language as tl
 import triton_interp
-from test_lora_decode import make_case
+from lora_gemm_cases import make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.kernels.align import moe_align

@@ -1,13 +1,13 @@
-"""The MoE layer's choice of LoRA path (model/moe.py: LoRAHook): at decode sizes the deltas run
-straight from topk_ids and the per-token row mapping (no alignment), above the bound over the
-per-adapter alignment; where the tables say so, a delta runs inside the base GEMM: in its epilogue
-(kernels/fused_moe_lora_epilogue.py) or folded into its K loop (kernels/fused_moe_lora_folded.py).
-All give the float64 model's output; the choice reads static shapes only."""
+"""The MoE layer's LoRA path, as its plan says (kernels/plan.py; model/moe.py: LoRAHook): at decode sizes the deltas
+run straight from topk_ids and the per-token row mapping (no alignment), above the bound over the per-adapter
+alignment; where the plan folds an op, its delta runs inside the base GEMM: the packed build (the packed shrink, then
+the adapters' columns as extra K iterations) or the wide one (those columns in the GEMM's own x and w). All give the
+float64 model's output; the choice reads static shapes only. Each test plans from its own table (`_use`)."""
 import pytest
 import torch
 from helpers import fp32_tol, rel_err
 
-from lora_moe_lab.kernels import configs
+from lora_moe_lab.kernels import configs, plan
 from lora_moe_lab.model.lab import build_lab
 from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops import reference as ref
@@ -21,29 +21,36 @@ def _lab(device):
 
 
 ALL = frozenset(2 ** i for i in range(15))
+WGS = dict(slot_window=1, both_slices=True, row_ptrs=True, sub_m=64, max_regs=128, slot_order=True)
 
 
-def _set_build(monkeypatch, build):
-    """configs' fold build: "rows", "packed", or "wide" (packed, both GEMMs' wide builds at every M)."""
-    monkeypatch.setattr(configs, "FOLD_BUILD", "rows" if build == "rows" else "packed")
-    monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", ALL if build == "wide" else frozenset())
-    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", ALL if build == "wide" else frozenset())
+def _entries(op, folds, build="packed", **kw):
+    """Every bucket of `op`: folded with `build` where `folds`, else separate (gate_up's wide build with the
+    slot-ordered W1S shrink, as the H200's plan has it)."""
+    if not folds:
+        return plan.entries()
+    if build == "wide" and op == "gate_up":
+        kw.setdefault("wide_shrink", WGS)
+    return plan.entries(build, **kw)
 
 
-@pytest.mark.parametrize("bound,fused,folded", [
-    (0, (), ()), (10 ** 6, (), ()),  # 0: always aligned; huge: always the decode path
-    (0, ("gate_up",), ()), (10 ** 6, ("down",), ()), (0, ("gate_up", "down"), ()),  # the epilogue
-    (0, (), ("gate_up", "down")), (0, ("gate_up",), ("down",)), (10 ** 6, ("down",), ("gate_up",))])  # folded
-@pytest.mark.parametrize("build", ["packed", "rows", "wide"])
-def test_both_paths_match_the_reference(bound, fused, folded, build, device, monkeypatch):
-    if build in ("rows", "wide") and not folded:
+def _use(monkeypatch, bound=0, gate_up=None, down=None, shapes=None):
+    """Every plan of the test reads a table: the default's, with this decode bound and these entries per op."""
+    base = plan.table_for()
+    t = base.but(decode_max_pairs=bound, ops={"gate_up": gate_up or plan.entries(), "down": down or plan.entries()},
+                 shapes=shapes or {})
+    monkeypatch.setattr(plan, "table_for", lambda device=None: t)
+    return t
+
+
+@pytest.mark.parametrize("bound,folded", [
+    (0, ()), (10 ** 6, ()),  # 0: always aligned; huge: always the decode path
+    (0, ("gate_up", "down")), (0, ("gate_up",)), (0, ("down",)), (10 ** 6, ("down",)), (10 ** 6, ("gate_up",))])
+@pytest.mark.parametrize("build", ["packed", "wide"])
+def test_both_paths_match_the_reference(bound, folded, build, device, monkeypatch):
+    if build == "wide" and not folded:
         pytest.skip("the fold's build matters only where an op folds")
-    _set_build(monkeypatch, build)
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", bound)
-    monkeypatch.setattr(configs, "FUSED_LORA_TOKENS",
-                        {op: ALL if op in fused else frozenset() for op in ("gate_up", "down")})
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS",
-                        {op: ALL if op in folded else frozenset() for op in ("gate_up", "down")})
+    _use(monkeypatch, bound, **{op: _entries(op, op in folded, build) for op in ("gate_up", "down")})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=1)
@@ -53,36 +60,38 @@ def test_both_paths_match_the_reference(bound, fused, folded, build, device, mon
 
 
 def test_hook_takes_the_decode_path_from_static_shapes(device):
+    """Up to the plan's decode bound of (token, k) pairs a separate delta runs without alignment, above it over the
+    per-adapter alignment; the first hook's entry folds before the bound decides (the tiny model at M >= 128)."""
     lab = _lab(device)
     k = lab.shape.top_k
-    for M, decode in ((configs.DECODE_MAX_PAIRS // k, True), (configs.DECODE_MAX_PAIRS // k + 1, False)):
+    bound = plan.table_for().decode_max_pairs
+    for M, decode in ((bound // k, True), (bound // k + 1, False)):
         batch, tensors = lab.make_batch(["r3"], [M])
         hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
+        with pytest.raises(RuntimeError, match="ask the plan first"):
+            hook.prepare(torch.zeros(M, k, dtype=torch.int32, device=device))
+        assert all(p.fused for p in hook.plans(M, lab.shape, device))  # the first hook's: its entries fold here
+        # a later hook's plan: the decode bound decides
+        assert {p.path for p in hook.plans(M, lab.shape, device, first=False)} == {"decode" if decode else "separate"}
         ids = torch.zeros(M, k, dtype=torch.int32, device=device)
         hook.prepare(ids)
         assert (hook.align is None) == decode and (hook.topk_ids is ids) == decode  # decode: no alignment
 
 
-@pytest.mark.parametrize("by_row", [True, False])
-@pytest.mark.parametrize("build,per_slot", [("rows", None), ("packed", True), ("packed", False)])
-def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, device, monkeypatch):
-    """Where the first hook folds an op, the layer orders its alignment by LoRA row (the rows build; the packed
-    build at PACKED_PER_SLOT_TOKENS) and the result still matches the reference; with FOLDED_ORDER_BY_ROW off, or
-    nothing folded, it does not."""
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    monkeypatch.setattr(configs, "FOLDED_ORDER_BY_ROW", by_row)
-    monkeypatch.setattr(configs, "FOLD_BUILD", build)
-    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", ALL if per_slot else frozenset())
+@pytest.mark.parametrize("per_slot", [True, False])
+def test_folding_orders_the_alignment_by_lora_row(per_slot, device, monkeypatch):
+    """Where the first hook folds an op with one expand dot per slot (the plan's per_slot), the layer orders its
+    alignment by LoRA row and the result still matches the reference; one dot over every slot, or nothing folded:
+    it does not."""
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    M = batch.num_tokens
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
-    M, sh = batch.num_tokens, lab.shape
-    assert hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate) is None  # the table folds nothing this small
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
-    order = hook.fold_order(M, sh.top_k, sh.hidden, sh.intermediate)
-    folds = lab.model.backend.use_folded_lora("down", M, sh.top_k, sh.num_experts, sh.hidden, sh.intermediate)
-    by_row = by_row and per_slot is not False  # the packed build orders only where it expands per slot
-    assert (order is tensors.token_lora_mapping) == (folds and by_row)
+    assert not any(p.order_by_row or p.fused for p in hook.plans(M, lab.shape, device))  # nothing folds this small
+    _use(monkeypatch, 0, down=_entries("down", True, per_slot=per_slot))
+    hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
+    p13, p2 = hook.plans(M, lab.shape, device)
+    assert p2.path == "packed" and p2.order_by_row == per_slot and not p13.order_by_row
     x = lab.random_input(M, seed=2)
     seen, align = [], lab.model.backend.align  # the layer's own alignment passes order_by; a hook's does not
 
@@ -94,27 +103,23 @@ def test_folding_orders_the_alignment_by_lora_row(by_row, build, per_slot, devic
     monkeypatch.setattr(type(lab.model.backend), "align", staticmethod(spy))  # model.backend: a new instance
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
-    assert len(seen) == 2 and all((o is tensors.token_lora_mapping) == (folds and by_row) for o in seen)
+    assert len(seen) == 2 and all((o is tensors.token_lora_mapping) == per_slot for o in seen)
     _check_model(lab, x, y, tensors, device)
 
 
 def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
-    """Where configs.PACKED_SHRINK_TOKENS, PACKED_EXPAND_TOKENS and PACKED_TILE_SHAPE_TOKENS name a bucket (and GEMM
-    shape), the packed layer's shrink and expand run with those options (here one slot per shrink dot, both slices
-    per program, x kept in L2; two slots per expand dot; the down GEMM on a persistent grid of 2 programs per SM) and
-    the forward still matches the reference."""
+    """Where the plan gives the packed build options (here one slot per shrink dot, both slices per program, x kept
+    in L2; two slots per expand dot) and the layer shape's entry a tile (the down GEMM on a persistent grid of 2
+    programs per SM), the packed layer's shrink and expand run with them and the forward still matches the
+    reference."""
     from lora_moe_lab.config import get_shape
-    sh = get_shape("tiny")
-    monkeypatch.setattr(configs, "PACKED_TILE_SHAPE_TOKENS",
-                        {("down", sh.hidden, sh.intermediate): {b: dict(persistent=2) for b in ALL}})
     from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    monkeypatch.setattr(configs, "FOLD_BUILD", "packed")
-    monkeypatch.setattr(configs, "PACKED_PER_SLOT_TOKENS", ALL)
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": ALL})
-    monkeypatch.setattr(configs, "PACKED_SHRINK_TOKENS", {b: dict(slot_window=1, both_slices=True, row_ptrs=True,
-                                                                  x_keep=True) for b in ALL})
-    monkeypatch.setattr(configs, "PACKED_EXPAND_TOKENS", {b: dict(depth=32) for b in ALL})
+    sh = get_shape("tiny")
+    opts = dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True, row_ptrs=True, x_keep=True),
+                expand=dict(depth=32))
+    tile = {b: dict(expand=plan.Options.of(dict(tile=dict(persistent=2)))) for b in ALL}
+    _use(monkeypatch, 0, gate_up=_entries("gate_up", True, **opts), down=_entries("down", True, **opts),
+         shapes={(sh.hidden, sh.intermediate): {"down": tile}})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=4)
@@ -128,18 +133,15 @@ def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the host-sync check needs a CUDA device")
 @pytest.mark.parametrize("guard", ["cpu_flag", "launch_always"])
-@pytest.mark.parametrize("build", ["packed", "rows", "wide"])
+@pytest.mark.parametrize("build", ["packed", "wide"])
 def test_folded_down_path_has_no_host_sync(guard, build, monkeypatch):
-    """A table that folds the down GEMM (the committed one folds nothing since the sub-block base build) takes that
-    path (the Triton alignment ordered by LoRA row, the per-row shrink, the folded GEMM): it must stay as sync-free
-    as the separate deltas. Checked region over a whole forward, every M folded so the tiny model takes it; with
-    the wide builds, gate_up folded too (its wide build where the GPU's tile steps evenly over the tiny K)."""
+    """A plan that folds the down GEMM at every M (the tiny model takes it; the Triton alignment ordered by LoRA
+    row, the packed shrink, the GEMM with the adapters' columns): it must stay as sync-free as the separate deltas.
+    Checked region over a whole forward; with the wide builds, gate_up folded too (its wide build where the GPU's
+    tile steps evenly over the tiny K)."""
     from lora_moe_lab.instruments.recorders.syncs import checked_region
-    _set_build(monkeypatch, build)
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    # the wide build: gate_up folds too, so its wide build (from the norm's wider buffer) runs in the region
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL if build == "wide" else frozenset(),
-                                                        "down": ALL})
+    _use(monkeypatch, 0, gate_up=_entries("gate_up", build == "wide", build, per_slot=True),
+         down=_entries("down", True, build, per_slot=True))
     lab = _lab(torch.device("cuda"))
     batch, tensors = lab.make_batch(["r3", None, "r8"], [40, 7, 33])
     x = lab.random_input(batch.num_tokens, seed=3)
@@ -185,13 +187,10 @@ def test_wide_weights_follow_every_load_in_place(op, device):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
-    """Where configs.WIDE_DOWN_TOKENS names the bucket and down folds, the layer's down GEMM is `moe_gemm_lora_wide`
-    on the first I columns of a wider act buffer (one call per layer), and the forward matches the reference, with
-    adapters live and with every adapter disabled."""
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    _set_build(monkeypatch, "wide")
-    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", frozenset())
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    """Where the plan's down entry is wide, the layer's down GEMM is `moe_gemm_lora_wide` on the first I columns of
+    a wider act buffer (one call per layer), and the forward matches the reference, with adapters live and with
+    every adapter disabled."""
+    _use(monkeypatch, 0, down=_entries("down", True, "wide"))
     lab = _lab(device)
     calls, (x, y, batch, tensors) = _spied_forward(lab, monkeypatch, enabled)
     S, R = lab.pool.layers[0].down_a.shape[0], lab.pool.layers[0].down_a.shape[2]
@@ -201,18 +200,14 @@ def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_layer_takes_the_wide_down_window(enabled, device, monkeypatch):
-    """Where configs.WIDE_DOWN_WINDOW_TOKENS names the bucket and the tile reads w through TMA, the layer's wide down
+    """Where the plan's wide down entry takes the window and the tile reads w through TMA, the layer's wide down
     GEMM walks a window of two slots' columns (`window=2 * BLOCK_R`), and the forward matches the reference, live
     and disabled. The tile: one with TMA weights and a BLOCK_K dividing K and the window, as the H200's tables have."""
     from lora_moe_lab.kernels import fused_moe
 
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    _set_build(monkeypatch, "wide")
-    monkeypatch.setattr(configs, "WIDE_GATE_UP_TOKENS", frozenset())
-    monkeypatch.setattr(configs, "WIDE_DOWN_WINDOW_TOKENS", ALL)
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": frozenset(), "down": ALL})
+    _use(monkeypatch, 0, down=_entries("down", True, "wide", window=True))
     tile = configs.GemmConfig(32, 32, 4, 4, 2, w_desc=True)
-    monkeypatch.setattr(configs, "gemm_config", lambda *a, **k: tile)  # the layer's choice and the GEMM's agree
+    monkeypatch.setattr(configs, "gemm_config", lambda *a, **k: tile)  # the plan's choice and the GEMM's agree
     monkeypatch.setattr(fused_moe, "gemm_config", lambda *a, **k: tile)
     lab = _lab(device)
     backend = type(lab.model.backend)
@@ -228,14 +223,11 @@ def test_layer_takes_the_wide_down_window(enabled, device, monkeypatch):
 @pytest.mark.parametrize("copy", [False, True])
 @pytest.mark.parametrize("enabled", [True, False])
 def test_layer_takes_the_wide_gate_up_build(enabled, copy, device, monkeypatch):
-    """Where configs.WIDE_GATE_UP_TOKENS names the bucket and gate_up folds, the layer's gate_up GEMM is
-    `moe_gemm_lora_wide` per block on x written by the layer's norm into the first K columns of a buffer top_k * C
-    wider (no copy), and the forward matches the reference, live and disabled. copy: a layer handed a plain x copies
-    it into such a buffer (the same result)."""
-    monkeypatch.setattr(configs, "DECODE_MAX_PAIRS", 0)
-    _set_build(monkeypatch, "wide")
-    monkeypatch.setattr(configs, "WIDE_DOWN_TOKENS", frozenset())
-    monkeypatch.setattr(configs, "FOLDED_LORA_TOKENS", {"gate_up": ALL, "down": frozenset()})
+    """Where the plan's gate_up entry is wide, the layer's gate_up GEMM is `moe_gemm_lora_wide` per block on x
+    written by the layer's norm into the first K columns of a buffer top_k * C wider (no copy), and the forward
+    matches the reference, live and disabled. copy: a layer handed a plain x copies it into such a buffer (the same
+    result). A second hook: the packed build instead (the wide build writes into the layer's buffers)."""
+    _use(monkeypatch, 0, gate_up=_entries("gate_up", True, "wide"))
     lab = _lab(device)
     if copy:  # the norm writes a plain x: the layer copies it
         monkeypatch.setattr(type(lab.model.layers[0]), "norm",
@@ -244,9 +236,11 @@ def test_layer_takes_the_wide_gate_up_build(enabled, copy, device, monkeypatch):
     a = lab.pool.layers[0].gate_up_a
     C = 2 * 4 * configs.block_r(a.shape[3])  # 2 slices x S = 3 rounded up to 4 x BLOCK_R
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, 8)
-    if hook.gate_up_columns(6, 2, 64, 32) == 0:
+    p13 = hook.plans(6, lab.shape, device)[0]
+    assert hook.plans(6, lab.shape, device, alone=False)[0].path == "packed"
+    if p13.path != "wide":
         pytest.skip("the GPU's tile does not step evenly over this K: the layer keeps the packed build")
-    assert calls == [(2 * C, True, True)] * 2  # top_k = 2 tails per token row
+    assert p13.columns == 2 * C and calls == [(2 * C, True, True)] * 2  # top_k = 2 tails per token row
     _check_model(lab, x, y, tensors, device)
 
 

@@ -1,26 +1,12 @@
 """The TP=4 prediction's method: the all-reduce fit, the TP=2 check and the recording's smoke run."""
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from lora_moe_lab.provenance import DATA
 from lora_moe_lab.sim import tp_emulation as E
 from helpers import load_script
 
-TRACES = sorted((DATA / "production" / "traces").glob("*_tp2_*rank*.json.gz"))
-
-
-@pytest.mark.skipif(not TRACES, reason="no TP=2 traces in data/production/traces")
-def test_fit_reproduces_the_recorded_allreduce_cost():
-    cost, info = E.fit_allreduce(TRACES, hidden=2048)
-    rec = json.loads(E.COST_FILE.read_text())
-    assert cost.bus_gbps == pytest.approx(rec["bus_gbps"], rel=1e-9)
-    assert info["nbytes"] == 16384 * 2048 * 2 and info["size"] == 2
-    assert len(info["traces"]) == sum("_cpu_flag_" in p.name for p in TRACES)  # sync traces are left out
-    with pytest.raises(ValueError, match="no cpu_flag TP trace"):
-        E.fit_allreduce([p for p in TRACES if "_sync_" in p.name], hidden=2048)
+# the recorded all-reduce fit and summaries, reproduced: studies/tp_emulation/test_findings.py
 
 
 def test_validation_compares_like_with_like(tmp_path):
@@ -60,3 +46,11 @@ def test_recording_smoke_writes_a_session_the_readers_take(tmp_path):
     gain = s["t"].summary.set_index("guard").loc["sync", "fix_throughput_gain_pct"]
     # a TP=4 row exactly when the session has the fix's gain (an unsettled CPU run has none)
     assert ("tp4_prodlike_C8192" in set(E.tp4_prediction(s)["task"])) == bool(np.isfinite(gain))
+
+
+def test_tp2_measured_reads_guard_sites_from_the_names(tmp_path):
+    a, b = tmp_path / "tp2_C16384_gs5.42.summary.csv", tmp_path / "tp2_C16384_gs1.summary.csv"
+    assert E.tp2_measured([a, b]) == {"gs5.42": a, "gs1": b}  # in the order handed
+    with pytest.raises(ValueError, match="no _gs<sites>.summary.csv"):
+        E.tp2_measured([tmp_path / "tp2.csv"])
+    assert list(E.tp2_measured()) == ["gs5.42", "gs1"] and E.TP2_MEASURED == E.tp2_measured()

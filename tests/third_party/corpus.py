@@ -133,3 +133,23 @@ def build(name: str, impl: str = "eager", device: str = "cpu", dtype=torch.float
     torch.manual_seed(seed)
     model = model_cls(cfg).to(device=device, dtype=dtype).eval()
     return Corpus(name, model, _ids(device), experts_cls, attr)
+
+
+def qwen3_moe_full(device: str, tokens: int = 2048, layers: int = 4, seed: int = 0) -> Corpus:
+    """Qwen3-30B-A3B's MoE layer at full width (hidden 2048, 128 experts, top-8, moe intermediate 768),
+    `layers` of them, bf16, the eager per-expert loop: the GPU check's audit case. The weights are drawn
+    on the device (a CPU init of 2.4 B parameters would take minutes)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    cfg = Qwen3MoeConfig(vocab_size=4096, hidden_size=2048, num_hidden_layers=layers, num_attention_heads=32,
+                         num_key_value_heads=4, max_position_embeddings=max(4096, tokens), head_dim=128,
+                         intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                         num_experts_per_tok=8, decoder_sparse_step=1)
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3MoeForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=g).to(device)
+    return Corpus("qwen3_moe_full", model, ids, Qwen3MoeExperts, "mlp.experts")

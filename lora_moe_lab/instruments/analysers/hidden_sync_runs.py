@@ -1,35 +1,49 @@
-"""The recorded hidden-sync sessions (studies/hidden_syncs/record.py -> data/hidden_syncs/), read: one
-row per pattern of recorders/hidden_syncs.py over the sessions (notebook 07, the audit plots)."""
+"""The hidden-sync sessions (studies/hidden_syncs/record.py: <name>_<session>.csv, one file per device
+session), read: one row per pattern of recorders/hidden_syncs.py over the sessions (notebook 07, the audit
+plots). The files are the ones handed, else the catalog's "hidden_syncs"."""
 from __future__ import annotations
 
-import glob
-import os
 import re
+from pathlib import Path
 
 import pandas as pd
 
-from ...provenance import DATA
+from ...provenance import catalog
 from .stats import between_sessions
 
-__all__ = ["recorded"]
+__all__ = ["recorded", "session_files"]
+
+# <name>_<session>.csv with a session label s<N>: a smoke run (<name>_s1_smoke.csv) is never read as a recording
+SESSION_FILE = re.compile(r".+_(s\d+)\.csv")
 
 
-def recorded(folder=None):
-    """One row per pattern over the recorded sessions (hidden_syncs_s*.csv): the cost per occurrence
+def session_files(path=None) -> list[Path]:
+    """The session files among `path`: a folder's, one file, or a list of them; none: the catalog's
+    "hidden_syncs" (none catalogued: [])."""
+    if path is None:
+        try:
+            files = catalog("hidden_syncs")
+        except FileNotFoundError:
+            return []
+    elif isinstance(path, (str, Path)):
+        p = Path(path)
+        files = sorted(p.glob("*.csv")) if p.is_dir() else [p]
+    else:
+        files = [Path(f) for f in path]
+    return sorted(f for f in files if SESSION_FILE.fullmatch(f.name))
+
+
+def recorded(path=None):
+    """One row per pattern over the recorded sessions (session_files(path)): the cost per occurrence
     (µs) and the forward's saving (µs) as stats.between_sessions gives them (mean of the sessions,
     the union of their 95 % intervals, `agree`), with the method and the sessions read. None when
     nothing is recorded yet."""
-    folder = str(folder or DATA / "hidden_syncs")
-    files = sorted(
-        f
-        for f in glob.glob(os.path.join(folder, "hidden_syncs_s*.csv"))
-        if re.fullmatch(r"hidden_syncs_s\d+\.csv", os.path.basename(f))
-    )  # not a smoke run
+    files = session_files(path)
     if not files:
         return None
-    # the session is the file's (hidden_syncs_<session>.csv): one file per device session
+    # the session is the file's (<name>_<session>.csv): one file per device session
     d = pd.concat(
-        [pd.read_csv(f).assign(session=os.path.basename(f)[13:-4]) for f in files], ignore_index=True
+        [pd.read_csv(f).assign(session=SESSION_FILE.fullmatch(f.name)[1]) for f in files], ignore_index=True
     )
     rows = []
     for name, g in d.groupby("pattern", sort=False):

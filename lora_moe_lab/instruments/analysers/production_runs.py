@@ -1,7 +1,8 @@
-"""The recorded production-setting sessions (studies/production/record.py -> data/production/signature_<s>/),
-read once for the README, notebook 06 and the tests: one loader, one combination rule.
+"""The production-setting sessions (studies/production/record.py: one folder per device session, with its
+meta.json), read once for the README, notebook 06 and the tests: one loader, one combination rule.
 
-    load_sessions()          -> dict session -> Session(summary, rows, forwards, syncs, meta)
+    load_sessions(paths)     -> dict session -> Session(summary, rows, forwards, syncs, meta); paths: session
+                                folders, or a folder holding them; none: the catalog's "production.sessions"
     headline(sessions)       -> one row per task: the fix's gain per session and the reader's
                                 figure (stats.between_sessions: the wider interval when they disagree)
     signature_table(sessions)-> one row per task: the host side of the per-sync signature (unprofiled,
@@ -20,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...provenance import DATA, normalize_meta
+from ...provenance import catalog, normalize_meta
 from . import stats
 
-FOLDER = DATA / "production"
 TASK_TITLES = {"default_C16384": "lab, own regime, C=16384", "default_C8192": "lab, own regime, C=8192",
                "prodlike_C16384": "lab, production-like regime, C=16384"}
 
@@ -44,18 +44,43 @@ def _cat(files) -> pd.DataFrame:
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
 
 
-def load_sessions(folder: Path | str = FOLDER, prefix: str = "signature_") -> dict[str, Session]:
-    """Every <folder>/<prefix><session>/ folder (data/production/signature_s1/ ...), oldest first."""
+def session_name(folder: str | Path, prefix: str = "") -> str:
+    """A session folder's label: <what>_<session>/ -> <session> (`prefix` given: the name without it)."""
+    n = Path(folder).name
+    return n.removeprefix(prefix) if prefix else n.split("_", 1)[-1]
+
+
+def session_folders(paths=None, prefix: str = "") -> list[Path]:
+    """The session folders (each with a meta.json) among `paths`, in order: a folder holding session folders
+    (those whose names start with `prefix`), one session folder, or a list of them; none: the catalog's
+    "production.sessions"."""
+    if paths is None:
+        cands = catalog("production.sessions")
+    elif isinstance(paths, (str, Path)):
+        p = Path(paths)
+        cands = [p] if (p / "meta.json").is_file() else sorted(p.glob(prefix + "*"))
+    else:
+        cands = [Path(x) for x in paths]
+    return [d for d in cands if d.is_dir() and (d / "meta.json").is_file()]
+
+
+def load_session(d: str | Path, name: str | None = None) -> Session:
+    """One session folder: its summaries, rows, profiled forwards and syncs, meta.json, clock log."""
+    d = Path(d)
+    name = session_name(d) if name is None else name
+    return Session(name, _cat(d.glob("*.summary.csv")),
+                   _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1 and f.name != "clocks.csv"),
+                   _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
+                   normalize_meta(json.loads((d / "meta.json").read_text())),
+                   pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)
+
+
+def load_sessions(paths=None, prefix: str = "") -> dict[str, Session]:
+    """Every session folder among `paths` (session_folders), oldest first: label -> Session."""
     out = {}
-    for d in sorted(Path(folder).glob(prefix + "*")):
-        if not d.is_dir() or not (d / "meta.json").is_file():
-            continue
-        name = d.name.removeprefix(prefix)
-        out[name] = Session(name, _cat(d.glob("*.summary.csv")),
-                            _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1 and f.name != "clocks.csv"),
-                            _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
-                            normalize_meta(json.loads((d / "meta.json").read_text())),
-                            pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)
+    for d in session_folders(paths, prefix):
+        name = session_name(d, prefix)
+        out[name] = load_session(d, name)
     return out
 
 

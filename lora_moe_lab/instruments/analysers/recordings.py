@@ -1,7 +1,9 @@
 """The canonical GPU recordings and the ONE loader each is read through: the guards (below), the
-graph strategies (`load_graph_strategies`) and the kernel runs (`load_kernel_run`).
+graph strategies (`load_graph_strategies`) and the kernel runs (`load_kernel_run`). Each loader takes
+the path(s) it is handed; without one it asks the catalog (data/catalog.json: `provenance.catalog`)
+and names no file itself.
 
-    rec = load_guards()                 # data/guards/: both sessions h200_guards_s*.csv (+ .meta.json)
+    rec = load_guards()                 # catalog "guards": every session's file (+ .meta.json)
     rec.label                           # "s1: H200 · commit 1a2b3c4 · 2026-12-01; s2: ..." for captions
     rec.sessions                        # ["s1", "s2"]
     rec.warmup()                        # per session and point: repetitions kept, dropped as drift, status
@@ -18,7 +20,7 @@ Warm-up (studies/guards/record.py records it; `warmup_check` is the rule): every
 repetitions are checked with `stats.drop_warmup`; the largest leading drift over the arms is
 dropped from all of them, so the pairs stay pairs (`warmup_drift` marks those rows; they stay in
 the file). A point where any arm never settles has `status` "unstable": its figures are NaN, not
-averaged. A file recorded before the check (the archived `h200_guards.csv`) reads as "unchecked":
+averaged. A file recorded before the check (the archived one, catalog "guards.archived") reads as "unchecked":
 every repetition, as recorded; `load_guards(path, check_warmup=True)` applies the check to it.
 
 Intervals (the methods are named in every table, `METHOD_*`):
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,15 +43,14 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...provenance import DATA, label as _label, normalize_meta
+from ...provenance import catalog, catalog_entries, label as _label, normalize_meta
 from . import stats
 from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, WarmupCheck, warmup_check  # noqa: F401
 
-GUARDS_DIR = DATA / "guards"
-# The archived recording of 2026-11-30 (commit b5af87d, 15 repetitions, before the warm-up check).
-# load_guards() reads it only while data/guards/ holds no session file.
-GUARDS_CSV = ARCHIVED_GUARDS_CSV = GUARDS_DIR / "h200_guards.csv"
-SESSION_GLOB = "*_guards_s*.csv"  # h200_guards_s1.csv, h200_guards_s2.csv: one file per device session
+# The recorder's layout (studies/guards/record.py): <gpu>_guards_<session>.csv, one file per device session.
+# The canonical files are the catalog's "guards"; its "guards.archived" (recorded before the warm-up check) is
+# read only while no session file is catalogued.
+SESSION_GLOB = "*_guards_s*.csv"
 KEYS = ["preset", "layers", "tokens", "active"]
 SAMPLE_COLUMNS = KEYS + ["variant", "guard", "mode", "rep", "us", "syncs_per_forward"]  # every file has these
 CHECK_COLUMNS = ["session", "warmup_drift", "status", "position"]  # written since the warm-up check
@@ -329,22 +331,36 @@ def _read_one(path: Path, check_warmup: bool) -> tuple[pd.DataFrame, dict]:
     return df, meta
 
 
-def session_files(folder: str | Path = GUARDS_DIR) -> list[Path]:
-    """The session files of a folder (`*_guards_s*.csv`), in order."""
+def session_files(folder: str | Path | None = None) -> list[Path]:
+    """The session files of a folder (`*_guards_s*.csv`), in order; no folder: the catalog's "guards"
+    (none catalogued: [])."""
+    if folder is None:
+        try:
+            return catalog("guards")
+        except FileNotFoundError:
+            return []
     return sorted(Path(folder).glob(SESSION_GLOB))
+
+
+def _canonical_guards() -> list[Path]:
+    """The catalogued sessions, else the archived recording."""
+    return session_files() or [catalog("guards.archived")]
 
 
 def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_warmup: bool = False) -> Recording:
     """The canonical guards recording, or another written by studies/guards/record.py.
 
-    path None: data/guards/. A folder: its session files (`*_guards_s*.csv`) together, one
+    path None: the catalog's "guards" (its "guards.archived" while none). A folder: its session files
+    (`*_guards_s*.csv`) together, one
     session each; with none, its one `*_guards.csv` (the archived recording). A file: that file.
     A list of files: those, as sessions. check_warmup: apply the warm-up check to a file
     recorded without it (the rows are marked, none removed)."""
-    if path is not None and not isinstance(path, (str, Path)):
+    if path is None:
+        files = _canonical_guards()
+    elif not isinstance(path, (str, Path)):
         files = [Path(p) for p in path]
     else:
-        p = Path(path) if path is not None else GUARDS_DIR
+        p = Path(path)
         if p.is_dir():
             files = session_files(p) or sorted(p.glob("*_guards.csv"))
             if len(files) != 1 and not session_files(p):
@@ -371,8 +387,7 @@ def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_
                      parents.pop() if len(parents) == 1 else files[0], files)
 
 # ----------------------------------------------------------------------------------------------
-# The graph-strategies recording (studies/graphs/record.py -> data/graphs/strategies_*)
-GRAPHS_DIR = DATA / "graphs"
+# The graph-strategies recording (studies/graphs/record.py -> strategies_*; catalog "graphs.strategies")
 STRATEGY_KEYS = ["model", "tokens", "requests", "tokens_per_request", "active"]
 
 
@@ -419,7 +434,9 @@ class GraphStrategiesRecording:
 
 
 def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesRecording:
-    d = Path(path) if path is not None else GRAPHS_DIR
+    """The recording in folder `path` (strategies_{capture,replay,switches}.csv + strategies.meta.json);
+    none: the catalog's "graphs.strategies"."""
+    d = Path(path) if path is not None else catalog("graphs.strategies")
     files = {n: d / f"strategies_{n}.csv" for n in ("capture", "replay", "switches")}
     for f in files.values():
         if not f.exists():
@@ -442,14 +459,15 @@ def _renamed_strategies(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernel runs of studies/kernels/record_expand.py (data/kernels/expand_run*): tiles, bandwidth, LoRA's share
-KERNELS_DIR = DATA / "kernels"
-# The canonical kernel runs, each named once (data/kernels/README.md says which figure reads which):
-CANONICAL_KERNEL_RUN = "expand_run7"  # the code as it is: check, deltas, exit floors, the layer paired, the path
-TILE_SWEEP_RUN = "expand_run2"  # the register / prefetch sweep over M = 256 .. 16384 (notebook 02)
-COMPACT_RUN = "expand_run10"  # one compacted LoRA row against the slot rows (notebook 03)
-FUSED_RUN = "fused_run1"  # the fused-epilogue experiment
-DIFFERENTIAL_GLOB = "fused_run2_seed*_kernels_fused.csv"  # the decode differential over every tile
+# The kernel runs of studies/kernels/record_expand.py (<run>_kernels_expand.csv + .meta.json): tiles, bandwidth,
+# LoRA's share. The canonical runs are the catalog's "kernel_run.*" entries (data/kernels/README.md says which figure
+# reads which); a run named here is looked up in the folder handed, else the catalog's "kernels.folder".
+EXPAND_SUFFIX = "_kernels_expand"
+
+
+def run_name(path: str | Path) -> str:
+    """A kernel run's name from its file: <run>_kernels_<section>.csv -> <run>."""
+    return re.sub(r"_kernels_\w+$", "", Path(path).name.removesuffix(".csv"))
 
 
 @dataclass
@@ -485,12 +503,40 @@ class KernelRun:
                     "lora_bytes", "floor_us", "floor_share"]]
 
 
-def load_kernel_run(name: str = CANONICAL_KERNEL_RUN, path: str | Path | None = None) -> KernelRun:
-    """One run of studies/kernels/record_expand.py: `name`_kernels_expand.csv and its .meta.json in data/kernels."""
-    d = Path(path) if path is not None else KERNELS_DIR
-    f = d / f"{name}_kernels_expand.csv"
+def load_kernel_run(name: str | None = None, path: str | Path | None = None) -> KernelRun:
+    """One run of studies/kernels/record_expand.py: `name`_kernels_expand.csv and its .meta.json in folder `path`
+    (none: the catalog's "kernels.folder"); `path` a file: that file. Neither: the catalog's "kernel_run.canonical"."""
+    if path is not None and Path(path).is_file():
+        f = Path(path)
+    elif name is None and path is None:
+        f = catalog("kernel_run.canonical")
+    else:
+        d = Path(path) if path is not None else catalog("kernels.folder")
+        f = d / f"{name or run_name(catalog('kernel_run.canonical'))}{EXPAND_SUFFIX}.csv"
     if not f.exists():
         raise FileNotFoundError(f"no recording at {f}: studies/kernels/record_expand.py writes it on a GPU")
-    mp = d / f"{name}_kernels_expand.meta.json"
+    mp = f.with_name(f.name.removesuffix(".csv") + ".meta.json")
     meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
-    return KernelRun(pd.read_csv(f), meta, name)
+    return KernelRun(pd.read_csv(f), meta, run_name(f))
+
+
+# ----------------------------------------------------------------------------------------------
+# The names this module once defined as literal paths and run names, kept for their callers (scripts/readme_tables.py,
+# studies/simulator/record.py, studies/kernels/block.py, notebooks 02 and 03, base_gemm.py, floors.py): each is
+# resolved from the catalog when read, so the module itself names no file.
+_CATALOG_PATHS = {"GUARDS_CSV": "guards.archived", "ARCHIVED_GUARDS_CSV": "guards.archived",
+                  "GRAPHS_DIR": "graphs.strategies", "KERNELS_DIR": "kernels.folder"}
+_CATALOG_RUNS = {"CANONICAL_KERNEL_RUN": "kernel_run.canonical", "TILE_SWEEP_RUN": "kernel_run.tile_sweep",
+                 "COMPACT_RUN": "kernel_run.compact", "FUSED_RUN": "kernel_run.fused"}
+
+
+def __getattr__(name: str):
+    if name in _CATALOG_PATHS:
+        return catalog(_CATALOG_PATHS[name])
+    if name in _CATALOG_RUNS:
+        return run_name(catalog(_CATALOG_RUNS[name]))
+    if name == "GUARDS_DIR":  # the folder of the canonical guards files
+        return _canonical_guards()[0].parent
+    if name == "DIFFERENTIAL_GLOB":  # a file pattern inside the kernels folder
+        return Path(catalog_entries()["kernel_run.differential"]["glob"]).name
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,7 +77,8 @@ def differential(dev, n_cases, seed=0):
         on = codes == 0
         # `out` starts on the scale of the delta it receives: a delta far below out's rounding step (a
         # rank-1 slot, an x nearly orthogonal to A) is lost in the add, and out - out0 cannot resolve it
-        # (fused_run1 case 877: fp16, delta 1e-4 on out ~1, same error under the interpreter).
+        # (seen on the H200 in a random fp16 case, delta 1e-4 on out ~1, and the same error under the interpreter;
+        # studies/kernels/README.md).
         scale = max(ref[on].abs().max().item(), 1e-4) if on.any() else 1.0
         out0 = (torch.randn(M * k, P * N, generator=g) * scale).to(dtype)
         out0[~on] = float("nan")
@@ -149,8 +150,8 @@ def stages_candidates(op, table) -> list:
     pipelined by Triton (`expand_stages` 2-4, the hand prefetch and the register cap off: the `out` tiles stream
     into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages, and the table's tile
     over 8 warps with 3 stages (the hypothesis: more warps to hide the `out` loads at the same programs per SM;
-    stages_s3: 166 registers at BLOCK_M 64, one program per SM, 1.2-1.3x slower). (block_m, config) pairs at the
-    table's BLOCK_M is the caller's part."""
+    measured on the H200: 166 registers at BLOCK_M 64, one program per SM, 1.2-1.3x slower; studies/kernels/README.md).
+    (block_m, config) pairs at the table's BLOCK_M is the caller's part."""
     from dataclasses import replace
 
     out = [replace(table, prefetch=0, max_regs=0, expand_stages=xs) for xs in (2, 3, 4) if xs != table.expand_stages]
@@ -170,9 +171,9 @@ def down_candidates(table) -> list:
     64 on a grid of 5 programs per SM (at BLOCK_M 16 its 101 registers fit 5). Static compile with Triton 3.6
     (studies/kernels/resources.py, qwen3): at BLOCK_M 64 the table's tile holds 254 registers (2 programs per SM),
     BLOCK_N 64 160 (3), the cap 168 spills 200 B; at BLOCK_M 16 166 (3) against 101 (5) and BLOCK_K 32 128 (4).
-    Timed (data/kernels/down_s1, down_s2) every candidate lost to the table but BLOCK_N 64 at qwen3 M = 4096
-    (0.98x, unpaired), and ncu saw occupancy rise while DRAM throughput fell (analysers/floors.py: down_counters).
-    (block_m, config) pairs are the caller's."""
+    Timed on the H200 in two device sessions, every candidate lost to the table but BLOCK_N 64 at qwen3 M = 4096
+    (0.98x, unpaired), and ncu saw occupancy rise while DRAM throughput fell (the kernels study:
+    studies/kernels/README.md). (block_m, config) pairs are the caller's."""
     from dataclasses import replace
 
     xs = dict(prefetch=0, max_regs=0, expand_stages=3)

@@ -90,13 +90,14 @@ def persist_arms(bm, table: GemmConfig) -> dict:
 
     Where the alignment's BLOCK_M is 128 at 8 warps, the `m64` arms split each block into two sub-blocks of 64 rows
     (config sub_m; the same alignment): the 128 x 256 tile's 3 stages hold 144-176 KB of shared memory and 255
-    registers a thread at TP=4 down (one program per SM, top stall `wait`, base_s5), where a static compile (Triton
+    registers a thread at TP=4 down (one program per SM, top stall `wait`, under ncu), where a static compile (Triton
     3.6, studies/kernels/resources.py) puts bm64/bn256/bk64/w8/s2, persistent and flattened, at 124 registers and 96
     KB: two programs per SM. `m64_p2_pf` is that build, `m64_p2` the same loop unflattened (127 registers, 80 KB: 2),
     `m64` a program per tile with 2 stages (98 registers, 80 KB: 2). The tables took `m64_p2_pf` at TP=4 down (round
     2); its warps now wait on loads (`long_scoreboard`) at 45 % of DRAM peak, so two more arms put more programs, each
     with its loads, on an SM: `m64_n128_p3_pf` (64 x 128 over 4 warps: 144 registers, 56 KB, 3 programs per SM) and
-    `m32_n128_p4_pf` (32 x 128 over 4 warps: 127 registers, 22 KB, 4); first timed in persist_s6."""
+    `m32_n128_p4_pf` (32 x 128 over 4 warps: 127 registers, 22 KB, 4). The sessions that timed each arm:
+    studies/kernels/README.md."""
     tma = replace(table, w_desc=True)
     k = 1 if table.num_warps == 8 else 3  # programs per SM the persistent grid launches (what fits, offline)
     arms = dict(table=table, tma=tma, early=replace(table, early_loads=True), p=replace(tma, persistent=k),
@@ -116,7 +117,7 @@ def persist_arms(bm, table: GemmConfig) -> dict:
     arms["deep"] = replace(table, num_stages=table.num_stages + 1)
     if table.block_k < 128:
         arms["bk128"] = replace(table, block_k=128)
-    # Balance (round 3): ncu (base_s9) has the average SM busy 86 % of the span of TP=4 gate_up at M = 16 and 1024,
+    # Balance (round 3): ncu has the average SM busy 86 % of the span of TP=4 gate_up at M = 16 and 1024,
     # at the byte floor's bytes (1.02x): its 3 N tiles of 128 per block leave ~4.3 tiles per SM, so some SMs run 5
     # and some 4. Half the BLOCK_N doubles the tiles (finer tail) at fewer registers (Triton 3.6: 59 at BLOCK_M 64,
     # 4 programs per SM with 3 stages, 3 with 4).

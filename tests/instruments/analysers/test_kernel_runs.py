@@ -1,5 +1,5 @@
 """The kernel-run loader (studies/kernels/record_expand.py recordings): sections, LoRA's share against its byte
-floor computed from the run's own rows, named errors; and the two figures notebook 02 draws from it."""
+floor computed from the run's own rows, named errors (the study's figures of it: studies/kernels/test_findings.py)."""
 import json
 
 import pandas as pd
@@ -9,7 +9,6 @@ from helpers import load_script
 
 from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
 from lora_moe_lab.instruments.recorders import harness
-from lora_moe_lab.ui.kernel_plots import occupancy_figure, share_floor_figure
 
 
 def _write(tmp_path, name="run_x"):
@@ -43,19 +42,6 @@ def test_named_errors(tmp_path):
         load_kernel_run("nope", tmp_path)
     with pytest.raises(ValueError, match="no section 'floor'"):
         _write(tmp_path).section("floor")
-
-
-def test_figures(tmp_path):
-    run = _write(tmp_path)
-    occ = occupancy_figure(run.section("sweep"), Ms=(512,))
-    assert {t.name for t in occ.data} == {"4 programs/SM, prefetch 0", "3 programs/SM, prefetch 2",
-                                          "2 programs/SM, prefetch 1"}
-    fig = share_floor_figure(run.share_floor())
-    assert [t.name for t in fig.data] == ["measured (median of paired rounds)", "byte floor (bytes / copy bandwidth)"]
-    assert list(fig.data[0].y) == [25.0]
-    for f in (occ, fig):  # every panel's axes carry a title (the notebook test checks the same)
-        axes = [k for k in f.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
-        assert axes and all(f.layout[k].title.text for k in axes)
 
 
 def test_the_committed_final_run_loads():

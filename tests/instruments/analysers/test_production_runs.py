@@ -104,3 +104,17 @@ def test_smoke_calibration_survives_a_floor_above_the_target(monkeypatch):
     assert cal["host_us_per_layer"] == 0.0 and "below this forward's floor" in cal["unreachable"]
     with pytest.raises(ValueError, match="floor"):
         script.calibrate(None, None, None)
+
+
+def test_session_folders_handed_one_by_one_or_by_their_parent(tmp_path):
+    """A folder holding session folders, one session folder, or a list: the same sessions, named by their folder
+    (<what>_<session>); a folder without meta.json is no session."""
+    for n in ("signature_s1", "signature_s2", "traces"):
+        (tmp_path / n).mkdir()
+    for n in ("signature_s1", "signature_s2"):
+        (tmp_path / n / "meta.json").write_text("{}")
+    assert list(PR.load_sessions(tmp_path)) == ["s1", "s2"]
+    assert list(PR.load_sessions(tmp_path / "signature_s2")) == ["s2"]
+    assert list(PR.load_sessions([tmp_path / "signature_s2", tmp_path / "signature_s1"])) == ["s2", "s1"]
+    assert list(PR.load_sessions(tmp_path, prefix="signature_")) == ["s1", "s2"]
+    assert PR.session_folders(tmp_path / "traces") == []

@@ -145,3 +145,34 @@ def test_two_sessions_pooled_into_the_wider_figure(tmp_path):
     write_session(tmp_path / "x", "s1")
     with pytest.raises(ValueError, match="same session"):
         load_guards([tmp_path / "h200_guards_s1.csv", tmp_path / "x" / "h200_guards_s1.csv"])
+
+
+def test_loaders_default_to_the_catalog_and_the_old_names_resolve_through_it():
+    """No path: the catalog's entries (data/catalog.json); the module's former path and run constants are read
+    from the catalog when asked (none is written in the module)."""
+    from lora_moe_lab.instruments.analysers import recordings as R
+    from lora_moe_lab.provenance import catalog
+
+    assert R.session_files() == catalog("guards") and load_guards().paths == catalog("guards")
+    assert R.GUARDS_DIR == catalog("guards")[0].parent == R.session_files()[0].parent
+    assert R.GUARDS_CSV == R.ARCHIVED_GUARDS_CSV == catalog("guards.archived")
+    assert R.GRAPHS_DIR == catalog("graphs.strategies") and R.KERNELS_DIR == catalog("kernels.folder")
+    assert R.CANONICAL_KERNEL_RUN == R.run_name(catalog("kernel_run.canonical"))
+    assert sorted(R.KERNELS_DIR.glob(R.DIFFERENTIAL_GLOB)) == catalog("kernel_run.differential")
+    assert (R.KERNELS_DIR / f"{R.FUSED_RUN}_kernels_fused.csv") == catalog("kernel_run.fused")
+    canon = R.load_kernel_run()
+    assert canon.name == R.CANONICAL_KERNEL_RUN
+    assert R.load_kernel_run(path=catalog("kernel_run.compact")).name == R.COMPACT_RUN
+    sweep = R.load_kernel_run(path=catalog("kernel_run.tile_sweep"))
+    assert R.load_kernel_run(R.TILE_SWEEP_RUN).rows.equals(sweep.rows)
+    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
+        R.NOPE  # noqa: B018
+
+
+def test_a_session_folder_handed_is_read_by_its_layout(tmp_path):
+    from lora_moe_lab.instruments.analysers import recordings as R
+
+    write_session(tmp_path, "s1")
+    write_session(tmp_path, "s2")
+    assert [p.name for p in R.session_files(tmp_path)] == ["h200_guards_s1.csv", "h200_guards_s2.csv"]
+    assert load_guards(R.session_files(tmp_path)).sessions == load_guards(tmp_path).sessions == ["s1", "s2"]

@@ -168,6 +168,20 @@ def test_eager_expert_loop_every_sync_at_its_line(name, monkeypatch):
     assert torch.equal(c.forward(), y)  # the audit changes no result
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="the full-size layer is the GPU check's case (2.4 B parameters)")
+def test_qwen3_moe_full_size_every_sync_at_its_line(monkeypatch):
+    # Qwen3-30B-A3B's layer, 4 layers x 128 experts, 2048 tokens, bf16: the expected count from the source's
+    # rules and the experts each layer hits; the audit equals it and torch's debug mode, 0 `other`
+    c = C.qwen3_moe_full(DEV)
+    exp, cpu_only, y = expected(c, "eager", monkeypatch)
+    rep = audit(c.forward, warmup=0, profile=False, focus="transformers")
+    _check(rep, exp, cpu_only)
+    assert sum(exp.values()) > 1000 and all(s.startswith("transformers/") for s, _ in exp), rep.summary(30)
+    assert torch.equal(c.forward(), y)
+    del c
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("name", DEFAULT)
 def test_default_experts_are_sync_free(name, monkeypatch):
     # bf16: CUDA's grouped GEMM runs it natively; in float32 ATen's fallback reads the group offsets back

@@ -1,0 +1,116 @@
+"""The tried builds of the base GEMM with the LoRA delta inside (studies/kernels/tried/: the layer's plan takes
+neither), against float64: in its epilogue (fused_moe_lora_epilogue.py) and folded into its K loop after a shrink
+kernel (fused_moe_lora_folded.py, the rows build): out = base (+ delta for pairs of tokens with a live adapter)
+(* routed weight).
+
+Interpreter on CPU (tiny shapes, fp32 < 1e-5, fp16 < 2e-2), unchanged on CUDA (bf16 added). `out`
+starts NaN-poisoned (every row must be written); rows of pairs without a live adapter must equal
+the plain base GEMM (`moe_gemm`, same tiles) bit for bit.
+"""
+import functools
+
+import pytest
+import torch
+from lora_gemm_cases import DEV, DTYPES, I32, make_case, run_fused
+
+from lora_moe_lab.kernels.align import moe_align
+from lora_moe_lab.kernels.configs import GemmConfig, block_r
+from studies.kernels.tried.fused_moe_lora_epilogue import LAST_EPILOGUE_LAUNCH, moe_gemm_lora
+from studies.kernels.tried.fused_moe_lora_folded import LAST_FOLDED_LAUNCH, moe_gemm_lora_folded
+
+IMPLS = {"epilogue": moe_gemm_lora, "folded": moe_gemm_lora_folded,  # folded: pointer loads in the expand
+         "folded_desc": functools.partial(moe_gemm_lora_folded, fold_desc=True),  # t and B through TMA if allowed
+         "folded_early": functools.partial(moe_gemm_lora_folded, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
+
+
+def folded_t(c, P, dtype):
+    """The folded build's intermediate t (EM, P, BLOCK_R), NaN-poisoned: a row the shrink skips (padding, pairs
+    without a live adapter) must never reach the output."""
+    return lambda al: torch.full((al.sorted_token_ids.shape[1], P, block_r(c["a"].shape[3])), float("nan"),
+                                 dtype=dtype, device=DEV)
+
+
+def run_tried(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
+    folded = getattr(impl, "func", impl) is moe_gemm_lora_folded
+    return run_fused(c, dtype, E, top_k, P, N, bm=bm, impl=impl, order=order,
+                     shrink_out=folded_t(c, P, dtype) if folded else None)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    # M, K, N (per slice), E, top_k, S, L, R, P, extra
+    (5, 40, 24, 6, 3, 4, 3, 16, 2, dict(lora_ids=[2, -1, 0], enabled=[1, 1, 0])),  # gate_up; a tile straddles slices
+    (6, 33, 17, 4, 2, 3, 2, 5, 1, dict(gather=False, with_rw=True)),  # down: routed weights, odd K/N
+    (3, 32, 32, 5, 2, 2, 2, 24, 2, {}),  # gate_up, every tile inside one slice
+])
+def test_fused_epilogue_matches_reference(case, dtype, impl):
+    M, K, N, E, top_k, S, L, R, P, extra = case
+    codes = run_tried(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P,
+                      N, impl=IMPLS[impl])
+    assert (codes == 0).any() and (codes != 0).any()  # both kinds of row were checked
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_epilogue_nothing_live_is_the_plain_gemm(impl):
+    c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[0, -1, 1, 1], enabled=[0, 0])
+    codes = run_tried(c, torch.float32, 4, 2, 2, 16, impl=IMPLS[impl])
+    assert (codes != 0).all()
+    last = LAST_EPILOGUE_LAUNCH["lora_columns"] if impl == "epilogue" else LAST_FOLDED_LAUNCH["shrink_columns"]
+    if impl != "epilogue":
+        assert LAST_FOLDED_LAUNCH["fold_desc"] == (impl == "folded_desc")  # R=8 bf16/fp32 rows: TMA-able
+    assert last == 2 * 16  # L_POW2 * BLOCK_R
+
+
+FOLD_VARIANTS = {"desc": dict(fold_desc=True), "ptr": dict(fold_desc=False),
+                 "rows_ordered": dict(shrink_per_row=True), "rows_unordered": dict(shrink_per_row=True),
+                 # the layer's build with the epilogue's gathers (LoRA rows, routed weights) before the K loop
+                 "rows_early": dict(shrink_per_row=True, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
+
+
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
+@pytest.mark.parametrize("bm", [16, 32, 64])
+def test_folded_random_blocks_and_ranks(bm, variant):
+    """The folded path on fresh random cases per BLOCK_M: many LoRA rows per block, a rank below BLOCK_R,
+    rows without adapter, a disabled row and an empty slot, gate_up and down."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(100 * bm + seed)
+        M, K, N = (int(v) for v in torch.randint(12, 40, (3,), generator=g))
+        P, gather = (2, True) if seed % 2 == 0 else (1, False)
+        c = make_case(bm + seed, M, K + 8, N + 8, 5, 3, 4, 4, 5 + seed * 7, P, gather=gather, with_rw=not gather,
+                      lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
+        codes = run_tried(c, torch.float32, 5, 3, P, N + 8, bm=bm, order=variant in ("rows_ordered", "rows_early"),
+                          impl=functools.partial(moe_gemm_lora_folded, **FOLD_VARIANTS[variant]))
+        assert (codes == 0).any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_epilogue_errors(impl):
+    moe_gemm_lora = IMPLS[impl]  # the checks are shared (check_lora_gemm_inputs): every build raises the same
+    c = make_case(1, 2, 16, 8, 4, 2, 2, 2, 4, 2)
+    x, a, b, ids = (c[k].to(DEV) for k in ("x", "a", "b", "ids"))
+    w = torch.randn(4, 16, 16, device=DEV)
+    al = moe_align(ids, 4, 16)
+    out = torch.empty(4, 16, device=DEV)
+    m, lid, en = (c[k].to(DEV) for k in ("mapping", "lora_ids", "enabled"))
+    with pytest.raises(ValueError, match="must match w"):
+        moe_gemm_lora(x, w, al, 2, out, a[:1], b, m, lid, en)
+    with pytest.raises(ValueError, match="token_lora_mapping must be"):
+        moe_gemm_lora(x, w, al, 2, out, a, b, torch.zeros(3, device=DEV, **I32), lid, en)
+    with pytest.raises(TypeError, match="lora_ids must have dtype int32"):
+        moe_gemm_lora(x, w, al, 2, out, a, b, m, lid.long(), en)
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="counts device syncs: a CPU tensor's .item() is none")
+@pytest.mark.parametrize("variant", FOLD_VARIANTS)
+def test_folded_path_has_no_host_sync(variant, sync_check):
+    """The folded path (its alignment included) decides nothing on the host from device values: it is
+    launched the same under CUDA-graph capture."""
+    c = make_case(5, 9, 40, 24, 6, 3, 4, 3, 16, 2)
+    d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
+    w = torch.randn(6, 48, 40, device=DEV) * 40 ** -0.5
+    out = torch.empty(27, 48, device=DEV)
+    with sync_check():
+        al = moe_align(d["ids"], 6, 16, order_by=d["mapping"] if variant == "rows_ordered" else None)
+        moe_gemm_lora_folded(d["x"], w, al, 3, out, d["a"], d["b"], d["mapping"], d["lora_ids"], d["enabled"],
+                             **FOLD_VARIANTS[variant])

@@ -1,0 +1,22 @@
+"""The setup study's block (scripts/readme_tables.py collects `BLOCKS`): the new user's set-up time, from
+data/setup/setup_time.json."""
+from __future__ import annotations
+
+import json
+
+from lora_moe_lab.provenance import DATA
+
+
+def setup_block() -> str | None:
+    f = DATA / "setup" / "setup_time.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    return (f"Set-up time, measured by `python3 studies/setup/record.py` (a fresh clone and `make venv` with "
+            f"pip's cache off, {d['runs']} runs on this {d['cores']}-core CI-sized machine, commit {d['commit']}): "
+            f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, "
+            f"the "
+            "notebook tools and the browser test's driver in one go; the first `make run` or `make test` pays it once.")
+
+
+BLOCKS = {"setup": setup_block}
