@@ -50,7 +50,7 @@ def whatif_figure(w: WI.WhatIf) -> go.Figure:
     )
     if m:
         verdict = f"{w.err_pct:+.1f} % — {'passes' if w.passed else 'MISSES'} (±5 % or the interval)" + (
-            "; a held-out point of data/replay/validation.csv" if w.held_out else ""
+            "; a held-out point of the replay's validation" if w.held_out else ""
         )
     else:
         verdict = "no measurement of this configuration: a prediction only"

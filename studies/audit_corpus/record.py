@@ -4,10 +4,11 @@ it is measured (data/audit_corpus/, README there).
 For each model (random init, bf16, `--tokens` tokens, transformers' eager per-expert loop):
   1. audit: the audit's count against torch's sync debug mode, its kinds (0 `other`), every row's
      site in transformers (section "audit", one row per line and kind in section "sites");
-  2. predict: ONE plain profiled forward (no audit modes: their Python overhead would inflate the
-     host's gaps), its blocking runtime calls matched in order to the audit's syncs; the replay engine
-     removes the syncs that the rewrite removes (every expert-loop sync but one per layer: the hoisted
-     loop keeps one `.tolist()` where the eager loop has its `nonzero`) and predicts the saving;
+  2. predict: ONE plain profiled forward of the original (no audit modes), its blocking runtime calls
+     matched in order to the audit's syncs; the replay engine deletes the ops the rewrite deletes
+     (`predicted_saving`) on the graph with its host time calibrated to the original's unprofiled time
+     (`calibrate_host`: the profiler inflates the very host work a sync rewrite removes); the
+     syncs-only and uncalibrated predictions are recorded beside it;
   3. measure: eager against the rewrite (lora_moe_lab/instruments/recorders/expert_loop.py), unprofiled,
      interleaved and paired, `--warmup` pairs checked for drift then `--reps` pairs; the saving is the
      median paired difference with its percentile bootstrap 95 % interval; the outputs bit-equal.
@@ -81,7 +82,21 @@ def _top_ops(tables, g):
             np.array([r["name"] for r in top], object))
 
 
-def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: int | None):
+def calibrate_host(g, plain_us: float):
+    """The graph with its host work (gaps and runtime calls) scaled so that its replay takes the original
+    forward's unprofiled time: the profiler's own host cost (CUPTI on every runtime call, the op records)
+    inflates exactly the host time that a sync rewrite removes. One factor, found by bisection."""
+    lo, hi = 0.05, 1.5
+    for _ in range(30):
+        f = (lo + hi) / 2
+        t = float(replay(RT.scale_host(g, f, calls=True)).step_ns[0]) / 1e3
+        lo, hi = (f, hi) if t < plain_us else (lo, f)
+    f = (lo + hi) / 2
+    return RT.scale_host(g, f, calls=True), f
+
+
+def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: int | None,
+                     plain_us: float | None = None):
     """The replay's saving of the rewrite, from ONE plain profiled forward of the eager loop, two ways:
     `syncs`: every removed sync and the device-to-host copy before it go (remove_syncs);
     `ops`: the ops the rewrite deletes go whole (drop_calls): each top-level aten op that holds a removed
@@ -116,10 +131,17 @@ def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: 
                     repeat.append(int(first - 1))
     g2 = RT.drop_calls(RT.repeat_calls(g, repeat), [c + int(np.searchsorted(repeat, c, side="right")) for c in drop])
     ops = base - float(replay(g2).step_ns[0])
+    cal = float("nan")
+    if plain_us:  # the same edit on the host-calibrated graph (the call indices are unchanged by scaling)
+        gc, f = calibrate_host(g, plain_us)
+        g3 = RT.drop_calls(RT.repeat_calls(gc, repeat),
+                           [c + int(np.searchsorted(repeat, c, side="right")) for c in drop])
+        cal = float(replay(gc).step_ns[0]) - float(replay(g3).step_ns[0])
+        note += f"; host x{f:.3f} to the unprofiled {plain_us / 1e3:.1f} ms"
     names = ", ".join(f"{n} {c}" for n, c in Counter(o_n[sorted(drop_ops)]).most_common(4))
     note += (f"; {len(removed)} syncs removed; ops: {len(drop_ops)} ops dropped ({names}), {len(drop)} runtime "
              f"calls, {g.n_kernels - g2.n_kernels} kernels net, {len(repeat)} compare launches repeated")
-    return dict(syncs=syncs / 1e3, ops=ops / 1e3, base=base / 1e3, note=note)
+    return dict(syncs=syncs / 1e3, ops=ops / 1e3, calibrated=cal / 1e3, base=base / 1e3, note=note)
 
 
 def measure(model, fwd, warmup: int, reps: int):
@@ -177,8 +199,9 @@ def main(argv=None):
         for r in t.itertuples():
             sites.append(dict(session=a.session, model=name, site=r.site, function=r.function, kind=r.kind,
                               count=r.count_per_call, torch_count=r.torch_count, code=r.code))
-        p = predicted_saving(rep, fwd, experts_file, nonzero_line, compare_line)
-        pred = p["ops"]
+        plain = [time_once(fwd, True)[0] for _ in range(8)][3:]  # the original, unprofiled (nothing of the rewrite)
+        p = predicted_saving(rep, fwd, experts_file, nonzero_line, compare_line, float(np.median(plain)))
+        pred = p["calibrated"]
         model.config._experts_implementation = expert_loop.register()
         y1 = fwd()
         after = audit(fwd, warmup=0, reps=1, profile=False)
@@ -190,8 +213,10 @@ def main(argv=None):
             syncs_before=rep.count, torch_count_before=rep.torch_count, other=rep.kinds.get("other", 0),
             sites_in_transformers=bool(all(s.startswith("transformers/") for s in rep.sites)),
             syncs_after=after.count, outputs_equal=bool(torch.equal(y0, y1)),
-            predicted_saving_us=pred, predicted_syncs_only_us=p["syncs"], replay_base_us=p["base"],
-            predict_method="ops: the rewrite's deleted ops dropped whole, its index kernels as the compare's",
+            predicted_saving_us=pred, predicted_uncalibrated_us=p["ops"], predicted_syncs_only_us=p["syncs"],
+            replay_base_us=p["base"],
+            predict_method="ops, host calibrated: the rewrite's deleted ops dropped whole, its index kernels as the "
+                           "compare's, on the profiled graph with its host scaled to the unprofiled original",
             predict_note=p["note"],
             measured_saving_us=m["saving_us"], measured_lo_us=m["lo_us"], measured_hi_us=m["hi_us"],
             eager_us=m["eager_us"], hoisted_us=m["hoisted_us"], reps=m["n"], warmup_ok=m["warmup_ok"],

@@ -1,7 +1,7 @@
 """Guards measured side by side: the canonical guards recording, one device session per file.
 
     PYTHONPATH=. GIT_COMMIT=<sha> GIT_DIRTY=0 python3 studies/guards/record.py --session s1 --out DIR
-        -> DIR/h200_guards_s1.csv (+ .meta.json); a second session (another day or machine): --session s2
+        -> DIR/h200_guards_s1.csv (+ .meta.json); another session (another day or machine): --session s2
     python studies/guards/record.py --dry --out /tmp/g      # tiny settings, any machine (CPU: seconds)
 
 One CSV row per repetition, so every figure carries its spread and paired differences; read through

@@ -49,7 +49,7 @@ def _peer_lines() -> list[str]:
     Ms = sorted(p.M.unique())
     head = "| carried, qwen3-30b-a3b (µs) | " + " | ".join(f"M={m}" for m in Ms) + " |"
     out = ["The peers, carried from another run, not this lab's scripts (`data/kernels/peers_carried.csv`: the same "
-           "setting on an H200, issue 22):", "",
+           "setting on an H200):", "",
            head, "| --- |" + " ---: |" * len(Ms)]
     names = {"vllm_fused_moe_lora": "vLLM fused MoE-LoRA, one-shot", "sglang_two_kernel": "SGLang two-kernel path"}
     for (e, op), g in p.groupby(["engine", "op"], sort=False):

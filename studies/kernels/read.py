@@ -78,7 +78,7 @@ FOLD_SESSIONS = ("fold_s2", "fold_s3", "fold_s4", "fold_s5", "fold_s6", "fold_s8
 # fold_s10_first_stdout.log.gz; the rows are a second run on the same machine).
 FOLD_LAYER_SESSIONS = ("fold_s10", "fold_s11")
 # per layer figure, the sessions that ran the same path: `picked_all` is the committed table, which folded nothing
-# before 32fb474 (fold_s6 is the first session after it); a figure is compared only over the sessions named here
+# before 32fb474 (fold_s6 is the earliest session after it); a figure is compared only over the sessions named here
 FOLD_FIGURE_SESSIONS = {"down_folded_share_pct": FOLD_LAYER_SESSIONS, "down_folded_over_separate": FOLD_LAYER_SESSIONS,
                         "picked_all_share_pct": ("fold_s6",)}
 
@@ -426,7 +426,7 @@ LAYER_TABLE_SESSIONS = ("exp_s2", "exp_s3")
 # The layer at the committed table: exp_s3's candidate is the table committed since, and exp_s4 ran it as `picked`
 # (its `cand` then repeated the same table: an A/A check of the paired method). In exp_s4 `prev` kept the 4096
 # per-slot change (the layer section's PREV clears the per-shape folds and the shrink options only).
-# The twenty-first session: exp_s6 (33d68fb) the expand's first step loaded before the K loop (`early`, `early_d64`);
+# Later: exp_s6 (33d68fb) the expand's first step loaded before the K loop (`early`, `early_d64`);
 # exp_s7 (90719fe) and exp_s8 (0827783) `early` again and the packed GEMM on a program per tile (`ppt`, `ppt_d64`).
 EARLY_SESSIONS = ("exp_s6", "exp_s7", "exp_s8")
 TILE_SESSIONS = ("exp_s7", "exp_s8")
@@ -464,7 +464,7 @@ WIDE_GU_CHECK_RUNS = ("wg_s1c", "wg_s2c")
 # committed tables, 4096 too).
 WIDE_GU_LAYER = (("lay_s3", "picked_all_over_prev"), ("lay_s4", "picked_all_over_prev"))
 WIDE_GU_COMMITTED = (("lay_s3", "picked"), ("lay_s4", "picked"))  # the tables with it: LoRA's share then
-# The twenty-fourth session's tables (data/kernels/README.md): lay_s5 (d1abd34) timed the down GEMM's wide build at
+# The later tables (data/kernels/README.md): lay_s5 (d1abd34) timed the down GEMM's wide build at
 # M = 128, 256 (kept: 0.980-0.995x at 256, a tie at 128) and TP=4 gate_up folded with its wide build at M >= 8192
 # (taken back: 1.014-1.016x); lay_s6 (c6a3634) the shrink slot by slot with the first order kernel (a tie, disabled
 # 1.007-1.008x); lay_s7 and lay_s8 (4293238) with the rebuilt one, the committed tables over W1S in block order.
@@ -485,7 +485,7 @@ PREVIOUS_LAYER = (("lay_s1", "picked"), ("lay_s2", "picked"))
 ORDER_SESSIONS = ("ord_s2", "ord_s3")
 ORDER_NCU_RUNS = ("ord_n1", "ord_n2")
 ORDER_PATH_SESSIONS = ("wg_s7", "wg_s8")
-# down's window of two slots (twenty-fifth session): the wide section's down rows with the window's arms (dwin_s1, one
+# down's window of two slots: the wide section's down rows with the window's arms (dwin_s1, one
 # session: the path over the layer's path on the ordered alignment, `path_wide_win_over_ordc`, and the share of the
 # sets whose every block fit a window, `win_held`); the layer with it over the tables without it: lay_s9 (the window
 # at 8192 and 16384) and lay_s10 (at 16384, the committed table)
@@ -873,7 +873,7 @@ def fold_disabled_cost(run: BaseRun | None = None, sms: int = H200_SMS) -> pd.Da
 
 
 # ------------------------------------------------------------------------------------------------
-# Persistent builds of the base GEMM and the down delta's pipelined expand (issue 24, twelfth session)
+# Persistent builds of the base GEMM and the down delta's pipelined expand (the twelfth session)
 # ------------------------------------------------------------------------------------------------
 # studies/kernels/record_base.py --sections persist, in rounds: each round's arms against the tables its sessions ran
 # with

@@ -158,7 +158,7 @@ def occupancy_test(c: pd.DataFrame | None = None) -> pd.DataFrame:
                      axis=1).reset_index()
 
 
-# issue 24's goals for LoRA's share of the layer at M >= 1024, in % of the base layer's time
+# the goals for LoRA's share of the layer at M >= 1024, in % of the base layer's time
 SHARE_GOALS = {"qwen3-30b-a3b": 12.0, "qwen3-30b-a3b-tp4": 20.0}
 
 
@@ -167,7 +167,7 @@ def _roof_us(nbytes: float, flops: float, c: dict) -> float:
 
 
 def lora_floor(preset: str, M: int, c: dict, rank: int, slots: int) -> dict:
-    """The least time LoRA can add to one MoE layer with the deltas folded as issue 24 asks: each shrink its own
+    """The least time LoRA can add to one MoE layer with the deltas folded as the goal asks: each shrink its own
     kernel (the used adapter-experts' A once, its input once, u written once), each expand extra K steps of the
     base GEMM (the used B once, u read once, its FLOPs on top of the GEMM's). The tokens spread evenly over `slots`
     adapters, as in the layer section (token i uses adapter i % slots). `weights_us`: the used A and B alone at the

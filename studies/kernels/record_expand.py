@@ -85,10 +85,10 @@ def candidates(op, M, bm0, table_for, which="regs"):
     "tiles" (run 1): prefetch 1/2 and a few other tiles and block heights; "regs" (run 2): prefetch
     0/1/2 with and without a register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128)
     or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
-    "table": the table's tile only; "stages" (issue 24): the expand loop pipelined by Triton (`expand_stages` 2-4,
-    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table; "down" (issue 24):
+    "table": the table's tile only; "stages": the expand loop pipelined by Triton (`expand_stages` 2-4,
+    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table; "down":
     the down delta's narrower tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only;
-    "balance" (issue 24, round 2): the down delta split into more items and BLOCK_N 256 at BLOCK_M 16
+    "balance" (round 2): the down delta split into more items and BLOCK_N 256 at BLOCK_M 16
     (kernel_cases.balance_candidates), gate_up at the table's only."""
     table = table_for(bm0)
     out = [(bm0, table)]

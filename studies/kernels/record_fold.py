@@ -1002,7 +1002,7 @@ def layer(preset, dev, reps):
 
 PREV = "prev"  # the layer section's tables before this session's last change: the down GEMM's wide build over all C
 # columns, without its window (lay_s9 on); gate_up's wide shrink without the slot-major block order (lay_s6-lay_s8).
-# In lay_s5 it was the tables before the twenty-fourth session (without TP=4 gate_up's fold at M >= 8192 and the down
+# In lay_s5 it was the earlier tables (without TP=4 gate_up's fold at M >= 8192 and the down
 # GEMM's wide build at M = 128, 256), in lay_s3 and lay_s4 the committed tables without gate_up's wide build, in
 # lay_s1 and lay_s2 without the down GEMM's, in exp_s8 and exp_s9 without the packed GEMM's tiles per shape, in
 # exp_s2-exp_s4 the per-op table alone with the one-dot shrink.

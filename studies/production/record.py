@@ -17,7 +17,7 @@ adapter in use: production's case) prefills R requests x 2048 tokens in chunks, 
 Per task: rows (CSV), summary (warm-up drift check, order-statistic / paired-bootstrap 95 %
 intervals), the per-sync signature of two profiled steady forwards per guard (.signature.csv,
 .syncs.csv) and their trimmed traces. Everything returns as $OUT/signature_<session>.tar.gz.
-A second session (another machine, another call) with another --session label is the rerun.
+Another session (another machine, another call) with another --session label is the rerun.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ after an untimed warm-up prefill (instruments/recorders/prefill.py), no profiler
   tp4_default_C8192, tp4_prodlike_C8192   the same at half the chunk
 
 Writes $OUT/emulation_<session>/ (task CSVs, summaries, meta.json) and its tarball; copy the
-folder to data/tp_emulation/. A second session on another machine is the rerun.
+folder to data/tp_emulation/. Another session on another machine is the rerun.
 """
 from __future__ import annotations
 

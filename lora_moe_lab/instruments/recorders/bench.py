@@ -271,7 +271,9 @@ def load_sweep(path: str | os.PathLike):
     mp = _meta_path(path)
     if mp.exists():
         m = json.loads(mp.read_text())
-        if "sessions" in m:
+        if isinstance(m.get("sessions"), dict):  # a long table's metadata: one entry per session name
+            m["sessions"] = {k: normalize_meta(v) for k, v in m["sessions"].items()}
+        elif "sessions" in m:
             m["sessions"] = [normalize_meta(s) for s in m["sessions"]]
         df.attrs["meta"] = normalize_meta(m)
     return df
@@ -395,7 +397,7 @@ EXAMPLES = """examples:
   python -m lora_moe_lab.instruments.recorders.bench sweep --preset tiny --tokens 16 64 --reps 5 --out build/tiny.csv
   python -m lora_moe_lab.instruments.recorders.bench sweep --preset qwen3-30b-a3b --layers 48 --tokens 16 4096 \\
       --active 0 --mode eager graph --out build/h200.csv          # on a GPU
-  python -m lora_moe_lab.instruments.recorders.bench lost data/guards/h200_guards.csv
+  python -m lora_moe_lab.instruments.recorders.bench lost build/h200.csv
   python -m lora_moe_lab.instruments.recorders.bench meta
 On a CPU the sweep runs the torch ops inline under the wall clock: its us_per_sync is no GPU bubble (the
 summary says so)."""
@@ -441,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter, epilog=EXAMPLES,
                           description="Time lost per sync (sync - cpu_flag, per sync) from a guards recording, a "
                                       "sweep CSV or a side-by-side table.")
-    lost.add_argument("csv", help="a timing CSV: data/guards/*.csv, a sweep's --out, a side-by-side table")
+    lost.add_argument("csv", help="a timing CSV: a guards recording, a sweep's --out, a side-by-side table")
     sub.add_parser("meta", help="print the metadata a row records, as JSON", formatter_class=HelpFormatter,
                    epilog=EXAMPLES, description="The metadata every row and .meta.json records (provenance.metadata).")
     p.sweep_parser = s  # errors found after parsing are reported with the sweep sub-command's usage

@@ -30,7 +30,7 @@ from ...kernels.configs import lora_block_m
 from ...kernels.empty import empty_kernel
 from ...kernels.fused_moe_lora import lora_delta, lora_launch_plan
 from ...ops.reference import exit_codes, ref_lora_delta
-from ...provenance import DATA, normalize_meta
+from ...provenance import catalog, normalize_meta
 from .timing import time_graph
 
 EXIT_SHORT = {0: "0 ran", 1: "1 empty slot", 2: "2 disabled", 3: "3 past the end", 4: "4 expert -1"}
@@ -192,7 +192,7 @@ def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.D
     time beside it. `kernels.csv` is the current kernel (grid "current"); files named
     `earlier_<commit>_kernels.csv` are older kernels (grid "earlier <commit>"). Returns (rows, the
     current run's metadata) or (None, {})."""
-    d = Path(data_dir) if data_dir is not None else DATA / "kernels"
+    d = Path(data_dir) if data_dir is not None else catalog("kernels.folder")
     frames = []
     for p in sorted(glob.glob(str(d / "*kernels.csv"))):
         name = Path(p).name

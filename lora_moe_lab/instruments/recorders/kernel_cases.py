@@ -146,7 +146,7 @@ def random_gemm_case(rng, g, dev, dtype, i) -> dict:
 
 
 def stages_candidates(op, table) -> list:
-    """The aligned LoRA delta's `stages` candidates beside the table's tile `table` (issue 24): the expand loop
+    """The aligned LoRA delta's `stages` candidates beside the table's tile `table`: the expand loop
     pipelined by Triton (`expand_stages` 2-4, the hand prefetch and the register cap off: the `out` tiles stream
     into shared memory), and for the down delta also BLOCK_N 256 over 8 warps with 3 stages, and the table's tile
     over 8 warps with 3 stages (the hypothesis: more warps to hide the `out` loads at the same programs per SM;
@@ -164,7 +164,7 @@ def stages_candidates(op, table) -> list:
 
 
 def down_candidates(table) -> list:
-    """The down delta's `down` candidates at M >= 1024 beside the table's tile `table` (issue 24: 80-84 % of the copy
+    """The down delta's `down` candidates at M >= 1024 beside the table's tile `table` (80-84 % of the copy
     bandwidth at M = 1024-4096, goal 85 %), each with Triton's pipelined expand: BLOCK_N 64 (fewer registers, so
     more programs per SM, each with half the `out` bytes in flight), BLOCK_K 32 on the shrink (a smaller x tile),
     a register cap of 168 (3 programs of 4 warps per SM; the compiler may spill), 4 stages at BLOCK_N 64, and BLOCK_N
@@ -184,7 +184,7 @@ def down_candidates(table) -> list:
 
 
 def balance_candidates(table, block_m: int) -> list:
-    """The down delta's `balance` candidates (issue 24, round 2) beside the table's tile `table` at BLOCK_M
+    """The down delta's `balance` candidates (round 2) beside the table's tile `table` at BLOCK_M
     `block_m`. Round 1 (above) rejected more programs per SM. Two hypotheses are left, each with its own arms:
     * load balance: the persistent grid hands item g to program g % nprog, and an item's time is its rows' bytes, so
       at M = 1024-4096 (about 2-4 items a program, blocks 1-64 rows full) the last programs run alone. SPLIT_N 2 and

@@ -1,4 +1,4 @@
-"""Base grouped GEMM with the MoE-LoRA delta fused into its epilogue (issue 13's experiment; tried, not in the
+"""Base grouped GEMM with the MoE-LoRA delta fused into its epilogue (an experiment; tried, not in the
 layer's plan: studies/kernels/tried/__init__.py).
 
 Same alignment, grid and tiles as the base GEMM (`kernels/fused_moe.py`): one program computes a
