@@ -40,7 +40,8 @@ _PLAIN = {}
 
 
 def _key(*parts):
-    return tuple((p.dtype, tuple(p.shape), p.cpu().numpy().tobytes()) if isinstance(p, torch.Tensor) else repr(p)
+    return tuple((p.dtype, tuple(p.shape), p.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+                 if isinstance(p, torch.Tensor) else repr(p)
                  for p in parts)
 
 
