@@ -1012,6 +1012,9 @@ PREV_TABLES = {"WIDE_DOWN_WINDOW_TOKENS": frozenset()}
 def _with_table(table, fn):
     """fn() with configs' fold tables set for one arm (the layer reads them at each call): None, the committed
     ones; PREV, PREV_TABLES in place of theirs; an explicit per-op FOLDED_LORA_TOKENS table (no per-shape folds)."""
+    if table is not None:  # the layer reads lora_moe_lab.kernels.plan now: setting configs' names changes nothing
+        raise NotImplementedError("record_fold's table arms set configs' fold tables, which the layer no longer reads; "
+                                  "port them to plan_table.override(plan_table.table_for().but(ops=...)) first")
     names = ("FOLDED_LORA_TOKENS", "FOLDED_LORA_SHAPE_TOKENS", *PREV_TABLES)
     keep = {n: getattr(configs, n) for n in names}
     if table == PREV:
