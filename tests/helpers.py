@@ -73,3 +73,25 @@ def fake_cuda_debug_mode(monkeypatch) -> dict:
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
     monkeypatch.setattr(syncs, "_guard_sync_events", None)
     return state
+
+
+def write_kernel_run(tmp_path, name="run_x"):
+    """A small kernel run (layer_paired and sweep rows) written as <name>_kernels_expand.csv + .meta.json, loaded."""
+    import json
+
+    import pandas as pd
+
+    from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
+
+    rows = [dict(section="layer_paired", preset="p", M=512, base=400.0, lora_all_active=500.0, lora_share=0.25,
+                 lora_share_p10=0.24, lora_share_p90=0.26),
+            dict(section="sweep", preset="p", M=512, op="gate_up", table=True, bytes=2e8, bw_frac=0.8, regs=128,
+                 grid=528, prefetch=0, time_us=60.0, config="a"),
+            dict(section="sweep", preset="p", M=512, op="down", table=True, bytes=1e8, bw_frac=0.7, regs=139,
+                 grid=396, prefetch=2, time_us=40.0, config="b"),
+            dict(section="sweep", preset="p", M=512, op="down", table=False, bytes=1e8, bw_frac=0.5, regs=150,
+                 grid=264, prefetch=1, time_us=55.0, config="c")]
+    pd.DataFrame(rows).to_csv(tmp_path / f"{name}_kernels_expand.csv", index=False)
+    (tmp_path / f"{name}_kernels_expand.meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
+                                                                               date="2026-11-30", copy_gbps=4000.0)))
+    return load_kernel_run(name, tmp_path)

@@ -14,6 +14,13 @@ DEV = runtime.default_device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEV.type == "cuda" else [])
 I32 = dict(dtype=torch.int32)
 
+# the fused GEMM + LoRA builds' shared cases (packed, epilogue, folded): M, K, N, E, top_k, S, L, R, P, extra
+FUSED_CASES = [
+    (5, 40, 24, 6, 3, 4, 3, 16, 2, dict(lora_ids=[2, -1, 0], enabled=[1, 1, 0])),  # gate_up; a tile straddles slices
+    (6, 33, 17, 4, 2, 3, 2, 5, 1, dict(gather=False, with_rw=True)),  # down: routed weights, odd K/N
+    (3, 32, 32, 5, 2, 2, 2, 24, 2, {}),  # gate_up, every tile inside one slice
+]
+
 
 def make_case(seed, M, K, N, E, top_k, S, L, R, P, *, dtype=torch.float32, gather=True, with_rw=False,
               mapping=None, lora_ids=None, enabled=None, dead_experts=0):

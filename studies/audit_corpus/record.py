@@ -129,14 +129,15 @@ def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: 
                 first = np.nonzero(op_of == op_of[sync_idx[i]])[0][0]
                 if first > 0 and o_n[op_of[first - 1]] == "aten::eq":
                     repeat.append(int(first - 1))
-    g2 = RT.drop_calls(RT.repeat_calls(g, repeat), [c + int(np.searchsorted(repeat, c, side="right")) for c in drop])
+    def rewrite(graph):  # the copies go in first, so each dropped call moves by the copies before it
+        return RT.drop_calls(RT.repeat_calls(graph, repeat), drop + np.searchsorted(repeat, drop, side="right"))
+
+    g2 = rewrite(g)
     ops = base - float(replay(g2).step_ns[0])
     cal = float("nan")
     if plain_us:  # the same edit on the host-calibrated graph (the call indices are unchanged by scaling)
         gc, f = calibrate_host(g, plain_us)
-        g3 = RT.drop_calls(RT.repeat_calls(gc, repeat),
-                           [c + int(np.searchsorted(repeat, c, side="right")) for c in drop])
-        cal = float(replay(gc).step_ns[0]) - float(replay(g3).step_ns[0])
+        cal = float(replay(gc).step_ns[0]) - float(replay(rewrite(gc)).step_ns[0])
         note += f"; host x{f:.3f} to the unprofiled {plain_us / 1e3:.1f} ms"
     names = ", ".join(f"{n} {c}" for n, c in Counter(o_n[sorted(drop_ops)]).most_common(4))
     note += (f"; {len(removed)} syncs removed; ops: {len(drop_ops)} ops dropped ({names}), {len(drop)} runtime "

@@ -10,10 +10,9 @@ import json
 import pandas as pd
 import pytest
 import torch
-from helpers import load_script
+from helpers import load_script, write_kernel_run
 
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.kernels import configs
 from studies.kernels import read as base_gemm
@@ -700,23 +699,8 @@ def test_fold_figure_draws_both_builds_where_the_run_has_them():
     assert all(tr.name.endswith(" folded") for tr in old.data)
 
 
-def _write(tmp_path, name="run_x"):
-    rows = [dict(section="layer_paired", preset="p", M=512, base=400.0, lora_all_active=500.0, lora_share=0.25,
-                 lora_share_p10=0.24, lora_share_p90=0.26),
-            dict(section="sweep", preset="p", M=512, op="gate_up", table=True, bytes=2e8, bw_frac=0.8, regs=128,
-                 grid=528, prefetch=0, time_us=60.0, config="a"),
-            dict(section="sweep", preset="p", M=512, op="down", table=True, bytes=1e8, bw_frac=0.7, regs=139,
-                 grid=396, prefetch=2, time_us=40.0, config="b"),
-            dict(section="sweep", preset="p", M=512, op="down", table=False, bytes=1e8, bw_frac=0.5, regs=150,
-                 grid=264, prefetch=1, time_us=55.0, config="c")]
-    pd.DataFrame(rows).to_csv(tmp_path / f"{name}_kernels_expand.csv", index=False)
-    (tmp_path / f"{name}_kernels_expand.meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
-                                                                               date="2026-11-30", copy_gbps=4000.0)))
-    return load_kernel_run(name, tmp_path)
-
-
 def test_figures(tmp_path):
-    run = _write(tmp_path)
+    run = write_kernel_run(tmp_path)
     occ = occupancy_figure(run.section("sweep"), Ms=(512,))
     assert {t.name for t in occ.data} == {"4 programs/SM, prefetch 0", "3 programs/SM, prefetch 2",
                                           "2 programs/SM, prefetch 1"}

@@ -11,7 +11,7 @@ import functools
 
 import pytest
 import torch
-from lora_gemm_cases import DEV, DTYPES, I32, make_case, run_fused
+from lora_gemm_cases import FUSED_CASES, DEV, DTYPES, I32, make_case, run_fused
 
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, block_r
@@ -38,12 +38,7 @@ def run_tried(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [
-    # M, K, N (per slice), E, top_k, S, L, R, P, extra
-    (5, 40, 24, 6, 3, 4, 3, 16, 2, dict(lora_ids=[2, -1, 0], enabled=[1, 1, 0])),  # gate_up; a tile straddles slices
-    (6, 33, 17, 4, 2, 3, 2, 5, 1, dict(gather=False, with_rw=True)),  # down: routed weights, odd K/N
-    (3, 32, 32, 5, 2, 2, 2, 24, 2, {}),  # gate_up, every tile inside one slice
-])
+@pytest.mark.parametrize("case", FUSED_CASES)
 def test_fused_epilogue_matches_reference(case, dtype, impl):
     M, K, N, E, top_k, S, L, R, P, extra = case
     codes = run_tried(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P,

@@ -1,33 +1,16 @@
 """The kernel-run loader (studies/kernels/record_expand.py recordings): sections, LoRA's share against its byte
 floor computed from the run's own rows, named errors (the study's figures of it: studies/kernels/test_findings.py)."""
-import json
 
-import pandas as pd
 import pytest
 import torch
-from helpers import load_script
+from helpers import write_kernel_run, load_script
 
 from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
 from lora_moe_lab.instruments.recorders import harness
 
 
-def _write(tmp_path, name="run_x"):
-    rows = [dict(section="layer_paired", preset="p", M=512, base=400.0, lora_all_active=500.0, lora_share=0.25,
-                 lora_share_p10=0.24, lora_share_p90=0.26),
-            dict(section="sweep", preset="p", M=512, op="gate_up", table=True, bytes=2e8, bw_frac=0.8, regs=128,
-                 grid=528, prefetch=0, time_us=60.0, config="a"),
-            dict(section="sweep", preset="p", M=512, op="down", table=True, bytes=1e8, bw_frac=0.7, regs=139,
-                 grid=396, prefetch=2, time_us=40.0, config="b"),
-            dict(section="sweep", preset="p", M=512, op="down", table=False, bytes=1e8, bw_frac=0.5, regs=150,
-                 grid=264, prefetch=1, time_us=55.0, config="c")]
-    pd.DataFrame(rows).to_csv(tmp_path / f"{name}_kernels_expand.csv", index=False)
-    (tmp_path / f"{name}_kernels_expand.meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
-                                                                               date="2026-11-30", copy_gbps=4000.0)))
-    return load_kernel_run(name, tmp_path)
-
-
 def test_share_floor_from_the_table_rows(tmp_path):
-    run = _write(tmp_path)
+    run = write_kernel_run(tmp_path)
     assert "abc1234" in run.label
     sf = run.share_floor()
     assert len(sf) == 1
@@ -41,7 +24,7 @@ def test_named_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="studies/kernels/record_expand.py"):
         load_kernel_run("nope", tmp_path)
     with pytest.raises(ValueError, match="no section 'floor'"):
-        _write(tmp_path).section("floor")
+        write_kernel_run(tmp_path).section("floor")
 
 
 def test_the_committed_final_run_loads():
