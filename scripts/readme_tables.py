@@ -9,6 +9,10 @@ The blocks live with their studies: each `studies/<name>/block.py` defines `BLOC
 data folder it reads). This driver collects them all, with whatever still sits in its own `BLOCKS`, and renders
 README.md, docs/results.md and every studies/*/README.md and data/*/README.md that holds a marker.
 
+Every file is rendered in memory before any is written: a recording that cannot be read (schemas.RecordingError:
+cut, appended twice, edited after its seal, foreign) stops the run with exit 2 and a message naming the file and row,
+and no output file is touched.
+
 A block whose generator is not written yet, or whose data folder is absent (BLOCK_DATA), gets a
 note saying so instead of figures; the run does not fail.
 """
@@ -21,9 +25,18 @@ import re
 import sys
 from pathlib import Path
 
-from lora_moe_lab.provenance import DATA
-
+# This checkout's root, from this file's own place. A second checkout run through the venv of the first would
+# import the first checkout's package (the editable install names it) and read ITS data/: refused, with the fix.
 ROOT = Path(__file__).resolve().parents[1]
+
+import lora_moe_lab.provenance as _prov  # noqa: E402
+from lora_moe_lab.instruments.analysers.schemas import RecordingError  # noqa: E402
+
+if Path(_prov.ROOT).resolve() != ROOT:
+    raise SystemExit(f"scripts/readme_tables.py of {ROOT} would read the recordings of {_prov.ROOT} "
+                     f"(lora_moe_lab was imported from {Path(_prov.__file__).parent}): run it with "
+                     f"PYTHONPATH={ROOT}, or from this checkout's own venv")
+DATA = _prov.DATA
 
 README = ROOT / "README.md"
 BLOCK_DATA: dict[str, str] = {}  # block -> the data folder it reads (the studies' BLOCK_DATA join it below)
@@ -85,9 +98,14 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what data/ says")
     a = ap.parse_args(argv)
     stale = 0
-    for f in files():
-        old = f.read_text()
-        new = render(old)
+    # every file rendered in memory first: a recording that cannot be read leaves every output as it was
+    try:
+        done = [(f, f.read_text()) for f in files()]
+        done = [(f, old, render(old)) for f, old in done]
+    except RecordingError as e:
+        print(f"refused: {e}\nnothing was rewritten", file=sys.stderr)
+        return 2
+    for f, old, new in done:
         name = f.relative_to(ROOT)
         if a.check:
             if new != old:
@@ -96,7 +114,8 @@ def main(argv=None) -> int:
             else:
                 print(f"{name} agrees with data/")
         else:
-            f.write_text(new)
+            if new != old:
+                f.write_text(new)
             print(name, "rewritten" if new != old else "unchanged")
     return 1 if stale else 0
 

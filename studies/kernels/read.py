@@ -22,13 +22,13 @@ vLLM. Two ratios are therefore given: `direct` (their time over ours, two differ
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.instruments.analysers.recordings import KernelRun
 from lora_moe_lab.instruments.analysers.stats import between_sessions
 from lora_moe_lab.provenance import normalize_meta
@@ -796,7 +796,7 @@ def load_counters(name: str = NCU_NOW_RUN, path: str | Path | None = None) -> pd
         raise FileNotFoundError(f"no counters of {name!r} in {tidy._dir(path) / 'kernels_base_ncu.csv'}: "
                                 "studies/kernels/record_base.py --ncu-run under ncu writes them")
     c = tidy.rows("kernels_base", name, path, ncu=True)
-    copy_gbps = json.loads((KERNELS_DIR / "kernels.meta.json").read_text())["copy_gbps"]
+    copy_gbps = schemas.read_json(KERNELS_DIR / "kernels.meta.json")["copy_gbps"]
     c["dram_gbps"] = (c.dram_read_bytes + c.dram_write_bytes) / (c.duration_us * 1e3)
     c["of_copy"] = c.dram_gbps / copy_gbps
     return c

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA
 
 KERNELS = DATA / "kernels"
@@ -43,12 +44,13 @@ def _dir(path) -> Path:
 
 @lru_cache(maxsize=64)
 def _text_table(f: str, mtime: float) -> pd.DataFrame:
-    return pd.read_csv(f, dtype=str, keep_default_na=False)
+    """The table as text, checked (schemas.read_csv: its seal in <section>.meta.json, the kernel_tidy schema)."""
+    return schemas.read_csv(f, "kernel_tidy", dtype=str, keep_default_na=False)
 
 
 @lru_cache(maxsize=64)
 def _meta_file(f: str, mtime: float) -> dict:
-    return json.loads(Path(f).read_text())
+    return schemas.read_json(f)
 
 
 def _table_file(section: str, path, ncu: bool) -> Path:
@@ -123,9 +125,9 @@ def append(section: str, name: str, rows_csv=None, meta_json=None, ncu_csv=None,
     A session already in a table is refused unless `replace`."""
     d = _dir(path)
     mf = d / f"{section}.meta.json"
-    m = json.loads(mf.read_text()) if mf.exists() else {}
+    m = schemas.read_json(mf) if mf.exists() else {}
     m.setdefault("sessions", {}), m.setdefault("columns", {}), m.setdefault("ncu_columns", {})
-    run_meta = json.loads(Path(meta_json).read_text()) if meta_json is not None else m["sessions"].get(name, {})
+    run_meta = schemas.read_json(meta_json) if meta_json is not None else m["sessions"].get(name, {})
     for src, ncu in ((rows_csv, False), (ncu_csv, True)):
         if src is None:
             continue
@@ -140,6 +142,7 @@ def append(section: str, name: str, rows_csv=None, meta_json=None, ncu_csv=None,
         new = pd.read_csv(src, dtype=str, keep_default_na=False)
         _append_rows(f, name, new, run_meta)
         m[key][name] = list(new.columns)
+        m.setdefault("files", {})[f.name] = schemas.seal(f)  # the table as now written (schemas: the seal)
     if meta_json is not None:
         m["sessions"][name] = run_meta
     _write_atomic(mf, lambda fh: (json.dump(m, fh, indent=1), fh.write("\n")))

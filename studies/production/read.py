@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lora_moe_lab.instruments.analysers import production_runs as PR
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import catalog
 from lora_moe_lab.sim import tp_emulation as E
 
@@ -20,4 +21,5 @@ def sessions() -> dict[str, PR.Session]:
 
 def tp2_summaries() -> dict[str, pd.DataFrame]:
     """The TP=2 measurements of studies/production/record_tp.py, per guard-site count (as the emulation's check)."""
-    return {gs: pd.read_csv(p) for gs, p in E.tp2_measured(catalog("production.tp2_summaries")).items()}
+    return {gs: schemas.read_csv(p, "prefill_summary")
+            for gs, p in E.tp2_measured(catalog("production.tp2_summaries")).items()}

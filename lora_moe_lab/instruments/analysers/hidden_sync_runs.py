@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...provenance import catalog
+from . import schemas
 from .stats import between_sessions
 
 __all__ = ["recorded", "session_files"]
@@ -43,7 +44,8 @@ def recorded(path=None):
         return None
     # the session is the file's (<name>_<session>.csv): one file per device session
     d = pd.concat(
-        [pd.read_csv(f).assign(session=SESSION_FILE.fullmatch(f.name)[1]) for f in files], ignore_index=True
+        [schemas.read_csv(f, "hidden_syncs").assign(session=SESSION_FILE.fullmatch(f.name)[1]) for f in files],
+        ignore_index=True
     )
     rows = []
     for name, g in d.groupby("pattern", sort=False):

@@ -14,7 +14,6 @@ forward is this kind); gpu_idle_* is GPU time with nothing to run (what a sync a
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ...provenance import catalog, normalize_meta
-from . import stats
+from . import schemas, stats
 
 TASK_TITLES = {"default_C16384": "lab, own regime, C=16384", "default_C8192": "lab, own regime, C=8192",
                "prodlike_C16384": "lab, production-like regime, C=16384"}
@@ -39,9 +38,10 @@ class Session:
     clocks: pd.DataFrame | None = None  # nvidia-smi samples every 100 ms (studies/production/record.py: ClockLog)
 
 
-def _cat(files) -> pd.DataFrame:
+def _cat(files, kind: str) -> pd.DataFrame:
+    """The files of one kind, each checked (schemas.read_csv: schema, seal in the session's meta.json), stacked."""
     files = list(files)
-    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+    return pd.concat([schemas.read_csv(f, kind) for f in files], ignore_index=True) if files else pd.DataFrame()
 
 
 def session_name(folder: str | Path, prefix: str = "") -> str:
@@ -68,10 +68,13 @@ def load_session(d: str | Path, name: str | None = None) -> Session:
     """One session folder: its summaries, rows, profiled forwards and syncs, meta.json, clock log."""
     d = Path(d)
     name = session_name(d) if name is None else name
-    return Session(name, _cat(d.glob("*.summary.csv")),
-                   _cat(f for f in d.glob("*.csv") if f.name.count(".") == 1 and f.name != "clocks.csv"),
-                   _cat(d.glob("*.signature.csv")), _cat(d.glob("*.syncs.csv")),
-                   normalize_meta(json.loads((d / "meta.json").read_text())),
+    meta = normalize_meta(schemas.read_json(d / "meta.json"))  # first: a broken meta.json is named as such
+    return Session(name, _cat(d.glob("*.summary.csv"), "production_summary"),
+                   _cat((f for f in d.glob("*.csv") if f.name.count(".") == 1 and f.name != "clocks.csv"),
+                        "production_task"),
+                   _cat(d.glob("*.signature.csv"), "production_signature"),
+                   _cat(d.glob("*.syncs.csv"), "production_syncs"),
+                   meta,
                    pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)
 
 

@@ -33,7 +33,6 @@ Intervals (the methods are named in every table, `METHOD_*`):
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -44,7 +43,8 @@ import numpy as np
 import pandas as pd
 
 from ...provenance import catalog, catalog_entries, label as _label, normalize_meta
-from . import stats
+from . import schemas, stats
+from .schemas import RecordingError  # noqa: F401  (what a damaged or foreign recording raises)
 from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, WarmupCheck, warmup_check  # noqa: F401
 
 # The recorder's layout (studies/guards/record.py): <gpu>_guards_<session>.csv, one file per device session.
@@ -317,12 +317,9 @@ class Recording:
 def _read_one(path: Path, check_warmup: bool) -> tuple[pd.DataFrame, dict]:
     if not path.exists():
         raise FileNotFoundError(f"no recording at {path}: studies/guards/record.py writes it on a GPU")
-    df = pd.read_csv(path)
-    missing = set(SAMPLE_COLUMNS) - set(df.columns)
-    if missing:
-        raise ValueError(f"{path} is not a guards recording (one row per repetition): missing {sorted(missing)}")
+    df = schemas.read_csv(path, "guards")  # the schema, the seal, an unterminated last line: RecordingError
     mp = path.with_name(path.stem + ".meta.json")
-    meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
+    meta = normalize_meta(schemas.read_json(mp)) if mp.exists() else {}
     if "session" not in df:
         df["session"] = meta.get("session") or meta.get("params", {}).get("session") or path.stem
     df["session"] = df["session"].astype(str)
@@ -442,8 +439,8 @@ def load_graph_strategies(path: str | Path | None = None) -> GraphStrategiesReco
         if not f.exists():
             raise FileNotFoundError(f"no recording at {f}: studies/graphs/record.py writes it on a GPU")
     mp = d / "strategies.meta.json"
-    meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
-    frames = [_renamed_strategies(pd.read_csv(f)) for f in files.values()]
+    meta = normalize_meta(schemas.read_json(mp)) if mp.exists() else {}
+    frames = [_renamed_strategies(schemas.read_csv(f, f"graph_{n}")) for n, f in files.items()]
     return GraphStrategiesRecording(*frames, meta)
 
 
@@ -516,8 +513,8 @@ def load_kernel_run(name: str | None = None, path: str | Path | None = None) -> 
     if not f.exists():
         raise FileNotFoundError(f"no recording at {f}: studies/kernels/record_expand.py writes it on a GPU")
     mp = f.with_name(f.name.removesuffix(".csv") + ".meta.json")
-    meta = normalize_meta(json.loads(mp.read_text())) if mp.exists() else {}
-    return KernelRun(pd.read_csv(f), meta, run_name(f))
+    meta = normalize_meta(schemas.read_json(mp)) if mp.exists() else {}
+    return KernelRun(schemas.read_csv(f, "kernel_run"), meta, run_name(f))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ import pytest
 from helpers import load_script
 
 from lora_moe_lab.instruments.analysers import production_runs as PR
+from lora_moe_lab.provenance import DATA
+
+PR_DATA = DATA / "production"
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -85,7 +88,8 @@ def test_a_sessions_clock_log_is_not_read_as_rows(tmp_path):
     d = tmp_path / "signature_s9"
     d.mkdir()
     (d / "meta.json").write_text("{}")
-    (d / "task.csv").write_text("guard,rep\nsync,0\n")
+    real = (PR_DATA / "signature_s1" / "default_C8192.csv").read_text().splitlines()
+    (d / "task.csv").write_text("\n".join(real[:2]) + "\n")  # a real task's header and first row
     (d / "clocks.csv").write_text("t_unix,sm_mhz,mem_mhz,power_w,temp_c,throttle\n1.0,1980,3201,500,40,0x0\n")
     s = PR.load_sessions(tmp_path)["s9"]
     assert len(s.rows) == 1 and list(s.clocks["sm_mhz"]) == [1980]

@@ -1,0 +1,502 @@
+"""Declared schemas of every recording kind, checked whenever a recording is read, and the seals in its metadata.
+
+Nothing the workbench reads may silently change a figure: a damaged or foreign file is refused with a
+`RecordingError` that names the file, the first bad row (1-based data row; "header" for the columns; "meta"
+for the metadata) and what is wrong.
+
+    KINDS["guards"]                      # a Kind: its pandera schema, unique key, where its seal lives
+    read_csv(path, "guards")             # read + check: a cut last line, the seal (rows, sha256), the schema
+    validate(df, "guards", path)         # the schema alone, on a frame already read
+    seal(path)  -> {"rows", "sha256"}    # what a file holds now
+    write_seal(path, meta_path=None)     # store it in the file's metadata (atomically: temp file + os.replace)
+    read_json(path), read_trace(path)    # JSON / gzip'd JSON, errors naming the file
+
+Why pandera: a schema is declared once per kind (columns, dtypes, ranges, the set a status is drawn from,
+the unique key) and reused by every reader, and a failed check reports its failure cases row by row
+(`SchemaErrors.failure_cases`, with lazy=True all of them), so the first bad row can be named. pydantic
+would check the JSON metadata only: it has no notion of a DataFrame's columns or of a check over a column.
+
+The seal. A writer that finishes a CSV (or `scripts/seal_recordings.py`, for the files already in data/)
+stores `{"rows": <data rows>, "sha256": <hex of the file's bytes>}` for it in its metadata, ALWAYS as
+
+    meta["files"][<csv file name>] = {"rows": n, "sha256": hex}
+
+one rule for every layout (a file with its own `<stem>.meta.json`, a session folder's `meta.json` describing
+several CSVs, a tidy table's `<section>.meta.json` shared with its `_ncu` table). A meta that has top-level
+`rows`/`sha256` (and no "files") is read as the seal of its one CSV. Which metadata belongs to a CSV
+(`meta_path`): its kind says (`Kind.meta`): "sibling" `<name>.meta.json` (x.csv, and x.summary.csv,
+x.signature.csv, x.syncs.csv -> x.meta.json), "session" the folder's `meta.json`, "section" `<section>.meta.json` with a
+trailing `_ncu`, or the graphs' `_capture`/`_replay`/`_switches`, dropped; a CSV with no metadata is read
+unsealed (its schema is still checked). A seal that disagrees (rows or hash) refuses the file: a cut, an
+appended or an edited recording. The seal is checked before the schema, so a damaged file is reported as
+damaged, not as whatever row the damage made invalid.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+import pandas as pd
+
+try:  # pandera >= 0.20: the pandas API lives in pandera.pandas (the top-level names are deprecated there)
+    import pandera.pandas as pa
+except ImportError:  # pragma: no cover - older pandera
+    import pandera as pa
+from pandera.errors import SchemaError, SchemaErrors
+
+__all__ = ["RecordingError", "Kind", "KINDS", "validate", "read_csv", "seal", "write_seal", "read_json",
+           "read_trace", "meta_path", "kind_of"]
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read as it claims to be: the message names the file, the row
+    (1-based data row, "header" or "meta") and what is wrong."""
+
+    def __init__(self, path, row, what: str):
+        self.path, self.row, self.what = Path(path) if path is not None else None, row, what
+        where = f"row {row}" if isinstance(row, (int, np.integer)) else str(row)
+        super().__init__(f"{path}: {where}: {what}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Declarations
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    schema: "pa.DataFrameSchema"
+    unique: tuple = ()  # the columns that name a row (no two rows may share them)
+    meta: str = "sibling"  # where its seal lives: sibling | session | section (see the module docstring)
+    what: str = ""
+
+    @property
+    def files(self) -> tuple:
+        """The files in data/ of this kind (globs relative to data/): data/recording_kinds.json."""
+        from ...provenance import DATA
+
+        return tuple(json.loads((DATA / "recording_kinds.json").read_text()).get(self.name, ()))
+
+    def __repr__(self):
+        return f"Kind({self.name!r}: {len(self.schema.columns)} columns, key {list(self.unique)})"
+
+
+def _num(*checks, nullable: bool = True, required: bool = True, dtype=float) -> "pa.Column":
+    """A numeric column (ints and floats both pass: `dtype` is what it coerces to for the check only)."""
+    return pa.Column(dtype, checks=list(checks), nullable=nullable, required=required, coerce=True)
+
+
+def _int(*checks, nullable: bool = False, required: bool = True) -> "pa.Column":
+    integral = pa.Check(lambda s: (s - s.round()).abs() < 1e-9, error="an integer")
+    return pa.Column(float, checks=list(checks) + [integral], nullable=nullable, required=required, coerce=True)
+
+
+def _str(*checks, nullable: bool = False, required: bool = True) -> "pa.Column":
+    # no dtype: pandas 2 reads text as object, pandas 3 as its str dtype; both are text
+    return pa.Column(None, checks=list(checks), nullable=nullable, required=required)
+
+
+def _bool(nullable: bool = False, required: bool = True) -> "pa.Column":
+    return pa.Column(None, checks=[pa.Check.isin([True, False, "True", "False", 1, 0, 1.0, 0.0])],
+                     nullable=nullable, required=required)
+
+
+POS = pa.Check.gt(0)  # a time, a size, a rate: > 0
+NONNEG = pa.Check.ge(0)
+FRACTION = pa.Check.in_range(0, 1)
+
+
+def _schema(name: str, columns: dict, unique=()) -> "pa.DataFrameSchema":
+    # strict=False: a file may carry more columns than the declared ones (provenance columns, a later
+    # recorder's additions); the declared ones must be there, with their types and ranges
+    # the unique key is checked by validate (`_key_for`: it depends on which optional columns a file has)
+    return pa.DataFrameSchema(columns, strict=False, name=name)
+
+
+def _kind(name, columns, unique=(), meta="sibling", what="") -> Kind:
+    return Kind(name, _schema(name, columns, unique), tuple(unique), meta, what)
+
+
+_GUARD_KEYS = ["preset", "layers", "tokens", "active"]
+_GUARDS_COLS = dict(preset=_str(), layers=_int(POS), tokens=_int(POS), active=_num(FRACTION, nullable=False),
+                    variant=_str(), guard=_str(), mode=_str(), rep=_int(NONNEG), us=_num(POS, nullable=False),
+                    syncs_per_forward=_int(NONNEG))
+
+# prefill rows (instruments/recorders/prefill.py COLUMNS): the production sessions' per-repetition rows, the TP runs'
+_PREFILL_KEY = ["preset", "layers", "tp", "requests", "input_len", "chunk", "guard_sites", "adapters", "guard"]
+_PREFILL_COLS = dict(preset=_str(), layers=_int(POS), tp=_int(POS), requests=_int(POS), input_len=_int(POS),
+                     chunk=_int(POS), guard_sites=_num(NONNEG, nullable=False), adapters=_str(), guard=_str(),
+                     rep=_int(NONNEG), order=_int(NONNEG), prefill_ms=_num(POS, nullable=False),
+                     input_tok_per_s=_num(POS, nullable=False), ttft_mean_ms=_num(POS), ttft_p50_ms=_num(POS),
+                     ttft_p99_ms=_num(POS), forwards=_int(POS), forward_median_ms=_num(POS, nullable=False),
+                     syncs_per_forward=_num(NONNEG), gpu_idle_ms=_num(NONNEG), gpu_idle_after_sync_ms=_num(NONNEG),
+                     gpu_busy_ms=_num(NONNEG), gpu_span_ms=_num(NONNEG), timer=_str())
+_PREFILL_OPT = dict(host_us_per_layer=_num(NONNEG, required=False), host_us_per_forward=_num(NONNEG, required=False),
+                    overlap_ms=_num(NONNEG, required=False), t_unix=_num(POS, required=False),
+                    input_tok_per_s_net=_num(POS, required=False), other_batch_ms=_num(NONNEG, required=False),
+                    first_blocked_ms=_num(NONNEG, required=False), later_blocked_median_us=_num(NONNEG, required=False),
+                    later_blocked_mean_us=_num(NONNEG, required=False), host_blocked_ms=_num(NONNEG, required=False),
+                    first_share=_num(FRACTION, required=False))
+_SUMMARY_COLS = dict(preset=_str(), layers=_int(POS), tp=_int(POS), requests=_int(POS), input_len=_int(POS),
+                     chunk=_int(POS), guard_sites=_num(NONNEG, nullable=False), adapters=_str(), guard=_str(),
+                     reps=_int(POS), input_tok_per_s=_num(POS, nullable=False), input_tok_per_s_lo=_num(POS),
+                     input_tok_per_s_hi=_num(POS), prefill_ms=_num(POS, nullable=False),
+                     forward_median_ms=_num(POS, nullable=False), syncs_per_forward=_num(NONNEG),
+                     gpu_idle_ms=_num(NONNEG), fix_throughput_gain_pct=_num(), fix_ttft_change_pct=_num(),
+                     warmup_dropped=_int(NONNEG, required=False), stable=_bool(required=False),
+                     first_share=_num(FRACTION, required=False), host_blocked_ms=_num(NONNEG, required=False))
+
+KINDS: dict[str, Kind] = {k.name: k for k in [
+    _kind("guards", dict(_GUARDS_COLS, session=_str(required=False), warmup_drift=_bool(required=False),
+                         status=_str(pa.Check.isin(["ok", "unstable", "unchecked"]), required=False),
+                         position=_int(NONNEG, required=False)),
+          unique=_GUARD_KEYS + ["variant", "rep"],
+          what="one row per repetition and variant (studies/guards/record.py)"),
+    _kind("graph_capture", dict(model=_str(), tokens_per_request=_int(POS), sizes=_str(), strategy=_str(),
+                                graphs=_int(NONNEG), capture_s=_num(NONNEG, nullable=False),
+                                pool_mib=_num(NONNEG, nullable=False)),
+          unique=["model", "tokens_per_request", "sizes", "strategy"], meta="section",
+          what="graphs captured per strategy (studies/graphs/record.py)"),
+    _kind("graph_replay", dict(model=_str(), tokens=_int(POS), requests=_int(POS), tokens_per_request=_int(POS),
+                               active=_int(NONNEG), variant=_str(), rows=_int(NONNEG, nullable=True), rep=_int(NONNEG),
+                               us=_num(POS, nullable=False)),
+          unique=["model", "tokens", "requests", "tokens_per_request", "active", "variant", "rep"], meta="section",
+          what="one row per repetition of one step (studies/graphs/record.py)"),
+    _kind("graph_switches", dict(model=_str(), strategy=_str(), switch=_int(NONNEG), active=_int(NONNEG),
+                                 graph_size=_int(POS), rows=_int(NONNEG), bit_exact_vs_same_graph_eager=_bool(),
+                                 rel_err_vs_eager=_num(NONNEG, nullable=False)),
+          unique=["model", "strategy", "graph_size", "switch"], meta="section",
+          what="replay after adapter switches vs eager"),
+    # the kernel tables have no unique key: a sweep times some points twice (the same row twice is in the data);
+    # a duplicated or appended session is caught by the seal
+    _kind("kernel_run", dict(section=_str(), preset=_str(nullable=True, required=False),
+                             op=_str(nullable=True, required=False),
+                             M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
+                             bw_frac=_num(NONNEG, required=False), rel_err=_num(NONNEG, required=False),
+                             base=_num(POS, required=False), lora_share=_num(required=False)),
+          unique=(), what="one run of studies/kernels/record_expand.py / record_fused.py (a wide table of sections)"),
+    _kind("kernel_tidy", dict(session=_str(), commit=_str(nullable=True), gpu=_str(nullable=True),
+                              M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
+                              duration_us=_num(POS, required=False)),
+          unique=(), meta="section", what="a kernels tidy table (studies/kernels/tidy.py): every session's rows"),
+    _kind("prefill", dict(_PREFILL_COLS, **_PREFILL_OPT), unique=_PREFILL_KEY + ["rep"],
+          what="prefill rows of instruments/recorders/prefill.py (one row per guard and repetition)"),
+    _kind("prefill_summary", _SUMMARY_COLS, unique=_PREFILL_KEY,
+          what="a prefill summary (prefill.summarize): one row per guard"),
+    _kind("production_task", dict(_PREFILL_COLS, **_PREFILL_OPT, session=_str(), task=_str()),
+          unique=_PREFILL_KEY + ["rep", "session", "task"], meta="session",
+          what="a signature session's task rows (studies/production/record.py)"),
+    _kind("production_summary", dict(_SUMMARY_COLS, session=_str(required=False), task=_str(required=False)),
+          unique=_PREFILL_KEY, meta="session", what="a signature session's task summary"),
+    _kind("production_signature", dict(forward=_int(POS), n_syncs=_int(NONNEG),
+                                       host_blocked_ms=_num(NONNEG, nullable=False), first_share=_num(FRACTION),
+                                       idle_after_ms=_num(NONNEG), guard=_str(), session=_str(), task=_str()),
+          unique=["session", "task", "guard", "adapters", "forward"], meta="session",
+          what="per profiled forward (instruments/analysers/signature.per_forward)"),
+    _kind("production_syncs", dict(forward=_int(POS), device=_int(NONNEG), sync_index=_int(NONNEG),
+                                   start_ns=_num(POS, nullable=False), end_ns=_num(POS, nullable=False),
+                                   host_blocked_us=_num(NONNEG, nullable=False), idle_after_us=_num(NONNEG),
+                                   guard=_str(), session=_str(), task=_str()),
+          unique=["session", "task", "guard", "adapters", "forward", "device", "sync_index"], meta="session",
+          what="per sync of the profiled forwards (signature.per_sync)"),
+    _kind("bench_sweep", dict(gpu=_str(), torch=_str(), triton=_str(nullable=True), cuda=_str(nullable=True),
+                              python=_str(), commit=_str(nullable=True), date=_str(),
+                              preset=_str(), layers=_int(POS), tokens=_int(POS), guard=_str(),
+                              active=_num(FRACTION, nullable=False), rank=_int(POS), mode=_str(), dtype=_str(),
+                              backend=_str(), requests=_int(POS), skew=_num(NONNEG, nullable=False),
+                              warmup=_int(NONNEG), reps=_int(NONNEG), median_us=_num(POS), p10_us=_num(POS),
+                              p90_us=_num(POS), mean_us=_num(POS), wall_median_us=_num(POS), timer=_str(nullable=True),
+                              syncs_per_forward=_num(NONNEG), error=_str(nullable=True),
+                              seed=_int(NONNEG, required=False), device=_str(nullable=True, required=False)),
+          # the key (bench.py KEY_COLUMNS), with the settings (SETTING_COLUMNS) where the file has them
+          unique=["preset", "layers", "tokens", "guard", "active", "rank", "mode", "dtype", "backend", "requests",
+                  "skew", "seed", "device"],
+          what="a sweep of instruments/recorders/bench.py (COLUMNS; one row per point)"),
+    _kind("audit_priced", dict(session=_str(), model=_str(), tokens=_int(POS), layers=_int(POS), experts=_int(POS),
+                               rewrite=_str(), syncs_before=_num(NONNEG, nullable=False),
+                               syncs_after=_num(NONNEG, nullable=False), predicted_saving_us=_num(),
+                               measured_saving_us=_num(), measured_lo_us=_num(), measured_hi_us=_num(),
+                               eager_us=_num(POS, nullable=False),
+                               hoisted_us=_num(POS, nullable=False), reps=_int(NONNEG, nullable=True)),
+          unique=["session", "model"], what="the audit corpus's priced rewrites, a row per session and model "
+                                            "(studies/audit_corpus/record.py)"),
+    _kind("audit_sites", dict(session=_str(), model=_str(), site=_str(), function=_str(), kind=_str(),
+                              count=_num(NONNEG, nullable=False), torch_count=_num(NONNEG)),
+          unique=["session", "model", "site", "kind"], meta="audit",
+          what="the audit corpus's sync sites, a row per session, model, site and kind"),
+    _kind("hidden_syncs", dict(session=_str(), pattern=_str(), kind=_str(), occurrences=_num(NONNEG, nullable=False),
+                               n=_int(NONNEG), status=_str(pa.Check.isin(["ok", "unstable"])), method=_str(),
+                               original_ms=_num(POS, nullable=False),
+                               rewrite_ms=_num(POS, nullable=False), diff_us=_num(), diff_lo_us=_num(),
+                               diff_hi_us=_num(), per_occ_us=_num(), per_occ_lo_us=_num(), per_occ_hi_us=_num()),
+          unique=["session", "pattern"], what="the hidden-sync patterns timed paired (studies/hidden_syncs/record.py)"),
+]}
+
+
+def kind_of(kind) -> Kind:
+    if isinstance(kind, Kind):
+        return kind
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise KeyError(f"no recording kind {kind!r}; the kinds are {', '.join(KINDS)}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+def _first_failure(err: SchemaErrors | SchemaError, df: pd.DataFrame) -> tuple:
+    """(row, what) of the first failure: a missing column or a frame-wide failure -> "header"."""
+    fc = getattr(err, "failure_cases", None)
+    if fc is None or not len(fc):
+        return "header", str(err).splitlines()[0]
+    fc = fc.copy()
+    pos = {ix: i for i, ix in enumerate(df.index)}
+    fc["_pos"] = [pos.get(ix, -1) if ix is not None and not (isinstance(ix, float) and np.isnan(ix)) else -1
+                  for ix in fc["index"]]
+    head = fc[fc["_pos"] < 0]
+    # the columns first (a missing column makes every row's failure meaningless), then the first row
+    structural = head[head["check"].astype(str).str.contains("column_in_dataframe|column_in_schema")]
+    if len(structural):
+        r = structural.iloc[0]
+        return "header", f"missing column {r['failure_case']!r}" if "column_in_dataframe" in str(r["check"]) \
+            else f"{r['check']}: {r['failure_case']}"
+    rows = fc[fc["_pos"] >= 0].sort_values("_pos", kind="stable")
+    if len(rows):
+        r = rows.iloc[0]
+        col = r["column"]
+        val = df.iloc[int(r["_pos"])].get(col) if isinstance(col, str) and col in df.columns else r["failure_case"]
+        check = str(r["check"])
+        if check.startswith("coerce_dtype") or check.startswith("dtype"):
+            what = f"column {col!r}: {val!r} is not a number"
+        elif "not_nullable" in check:
+            what = f"column {col!r}: empty (NaN) where a value is required"
+        else:
+            what = f"column {col!r}: {val!r} fails {check}"
+        return int(r["_pos"]) + 1, what
+    r = head.iloc[0]
+    col, check = r["column"], str(r["check"])
+    if check.startswith("dtype") and isinstance(col, str) and col in df:  # a column read as text
+        bad = pd.to_numeric(df[col], errors="coerce").isna() & df[col].notna()
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            return i + 1, f"column {col!r}: {df[col].iloc[i]!r} is not a number"
+    return "header", f"column {col!r}: {check}: {r['failure_case']}"
+
+
+def _unique_failure(df: pd.DataFrame, unique) -> tuple | None:
+    cols = [c for c in unique if c in df.columns]
+    if not cols or len(cols) != len(unique) or not len(df):
+        return None
+    dup = df.duplicated(cols, keep="first").to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        key = dict(zip(cols, df.iloc[i][cols].tolist()))
+        return i + 1, f"duplicate key {key} (unique {cols}): a row written twice?"
+    return None
+
+
+def validate(df: pd.DataFrame, kind, path) -> pd.DataFrame:
+    """`df` checked against the kind's schema; the frame is returned as read (the check coerces a copy).
+    RecordingError naming `path`, the first bad row and what is wrong."""
+    k = kind_of(kind)
+    if not len(df.columns):
+        raise RecordingError(path, "header", f"no columns: not a {k.name} recording")
+    missing = [c for c, col in k.schema.columns.items() if col.required and c not in df.columns]
+    if missing:
+        raise RecordingError(path, "header", f"missing column(s) {missing}: not a {k.name} recording "
+                                             f"({k.what or 'see schemas.KINDS'})")
+    if not len(df):
+        raise RecordingError(path, 1, f"no data rows: an empty {k.name} recording")
+    d = df.reset_index(drop=True)
+    try:
+        k.schema.validate(d, lazy=True, inplace=False)
+    except (SchemaErrors, SchemaError) as e:
+        row, what = _first_failure(e, d)
+        u = _unique_failure(d, _key_for(k, d))  # a duplicated row before the first bad one is the story
+        if u is not None and (row == "header" or u[0] < row):
+            row, what = u
+        raise RecordingError(path, row, what) from None
+    u = _unique_failure(df.reset_index(drop=True), _key_for(k, df))
+    if u is not None:
+        raise RecordingError(path, *u)
+    return df
+
+
+def _key_for(k: Kind, df: pd.DataFrame) -> list:
+    """The unique key this file can be held to: the declared key, with `session` added where the file has it
+    and the key lacks it (a file of several sessions), and without the optional columns it lacks."""
+    key = [c for c in k.unique if c in df.columns]
+    if key and "session" in df.columns and "session" not in key:
+        key = ["session"] + key
+    return key
+
+
+# ----------------------------------------------------------------------------------------------
+# Seals
+def _hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _rows(data: bytes) -> int:
+    """Data rows of a CSV's bytes (its records, quoted newlines counted once; the header not counted)."""
+    import csv
+
+    n = sum(1 for _ in csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))))
+    return max(n - 1, 0)
+
+
+def seal(csv_path) -> dict:
+    """{"rows": data rows, "sha256": hex of the file's bytes}."""
+    data = Path(csv_path).read_bytes()
+    return {"rows": _rows(data), "sha256": _hash(data)}
+
+
+_SECTION_SUFFIX = re.compile(r"_(ncu|capture|replay|switches)$")
+
+
+def meta_path(csv_path, kind=None) -> Path:
+    """The metadata file a CSV's seal lives in (it may not exist yet): see the module docstring."""
+    p = Path(csv_path)
+    k = kind_of(kind) if kind is not None else None
+    base = re.sub(r"(\.summary|\.signature|\.syncs)?\.csv$", "", p.name)
+    if (k is not None and k.meta == "session") or (k is None and (p.parent / "meta.json").is_file()):
+        return p.parent / "meta.json"
+    if k is not None and k.meta == "audit":
+        return p.parent / "priced.meta.json"
+    cands = [p.parent / f"{base}.meta.json"]
+    if k is None or k.meta == "section":
+        cands.append(p.parent / f"{_SECTION_SUFFIX.sub('', base)}.meta.json")
+    for c in cands:
+        if c.is_file():
+            return c
+    return cands[-1] if k is not None and k.meta == "section" else cands[0]
+
+
+def _seal_in(meta: dict, name: str) -> dict | None:
+    if not isinstance(meta, dict):
+        return None
+    files = meta.get("files")
+    if isinstance(files, dict) and isinstance(files.get(name), dict):
+        return files[name]
+    if "files" not in meta and ("rows" in meta or "sha256" in meta):
+        return meta
+    return None
+
+
+def write_seal(csv_path, meta_path_: str | os.PathLike | None = None, kind=None) -> dict:
+    """Store seal(csv_path) under meta["files"][<file name>] in its metadata (`meta_path_`, else
+    meta_path(csv_path, kind)), written atomically (a temp file in the same folder + os.replace); a meta
+    that does not exist yet is created holding the seal alone. Returns the seal."""
+    p = Path(csv_path)
+    mp = Path(meta_path_) if meta_path_ is not None else meta_path(p, kind)
+    meta = read_json(mp) if mp.is_file() else {}
+    if not isinstance(meta, dict):
+        raise RecordingError(mp, "meta", f"metadata is a {type(meta).__name__}, not an object: cannot hold a seal")
+    s = seal(p)
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        files = {}
+    files[p.name] = s
+    meta["files"] = files
+    text = json.dumps(meta, indent=1) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=mp.parent, prefix=f".{mp.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, mp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return s
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+def read_json(path):
+    """A JSON file; a file that is not JSON -> RecordingError naming it (row "meta", the line and column)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as e:
+        raise RecordingError(p, "meta", f"not UTF-8 text: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordingError(p, "meta", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+def read_trace(path):
+    """A profiler trace (gzip'd JSON when it ends in .gz, else JSON); a cut or damaged file -> RecordingError."""
+    p = Path(path)
+    try:
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt") as f:
+                text = f.read()
+        else:
+            text = p.read_text()
+    except (EOFError, OSError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise RecordingError(p, "trace", f"damaged or cut compressed file: {type(e).__name__}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordingError(p, "trace", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+def check_seal(path, data: bytes, kind=None) -> None:
+    """The file's bytes against the seal in its metadata, where it has one."""
+    p = Path(path)
+    mp = meta_path(p, kind)
+    if not mp.is_file():
+        return
+    meta = read_json(mp)
+    s = _seal_in(meta, p.name)
+    if s is None:
+        return
+    rows = _rows(data)
+    if "rows" in s and int(s["rows"]) != rows:
+        # the row: the first one missing (a cut) or the first one added (an append)
+        raise RecordingError(p, min(rows, int(s["rows"])) + 1,
+                             f"{rows} data rows, but its seal in {mp.name} says {s['rows']}: "
+                             f"{'cut' if rows < int(s['rows']) else 'rows appended'} since it was sealed")
+    if "sha256" in s and s["sha256"] != _hash(data):
+        raise RecordingError(p, "meta", f"content hash differs from its seal in {mp.name} "
+                                        f"(sha256 {s['sha256'][:12]}...): the file changed since it was sealed")
+
+
+def read_csv(path, kind, **read_kw) -> pd.DataFrame:
+    """A recording of kind `kind`: the file must end with a newline (else its last line was cut in the
+    write), agree with its seal where its metadata has one, and pass the kind's schema. `read_kw` go to
+    pandas.read_csv (a reader that reads text keeps its dtype=str; the schema check then coerces a copy)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no recording at {p}")
+    data = p.read_bytes()
+    if not data.strip():
+        raise RecordingError(p, "header", "empty file: no header, no rows")
+    if not data.endswith(b"\n"):
+        raise RecordingError(p, max(_rows(data), 1), "the last line has no newline: the write was cut")
+    check_seal(p, data, kind)
+    try:
+        df = pd.read_csv(io.BytesIO(data), **read_kw)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise RecordingError(p, int(m.group(1)) - 1 if m else "header", f"not a CSV: {e}") from None
+    validate(_as_read(df, read_kw), kind, p)
+    return df
+
+
+def _as_read(df: pd.DataFrame, read_kw: dict) -> pd.DataFrame:
+    """A text-read frame (dtype=str, keep_default_na=False) with its empty cells as NaN, for the schema."""
+    if read_kw.get("dtype") is str or read_kw.get("keep_default_na") is False:
+        return df.replace({"": np.nan})
+    return df
+
