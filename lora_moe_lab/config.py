@@ -1,6 +1,8 @@
 """Model shape presets and validation. Weights are random and seeded: nothing is downloaded."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
 
 import torch
@@ -67,7 +69,7 @@ def get_shape(preset: str | MoEShape, **overrides) -> MoEShape:
             raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
         shape = PRESETS[preset]
     else:
-        raise TypeError(f"preset must be a name or a MoEShape, got {type(preset).__name__}")
+        raise ValueError(f"preset must be a preset name or a MoEShape, got {preset!r}; names: {sorted(PRESETS)}")
     return shape.with_(**overrides) if overrides else shape
 
 
@@ -76,12 +78,39 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
            "float64": torch.float64, "fp64": torch.float64}
 
 
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # what the model computes in
+
+
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype name or torch dtype -> one of FLOAT_DTYPES; ValueError naming `dtype` for anything else (an int
+    or bool dtype would be accepted by the allocations and fail later, inside silu)."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype {dtype} is not one the model computes in; choose float16, bfloat16, float32 "
+                             f"or float64 (or 'auto')")
         return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
+
+
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int (a bool is refused: True would pass as 1); ValueError naming `name` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        want = "an int" if minimum is None else "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    return value
+
+
+def check_real(name: str, value, lo: float | None = None, hi: float | None = None) -> float:
+    """`value` as a finite float in [lo, hi] (a bool, NaN, inf, a string or a tensor is refused); ValueError naming
+    `name` otherwise."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
+        lo_s, hi_s = ("-inf" if lo is None else lo), ("inf" if hi is None else hi)
+        rng = "" if lo is None and hi is None else f" in [{lo_s}, {hi_s}]"
+        raise ValueError(f"{name} must be a finite number{rng}, got {value!r}")
+    return float(value)
 
 
 def check_dtype(dtype: str | torch.dtype, device: torch.device | str, backend: str = "torch") -> torch.dtype:
@@ -107,7 +136,7 @@ class LoRAConfig:
     max_rank: int = 16
 
     def __post_init__(self):
-        if not isinstance(self.max_loras, int) or self.max_loras <= 0:
-            raise ValueError(f"max_loras must be a positive int, got {self.max_loras!r}")
-        if not isinstance(self.max_rank, int) or self.max_rank <= 0:
-            raise ValueError(f"max_rank must be a positive int, got {self.max_rank!r}")
+        for field in ("max_loras", "max_rank"):
+            v = getattr(self, field)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{field} must be a positive int, got {v!r}")

@@ -34,9 +34,14 @@ def default_device() -> torch.device:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """'auto'/None -> CUDA when present else CPU; asking for CUDA without one is a clear error."""
-    if device is None or device == "auto":
+    if device is None or (isinstance(device, str) and device == "auto"):
         return default_device()
-    dev = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device {device!r} is not a device name: use 'cuda', 'cuda:N', 'cpu' or 'auto'")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):  # torch: "Expected one of cpu, cuda, ... device type at start of ..."
+        raise ValueError(f"unknown device {device!r}: use 'cuda', 'cuda:N', 'cpu' or 'auto'") from None
     if dev.type == "cuda" and not _HAS_CUDA:
         raise ValueError(f"device {device!r} requested but this machine has no CUDA GPU")
     if dev.type not in ("cuda", "cpu"):
@@ -91,6 +96,12 @@ _state = threading.local()
 
 def in_capture_mode() -> bool:
     return getattr(_state, "capture", False)
+
+
+def stream_capturing() -> bool:
+    """True while torch records a CUDA graph on the current stream (a host-side query of the stream's
+    capture status: no device sync); always False without CUDA."""
+    return _HAS_CUDA and torch.cuda.is_current_stream_capturing()
 
 
 @contextlib.contextmanager

@@ -27,13 +27,15 @@ so the attention sites only reproduce where production synced; the answer gates 
 """
 from __future__ import annotations
 
+import math
+import numbers
 from fractions import Fraction
 
 import torch
 from torch.profiler import record_function
 
 from .. import runtime
-from ..config import LoRAConfig, check_dtype, get_shape
+from ..config import LoRAConfig, check_dtype, check_int, get_shape
 from ..ops import Backend, get_backend
 from .attention import Attention, positions, rope_cos_sin
 from .guards import Guard, get_guard
@@ -49,6 +51,9 @@ SITE_POINTS = tuple(GUARD_SITE_POINTS)
 
 def sites_per_layer(guard_sites: float, num_layers: int) -> list[int]:
     """Integer guard sites per layer whose running total tracks guard_sites * layers."""
+    ok = isinstance(guard_sites, numbers.Real) and not isinstance(guard_sites, bool)  # True would pass as 1
+    if not ok or not math.isfinite(guard_sites):
+        raise ValueError(f"guard_sites must be a finite number >= 1 (guard decisions per layer), got {guard_sites!r}")
     s = Fraction(guard_sites).limit_denominator(10_000)  # 260/48 -> 65/12 exactly: no float floor error
     if s < 1:
         raise ValueError(f"guard_sites must be >= 1 (every layer decides its MoE LoRA launch), got {guard_sites!r}")
@@ -161,6 +166,7 @@ def build_decoder_lab(preset="tiny", num_layers: int | None = None, max_loras: i
     """Decoder + adapter pool with seeded random weights. With `tp` (model/tp.py: init_tp) this
     rank's slice of the same weights; `lab.shape` is then the rank's shape. `skew`: as build_lab."""
     skew = check_skew(skew)
+    check_int("seed", seed)
     full = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
     shape = tp_shape(full, 1 if tp is None else tp.size)  # named error when heads or I do not split
     sites_per_layer(guard_sites, shape.num_layers)  # reject a bad guard_sites before any allocation

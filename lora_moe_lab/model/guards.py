@@ -170,6 +170,6 @@ class LaunchAlwaysGuard(Guard):
 def get_guard(guard: "str | Guard") -> Guard:
     if isinstance(guard, Guard):
         return guard
-    if guard not in _REGISTRY:
+    if not isinstance(guard, str) or guard not in _REGISTRY:
         raise ValueError(f"unknown guard {guard!r}; choose one of {list(_REGISTRY)}")
     return _REGISTRY[guard]()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import runtime
-from ..config import LoRAConfig, MoEShape, check_dtype, get_shape
+from ..config import LoRAConfig, MoEShape, check_dtype, check_int, get_shape
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors
 from .moe import MiniMoEModel, check_skew
 
@@ -32,8 +32,8 @@ class Lab:
         return batch, LoRABatchTensors.from_batch(batch, self.device, out=out)
 
     def random_input(self, num_tokens: int, seed: int = 0) -> torch.Tensor:
-        if not isinstance(num_tokens, int) or num_tokens <= 0:
-            raise ValueError(f"num_tokens must be a positive int, got {num_tokens!r}")
+        check_int("num_tokens", num_tokens, 1)  # a bool is refused: True would be one token
+        check_int("seed", seed)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         return torch.randn(num_tokens, self.shape.hidden, generator=gen, device=self.device).to(self.dtype)
 
@@ -44,6 +44,7 @@ def build_lab(preset: str | MoEShape = "tiny", num_layers: int | None = None, ma
     """Model + adapter pool with seeded random weights (nothing is downloaded). `skew` > 0 biases
     the router towards a seeded set of hot experts (model/moe.py: SERVING_SKEW); 0 is uniform."""
     skew = check_skew(skew)  # before any allocation
+    check_int("seed", seed)
     dev = runtime.resolve_device(device)
     shape = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
     dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))

@@ -6,13 +6,26 @@ nothing. Asking the GPU the same question later (`tensor.any().item()`) costs a 
 """
 from __future__ import annotations
 
+import itertools
 import zlib
 from dataclasses import dataclass, field
 
 import torch
 
-from ..config import LoRAConfig, MoEShape
+from .. import runtime
+from ..config import LoRAConfig, MoEShape, check_int, check_real, parse_dtype
 from . import init
+
+_POOL_IDS = itertools.count(1)  # every AdapterPool gets its own id (id() could be reused after a pool is freed)
+
+
+class ForeignBatchError(ValueError):
+    """A batch (or its device tensors) that another adapter pool built: its slot numbers name that pool's slots."""
+
+
+class StaleBatchError(ValueError):
+    """A batch built before one of the slots it uses was unloaded or reloaded: it would apply the slot's new
+    weights (another adapter) to requests that asked for the old one."""
 
 
 @dataclass
@@ -72,10 +85,15 @@ class AdapterPool:
                  tp_rank: int = 0, tp_size: int = 1):
         # Under tensor parallelism `shape` is one rank's: B of gate_up and A of down hold this
         # rank's slice of the intermediate dim, drawn from the same seeded full tensors.
+        if not isinstance(shape, MoEShape):
+            raise ValueError(f"shape must be a MoEShape (config.get_shape), got {shape!r}")
+        if not isinstance(lora, LoRAConfig):
+            raise ValueError(f"lora must be a LoRAConfig, got {lora!r}")
         self.shape, self.cfg = shape, lora
         self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.num_layers = shape.num_layers if num_layers is None else num_layers
-        self.dtype, self.device = dtype, torch.device(device)
+        self.num_layers = shape.num_layers if num_layers is None else check_int("num_layers", num_layers, 1)
+        self.dtype, self.device = parse_dtype(dtype), runtime.resolve_device(device)
+        dtype = self.dtype
         S, E, K, I, r = lora.max_loras, shape.num_experts, shape.hidden, shape.intermediate, lora.max_rank
         z = dict(dtype=dtype, device=self.device)
         self.layers = [
@@ -85,6 +103,11 @@ class AdapterPool:
         ]
         self.slot_names: list[str | None] = [None] * S
         self.slot_ranks: list[int] = [0] * S
+        # IDENTITY. A batch records the pool that built it (`pool_id`) and the generation of each slot its requests
+        # use; every load and unload bumps the slot's generation, so a batch built before a slot was reused is
+        # recognised (`check_batch`) on the host, from plain ints.
+        self.pool_id: int = next(_POOL_IDS)
+        self.slot_generations: list[int] = [0] * S
 
     # --- host-side bookkeeping (plain Python; never touches the GPU) ---------------------------
     @property
@@ -119,11 +142,17 @@ class AdapterPool:
             raise ValueError(f"adapter {name!r}: rank must be a positive int, got {rank!r}")
         if rank > self.max_rank:
             raise ValueError(f"adapter {name!r}: rank {rank} is above the pool's max rank {self.max_rank}")
+        # a NaN or inf scaling, folded into B, would turn every row of the adapter into NaN
+        scaling = check_real(f"adapter {name!r}: scaling", scaling)
+        if seed is not None:
+            check_int(f"adapter {name!r}: seed", seed)
         if slot is None:
             free = [s for s, n in enumerate(self.slot_names) if n is None]
             if not free:
                 raise RuntimeError(f"all {self.max_loras} adapter slots are in use: unload one first")
             slot = free[0]
+        elif not isinstance(slot, int) or isinstance(slot, bool):
+            raise ValueError(f"adapter {name!r}: slot must be an int or None, got {slot!r}")
         elif not (0 <= slot < self.max_loras):
             raise IndexError(f"slot {slot} out of range [0, {self.max_loras})")
         elif self.slot_names[slot] is not None:
@@ -135,6 +164,7 @@ class AdapterPool:
             self._fill(w, slot, rank, scaling, K, I, gen)
             w.refresh_packed()
         self.slot_names[slot], self.slot_ranks[slot] = name, rank
+        self.slot_generations[slot] += 1
         return slot
 
     def _fill(self, w: LayerLoRAWeights, s: int, r: int, scaling: float, K: int, I: int, gen) -> None:
@@ -158,7 +188,41 @@ class AdapterPool:
                 t.zero_()
             w.refresh_packed()
         self.slot_names[slot], self.slot_ranks[slot] = None, 0
+        self.slot_generations[slot] += 1
         return slot
+
+    # --- identity of batches ---------------------------------------------------------------------
+    def check_batch(self, batch: "LoRABatchInfo", tensors: "LoRABatchTensors | None" = None) -> None:
+        """Refuse a batch this pool did not build (ForeignBatchError) or one built before a slot it uses was
+        unloaded or reloaded (StaleBatchError, naming the adapter and the slot). The model's eager forward calls it
+        once per forward. Host only: it compares plain Python ints that the batch recorded when it was built with
+        the pool's; no device value is read, so it adds no host-device sync.
+
+        SKIPPED UNDER CUDA-GRAPH CAPTURE AND REPLAY (`runtime.capture_mode()`, or a stream that is capturing): a
+        captured graph reads the slot buffers by address, and reloading an adapter into a slot in place is how a
+        graph is meant to follow new weights; the graph's metadata buffers are rewritten for each replay's batch.
+        Checking there would be host work on the replay path for a reuse that is intended."""
+        if runtime.in_capture_mode() or runtime.stream_capturing():
+            return
+        self._check_source("this batch", batch.pool_id, batch.slot_generations)
+        built = getattr(tensors, "built_from", None)
+        if built is not None:  # static buffers filled by hand (LoRABatchTensors.empty) carry none
+            self._check_source("these batch tensors", *built)
+
+    def _check_source(self, what: str, pool_id, generations) -> None:
+        if pool_id != self.pool_id:
+            raise ForeignBatchError(
+                f"{what} came from adapter pool {pool_id} but this model reads adapter pool {self.pool_id}: a batch's "
+                f"slot numbers only hold for the pool that built it (another lab may keep other adapters in them); "
+                f"build the batch with this lab's make_batch")
+        for slot, name, gen in generations:
+            if self.slot_generations[slot] != gen:
+                now = self.slot_names[slot]
+                holds = f"now holds adapter {now!r}" if now is not None else "is now empty"
+                raise StaleBatchError(
+                    f"{what} was built for adapter {name!r} in slot {slot} (generation {gen}), but slot {slot} was "
+                    f"unloaded or reloaded since and {holds} (generation {self.slot_generations[slot]}): it would "
+                    f"apply other weights to the requests of {name!r}; build the batch again")
 
 
 @dataclass
@@ -173,6 +237,10 @@ class LoRABatchInfo:
     lora_ids: list[int]  # per row: its weight slot if an adapter is there, else -1
     lora_ranks: list[int]  # per row
     has_active_lora: bool  # THE flag: decided here, from lists, for free
+    # identity: the pool that built the batch, and (slot, adapter, generation) of each slot its requests use
+    # (AdapterPool.check_batch compares them with the pool's at the forward; host ints)
+    pool_id: int | None = None
+    slot_generations: tuple = ()
 
     # LoRA ROWS. By default a batch has one row per pool slot, row s = slot s (L = max_loras). With
     # `rows=L` it is COMPACTED: the adapters this batch uses get rows 0, 1, ... in slot order and
@@ -205,6 +273,7 @@ class LoRABatchInfo:
             if not isinstance(c, int) or isinstance(c, bool) or c < 0:
                 raise ValueError(f"token counts must be non-negative ints, got {c!r}")
         slots = [-1 if a is None else pool.slot_of(a) for a in adapters]  # KeyError names an unknown adapter
+        generations = tuple((s, pool.slot_names[s], pool.slot_generations[s]) for s in sorted(set(slots)) if s >= 0)
         indptr = [0]
         for c in token_counts:
             indptr.append(indptr[-1] + c)
@@ -219,7 +288,7 @@ class LoRABatchInfo:
         if rows is not None:
             slots, enabled, lora_ids, ranks = _compact(slots, enabled, pool.slot_ranks, rows, pool.max_loras)
         return cls(list(adapters), list(token_counts), slots, indptr, enabled, lora_ids,
-                   ranks, has_active_lora=any(enabled))
+                   ranks, has_active_lora=any(enabled), pool_id=pool.pool_id, slot_generations=generations)
 
     @classmethod
     def random(cls, pool: AdapterPool, num_requests: int, tokens_per_request: int, active_fraction: float,
@@ -227,8 +296,10 @@ class LoRABatchInfo:
         """A batch where `active_fraction` of the requests use one of the loaded adapters."""
         import random
 
-        if not 0.0 <= active_fraction <= 1.0:
-            raise ValueError(f"active_fraction must be in [0, 1], got {active_fraction!r}")
+        check_int("num_requests", num_requests, 1)
+        check_int("tokens_per_request", tokens_per_request, 1)
+        active_fraction = check_real("active_fraction", active_fraction, 0.0, 1.0)  # True would pass as 1.0
+        check_int("seed", seed)
         rng = random.Random(seed)
         names = sorted(pool.loaded())
         if active_fraction > 0 and not names:
@@ -264,6 +335,8 @@ class LoRABatchTensors:
     lora_ids: torch.Tensor  # (S,) int32
     lora_ranks: torch.Tensor  # (S,) int32
     token_lora_mapping: torch.Tensor  # (M,) int32, slot or -1 per token
+    # (pool_id, slot_generations) of the batch last written into these tensors (None: never written by from_batch)
+    built_from: tuple | None = field(default=None, compare=False)
 
     @classmethod
     def empty(cls, num_requests: int, num_tokens: int, max_loras: int, device) -> "LoRABatchTensors":
@@ -295,8 +368,9 @@ class LoRABatchTensors:
             o += n
         indptr, slots, enabled, ids, ranks, counts = parts
         mapping = torch.repeat_interleave(slots, counts, output_size=M)
+        built_from = (b.pool_id, b.slot_generations)
         if out is None:
-            return cls(indptr, slots, enabled, ids, ranks, mapping)
+            return cls(indptr, slots, enabled, ids, ranks, mapping, built_from=built_from)
         # Capture mode: overwrite the static buffers (shapes must match the captured batch).
         for name, new in zip(("seg_indptr", "req_slots", "adapter_enabled", "lora_ids", "lora_ranks",
                               "token_lora_mapping"), (indptr, slots, enabled, ids, ranks, mapping)):
@@ -305,6 +379,7 @@ class LoRABatchTensors:
                 raise ValueError(f"static buffer {name} has shape {tuple(buf.shape)} but this batch needs "
                                  f"{tuple(new.shape)}: a captured graph replays one batch geometry")
             buf.copy_(new, non_blocking=True)
+        out.built_from = built_from
         return out
 
 

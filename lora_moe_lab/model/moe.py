@@ -325,6 +325,9 @@ class MiniMoEModel(torch.nn.Module):
             raise ValueError(f"the batch has {batch.num_tokens} tokens but x has {x.shape[0]} rows")
         if tensors.token_lora_mapping.shape[0] != x.shape[0]:
             raise ValueError("device batch tensors were built for another batch size")
+        # the batch's pool and slot generations against this model's pool: host ints, no sync; skipped under
+        # CUDA-graph capture (AdapterPool.check_batch says why)
+        self.pool.check_batch(batch, tensors)
 
     def forward(self, x, batch: LoRABatchInfo, tensors: LoRABatchTensors, guard: str | Guard = "cpu_flag"):
         g = get_guard(guard)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .. import runtime
+from ..config import check_int, check_real
 from ..instruments.analysers.recordings import SAMPLE_COLUMNS
 from ..instruments.recorders.timing import time_interleaved
 from ..model.guards import count_guard_syncs, guard_names
@@ -24,6 +25,8 @@ from ..model.lab import split_tokens
 
 def batch_adapters(requests: int, active: float, adapter: str | None) -> list:
     """The first round(active * requests) requests use `adapter`, the rest none (as the recording)."""
+    check_int("requests", requests, 1)
+    active = check_real("active", active, 0.0, 1.0)  # a bool is refused: True would pass as every request
     n = round(active * requests)
     if n and adapter is None:
         raise ValueError(f"active={active} needs an adapter name (load one into lab.pool first)")

@@ -2,6 +2,9 @@
 and where the recorded GPU data lives."""
 from __future__ import annotations
 
+import math
+import numbers
+
 from .. import runtime
 from ..config import PRESETS
 from ..model.guards import guard_names
@@ -17,7 +20,7 @@ def _bad(name, value, why):
 
 
 def check_preset(preset):
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         _bad("preset", preset, f"unknown preset; choose one of {sorted(PRESETS)}")
     return preset
 
@@ -28,23 +31,45 @@ def check_positive_int(name, value):
     return value
 
 
+def _number(value) -> bool:
+    """A real number that is not a bool (papermill's `-p x True` passes a bool, which Python counts as 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_fraction(name, value):
-    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        _bad(name, value, "must be a number in [0, 1]")
+    if not _number(value) or not 0 <= value <= 1:
+        _bad(name, value, "must be a number in [0, 1] (not a bool, NaN or a string)")
     return float(value)
+
+
+def check_number(name, value, lo=None, hi=None):
+    """A finite number (not a bool) in [lo, hi] where given, as a float."""
+    if not _number(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+        rng = "" if lo is None and hi is None else f" in [{lo if lo is not None else '-inf'}, " \
+                                                   f"{hi if hi is not None else 'inf'}]"
+        _bad(name, value, f"must be a finite number{rng} (not a bool or a string)")
+    return float(value)
+
+
+def check_bool(name, value):
+    if not isinstance(value, bool):
+        _bad(name, value, "must be True or False")
+    return value
 
 
 def check_guards(guards):
     if isinstance(guards, str):
         guards = [guards]
-    unknown = [g for g in guards if g not in guard_names()]
+    if not isinstance(guards, (list, tuple)):
+        _bad("guards", guards, f"a guard name or a list of them; choose from {list(guard_names())}")
+    unknown = [g for g in guards if not isinstance(g, str) or g not in guard_names()]
     if unknown or not guards:
         _bad("guards", guards, f"unknown guard(s) {unknown}; choose from {list(guard_names())}")
     return list(guards)
 
 
 def check_device(device):
-    if device not in ("auto", "cpu", "cuda"):
+    if not isinstance(device, str) or device not in ("auto", "cpu", "cuda"):
         _bad("device", device, "choose 'auto', 'cpu' or 'cuda'")
     if device == "cuda" and not runtime.has_cuda():
         _bad("device", device, "this machine has no CUDA GPU; use 'auto'")
@@ -52,9 +77,9 @@ def check_device(device):
 
 
 def pick_dtype(dtype, device):
-    if dtype == "auto":
+    if isinstance(dtype, str) and dtype == "auto":
         return runtime.resolve_dtype(dtype, device)
-    if dtype not in ("float32", "float16", "bfloat16"):
+    if not isinstance(dtype, str) or dtype not in ("float32", "float16", "bfloat16"):
         _bad("dtype", dtype, "choose 'auto', 'float32', 'float16' or 'bfloat16'")
     return dtype
 

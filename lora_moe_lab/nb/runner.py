@@ -150,10 +150,11 @@ def describe(nb) -> tuple[str, str]:
 
 
 def _inline_md(text: str) -> str:
-    """Escaped text with markdown's inline `code` and **bold** as HTML."""
+    """Escaped text with markdown's inline `code`, **bold** and *italics* as HTML."""
     t = html.escape(text)
     t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+    t = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t)
+    return re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<i>\1</i>", t)
 
 
 def _when(nb) -> tuple[str, str]:
@@ -213,12 +214,142 @@ def html_report(executed: list[Path], out_dir: Path) -> Path:
     return index
 
 
-def lab(port: int) -> None:
-    token = os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
-    print(f"JupyterLab: http://127.0.0.1:{port}/lab?token={token}", flush=True)
-    args = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
-            "--allow-root", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={NB_DIR}"]
-    os.execv(sys.executable, args)
+class LabLaunchError(RuntimeError):
+    """JupyterLab could not be started as asked (`make lab`): the message says why."""
+
+
+class PortInUseError(LabLaunchError):
+    """The asked port is taken on 127.0.0.1. The launcher never moves to another port: it would print a URL
+    (with the token) for a port that another program answers."""
+
+
+LAB_HOST = "127.0.0.1"
+
+
+def check_port(port) -> int:
+    """The port as an int in 1..65535; ValueError naming it otherwise (0 would let the OS pick one)."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"bad --port {port!r}: JupyterLab's port must be an int in 1..65535")
+    return port
+
+
+def port_is_free(port: int, host: str = LAB_HOST) -> bool:
+    """Whether a listener can bind host:port now (the way Jupyter will bind it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def lab_command(port: int, root_dir: Path | str = NB_DIR) -> list[str]:
+    """JupyterLab's command line. No token in it: every local user reads a process's arguments (`ps`); the token
+    goes in the environment (`lab_env`), which only this user can read. `port_retries=0`: a busy port fails
+    instead of moving to the next one."""
+    return [sys.executable, "-m", "jupyterlab", f"--ip={LAB_HOST}", f"--port={check_port(port)}", "--no-browser",
+            "--allow-root", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root_dir}"]
+
+
+def lab_env(token: str, base: dict | None = None) -> dict:
+    """The environment of the JupyterLab process: `base` (default: this process's) with JUPYTER_TOKEN, which
+    jupyter_server's IdentityProvider reads as its token."""
+    if not isinstance(token, str) or not token:
+        raise ValueError("the JupyterLab token must be a non-empty string")
+    env = dict(os.environ if base is None else base)
+    env.pop("JUPYTER_TOKEN_FILE", None)
+    env["JUPYTER_TOKEN"] = token
+    return env
+
+
+def server_info(pid: int, runtime_dir: Path | str) -> dict | None:
+    """The runtime info jupyter_server writes once it listens (`jpserver-<pid>.json`: url, port, ...), or None."""
+    f = Path(runtime_dir) / f"jpserver-{pid}.json"
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):  # not written yet, or half written
+        return None
+
+
+def lab_url(info: dict, token: str) -> str:
+    """The URL of the server that `info` (its runtime info) describes: the port it actually bound."""
+    base = "/" + str(info.get("base_url", "/")).strip("/")
+    return f"http://{LAB_HOST}:{info['port']}{base.rstrip('/')}/lab?token={token}"
+
+
+def _relay(stream, keep, echo) -> None:
+    """Jupyter's log, line by line: the last lines kept for an error message, each passed on to `echo`."""
+    for line in stream:
+        keep.append(line)
+        if echo is not None:
+            echo.write(line)
+            echo.flush()
+
+
+def start_lab(port: int, token: str | None = None, *, env: dict | None = None, timeout: float = 120.0,
+              root_dir: Path | str = NB_DIR, log=sys.stderr):
+    """Start JupyterLab on 127.0.0.1:`port`; returns (process, runtime info, token) once the server listens.
+    Raises ValueError for a port outside 1..65535, PortInUseError when the port is taken (checked before the
+    start, and from Jupyter's exit when another program took it meanwhile), LabLaunchError when Jupyter exits or
+    does not come up in `timeout` seconds. Prints no URL (the caller prints `lab_url(info, token)`); Jupyter's
+    own log goes to `log` (None: dropped)."""
+    import collections
+    import subprocess
+    import threading
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    check_port(port)
+    if not port_is_free(port):
+        raise PortInUseError(f"port {port} on {LAB_HOST} is in use: JupyterLab was not started; free it or pick "
+                             f"another port (make lab PORT=8899, or --port 8899)")
+    token = token or os.environ.get("LAB_TOKEN") or secrets.token_hex(16)
+    env = lab_env(token, env)
+    # where the server writes jpserver-<pid>.json: set for the child, so both sides agree (the default dir, where
+    # `jupyter server list` looks, unless the environment names another)
+    runtime_dir = env.setdefault("JUPYTER_RUNTIME_DIR", jupyter_runtime_dir())
+    proc = subprocess.Popen(lab_command(port, root_dir), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    tail = collections.deque(maxlen=40)
+    relay = threading.Thread(target=_relay, args=(proc.stderr, tail, log), daemon=True)
+    relay.start()  # read from the start: a full pipe would stall the server
+    deadline = time.monotonic() + timeout
+    while True:
+        info = server_info(proc.pid, runtime_dir)
+        if info is not None and "port" in info:
+            break
+        if proc.poll() is not None:
+            relay.join(5)
+            said = "".join(tail).strip()
+            last = "\n".join(said.splitlines()[-5:])
+            if "already in use" in said or "is not available" in said:
+                raise PortInUseError(f"port {port} on {LAB_HOST} was taken before JupyterLab could bind it (it exited "
+                                     f"with {proc.returncode}); free it or pick another port. Jupyter said:\n{last}")
+            raise LabLaunchError(f"JupyterLab exited with {proc.returncode} before it listened on port {port}. "
+                                 f"Jupyter said:\n{last}")
+        if time.monotonic() > deadline:
+            proc.terminate()
+            proc.wait(10)
+            raise LabLaunchError(f"JupyterLab did not listen on port {port} within {timeout:.0f} s; stopped it")
+        time.sleep(0.1)
+    if int(info["port"]) != port:  # port_retries=0 rules this out; never print the URL of a port not asked for
+        proc.terminate()
+        proc.wait(10)
+        raise LabLaunchError(f"JupyterLab bound port {info['port']}, not the asked {port}; stopped it")
+    return proc, info, token
+
+
+def lab(port: int, token: str | None = None) -> int:
+    """`make lab`: start JupyterLab, print the URL of the port it bound (read from its runtime info) once it
+    listens, and wait for it; returns its exit status."""
+    proc, info, token = start_lab(port, token)
+    print(f"JupyterLab: {lab_url(info, token)}", flush=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reaches Jupyter too (same process group): let it shut down
+        return proc.wait()
 
 
 def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False, on_each=None) -> list[dict]:
@@ -265,8 +396,11 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8888, help="JupyterLab's port (default: 8888)")
     a = ap.parse_args(argv)
     if a.lab:
-        lab(a.port)
-        return 0
+        try:
+            return lab(a.port)
+        except (ValueError, LabLaunchError) as e:
+            print(f"make lab: {e}", file=sys.stderr, flush=True)
+            return 2
     out = Path(a.out).resolve()
     nbs = notebooks(a.only)
     records = run_all(nbs, out, a.params, keep_going=a.keep_going)

@@ -107,6 +107,6 @@ def test_single_process_group_is_the_default_and_bad_sites_are_named():
     a, b = _lab(num_layers=2), _lab(num_layers=2, tp=single("cpu"))
     batch, tensors = a.make_batch(["r8", None], [3, 2])
     x = a.random_input(5)
-    assert torch.equal(a.model(x, batch, tensors), b.model(x, batch, tensors))
+    assert torch.equal(a.model(x, batch, tensors), b.model(x, *b.make_batch(["r8", None], [3, 2])))
     with pytest.raises(ValueError, match="guard_sites must be >= 1"):
         build_decoder_lab("tiny", guard_sites=0.5)
