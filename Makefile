@@ -13,7 +13,7 @@ PORT ?= 8888
 # the measurement in data/setup/setup_time.json (studies/setup/record.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
-.PHONY: test run lab venv clean report gpu-check record
+.PHONY: test run lab venv clean report gpu-check gpu-probe record
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -49,6 +49,11 @@ lab: $(STAMP)
 GPU_PY := $(if $(filter command line environment,$(origin PY)),$(PY),$(if $(wildcard $(STAMP)),$(BIN)/python,$(PY)))
 gpu-check:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The probe (lora_moe_lab/instruments/recorders/probe.py): this machine's host lead, the fix's gain predicted
+# from it, then measured; about two minutes on an H200. PROBE_ARGS: e.g. "--out build/probe.csv".
+gpu-probe:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m lora_moe_lab.instruments.recorders.probe $(PROBE_ARGS)
 
 # Every recording and the device it needs (scripts/record.py); `make record SECTION=kernels` runs one.
 record: $(STAMP)

@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -110,6 +111,7 @@ def metadata(params: dict | None = None) -> dict:
     state = gpu_state() if cuda else {}
     out["driver"] = state.pop("driver_version", "")
     out["gpu_state"] = state
+    out["host"] = host_state()
     if params:
         out["params"] = repo_relative(params)
     return out
@@ -143,6 +145,41 @@ def git_dirty_flag() -> bool | None:
     if v is not None and v.strip() in ("0", "1"):
         return v.strip() == "1"
     return git_dirty()
+
+
+def host_state() -> dict:
+    """The host as it was found: CPU model, cores (online and usable by this process), clock now and
+    at most, load, and the Python build. The fix's gain depends on how far the host runs ahead of the
+    GPU (docs/results.md#probe), so a recording names the host that issued its kernels. No hostname."""
+    out: dict = {"cpu_model": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    try:
+        out["cores_usable"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        models = re.findall(r"^model name\s*:\s*(.+)$", info, re.M)
+        mhz = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)$", info, re.M)]
+        if models:
+            out["cpu_model"] = models[0].strip()
+        fms = [re.search(rf"^{k}\s*:\s*(\S+)$", info, re.M) for k in ("cpu family", "model", "stepping")]
+        if all(fms):  # the generation, where a VM names only "Intel(R) Xeon(R) Processor"
+            out["cpu_family_model_stepping"] = "/".join(m.group(1) for m in fms)
+        if mhz:
+            out["cpu_mhz_median"] = float(sorted(mhz)[len(mhz) // 2])
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    try:
+        out["cpu_mhz_max"] = int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e3
+    except (OSError, ValueError):
+        pass
+    try:
+        out["load_1_5_15"] = [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # pragma: no cover
+        pass
+    out["python_build"] = f"{platform.python_implementation()} {platform.python_version()} " \
+                          f"{' '.join(platform.python_build())} {platform.python_compiler()}"
+    return out
 
 
 _SMI_FIELDS = ("driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.draw",

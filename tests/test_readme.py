@@ -22,9 +22,10 @@ def test_every_block_is_filled():
     readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "results.md").read_text()
     for text in (readme, results):
         assert "no recording in data/ yet" not in text
-    assert "<!-- begin:setup -->" in readme and "<!-- begin:tp4-headline -->" in readme
+    assert "<!-- begin:setup -->" in readme and "<!-- begin:lab-headline -->" in readme
     for name in ("signature", "guards", "production", "traces", "graphs", "replay", "simulator",
-                 "simulator-check", "tp4"):  # the kernels' blocks are in studies/kernels/README.md
+                 "simulator-check", "tp4", "tp4-headline",
+                 "probe"):  # the kernels' blocks are in studies/kernels/README.md
         assert f"<!-- begin:{name} -->" in results and f"<!-- end:{name} -->" in results, name
 
 
