@@ -57,10 +57,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NB_PACKAGES = ["papermill", "ipykernel", "nbformat", "nbclient", "nbconvert", "ipywidgets", "plotly"]
+NB_PACKAGES = ["papermill", "ipykernel", "nbformat", "nbclient", "nbconvert", "ipywidgets", "plotly", "pandera"]
 NEEDED = {"pytest": "pytest", "pytest_timeout": "pytest-timeout", "hypothesis": "hypothesis", "torch": "torch",
           "triton": "triton", "papermill": "papermill", "nbconvert": "nbconvert", "ipykernel": "ipykernel",
-          "ipywidgets": "ipywidgets", "plotly": "plotly", "yaml": "pyyaml", "scipy": "scipy"}
+          "ipywidgets": "ipywidgets", "plotly": "plotly", "yaml": "pyyaml", "scipy": "scipy", "pandera": "pandera"}
 LIMIT_BYTES = 1_000_000
 
 
