@@ -12,7 +12,9 @@ measurement of this entry.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,8 @@ RECORDINGS = {
                      ["--session", "s1"]),
     "hidden_syncs": ("hidden_syncs", "nvidia-h200", "~20 s on an H200 (--session s1, s2)", ["--session", "s1"]),
     "audit_corpus": ("audit_corpus", "nvidia-h200", "~80 s a session (--session s1, s2)", ["--session", "s1"]),
+    "probe": ("probe", "nvidia-h200", "~3 min a session, each on a freshly started H200 (--session p1, p2, ...)",
+              ["--session", "p1"]),
     "replay": ("replay", "none (CPU)", "about a minute", None),
     "simulator": ("simulator", "none (CPU)", "~10 s", None),
     "setup": ("setup", "none (CPU)", "3 fresh set-ups, a few minutes", None),
@@ -66,6 +70,51 @@ def table() -> str:
     return "\n".join(lines)
 
 
+# arguments that make a GPU section's script run tiny shapes on any machine (its own docstring says so)
+CPU_FLAGS = ("--dry", "--smoke", "-h", "--help", "--summarize")
+
+
+def gpus_needed(section: str) -> int:
+    """CUDA GPUs a section's recording needs: 0 for a CPU section, 2 for nvidia-h200-x2, else 1."""
+    kind = RECORDINGS[section][1]
+    if not kind.startswith("nvidia-"):
+        return 0
+    m = re.search(r"-x(\d+)$", kind)
+    return int(m.group(1)) if m else 1
+
+
+def cuda_devices() -> tuple[int, list[str]]:
+    """(CUDA devices visible, their names), asked of torch in a child process: this process builds
+    nothing and holds no CUDA context. (0, []) without torch or without a GPU."""
+    code = ("import json, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; "
+            "print(json.dumps([torch.cuda.get_device_name(i) for i in range(n)]))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        names = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else []
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        names = []
+    return len(names), names
+
+
+def check_device(section: str, args: list[str], probe=cuda_devices) -> str | None:
+    """Why this machine cannot run the section (None: it can), decided before anything is built or any
+    file is created: a GPU section on a machine with too few CUDA GPUs would build its 48-layer model in
+    host memory instead (the OOM killer ends it, exit 247, with an empty CSV left behind)."""
+    need = gpus_needed(section)
+    if need == 0 or any(a in CPU_FLAGS for a in args):
+        return None
+    n, names = probe()
+    kind = RECORDINGS[section][1]
+    if n < need:
+        return (f"record.py {section}: needs {need} CUDA GPU{'s' if need > 1 else ''} ({kind}); this machine has "
+                f"{n or 'none'}. Run it on the device machine (the device tool, kind {kind}), or pass --dry / "
+                "--smoke where the script has it for a tiny run on any machine. Nothing was built or written.")
+    if not all("H200" in x for x in names[:need]):
+        print(f"record.py {section}: warning: recorded on {', '.join(names[:need])}, not an H200: the data "
+              "folders' figures and file names are an H200's", file=sys.stderr)
+    return None
+
+
 def command(section: str, args: list[str]) -> list[str]:
     if section not in RECORDINGS:
         raise SystemExit(f"unknown recording {section!r}; one of: {', '.join(RECORDINGS)}")
@@ -83,6 +132,10 @@ def main(argv=None) -> int:
         print(table())
         return 0
     cmd = command(argv[0], argv[1:])
+    why = check_device(argv[0], argv[1:])
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env, cwd=ROOT)

@@ -3,7 +3,7 @@
 #
 # **Goal.** Look inside the fused MoE-LoRA Triton kernel: which programs it launches, why most of
 # them return after reading four small integers, check that the ones that do work compute the
-# right delta, see what a launch in which *every* adapter is disabled costs, and see why
+# right delta, see what a launch in which every adapter is disabled costs, and see why
 # `has_active_lora` defaults to `True`.
 #
 # Under CUDA-graph capture (and with the `launch_always` guard) the host does not decide whether
@@ -278,7 +278,7 @@ else:
 # The cell below reads the recorded rows: how many programs the persistent grid launched at each M
 # (`split_n`: how many programs share one block's N columns) and what its all-disabled launch cost
 # against an empty kernel. The kernel before the persistent grid (one program per token block and
-# N share) is in the git history (`data/archive/kernels/`); its all-disabled launch cost several times an empty
+# N share) is in the git history (data/archive/kernels, removed from the tree at 272068a); its all-disabled launch cost several times an empty
 # kernel at large M, which is why the grid changed (`data/kernels/README.md`). For scale, `enabled_us` is the same launch doing its work
 # (all four adapters enabled). At decode sizes the MoE layer itself does not launch this kernel:
 # it takes the decode path (its own grid, the last section), so the small-M rows time the aligned

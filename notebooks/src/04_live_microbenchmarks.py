@@ -22,7 +22,8 @@
 # only from a recorded trace, and the earlier queue simulator, which drew curves at every M, agrees
 # with the replay at 2 of 20 points (`data/replay/simulator_vs_replay.csv`), so it is not drawn.
 # **Without a GPU** the panel shows those predictions and the canonical H200 recording
-# (`data/guards/h200_guards.csv`) — it says which numbers come from where. Moving a control redraws
+# (`data/guards/h200_guards_s1.csv` and `data/guards/h200_guards_s2.csv`, two device sessions pooled by
+# `load_guards()`) — it says which numbers come from where. Moving a control redraws
 # the view (▲ replay, ◆ recorded, ● your live points); **Run** adds rows to the results table. A
 # long run shows its progress and
 # stops at the next repetition when you press **Stop**.

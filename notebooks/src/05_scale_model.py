@@ -10,7 +10,7 @@
 # The model is the trace-driven replay (`lora_moe_lab.sim.replay`, after Daydream, Zhu et al.,
 # USENIX ATC 2020): the trace's host calls, launches, kernels and syncs as a dependency graph,
 # transformed (`sim.replay_transforms`) and replayed on the host and device timelines. It was
-# validated held out (`scripts/validate_replay.py` → `data/replay/validation.csv`): `cpu_flag`
+# validated held out (`studies/replay/record.py`, `python scripts/record.py replay` → `data/replay/validation.csv`): `cpu_flag`
 # predicted from a profiled `sync` forward and the reverse, on the 48-layer decoder and the MoE model.
 # The profiler slows the host; each source trace's host factor is the one that validation fitted
 # on the source's own measurement (never the target's), read from that file here.
@@ -146,8 +146,8 @@ pd.DataFrame(rows)[["transform", "target", "predicted_ms", "measured_ms", "measu
 # %% [markdown]
 # ## The queue simulator beside the replay
 # The queue model (a host cost per launch, a device time per kernel from math and memory rates, syncs
-# that drain the queue; fitted to `data/guards/h200_guards.csv` in `data/simulator/`) on the same
-# points (`scripts/validate_replay.py --simulator` → `data/replay/simulator_vs_replay.csv`). It
+# that drain the queue; fitted to the archived `data/guards/h200_guards.csv` in `data/simulator/`) on the same
+# points (`studies/replay/record.py --simulator` → `data/replay/simulator_vs_replay.csv`). It
 # agrees with the replay (±5 %) only where the table says so; elsewhere this lab's figures come
 # from the replay. Why it misses: it has the MoE blocks only (no attention, no collectives), so the
 # decoder's forward is about a third short; it has one fitted host cost per launch for every op and

@@ -1,6 +1,9 @@
 # %% [markdown]
 # # 06 · The production effect, measured
 #
+# **Goal.** Set production's per-sync signature beside the lab's decoder in two regimes, host time
+# blocked beside host time blocked, and measure what removing the guard gains, session by session.
+#
 # **The setting.** Production serves Qwen3-30B-A3B with LoRA on the MoE experts, tensor parallel
 # over 4 GPUs, 48 layers. A prefill batch of 128 requests × 2048 input tokens is run in chunks of
 # C tokens, one forward per chunk. Adapters are loaded, but in the measured traffic **no request
@@ -25,7 +28,9 @@
 # Two regimes: **the lab's own** (a lean host) and a **production-like** one (`EngineCosts`: an
 # engine's host work per layer, calibrated so the later syncs block the host ~116 µs, and 70 ms of
 # an earlier batch queued on the GPU before each forward, as an overlap scheduler leaves it).
-# Each recording was made in separate device sessions; the reader's figure is the wider one.
+# Each recording was made in separate device sessions; the reader's figure is their mean with the union of
+# their 95 % intervals (the *union over sessions*). These terms, and C (the prefill chunk: tokens per
+# forward), are defined in `docs/glossary.md`.
 #
 # On a CPU this notebook shows the **recorded** GPU data (`data/production/`) and makes a small
 # **live** run on the CPU. On a GPU the live run is real and is checked against the lesson.
@@ -82,7 +87,7 @@ print("production's signature (host time blocked in the syncs):", {k: round(v, 3
 
 # %% [markdown]
 # ## Production's signature beside the lab's
-# `data/production/signature_<session>/` (`scripts/gpu_signature.py`, one device session each):
+# `data/production/signature_<session>/` (`studies/production/record.py`, `python scripts/record.py production`, one device session each):
 # TP=1, 48 layers, 64 requests × 2048 tokens, 260 syncs per forward, no adapter in use, `sync`
 # against `cpu_flag`, 13 interleaved repetitions after a warm-up prefill, checked for drift.
 # Host-blocked figures are unprofiled (perf_counter around each `.item()`); the lead (GPU work
@@ -107,7 +112,7 @@ if SESSIONS:
     display(pd.concat([pd.DataFrame([prod_row]), sig[cols]], ignore_index=True).round(3))
 else:
     sig = None
-    print("NO SESSION in data/production/signature_* (scripts/gpu_signature.py writes one on a GPU)")
+    print("NO SESSION in data/production/signature_* (studies/production/record.py writes one on a GPU)")
 
 # %% [markdown]
 # Read the table column by column. **Host blocked per forward** and **first sync** are the figures
@@ -141,7 +146,7 @@ if SESSIONS:
         c = PR.clocks_by_guard(s_)
         if len(c):
             print(f"session {n}: the card while each guard's timed prefills ran (nvidia-smi, every 100 ms):")
-            display(c.round(0))
+            display(c.round(0).assign(power_capped_share=c["power_capped_share"].round(2)))  # a share, not rounded to 0 or 1
 
 # %% [markdown]
 # ## The fix's gain in each regime, session by session
@@ -160,7 +165,7 @@ if SESSIONS:
 
 # %% [markdown]
 # ## The first recording, with TP=2 (2026-11-30)
-# Every CSV at the top of `data/production/` is one task of `scripts/gpu_production.py`: one row
+# Every CSV at the top of `data/production/` is one task of `studies/production/record_tp.py` (`python scripts/record.py production_tp`): one row
 # per guard × adapter mode × repetition; its `.meta.json` names the GPU, the software and the
 # commit. **One session, 5 repetitions**: its brackets are the spread of 5 values, not an
 # interval, and it is the only TP=2 measurement (no two-GPU machine was lent for the rerun).
@@ -180,7 +185,7 @@ if RECORDED:
         print(f"recorded: {stem:24s} {lab_}")
 else:
     rows = summary = None
-    print("NO RECORDED DATA in data/production/ (scripts/gpu_production.py writes it on a GPU): "
+    print("NO RECORDED DATA in data/production/ (studies/production/record_tp.py writes it on two GPUs): "
           "only the live run below")
 
 # %% [markdown]
@@ -340,6 +345,37 @@ if RECORDED:
     display(ex[["kind", "method", "source_tp", "target_tp", "chunk", "guard_sites", "adapters", "syncs_per_forward",
                 "forward_ms", "stall_ms_per_sync", "forward_ms_tp4", "stall_ms_per_sync_tp4",
                 "throughput_gain_pct", "ttft_change_pct"]].round(3))
+
+# %% [markdown]
+# ## The gain depends on the host's lead
+# One GPU model gives different gains on different hosts. With `sync` each guard decision waits for the
+# GPU to drain; how long the host waited (the *host lead*: the median host time blocked in a forward's
+# later syncs) is how far it had run ahead. A shorter lead leaves the GPU idle longer after each sync,
+# and removing the syncs buys more. Every recorded session is a point (lean host, C=16384); the
+# crosses add engine host work per layer, a stand-in for a slower host. The line is the least-squares
+# relation `make gpu-probe` predicts from; the table predicts each session from the *other* sessions.
+
+# %%
+import plotly.graph_objects as go
+
+from lora_moe_lab.instruments.analysers import host_lead as HL
+from lora_moe_lab.provenance import catalog
+
+pts = pd.read_csv(catalog("probe.points"))
+rel = HL.fit(pts)
+fig = go.Figure()
+for extra, sym, name in ((False, "circle", "lean host"), (True, "x", "host work added per layer")):
+    d = pts[(pts.host_us_per_layer > 0) == extra]
+    fig.add_scatter(x=d.lead_us, y=d.measured_gain_pct, mode="markers", marker_symbol=sym, name=name,
+                    text=d.session, error_y=dict(type="data", symmetric=False,
+                                                 array=d.measured_gain_pct_hi - d.measured_gain_pct,
+                                                 arrayminus=d.measured_gain_pct - d.measured_gain_pct_lo))
+xs = [0.0, float(pts.lead_us.max()) * 1.05]
+fig.add_scatter(x=xs, y=[rel.predict(x) for x in xs], mode="lines", name=rel.describe())
+fig.update_layout(title="the fix's gain against the host's lead (H200, TP=1; bars: paired-bootstrap 95 % intervals)",
+                  xaxis_title="host lead: median host time blocked per later sync (µs)",
+                  yaxis_title="input throughput gain over sync (%)").show()
+display(pd.read_csv(catalog("probe.points").with_name("validation.csv")).round(2))  # studies/probe/read.py --write
 
 # %% [markdown]
 # ## A live run on this machine

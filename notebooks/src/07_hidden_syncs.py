@@ -1,6 +1,9 @@
 # %% [markdown]
 # # 07 · Hidden syncs: find them in any model
 #
+# **Goal.** Point the sync audit at any PyTorch callable, see every host-device sync it makes with its
+# line, count and cost, then a dozen shapes the bug takes in serving code, each with a sync-free rewrite.
+#
 # The lab teaches one sync, the LoRA guard's `.any().item()`. Serving engines keep shipping the
 # same bug in other shapes, and keep fixing it:
 #

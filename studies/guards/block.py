@@ -72,7 +72,7 @@ def guards_block(folder: Path | None = None) -> str:
                 "(`stats.between_sessions`)." if len(sessions) > 1 else "."), ""]
     two = len(sessions) > 1
     if two:
-        cols = ["sync (ms)", "cpu_flag (ms)", "sync / cpu_flag, take [between sessions]",
+        cols = ["sync (ms)", "cpu_flag (ms)", "sync / cpu_flag (ratio of medians), take [between sessions]",
                 "**lost per sync (µs), take** [between sessions]", "launch_always (ms)", "graph replay (ms)"]
     else:
         cols = ["n kept", "sync (ms)", "cpu_flag (ms)", "sync / cpu_flag [paired bootstrap, 95 %]",
@@ -112,7 +112,8 @@ def guards_block(folder: Path | None = None) -> str:
         top = big.loc[big.us_per_sync.idxmax()]
         above = "every interval lies above zero" if (big.us_per_sync_lo95 > 0).all() else \
             f"{int((big.us_per_sync_lo95 > 0).sum())} of {len(big)} intervals lie above zero"
-        notes.append(f"- From M = 1024 up {above}: {big.us_per_sync.min():.0f}–{big.us_per_sync.max():.0f} µs lost "
+        notes.append(f"- With no adapter active, from M = 1024 up {above}: "
+                     f"{big.us_per_sync.min():.0f}–{big.us_per_sync.max():.0f} µs lost (medians) "
                      f"per sync, most at M = {int(top.tokens)} ({top.preset}, {top.ratio:.2f}x).")
     if len(small):
         m0 = int(small.tokens.iloc[0])

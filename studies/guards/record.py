@@ -29,8 +29,6 @@ and rewritten after every point, with each point's warm-up verdict and the card'
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import re
 import time
@@ -39,6 +37,7 @@ from lora_moe_lab import runtime
 from lora_moe_lab.instruments.analysers.recordings import (CHECK_COLUMNS, METHOD_SESSIONS, METHOD_WARMUP,
                                                  SAMPLE_COLUMNS, load_guards, warmup_check)
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.timing import rotated, time_once
 from lora_moe_lab.model.guards import count_guard_syncs, guard_names
 from lora_moe_lab.model.lab import LabCache, split_tokens
@@ -164,17 +163,20 @@ def main(argv=None) -> str:
                 points=[])
     meta_path = os.path.join(a.out, name + ".meta.json")
 
-    def write_meta():
-        with open(meta_path, "w") as f:
-            json.dump(meta, f, indent=1)
+    def write_meta():  # atomically (temp file + os.replace), keeping the CSV's seal (tables.append_rows)
+        old = tables.read_meta(meta_path)
+        if "files" in old:
+            meta["files"] = old["files"]
+        tables.write_json_atomic(meta_path, meta)
 
     write_meta()
     row_meta = {k: meta[k] for k in META_KEYS}
     labs = LabCache()  # one 48-layer model on the GPU at a time
     t_start = time.time()
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS + CHECK_COLUMNS + list(row_meta))
-        w.writeheader()
+    columns = SAMPLE_COLUMNS + CHECK_COLUMNS + list(row_meta)
+    if os.path.exists(path):  # --force: start afresh (the file is created at the first point's rows)
+        os.unlink(path)
+    if True:
         for preset in a.presets:
             lab = labs.get(adapter=("bench", 16), preset=preset, num_layers=a.layers, dtype="auto",
                            max_loras=4, max_rank=16)
@@ -184,15 +186,16 @@ def main(argv=None) -> str:
                     m = measure(fns, a, cuda)
                     del fns, keep
                     c = m["check"]
+                    point_rows = []
                     for n, samples in m["us"].items():
                         graph = n == "graph"  # a replay of the cpu_flag capture: every guard records the same
                         for rep, us in enumerate(samples):
-                            w.writerow(dict(preset=preset, layers=a.layers, tokens=M, active=act, variant=n,
+                            point_rows.append(dict(preset=preset, layers=a.layers, tokens=M, active=act, variant=n,
                                             guard="cpu_flag" if graph else n, mode="graph" if graph else "eager",
                                             rep=rep, us=us, syncs_per_forward=m["syncs"][n], session=a.session,
                                             warmup_drift=rep < c.dropped, status=c.status,
                                             position=m["position"][n][rep], **row_meta))
-                    f.flush()
+                    tables.append_rows(path, point_rows, columns, meta_path=meta_path)  # one write + fsync
                     meta["points"].append(dict(preset=preset, tokens=M, active=act, reps=c.n, dropped=c.dropped,
                                                status=c.status, note=c.note, drift_per_arm=c.per_arm,
                                                warmup_rounds=m["warmup_rounds"], warmup_s=round(m["warmup_s"], 3),

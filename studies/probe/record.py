@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ LEVELS = [0.0, 2000.0]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--session", required=True, help="this device session's label (p1, p2, ...)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "build/probe"), help="default: $OUT, else build/probe")
     ap.add_argument("--reps", type=PB.pos_int, default=12)
     ap.add_argument("--levels", type=PB.nonneg_float, nargs="+", default=LEVELS, help="host us per layer")
     ap.add_argument("--smoke", action="store_true")

@@ -94,6 +94,7 @@ def signature_block() -> str | None:
         short = PR.TASK_TITLES[r.task].removeprefix("lab, ").replace(" regime", "")
         split.setdefault(short, []).append(f"{titles[r.metric]} {per}")
     one = " (one session; the second is pending)" if len(names) < 2 else ""
+    lines += ["", "a–b in a cell: the range of the sessions' medians (one value: they agree to the digit)."]
     lines += ["", f"The fix: the sessions' mean with the union of their paired-bootstrap 95 % intervals{one}; † the "
               "sessions' intervals do not overlap. Per session where they do not: "
               + "; ".join(f"{k}: " + ", ".join(v) for k, v in split.items()) + "."]

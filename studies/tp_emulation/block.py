@@ -46,9 +46,9 @@ def tp4_headline_block() -> str | None:
     per = ", ".join(f"{r[s]:+.1f}" for s in sessions if s in r and pd.notna(r[s]))
     return (f"TP=4, **predicted** on one H200 (one rank's shapes, each all-reduce replaced by its measured time; "
             f"the method passed {int(v.passed.sum())} of {len(v)} points of its TP=2 check): the fix gains "
-            f"{_gain(r)} input throughput in the production-like regime at C=16384 (sessions {per}"
+            f"{_gain(r)} input throughput in the production-like regime at C=16384 (the sessions' medians {per} %"
             f"{'' if r.agree else ', which disagree'}); production measured "
-            f"{PRODUCTION['input_throughput_gain_pct']:+.1f} % at TP=4 (docs/results.md).")
+            f"{PRODUCTION['input_throughput_gain_pct']:+.1f} % at TP=4.")
 
 
 def tp4_block() -> str | None:
@@ -87,7 +87,7 @@ def tp4_block() -> str | None:
     r4 = tp_shape(get_shape("qwen3-30b-a3b"), 4)
     lines += ["", f"Then TP=4 (expert intermediate {r4.intermediate}, {r4.num_heads} query heads, "
                   f"{r4.num_kv_heads} KV head per rank), 64 requests × 2048 tokens:", "",
-              "| regime, chunk | the fix: input throughput | the fix: TTFT | sessions | agree |",
+              "| regime, chunk | the fix: input throughput | the fix: TTFT | sessions' medians | agree |",
               "|---|---:|---:|---|---|"]
     titles = {"tp4_default": "lab's own (lean host)", "tp4_prodlike": "production-like"}
     for task, g in p.groupby("task", sort=False):

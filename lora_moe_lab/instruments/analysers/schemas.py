@@ -232,8 +232,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
           what="the audit corpus's sync sites, a row per session, model, site and kind"),
     _kind("hidden_syncs", dict(session=_str(), pattern=_str(), kind=_str(), occurrences=_num(NONNEG, nullable=False),
                                n=_int(NONNEG), status=_str(pa.Check.isin(["ok", "unstable"])), method=_str(),
-                               original_ms=_num(POS, nullable=False),
-                               rewrite_ms=_num(POS, nullable=False), diff_us=_num(), diff_lo_us=_num(),
+                               # NaN where a point is unstable
+                               original_ms=_num(POS), rewrite_ms=_num(POS), diff_us=_num(), diff_lo_us=_num(),
                                diff_hi_us=_num(), per_occ_us=_num(), per_occ_lo_us=_num(), per_occ_hi_us=_num()),
           unique=["session", "pattern"], what="the hidden-sync patterns timed paired (studies/hidden_syncs/record.py)"),
 ]}

@@ -17,7 +17,6 @@ one of them asks for a new file.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import os
@@ -36,7 +35,8 @@ from ...model.guards import count_guard_syncs, guard_names
 from ...model.lab import LabCache, split_tokens
 from ...model.moe import check_skew
 from ...provenance import META_KEYS, metadata, normalize_meta
-from .cli import CPU_NOTE, HelpFormatter, fraction, measured_on_cpu, nonneg_int, pos_int, progress as cli_progress
+from .cli import (CPU_NOTE, DTYPES, HelpFormatter, device as device_arg, dtype as dtype_arg, fraction,
+                  measured_on_cpu, nonneg_int, pos_float, pos_int, progress as cli_progress, seed as seed_arg)
 from .timing import _check_counts, time_device
 
 MODES = ("eager", "graph")
@@ -46,7 +46,11 @@ KEY_COLUMNS = ["preset", "layers", "tokens", "guard", "active", "rank", "mode", 
                "skew"]
 RESULT_COLUMNS = ["warmup", "reps", "median_us", "p10_us", "p90_us", "mean_us", "wall_median_us", "timer",
                   "syncs_per_forward", "error"]
-COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS
+# the settings of a run that are not in the key: a resume must have the same ones (tables.check_resumable),
+# else rows of two seeds (or devices, warm-ups, repetitions) would sit in one table under one key
+SETTING_COLUMNS = ["seed", "device"]
+RESUME_SETTINGS = ["seed", "device", "warmup", "reps"]
+COLUMNS = META_COLUMNS + KEY_COLUMNS + RESULT_COLUMNS + SETTING_COLUMNS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,16 +142,28 @@ def row_key(row: dict) -> tuple:
     return tuple(_norm(c, row[c]) for c in KEY_COLUMNS)
 
 
-def read_done(path: Path) -> set[tuple]:
-    """Keys of the rows already measured without error in an existing sweep CSV."""
+def read_done(path: Path, spec: "SweepSpec | None" = None) -> set[tuple]:
+    """Keys of the rows already measured without error in an existing sweep CSV. With a (resolved)
+    `spec`, the table is checked for a resume (tables.check_resumable): its header, its tail (a cut
+    last row is dropped, atomically, and measured again) and its settings (seed, device, warmup, reps
+    must be the spec's; else SettingsMismatchError naming the file, row and setting)."""
+    from . import tables
+
     if not path.exists() or path.stat().st_size == 0:
         return set()
-    with path.open(newline="") as f:
-        r = csv.DictReader(f)
-        if r.fieldnames != COLUMNS:
-            raise ValueError(f"{path} has columns {r.fieldnames}, not this harness's schema {COLUMNS}: "
-                             "write to a new file")
-        return {row_key(row) for row in r if not row.get("error")}
+    header = tables.read_header(path)
+    if header != COLUMNS:
+        try:
+            tables.check_header(path, COLUMNS, header)
+        except tables.HeaderMismatchError as e:
+            raise tables.HeaderMismatchError(path, f"not this harness's schema ({e.args[0].split(': ', 1)[1]}); "
+                                                   "write to a new file") from None
+    settings = {} if spec is None else {"seed": spec.seed, "device": spec.device, "warmup": spec.warmup,
+                                        "reps": spec.reps}
+    df = tables.check_resumable(path, COLUMNS, settings)
+    if df is None:
+        return set()
+    return {row_key(row) for row in df.to_dict("records") if not row.get("error")}
 
 
 def measure(lab, p: dict, *, warmup: int, reps: int, seed: int = 0) -> dict:
@@ -194,31 +210,49 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     """
     import pandas as pd
 
+    from . import tables
+
     spec = spec.resolved()
     out = Path(out)
     if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
         raise FileExistsError(f"{out} exists: pass resume=True (--resume) to continue it or overwrite=True")
     if overwrite and out.exists():
         out.unlink()
-    done = read_done(out) if resume else set()
+    done = read_done(out, spec) if resume else set()
     meta = metadata()
     grid = spec.grid()
     todo = [p for p in grid if row_key(p) not in done]
+    replaced = []
+    if resume and out.exists() and out.stat().st_size > 0:
+        # rows with an error whose key is measured again: dropped from the table (atomically), so that
+        # every key is one row; their messages stay in this session's metadata
+        planned = {row_key(p) for p in todo}
+        old = tables.scan(out)
+        ie, keep = COLUMNS.index("error"), []
+        for r in old.rows:
+            d = dict(zip(COLUMNS, r))
+            again = bool(r[ie]) and row_key(d) in planned
+            keep.append(not again)
+            if again:
+                replaced.append(dict({c: d[c] for c in KEY_COLUMNS}, error=r[ie]))
+        tables.keep_rows(out, COLUMNS, keep, why="rows with an error")
     out.parent.mkdir(parents=True, exist_ok=True)
     mp = _meta_path(out)
-    sessions = json.loads(mp.read_text()).get("sessions", []) if (resume and mp.exists()) else []
-    sessions.append(dict(meta, spec=asdict(spec), rows_planned=len(grid), rows_skipped=len(grid) - len(todo)))
-    mp.write_text(json.dumps({"columns": COLUMNS, "key": KEY_COLUMNS, "sessions": sessions}, indent=1))
+    old_meta = tables.read_meta(mp) if (resume and out.exists()) else {}
+    sessions = old_meta.get("sessions", [])
+    sessions.append(dict(meta, spec=asdict(spec), rows_planned=len(grid), rows_skipped=len(grid) - len(todo),
+                         **({"replaced_errors": replaced} if replaced else {})))
+    new_meta = {"columns": COLUMNS, "key": KEY_COLUMNS, "settings": RESUME_SETTINGS, "sessions": sessions}
+    if "files" in old_meta:
+        new_meta["files"] = old_meta["files"]
+    tables.write_json_atomic(mp, new_meta)
+    if out.exists() and out.stat().st_size > 0:
+        tables.seal(out, mp)  # the table as it is now (a resume may have dropped rows)
     labs = LabCache(build)
     t_start = time.perf_counter()
-    new_file = not out.exists() or out.stat().st_size == 0
     bar = cli_progress(len(grid), progress, initial=len(grid) - len(todo))
     try:
-        with out.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS)
-            if new_file:
-                w.writeheader()
-                f.flush()
+        if True:  # the file is created at the first row (tables.append_rows): no empty table on an early failure
             for i, p in enumerate(todo):
                 if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
                     print(f"time budget of {max_seconds:.0f} s spent: stopping with {len(todo) - i} rows left "
@@ -235,17 +269,16 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
                     raise
                 except Exception as e:  # noqa: BLE001 - a failed row is recorded, the sweep goes on
                     msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-                    res = dict(warmup=spec.warmup, reps=0, median_us="", p10_us="", p90_us="", mean_us="",
+                    res = dict(warmup=spec.warmup, reps=spec.reps, median_us="", p10_us="", p90_us="", mean_us="",
                                wall_median_us="", timer="", syncs_per_forward="", error=msg)
                     if runtime.has_cuda():
                         labs.free()  # e.g. out of memory: start the next row from a clean allocator
                 # the rest of the metadata goes to .meta.json
-                row = dict({k: meta[k] for k in META_KEYS}, **{k: p[k] for k in KEY_COLUMNS}, **res)
+                row = dict({k: meta[k] for k in META_KEYS}, **{k: p[k] for k in KEY_COLUMNS}, **res,
+                           seed=spec.seed, device=spec.device)
                 if runtime.resolve_device(spec.device).type != "cuda":
                     row["gpu"] = "cpu"  # a CPU lab on a GPU machine: its rows are CPU rows (readers skip them)
-                w.writerow(row)
-                f.flush()
-                os.fsync(f.fileno())
+                tables.append_rows(out, [row], COLUMNS, meta_path=mp)  # one write + fsync, then the seal
                 bar.update(1)
                 if res["median_us"] != "":
                     bar.set_postfix_str(f"{res['median_us'] / 1e3:.3f} ms")
@@ -254,6 +287,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     finally:
         bar.close()
         labs.free()
+    if not out.exists():
+        return pd.DataFrame(columns=COLUMNS)
     return pd.read_csv(out)
 
 
@@ -347,10 +382,21 @@ def lost_table(path):
     repetition: paired differences with their 95 % interval), a sweep CSV, or the older side-by-side
     table. Anything else is a ValueError that says what the file is missing."""
     from ..analysers.recordings import SAMPLE_COLUMNS, load_guards
+    from . import tables
 
     import pandas as pd
 
+    tables.check_tail(path)  # CutRowError naming the file and row: a cut number would change the ratio
     cols = set(pd.read_csv(path, nrows=0).columns)
+    kind = "guards" if set(SAMPLE_COLUMNS) <= cols else ("bench_sweep" if set(COLUMNS) - {"seed", "device"} <= cols
+                                                          else None)
+    if kind is not None:
+        try:
+            from ..analysers import schemas
+        except ImportError:  # pandera missing: the tail check above stands alone
+            schemas = None
+        if schemas is not None:
+            schemas.read_csv(path, kind)  # RecordingError naming the file and the first bad row
     if set(SAMPLE_COLUMNS) <= cols:
         return load_guards(path).paired("sync", "cpu_flag")
     df = normalize_sweep(load_sweep(path))
@@ -426,18 +472,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "experts carry 90 %% of the assignments, model/moe.py: SERVING_SKEW)")
     s.add_argument("--mode", nargs="+", choices=MODES, default=["eager"], help="eager launches or CUDA-graph replay")
     s.add_argument("--requests", type=pos_int, default=8, help="requests per batch (fewer when fewer tokens)")
-    s.add_argument("--dtype", default="auto", help="bfloat16/float16/float32 (auto: bf16 on GPU, fp32 on CPU)")
+    s.add_argument("--dtype", default="auto", type=dtype_arg,
+                   help=f"{'/'.join(DTYPES)} (auto: bf16 on GPU, fp32 on CPU)")
     s.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"],
                    help="kernels (auto: triton on GPU, torch on CPU)")
-    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    s.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, cuda:N or auto")
     s.add_argument("--warmup", type=nonneg_int, default=3, help="untimed calls before timing")
     s.add_argument("--reps", type=pos_int, default=10, help="timed repetitions per row")
-    s.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    s.add_argument("--seed", type=seed_arg, default=0, help="seed of the weights and inputs (a column of the table)")
     s.add_argument("--out", required=True, help="CSV file to append rows to (a .meta.json is written beside it)")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="skip rows whose parameters are already in --out")
+    g.add_argument("--resume", action="store_true",
+                   help="skip rows whose parameters are already in --out (its seed, device, warmup and reps must be "
+                        "this run's; a cut last row is dropped and measured again)")
     g.add_argument("--overwrite", action="store_true", help="start --out afresh")
-    s.add_argument("--max-minutes", type=float, default=None, help="stop starting new rows after this long")
+    s.add_argument("--max-minutes", type=pos_float, default=None, help="stop starting new rows after this long")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     lost = sub.add_parser("lost", help="time lost per sync from a sweep CSV (sync vs cpu_flag rows)",
                           formatter_class=HelpFormatter, epilog=EXAMPLES,

@@ -3,6 +3,8 @@ and names what it expected, so a bad value is a clear argparse error, never a tr
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 
 
@@ -19,10 +21,50 @@ def arg_type(convert, ok, what: str):
     return parse
 
 
+def _number(s: str) -> float:
+    """float(s), refusing what float() takes but no one means as a number here: 'True'/'False' never
+    reach it (float('True') fails), but 'inf', 'nan' and '1e400' (inf) do and are refused by `finite`."""
+    return float(s)
+
+
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
+
+
 pos_int = arg_type(int, lambda v: v > 0, "a positive integer")
 nonneg_int = arg_type(int, lambda v: v >= 0, "an integer >= 0")
-pos_float = arg_type(float, lambda v: v > 0, "a positive number")
-fraction = arg_type(float, lambda v: 0.0 <= v <= 1.0, "a fraction in [0, 1]")
+pos_float = arg_type(_number, lambda v: _finite(v) and v > 0, "a finite positive number")
+nonneg_float = arg_type(_number, lambda v: _finite(v) and v >= 0, "a finite number >= 0")
+fraction = arg_type(_number, lambda v: _finite(v) and 0.0 <= v <= 1.0, "a fraction in [0, 1]")
+guard_sites = arg_type(_number, lambda v: _finite(v) and 1.0 <= v <= 1000.0,
+                       "guard decisions per layer: a finite number in [1, 1000]")
+seed = arg_type(int, lambda v: 0 <= v < 2 ** 63, "a seed: an integer in [0, 2**63)")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def dtype(s: str) -> str:
+    """--dtype: auto or one of the float types the model computes in."""
+    if s not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {s!r}; choose from {', '.join(DTYPES)}")
+    return s
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def device(s: str) -> str:
+    """--device: cpu, cuda, cuda:N or auto; a CUDA device must exist on this machine."""
+    if not _DEVICE.match(s or ""):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or auto, got {s!r}")
+    if s.startswith("cuda"):
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        idx = int(s.split(":")[1]) if ":" in s else 0
+        if n == 0:
+            raise argparse.ArgumentTypeError(f"{s!r}: this machine has no CUDA GPU (use cpu or auto)")
+        if idx >= n:
+            raise argparse.ArgumentTypeError(f"{s!r}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    return s
 
 
 class _Silent:

@@ -13,7 +13,6 @@ without a device.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -146,16 +145,17 @@ class Recorder:
             self.write()
 
     def write(self, path: str | None = None) -> str:
-        """The CSV (columns in first-seen order) and its metadata; returns the CSV's path."""
+        """The CSV (columns in first-seen order) and its metadata, each written atomically (temp file +
+        os.replace: a reader never sees half a file); returns the CSV's path. With no rows yet no CSV is
+        written (an empty one would block a rerun and no reader can read it); the metadata is."""
+        from . import tables
+
         self.meta["wall_s"] = time.time() - self.t0
         f = path or os.path.join(self.out_dir, f"{self.name}.csv")
-        keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        with open(f, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=keys)
-            w.writeheader()
-            w.writerows(self.rows)
-        with open(f[:-len(".csv")] + ".meta.json", "w") as fh:
-            json.dump(self.meta, fh, indent=1)
+        if self.rows:
+            keys = list(dict.fromkeys(k for r in self.rows for k in r))
+            tables.write_csv_atomic(f, self.rows, keys)
+        tables.write_json_atomic(f[:-len(".csv")] + ".meta.json", self.meta, default=str)
         return f
 
 
@@ -172,7 +172,9 @@ def pack_session(work, out, name: str, meta: dict, t0: float, **extra) -> None:
     meta.update(extra)
     meta["wall_s"] = round(time.monotonic() - t0, 1)
     meta["gpu_state_end"] = gpu_state()
-    (work / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    from .tables import write_text_atomic
+
+    write_text_atomic(work / "meta.json", json.dumps(meta, indent=1) + "\n")
     with tarfile.open(out / f"{name}.tar.gz", "w:gz") as tar:
         tar.add(work, arcname=name)
 

@@ -27,8 +27,6 @@ CLI (one CSV row per guard x adapter mode x repetition, a .meta.json beside it, 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import sys
 import time
@@ -44,7 +42,10 @@ from ...config import PRESETS
 from ...model.guards import count_guard_syncs, guard_names
 from ...provenance import metadata
 from ..analysers import signature, stats
-from .cli import CPU_NOTE, HelpFormatter, pos_float, pos_int, progress as cli_progress
+from . import tables
+from .cli import (CPU_NOTE, DTYPES, HelpFormatter, device as device_arg, dtype as dtype_arg,
+                  guard_sites as guard_sites_arg, nonneg_float, nonneg_int, pos_float, pos_int,
+                  progress as cli_progress, seed as seed_arg)
 from .timing import rotated
 
 ADAPTER_MODES = ("none", "mix")
@@ -332,18 +333,24 @@ RESULT_COLUMNS = ["rep", "order", "t_unix", "prefill_ms", "input_tok_per_s", "in
                   "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "forwards", "forward_median_ms", "syncs_per_forward",
                   *HOST_SIGNATURE, "gpu_idle_ms", "gpu_idle_after_sync_ms", "gpu_busy_ms", "gpu_span_ms", "timer"]
 COLUMNS = KEY_COLUMNS + RESULT_COLUMNS
+# what the CLI's table adds: every setting of a run that is not in the key, so that a resume can check it
+# (tables.check_resumable) and rows of two seeds, dtypes or devices never sit in one table unseen
+SETTING_COLUMNS = ["seed", "dtype", "device", "backend", "warmup_reps", "n_adapters", "rank", "max_loras", "profile"]
+TABLE_COLUMNS = COLUMNS + SETTING_COLUMNS
+CONFIG_COLUMNS = [c for c in KEY_COLUMNS if c not in ("adapters", "guard")]  # one prefill configuration
 
 
 def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profile: bool = True,
             trace_dir=None, deadline: float | None = None, progress: bool = True, on_row=None,
-            signatures: dict | None = None, warmup_reps: int = 0) -> list[dict]:
+            signatures: dict | None = None, warmup_reps: int = 0, first_rep: int = 0) -> list[dict]:
     """Rows for every adapter mode (drivers: mode -> PrefillDriver) x guard x repetition.
     Repetition r runs every mode and every guard once, the guards in an order rotated by r, so
     slow drifts (clocks, temperature, the allocator) land on all guards alike. With `signatures`
     (a dict), the profiled steady forwards' per-forward and per-sync tables are appended to its
     lists "forwards" and "syncs", labelled with the key, mode and guard. `warmup_reps` whole
     prefills per guard run untimed first (the allocator and clocks settle; summarize still checks
-    the timed ones for drift)."""
+    the timed ones for drift). `first_rep` > 0 continues a resumed table at that repetition (the
+    rotation of the guards stays that of the repetition number)."""
     for g in guards:
         if g not in guard_names():
             raise ValueError(f"unknown guard {g!r}; choose from {list(guard_names())}")
@@ -372,10 +379,10 @@ def measure(drivers: dict, guards: Sequence[str], reps: int, *, key: dict, profi
         for d in drivers.values():
             for g in guards:
                 d.run(g)
-    bar = cli_progress(reps * len(drivers) * len(guards), progress, unit="prefill")
+    bar = cli_progress(max(reps - first_rep, 0) * len(drivers) * len(guards), progress, unit="prefill")
     group = next(iter(drivers.values())).group if drivers else None
-    for r in range(reps):
-        if r > 0 and deadline is not None and _any_rank(group, time.monotonic() > deadline):
+    for r in range(first_rep, reps):
+        if r > first_rep and deadline is not None and _any_rank(group, time.monotonic() > deadline):
             break
         for mode, d in drivers.items():
             for i, g in enumerate(rotated(guards, r)):
@@ -581,112 +588,222 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=pos_int, default=None, help="layers (None: the preset's)")
     p.add_argument("--requests", type=pos_int, default=128, help="requests R")
     p.add_argument("--input-len", type=pos_int, default=2048, help="input tokens per request L")
-    p.add_argument("--chunk", type=int, nargs="+", default=[16384], help="tokens per chunk C, multiples of L")
+    p.add_argument("--chunk", type=pos_int, nargs="+", default=[16384], help="tokens per chunk C, multiples of L")
     p.add_argument("--guards", nargs="+", choices=guard_names(), default=list(guard_names()))
     p.add_argument("--adapters", nargs="+", choices=ADAPTER_MODES, default=list(ADAPTER_MODES))
-    p.add_argument("--guard-sites", type=pos_float, nargs="+", default=[1.0],
+    p.add_argument("--guard-sites", type=guard_sites_arg, nargs="+", default=[1.0],
                    help="guard decisions per layer (260 / 48 = 5.42 gives production's syncs per forward)")
     p.add_argument("--n-adapters", type=pos_int, default=2, help="adapters loaded")
     p.add_argument("--rank", type=pos_int, default=16, help="LoRA rank of the loaded adapters")
     p.add_argument("--max-loras", type=pos_int, default=4)
     p.add_argument("--reps", type=pos_int, default=12,
                    help="interleaved repetitions")
-    p.add_argument("--warmup-reps", type=int, default=1, help="untimed whole prefills per guard first")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--warmup-reps", type=nonneg_int, default=1, help="untimed whole prefills per guard first")
+    p.add_argument("--dtype", default="auto", type=dtype_arg, help="/".join(DTYPES))
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", type=device_arg, help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--tp-auto", action="store_true", help="tensor parallelism from torchrun's environment")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled forward (GPU idle = NaN)")
     p.add_argument("--trace-dir", default=None, help="write each profiled forward's trimmed trace here")
-    p.add_argument("--max-minutes", type=float, default=None, help="start no repetition after this long")
-    p.add_argument("--host-us-per-layer", type=float, default=0.0,
+    p.add_argument("--max-minutes", type=pos_float, default=None, help="start no repetition after this long")
+    p.add_argument("--host-us-per-layer", type=nonneg_float, default=0.0,
                    help="an engine's host work per layer, us (EngineCosts; default 0: off)")
-    p.add_argument("--host-us-per-forward", type=float, default=0.0,
+    p.add_argument("--host-us-per-forward", type=nonneg_float, default=0.0,
                    help="an engine's host work per forward, us")
-    p.add_argument("--overlap-ms", type=float, default=0.0,
+    p.add_argument("--overlap-ms", type=nonneg_float, default=0.0,
                    help="GPU work of an earlier batch queued before each forward, ms")
     p.add_argument("--out", required=True, help="tidy CSV (rows appended; .meta.json, .summary.csv and, when "
                                                 "profiled, .signature.csv / .syncs.csv beside)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue --out: configurations whose repetitions are all there are skipped, an unfinished "
+                        "repetition (a killed run) is dropped and measured again; the settings must be this run's")
+    g.add_argument("--overwrite", action="store_true", help="start --out afresh")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
+def _config_tuple(d: dict) -> tuple:
+    return tuple(tables._norm(d[c]) for c in CONFIG_COLUMNS)
+
+
+def resume_plan(out: Path, configs: list[dict], settings: dict, adapters, guards, reps: int, *,
+                writer: bool = True) -> dict:
+    """Where a resumed table stands: config tuple -> the first repetition still to measure. A repetition
+    counts when every adapter mode x guard of this run has its row; the rows of repetitions from the first
+    incomplete one on are dropped (atomically, by the writer), so the summary's pairs stay whole. Refused
+    (a TableError naming the file and row): another header, other settings, another set of guards or
+    adapter modes for a configuration, duplicate keys."""
+    if writer:
+        df = tables.check_resumable(out, TABLE_COLUMNS, settings, key=KEY_COLUMNS + ["rep"])
+    else:  # another TP rank: read only (the writer repairs); a cut last row is ignored as the writer drops it
+        s = tables.scan(out)
+        import pandas as pd
+        df = pd.DataFrame(s.rows, columns=s.header, dtype=object) if s.exists else None
+    if df is None or not len(df):
+        return {}
+    want = {(tables._norm(m), tables._norm(g)) for m in adapters for g in guards}
+    wanted = {_config_tuple(c) for c in configs}
+    recs = df.to_dict("records")
+    by_cfg: dict = {}
+    for i, r in enumerate(recs):
+        by_cfg.setdefault(_config_tuple(r), []).append((i, r))
+    plan, keep = {}, [True] * len(recs)
+    for cfg, items in by_cfg.items():
+        if cfg not in wanted:
+            continue  # another configuration of this table: left as it is
+        have = {(tables._norm(r["adapters"]), tables._norm(r["guard"])) for _, r in items}
+        if not have <= want:
+            i = next(i for i, r in items if (tables._norm(r["adapters"]), tables._norm(r["guard"])) not in want)
+            raise tables.SettingsMismatchError(
+                out, f"row {i + 1}: configuration {dict(zip(CONFIG_COLUMNS, cfg))} was measured with adapters/"
+                     f"guards {sorted(have)}, this run asks {sorted(want)}: its repetitions would not pair; "
+                     "pass the same --guards and --adapters, --overwrite or another --out")
+        per_rep: dict = {}
+        for _, r in items:
+            per_rep.setdefault(int(float(r["rep"])), set()).add((tables._norm(r["adapters"]), tables._norm(r["guard"])))
+        start = 0
+        while per_rep.get(start) == want:
+            start += 1
+        for i, r in items:
+            if int(float(r["rep"])) >= start:
+                keep[i] = False
+        plan[cfg] = start
+    if writer:
+        tables.keep_rows(out, TABLE_COLUMNS, keep, why="repetitions left unfinished by an interrupted run")
+    return plan
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    from ...config import check_dtype, get_shape
+
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
         for c in a.chunk:
             make_plan(a.requests, a.input_len, c)
         costs = EngineCosts(a.host_us_per_layer, a.host_us_per_forward, a.overlap_ms)
-    except (ChunkSizeError, EngineCostError) as e:
+        dev = runtime.resolve_device(a.device)
+        backend = runtime.resolve_backend(a.backend, dev)
+        dtype = runtime.resolve_dtype(a.dtype, dev)
+        check_dtype(dtype, dev, backend)
+        layers = a.layers or get_shape(a.preset).num_layers
+    except ValueError as e:  # ChunkSizeError, EngineCostError, a device or dtype this machine cannot run
         parser.error(str(e))
+    settings = dict(seed=a.seed, dtype=dtype, device=str(dev), backend=backend, warmup_reps=a.warmup_reps,
+                    n_adapters=a.n_adapters, rank=a.rank, max_loras=a.max_loras, profile=not a.no_profile)
+    out = Path(a.out)
+    meta_path = tables.sibling_meta(out)
+    # every check of --out before any work: no model is built, no file is touched when the run is refused
+    tp = int(os.environ.get("WORLD_SIZE", "1")) if a.tp_auto else 1
+    writer = (int(os.environ.get("RANK", "0")) if a.tp_auto else 0) == 0
+    configs = [dict(preset=a.preset, layers=layers, tp=tp, requests=a.requests, input_len=a.input_len, chunk=c,
+                    guard_sites=gs, **costs.as_key()) for gs in a.guard_sites for c in a.chunk]
+    plan: dict = {}
+    try:
+        if out.exists() and out.stat().st_size > 0:
+            tables.check_header(out, TABLE_COLUMNS)  # a file of another kind: refused even with --overwrite
+            if a.resume:
+                plan = resume_plan(out, configs, settings, a.adapters, a.guards, a.reps, writer=writer)
+            elif not a.overwrite:
+                parser.error(f"{out} exists: pass --resume to continue it, --overwrite to start afresh, "
+                             "or choose another --out")
+    except ValueError as e:  # tables.TableError: the file, the row or column, what is wrong
+        parser.error(str(e))
+    if writer and a.overwrite:
+        for f in (out, *(out.with_suffix(x) for x in (".summary.csv", ".signature.csv", ".syncs.csv"))):
+            if f.exists():
+                f.unlink()
     t0 = time.monotonic()
     deadline = None if a.max_minutes is None else t0 + 60 * a.max_minutes
     group = init_group(a.tp_auto)
     rank, tp = (group.rank, group.size) if group is not None else (0, 1)
     writer = rank == 0
-    out = Path(a.out)
+    params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in vars(a).items()}
+    params.update(tp=tp, ci=f"{stats.METHOD_MEDIAN}; changes: {stats.METHOD_BOOT} (with >= 10 kept "
+                             "repetitions; else the 2.5/97.5 percentiles of the repetitions)")
+
+    def write_meta():
+        old = tables.read_meta(meta_path) if (a.resume and out.exists()) else {}
+        m = metadata(params=params)
+        m["sessions"] = [s_ for s_ in old.get("sessions", []) if isinstance(s_, dict)]
+        m["sessions"].append(dict(date=m.get("date"), commit=m.get("commit"), params=params,
+                                  resumed_at={"/".join(map(str, k)): v for k, v in plan.items()}))
+        m["settings"] = settings
+        if "files" in old:
+            m["files"] = old["files"]
+        tables.write_json_atomic(meta_path, m)
+        if out.exists() and out.stat().st_size > 0:
+            tables.seal(out, meta_path)
+
     if writer:
         out.parent.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+        write_meta()
     sigs: dict = {}
-    fresh = not out.exists() or out.stat().st_size == 0
 
     def write(row):
-        nonlocal fresh
-        rows.append(row)
-        if not writer:
-            return
-        with open(out, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            if fresh:
-                w.writeheader()
-                fresh = False
-            w.writerow(row)
+        if writer:  # one whole row per write (+ fsync, + the seal); the file is created at the first row
+            tables.append_rows(out, [row], TABLE_COLUMNS, meta_path=meta_path)
 
     for gs in a.guard_sites:
+        starts = {c: plan.get(_config_tuple(dict(preset=a.preset, layers=layers, tp=tp, requests=a.requests,
+                                                 input_len=a.input_len, chunk=c, guard_sites=gs, **costs.as_key())), 0)
+                  for c in a.chunk}
+        if all(v >= a.reps for v in starts.values()):
+            continue  # every repetition of these configurations is in the table already: nothing to build
         lab = build(a.preset, a.layers, max_loras=a.max_loras, max_rank=a.rank, dtype=a.dtype, device=a.device,
                     backend=a.backend, seed=a.seed, guard_sites=gs, group=group)
         names = load_adapters(lab, a.n_adapters, a.rank)
         for c in a.chunk:
-            plan = make_plan(a.requests, a.input_len, c)
-            drivers = {m: PrefillDriver(lab, plan, request_adapters(a.requests, m, names), group=group, seed=a.seed,
+            if starts[c] >= a.reps:
+                continue
+            plan_c = make_plan(a.requests, a.input_len, c)
+            drivers = {m: PrefillDriver(lab, plan_c, request_adapters(a.requests, m, names), group=group, seed=a.seed,
                                         costs=costs) for m in a.adapters}
             key = dict(preset=a.preset, layers=lab.shape.num_layers, tp=tp, requests=a.requests,
-                       input_len=a.input_len, chunk=c, guard_sites=gs, tp_rank=rank)
+                       input_len=a.input_len, chunk=c, guard_sites=gs, tp_rank=rank, **settings)
             measure(drivers, a.guards, a.reps, key=key, profile=not a.no_profile, trace_dir=a.trace_dir,
                     deadline=deadline, progress=writer and not a.no_progress, on_row=write, signatures=sigs,
-                    warmup_reps=a.warmup_reps)
+                    warmup_reps=a.warmup_reps, first_rep=starts[c])
             del drivers
         del lab
         if runtime.has_cuda():
             torch.cuda.empty_cache()
     if writer:
-        params = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in vars(a).items()}
-        params.update(tp=tp, ci=f"{stats.METHOD_MEDIAN}; changes: {stats.METHOD_BOOT} (with >= 10 kept "
-                                 "repetitions; else the 2.5/97.5 percentiles of the repetitions)")
-        meta_path = out.with_suffix(".meta.json")
-        meta_path.write_text(json.dumps(metadata(params=params), indent=1) + "\n")
+        write_meta()
         import pandas as pd
 
-        s = summarize(pd.DataFrame(rows, columns=COLUMNS))
-        s.to_csv(out.with_suffix(".summary.csv"), index=False)
+        df = pd.read_csv(out) if out.exists() else pd.DataFrame(columns=TABLE_COLUMNS)
+        s = summarize(df)
+        tables.write_csv_atomic(out.with_suffix(".summary.csv"), s)
+        label = [c for c in KEY_COLUMNS if c != "tp_rank"]
         for name, suffix in (("forwards", ".signature.csv"), ("syncs", ".syncs.csv")):
             if sigs.get(name):
-                pd.concat(sigs[name], ignore_index=True).to_csv(out.with_suffix(suffix), index=False)
+                new = pd.concat(sigs[name], ignore_index=True)
+                f = out.with_suffix(suffix)
+                if a.resume and f.exists():  # the earlier run's tables of the configurations not profiled again
+                    old = pd.read_csv(f)
+                    lab_cols = [c for c in label if c in old.columns and c in new.columns]
+                    def keys(d):
+                        return [tuple(r) for r in d[lab_cols].astype(str).map(tables._norm).to_numpy().tolist()]
+                    seen = set(keys(new))
+                    kept = [k not in seen for k in keys(old)]
+                    new = pd.concat([old[kept], new], ignore_index=True)
+                tables.write_csv_atomic(f, new)
         cols = ["tp", "chunk", "guard_sites", "adapters", "guard", "reps", "input_tok_per_s", "ttft_mean_ms",
                 "syncs_per_forward", "gpu_idle_ms", "fix_throughput_gain_pct", "fix_throughput_gain_pct_lo",
                 "fix_throughput_gain_pct_hi", "fix_ttft_change_pct"]
         with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format",
                                "{:.2f}".format):
-            print(s[cols].to_string(index=False))
+            print(s[cols].to_string(index=False) if len(s) else "no rows measured")
         if not runtime.has_cuda():
             print(CPU_NOTE)
     if group is not None:
         group.destroy()
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

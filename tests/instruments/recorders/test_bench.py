@@ -69,8 +69,11 @@ def test_failed_rows_are_recorded_and_measured_again_on_resume(tmp_path):
     df = run_sweep(spec, out, progress=False, build=broken_build)
     assert (df["error"] == "RuntimeError: no weights today").all() and df["median_us"].isna().all()
     df = run_sweep(spec, out, resume=True, progress=False)
-    assert len(df) == 6 and df["error"].isna().sum() == 3
+    # the error rows are replaced (one row per key; the schema's key is unique), their messages kept in the meta
+    assert len(df) == 3 and df["error"].isna().all()
     assert len(bench.clean(df)) == 3
+    replaced = json.loads((tmp_path / "s.meta.json").read_text())["sessions"][-1]["replaced_errors"]
+    assert len(replaced) == 3 and replaced[0]["error"] == "RuntimeError: no weights today"
 
 
 def test_resume_refuses_another_schema(tmp_path):

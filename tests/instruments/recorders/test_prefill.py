@@ -94,7 +94,7 @@ def test_cli_writes_csv_meta_and_summary(tmp_path, capsys):
             "--guards", "sync", "cpu_flag", "--reps", "2", "--device", "cpu", "--out", str(out), "--no-progress"]
     assert P.main(argv) == 0
     df = pd.read_csv(out)
-    assert list(df.columns) == P.COLUMNS and len(df) == 2 * 2 * 2 * 2  # chunks x modes x guards x reps
+    assert list(df.columns) == P.TABLE_COLUMNS and len(df) == 2 * 2 * 2 * 2  # chunks x modes x guards x reps
     assert df["timer"].eq("wall").all() and df["gpu_idle_ms"].isna().all()
     meta = json.loads(out.with_suffix(".meta.json").read_text())
     assert {"gpu", "torch", "commit", "date", "params"} <= set(meta) and meta["params"]["chunk"] == [4, 8]

@@ -1,0 +1,408 @@
+"""Tables that cannot half-happen: the one appender of the recorders (bench sweep, prefill, the study
+recorders that append) and the checks a resume makes before it trusts a table.
+
+    append_rows(path, rows, columns)         # header on the first write; whole rows, one write + flush + fsync
+    check_resumable(path, columns, settings) # header, tail, settings columns: the rows a resume may keep
+    check_tail(path)                         # refuse a file whose last row was cut (no newline, too few fields)
+    write_text_atomic(path, text)            # metadata and whole tables: temp file + fsync + os.replace
+    seal(path, meta_path)                    # rows + sha256 of the CSV into its metadata (schemas.write_seal)
+
+The rules, each an error naming the file and the row or column (all `TableError`, a ValueError):
+
+* A file is created at its first row (header and row in one write): a recorder that fails before it
+  has measured anything leaves no file behind, so a rerun is never blocked by an empty CSV.
+* Before every append the tail is checked: the file must end with a newline and its last row must
+  have every column. A row is never written onto an unterminated line.
+* A resume (`check_resumable`) DROPS a cut last row: the file is rewritten atomically without it and
+  the row is measured again (the cut is reported on stderr, naming the file and row). A damaged row
+  anywhere else, a foreign header or a table made with other settings is refused.
+* A table made with other settings (seed, dtype, device, warm-up, repetitions: the `settings`
+  columns) is refused on resume: its rows and the new ones could not be told apart by their key.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+
+class TableError(ValueError):
+    """A table that cannot be appended to or resumed; the message names the file and the row/column."""
+
+    def __init__(self, path, what: str):
+        self.path = Path(path)
+        super().__init__(f"{path}: {what}")
+
+
+class CutRowError(TableError):
+    """The last row of a table was cut in the write (no newline at the end, or fewer fields)."""
+
+
+class DamagedRowError(TableError):
+    """A row other than the last one has the wrong number of fields."""
+
+
+class HeaderMismatchError(TableError):
+    """The table holds another kind of rows (its header differs)."""
+
+
+class SettingsMismatchError(TableError):
+    """The table's rows were made with other settings than this run's."""
+
+
+class DuplicateKeyError(TableError):
+    """Two rows of a table share their key."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading what a table holds
+@dataclass
+class Scan:
+    """What a CSV holds: its header, its complete data rows (as strings), and a cut last row if any."""
+
+    path: Path
+    header: list[str] | None = None
+    rows: list[list[str]] = field(default_factory=list)
+    cut: str | None = None  # the text of a cut last row
+    cut_row: int | None = None  # its 1-based data row number
+    good_bytes: int = 0  # length of the file (bytes) up to the cut row
+
+    @property
+    def exists(self) -> bool:
+        return self.header is not None
+
+
+def _split_records(text: str):
+    """(record fields, start offset, end offset) of every CSV record of `text` (quoted newlines kept)."""
+    buf = io.StringIO(text, newline="")
+    out = []
+    pos = 0
+    reader = csv.reader(_LineTracker(buf, out))
+    for fields in reader:
+        end = out[-1] if out else len(text)
+        out.clear()
+        yield fields, pos, end
+        pos = end
+
+
+class _LineTracker:
+    """An iterator of lines for csv.reader that remembers the offset after each line it hands out."""
+
+    def __init__(self, buf, sink):
+        self.buf, self.sink, self.off = buf, sink, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.buf.readline()
+        if not line:
+            raise StopIteration
+        self.off += len(line)
+        self.sink.append(self.off)
+        return line
+
+
+def scan(path) -> Scan:
+    """Every record of `path`. Raises DamagedRowError for a short or long row that is not the last."""
+    p = Path(path)
+    s = Scan(p)
+    if not p.exists():
+        return s
+    text = p.read_bytes().decode("utf-8", errors="replace")
+    if not text.strip():
+        return s
+    recs = list(_split_records(text))
+    s.header = recs[0][0]
+    n = len(s.header)
+    ends_nl = text.endswith("\n")
+    good = len(text)
+    for i, (fields, start, end) in enumerate(recs[1:], start=1):
+        last = i == len(recs) - 1
+        if last and (not ends_nl or len(fields) != n):
+            s.cut, s.cut_row, good = text[start:end], i, start
+            break
+        if len(fields) != n:
+            if not fields:
+                continue  # a blank line
+            raise DamagedRowError(p, f"row {i}: {len(fields)} fields, the header has {n}: a damaged row "
+                                     "(not a cut last one); repair it by hand or write a new file")
+        s.rows.append(fields)
+    if s.cut is None and len(recs) == 1 and not ends_nl:
+        s.cut, s.cut_row, good = text, 0, 0  # the header itself was cut
+    s.good_bytes = len(text[:good].encode())
+    return s
+
+
+def read_header(path) -> list[str] | None:
+    """The first record of a CSV (None when the file is missing or empty)."""
+    p = Path(path)
+    if not p.exists() or p.stat().st_size == 0:
+        return None
+    with p.open(newline="") as f:
+        return next(csv.reader(f), None)
+
+
+def check_header(path, columns: Sequence[str], header: list[str] | None = None) -> None:
+    """HeaderMismatchError unless the file's header is `columns` (a file of another kind)."""
+    header = read_header(path) if header is None else header
+    if header is None or list(header) == list(columns):
+        return
+    cols = list(columns)
+    i = next((j for j, (a, b) in enumerate(zip(header, cols)) if a != b), min(len(header), len(cols)))
+    have = header[i] if i < len(header) else "(no more columns)"
+    want = cols[i] if i < len(cols) else "(no more columns)"
+    raise HeaderMismatchError(path, f"header differs from this table's at column {i + 1}: the file has {have!r}, "
+                                    f"this recorder writes {want!r} ({len(header)} vs {len(cols)} columns): a file "
+                                    "of another kind; choose another --out")
+
+
+def check_tail(path) -> int:
+    """Number of complete data rows; CutRowError (naming the file and row) when the last row was cut."""
+    s = scan(path)
+    if s.cut is not None:
+        raise CutRowError(path, f"row {s.cut_row} is cut ({s.cut.strip()[:60]!r}...): the file does not end with "
+                                "a whole row; a --resume drops it and measures it again")
+    return len(s.rows)
+
+
+def _tail_ok(path: Path, ncols: int) -> None:
+    """The cheap check before an append: the file ends with a newline and its last record is whole."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        f.seek(max(0, size - 65536))
+        tail = f.read()
+    if not tail.endswith(b"\n"):
+        s = scan(path)
+        raise CutRowError(path, f"row {s.cut_row} is cut (the file does not end with a newline): refusing to "
+                                "append onto it; resume (it drops the cut row) or write a new file")
+    lines = tail.decode("utf-8", errors="replace").splitlines()
+    last = next((ln for ln in reversed(lines) if ln.strip()), "")
+    fields = next(csv.reader([last]), [])
+    if len(fields) != ncols and '"' not in last:  # a quoted multi-line field: scan properly below
+        s = scan(path)
+        raise CutRowError(path, f"row {s.cut_row if s.cut_row is not None else len(s.rows)} has {len(fields)} "
+                                f"fields, the header {ncols}: refusing to append onto a cut row")
+    if '"' in last:
+        s = scan(path)
+        if s.cut is not None:
+            raise CutRowError(path, f"row {s.cut_row} is cut: refusing to append onto it")
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+def write_text_atomic(path, text: str) -> None:
+    """Write `text` to `path` so a reader sees the old or the new file, never half of one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path, obj, **kw) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, **kw) + "\n")
+
+
+def csv_text(rows, columns: Sequence[str], header: bool = False) -> str:
+    """`rows` (dicts or a DataFrame) as CSV text in `columns` order (missing cells empty, extra keys ignored)."""
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", restval="", lineterminator="\n")
+    if header:
+        w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if _isnan(v) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def _isnan(v) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def write_csv_atomic(path, rows, columns: Sequence[str] | None = None) -> Path:
+    """A whole table written at once (temp file + os.replace). Columns: first-seen order of the rows' keys."""
+    if hasattr(rows, "to_dict"):
+        columns = list(rows.columns) if columns is None else columns
+        rows = rows.to_dict("records")
+    rows = list(rows)
+    columns = list(dict.fromkeys(k for r in rows for k in r)) if columns is None else list(columns)
+    write_text_atomic(path, csv_text(rows, columns, header=True))
+    return Path(path)
+
+
+def append_rows(path, rows_df, kind_columns: Sequence[str], *, meta_path=None, seal_it: bool = True) -> int:
+    """Append whole rows to the table at `path` (created, header first, at its first row), as ONE write
+    followed by flush and os.fsync. Before appending: the header must be `kind_columns` and the tail whole.
+    With `seal_it`, the CSV's seal (rows, sha256) is then stored in its metadata (`meta_path`, else the
+    sibling <name>.meta.json). Returns the number of rows written."""
+    p = Path(path)
+    if hasattr(rows_df, "to_dict"):
+        rows_df = rows_df.to_dict("records")
+    rows = list(rows_df)
+    if not rows:
+        return 0
+    cols = list(kind_columns)
+    fresh = not p.exists() or p.stat().st_size == 0
+    if not fresh:
+        check_header(p, cols)
+        _tail_ok(p, len(cols))
+    data = csv_text(rows, cols, header=fresh).encode()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        n = os.write(fd, data)
+        while n < len(data):  # a short write (a signal, a full pipe): finish it, still before fsync
+            n += os.write(fd, data[n:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if seal_it:
+        seal(p, meta_path)
+    return len(rows)
+
+
+def seal(csv_path, meta_path=None) -> dict | None:
+    """Store the CSV's seal ({"rows", "sha256"}) in its metadata through schemas.write_seal (atomic);
+    nothing when that module is not importable (its seal is then never checked either)."""
+    try:
+        from ..analysers.schemas import write_seal
+    except ImportError:  # pandera missing: the seal is an extra, the tail checks here stand alone
+        return None
+    return write_seal(csv_path, meta_path)
+
+
+def sibling_meta(csv_path) -> Path:
+    """<name up to the first dot>.meta.json beside the CSV (schemas.meta_path's 'sibling' rule)."""
+    p = Path(csv_path)
+    return p.parent / (p.name.split(".")[0] + ".meta.json")
+
+
+def read_meta(path) -> dict:
+    """A metadata file (TableError naming it when it is not JSON); {} when it does not exist."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        m = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TableError(p, f"metadata is not JSON ({e}): repair it or pass --overwrite") from None
+    return m if isinstance(m, dict) else {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Resuming
+def _norm(v) -> str:
+    s = "" if v is None or _isnan(v) else str(v)
+    if isinstance(v, bool) or s in ("True", "False"):
+        return s
+    try:
+        f = float(s)
+    except ValueError:
+        return s
+    return f"{f:.6g}"
+
+
+def drop_cut_row(path, s: Scan | None = None, *, quiet: bool = False) -> Scan:
+    """Rewrite `path` atomically without its cut last row (if it has one); returns the new scan."""
+    s = scan(path) if s is None else s
+    if s.cut is None:
+        return s
+    p = Path(path)
+    good = p.read_bytes()[:s.good_bytes]
+    if not quiet:
+        print(f"{p}: row {s.cut_row} was cut in its write ({s.cut.strip()[:60]!r}): dropped, it is measured again",
+              file=sys.stderr)
+    if s.cut_row == 0 or not good:
+        p.unlink()
+        return Scan(p)
+    write_text_atomic(p, good.decode())
+    return scan(p)
+
+
+def keep_rows(path, columns: Sequence[str], keep: Sequence[bool], *, why: str = "") -> int:
+    """Rewrite the table atomically with only the rows where `keep` is True (in scan order); returns
+    how many were dropped. Used by resumes that re-measure rows (error rows, incomplete repetitions)."""
+    s = scan(path)
+    if s.cut is not None:
+        raise CutRowError(path, f"row {s.cut_row} is cut: drop it first")
+    keep = list(keep)
+    if len(keep) != len(s.rows):
+        raise ValueError(f"{path}: {len(keep)} keep flags for {len(s.rows)} rows")
+    dropped = len(keep) - sum(keep)
+    if not dropped:
+        return 0
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(s.header)
+    w.writerows(r for r, k in zip(s.rows, keep) if k)
+    write_text_atomic(path, buf.getvalue())
+    if why:
+        print(f"{path}: {dropped} row(s) dropped ({why}): they are measured again", file=sys.stderr)
+    return dropped
+
+
+def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object], *, key: Sequence[str] = (),
+                    drop_cut: bool = True):
+    """Verify that the table at `path` can be resumed by a run with these `settings` (column -> value):
+    the header is `columns`, the tail is whole (a cut last row is dropped, atomically, when `drop_cut`;
+    else CutRowError), every settings column holds this run's value only, and (with `key`) no two rows
+    share a key. Returns the rows as a DataFrame of strings (None when there is no table yet)."""
+    import pandas as pd
+
+    p = Path(path)
+    s = scan(p)
+    if not s.exists:
+        return None
+    check_header(p, columns, s.header)
+    if s.cut is not None:
+        if not drop_cut:
+            raise CutRowError(p, f"row {s.cut_row} is cut: the file does not end with a whole row")
+        s = drop_cut_row(p, s)
+        if not s.exists:
+            return None
+    df = pd.DataFrame(s.rows, columns=s.header, dtype=object)
+    for col, want in settings.items():
+        if col not in df.columns:
+            raise SettingsMismatchError(p, f"has no column {col!r}: it cannot say which {col} its rows were made "
+                                           "with; write to a new file")
+        have = sorted({_norm(v) for v in df[col]} - {""})
+        if have and have != [_norm(want)]:
+            first = int(next(i for i, v in enumerate(df[col]) if _norm(v) not in ("", _norm(want))))
+            raise SettingsMismatchError(p, f"row {first + 1}: its rows were made with {col}={', '.join(have)}, this "
+                                           f"run has {col}={want}: resuming would mix both in one table with no way "
+                                           "to tell them apart; pass --overwrite or choose another --out")
+    if key:
+        check_unique(p, df, key)
+    return df
+
+
+def check_unique(path, df, key: Sequence[str]) -> None:
+    """DuplicateKeyError naming the first row whose key an earlier row already has."""
+    if not len(df):
+        return
+    k = [c for c in key if c in df.columns]
+    normed = df[k].map(_norm) if hasattr(df, "map") else df[k].applymap(_norm)
+    dup = normed.duplicated().to_numpy()
+    if dup.any():
+        i = int(dup.argmax())
+        raise DuplicateKeyError(path, f"row {i + 1} repeats the key {dict(zip(k, df.iloc[i][k]))} of an earlier row")
+
+
+def rows_to_dicts(df) -> Iterable[dict]:
+    return [] if df is None else df.to_dict("records")
