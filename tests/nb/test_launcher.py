@@ -1,6 +1,7 @@
 """The JupyterLab launcher (`make lab`, nb/runner.py): the token travels in the environment, not in the process
 arguments every local user can read; a busy port fails with a clear message and no URL; the port is range-checked;
 the URL printed is the one of the port the server bound (its runtime info)."""
+import importlib.util
 import json
 import socket
 import urllib.error
@@ -17,6 +18,10 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+NEEDS_LAB = pytest.mark.skipif(importlib.util.find_spec("jupyterlab") is None,
+                               reason="starts JupyterLab: not installed (the GPU machine: notebook runners only)")
 
 
 @pytest.fixture
@@ -78,6 +83,7 @@ def test_busy_port_fails_clearly_before_jupyter_starts(busy_port, capsys, monkey
     assert "token=" not in out + err and TOKEN not in out + err and not started
 
 
+@NEEDS_LAB
 def test_port_taken_after_the_check_is_reported_from_jupyters_exit(busy_port, monkeypatch, capfd):
     """Another program takes the port between the check and Jupyter's bind: with port_retries=0 Jupyter exits
     (it does not move to the next port), and the launcher says so and prints no URL."""
@@ -88,6 +94,7 @@ def test_port_taken_after_the_check_is_reported_from_jupyters_exit(busy_port, mo
     assert "token=" not in out + err
 
 
+@NEEDS_LAB
 def test_real_start_prints_the_bound_port_and_keeps_the_token_out_of_argv(tmp_path):
     port = _free_port()
     proc, info, token = runner.start_lab(port, TOKEN, env={**runner.os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path)},
