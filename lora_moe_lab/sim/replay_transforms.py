@@ -13,6 +13,7 @@
     unblock_launches(g)              launches that waited for a full launch queue get their usual duration
     drop_calls(g, calls)             a rewrite deletes ops: these host calls go with their kernels and gaps
     repeat_calls(g, calls)           a rewrite adds ops like existing ones: a copy of each call right after it
+    shorten_gaps(g, calls, ns)       a rewrite deletes host-only ops: their time leaves the gap before each call
     apply(g, "name", **kw)           by name; an unknown name raises UnknownTransformationError
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .replay import CALL, HOST_FIELDS, KERNEL_FIELDS, SYNC, Graph, GraphError, U
 
 __all__ = ["GuardTemplate", "guard_template", "remove_syncs", "add_syncs", "scale_host", "graph_launch",
            "add_early_exit", "scale_collectives", "tile_layers", "unblock_launches", "drop_calls", "repeat_calls",
-           "apply", "TRANSFORMS", "GRAPH_LAUNCH_NS", "GRAPH_K2K_NS"]
+           "shorten_gaps", "apply", "TRANSFORMS", "GRAPH_LAUNCH_NS", "GRAPH_K2K_NS"]
 
 # cudaGraphLaunch host cost, unprofiled (a profiler inflates it: 150-440 µs in data/traces/*_graph_*,
 # where CUPTI records every node); the kernel-to-kernel gap inside a replayed graph (data/traces/*_graph_*: 416 ns).
@@ -454,11 +455,26 @@ def repeat_calls(g: Graph, calls) -> Graph:
     return _tag(_edit(g, inserts=inserts), f"repeat_calls({len(idx)})")
 
 
+def shorten_gaps(g: Graph, calls, ns) -> Graph:
+    """A rewrite that deletes host-only ops (ops that make no runtime call: a view, a select): their host
+    time `ns` (one value per listed call, or one for all) leaves the gap before each listed call (the
+    next call the host reaches after them). A gap never goes below 0."""
+    idx = np.asarray(calls, np.int64).reshape(-1)
+    _calls(g, idx, "shorten_gaps")  # the range check (a call listed twice loses both times)
+    ns = np.broadcast_to(np.asarray(ns, np.int64), idx.shape)
+    if (ns < 0).any():
+        raise GraphError("shorten_gaps: the host time to remove must be >= 0")
+    cut = np.zeros(g.n_host, np.int64)
+    np.add.at(cut, idx, ns)
+    cut = np.minimum(cut, g.host["gap"])
+    return _tag(_edit(g, add_gap=-cut), f"shorten_gaps({len(idx)})")
+
+
 TRANSFORMS = {"remove_syncs": remove_syncs, "add_syncs": add_syncs, "scale_host": scale_host,
               "graph_launch": graph_launch, "add_early_exit": add_early_exit,
               "scale_collectives": scale_collectives, "tile_layers": tile_layers,
               "unblock_launches": unblock_launches,
-              "drop_calls": drop_calls, "repeat_calls": repeat_calls}
+              "drop_calls": drop_calls, "repeat_calls": repeat_calls, "shorten_gaps": shorten_gaps}
 
 
 def apply(g: Graph, name: str, **kw) -> Graph:

@@ -52,3 +52,21 @@ def test_calls_out_of_range_are_named(plain):
     with pytest.raises(R.GraphError, match="repeat_calls"):
         X.repeat_calls(plain, [-1])
     assert X.apply(plain, "drop_calls", calls=[]).n_host == plain.n_host
+
+
+def test_shortening_a_gap_moves_the_host_by_exactly_that_much(plain):
+    """A host-only op deleted: with the host the bottleneck (no sync, no queue wait in between), its time
+    comes off the step one for one; a gap never goes negative; bad input is named."""
+    c = int(np.argmax(plain.host["gap"]))
+    gap = int(plain.host["gap"][c])
+    g = X.shorten_gaps(plain, [c], gap // 2)
+    assert int(g.host["gap"][c]) == gap - gap // 2 and g.n_host == plain.n_host
+    assert int(X.shorten_gaps(plain, [c], 10 * gap).host["gap"][c]) == 0
+    # the host's own span (gaps + calls, syncs' waits aside) shrinks by the removed time
+    span = lambda x: int(x.host["gap"].sum() + x.host["dur"].sum())  # noqa: E731
+    assert span(plain) - span(g) == gap // 2
+    assert R.replay(g).step_ns[0] <= R.replay(plain).step_ns[0]
+    with pytest.raises(R.GraphError, match="shorten_gaps"):
+        X.shorten_gaps(plain, [c], -1)
+    with pytest.raises(R.GraphError, match="shorten_gaps"):
+        X.shorten_gaps(plain, [plain.n_host], 1)
