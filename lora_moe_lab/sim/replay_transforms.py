@@ -284,10 +284,11 @@ def add_syncs(g: Graph, template: GuardTemplate, sites=None, unblock: bool = Tru
 
 
 # --- host, launches, collectives ------------------------------------------------------------------
-def scale_host(g: Graph, factor: float, calls: bool = False, below_ns: int | None = None) -> Graph:
+def scale_host(g: Graph, factor: float, calls: bool = False, below_ns: int | None = None, ret: bool = True) -> Graph:
     """Host work (the gaps between runtime calls and the tail) x factor; calls=True: the runtime
-    calls' own durations too (not a sync's wait, which the device sets). below_ns: only gaps shorter
-    than this (a long busy-wait of the engine runs at its own speed, profiled or not)."""
+    calls' own durations too (not a sync's wait, which the device sets), and with `ret` a sync's return
+    latency after the drain (ret=False keeps it as traced: the driver's wake-up, not host work). below_ns:
+    only gaps shorter than this (a long busy-wait of the engine runs at its own speed, profiled or not)."""
     if not np.isfinite(factor) or factor < 0:
         raise GraphError(f"a host factor must be finite and >= 0, got {factor}")
     h = dict(g.host)
@@ -296,7 +297,8 @@ def scale_host(g: Graph, factor: float, calls: bool = False, below_ns: int | Non
     h["gap_guard"] = np.round(g.host["gap_guard"] * f).astype(np.int64)
     if calls:
         h["dur"] = np.where(h["kind"] == CALL, np.round(g.host["dur"] * factor), g.host["dur"]).astype(np.int64)
-        h["ret"] = np.round(g.host["ret"] * np.where(h["kind"] == SYNC, factor, 1)).astype(np.int64)
+        if ret:
+            h["ret"] = np.round(g.host["ret"] * np.where(h["kind"] == SYNC, factor, 1)).astype(np.int64)
     out = dataclasses.replace(g, host=h, tail=int(round(g.tail * factor)), tail_guard=int(round(g.tail_guard * factor)),
                               traced_ns=None, meta=dict(g.meta))
     return _tag(out, f"scale_host({factor:g}, calls={calls})")

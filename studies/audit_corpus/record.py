@@ -85,17 +85,18 @@ def _top_ops(tables, g):
             np.array([r["name"] for r in top], object))
 
 
-def calibrate_host(g, plain_us: float):
+def calibrate_host(g, plain_us: float, ret: bool = True):
     """The graph with its host work (gaps and runtime calls) scaled so that its replay takes the original
     forward's unprofiled time: the profiler's own host cost (CUPTI on every runtime call, the op records)
-    inflates exactly the host time that a sync rewrite removes. One factor, found by bisection."""
+    inflates exactly the host time that a sync rewrite removes. One factor, found by bisection. ret=False:
+    a sync's return latency after the drain stays as traced (the driver waking the host, not host work)."""
     lo, hi = 0.05, 1.5
     for _ in range(30):
         f = (lo + hi) / 2
-        t = float(replay(RT.scale_host(g, f, calls=True)).step_ns[0]) / 1e3
+        t = float(replay(RT.scale_host(g, f, calls=True, ret=ret)).step_ns[0]) / 1e3
         lo, hi = (f, hi) if t < plain_us else (lo, f)
     f = (lo + hi) / 2
-    return RT.scale_host(g, f, calls=True), f
+    return RT.scale_host(g, f, calls=True, ret=ret), f
 
 
 def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: int | None,
@@ -155,7 +156,7 @@ def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: 
     ops = base - float(replay(g2).step_ns[0])
     cal, factors = {}, {}
     for name, plain_us in (targets or {}).items():  # the same edit on the host-calibrated graph
-        gc, f = calibrate_host(g, plain_us)  # (the call indices are unchanged by scaling)
+        gc, f = calibrate_host(g, plain_us, ret=not name.endswith("_ret"))  # (call indices unchanged by scaling)
         cal[name] = (float(replay(gc).step_ns[0]) - float(replay(rewrite(gc, f)).step_ns[0])) / 1e3
         factors[name] = f
         note += f"; host x{f:.3f} to the {name} {plain_us / 1e3:.1f} ms"
@@ -234,7 +235,7 @@ def main(argv=None):
         # per cent within a minute on a shared host, so a target timed a minute earlier describes another
         # machine state); the early burst's target is recorded beside it. No time of the rewrite enters.
         p = predicted_saving(rep, fwd, experts_file, nonzero_line, compare_line,
-                             dict(window=m["eager_us"], early=float(np.median(plain))))
+                             dict(window=m["eager_us"], early=float(np.median(plain)), window_ret=m["eager_us"]))
         pred = p["calibrated"]["window"]
         rows.append(dict(
             session=a.session, model=name, tokens=a.tokens, layers=MODELS[name]["layers"],
@@ -246,6 +247,8 @@ def main(argv=None):
             predicted_uncalibrated_us=p["ops"], predicted_syncs_only_us=p["syncs"],
             replay_base_us=p["base"], host_factor=p["factors"]["window"], host_factor_early=p["factors"]["early"],
             early_us=float(np.median(plain)),
+            # exploratory, beside the price: the same calibration with the syncs' return latency as traced
+            predicted_ret_traced_us=p["calibrated"]["window_ret"], host_factor_ret_traced=p["factors"]["window_ret"],
             predict_method="ops, host calibrated in the window: the rewrite's deleted ops dropped whole (and the "
                            "mask's host-only select), its index kernels as the compare's, on the profiled graph with "
                            "its host scaled to the original's unprofiled median in the paired run",
@@ -264,14 +267,20 @@ def main(argv=None):
         print(json.dumps(rows[-1], default=str), flush=True)
         del model
         torch.cuda.empty_cache()
-    meta_path = os.path.join(a.out, "priced.meta.json")
+    write_session(a.out, a.session, rows, sites, meta)
+
+
+def write_session(out: str, session: str, rows: list[dict], sites: list[dict], meta: dict) -> None:
+    """The session's rows into priced.csv and sites.csv, its metadata into priced.meta.json, then both
+    tables' seals (they hash the tables as now written)."""
+    meta_path = os.path.join(out, "priced.meta.json")
     metas = tables.read_meta(meta_path)
     for fname, rs in (("priced.csv", rows), ("sites.csv", sites)):
-        replace_session(os.path.join(a.out, fname), rs, a.session)
-    metas[a.session] = meta
-    tables.write_json_atomic(meta_path, metas, indent=1, default=str)
-    for fname in ("priced.csv", "sites.csv"):  # the seals last: they hash the tables as now written
-        tables.seal(os.path.join(a.out, fname), meta_path)
+        replace_session(os.path.join(out, fname), rs, session)
+    metas[session] = meta
+    tables.write_json_atomic(meta_path, metas, default=str)
+    for fname in ("priced.csv", "sites.csv"):
+        tables.seal(os.path.join(out, fname), meta_path)
 
 
 def replace_session(path: str, rows: list[dict], session: str) -> None:
