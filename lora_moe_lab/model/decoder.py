@@ -102,8 +102,12 @@ class DecoderLayer(torch.nn.Module):
         h = h + tp.all_reduce(a)  # sums the ranks' partial o_proj outputs
         xn = self.moe.norm(h, hooks, backend)  # where gate_up takes the wide build: into a wider buffer
         sites.ask("moe_gate_up")
-        m = self.moe(xn, hooks, backend, routing_log, before_down=lambda: sites.ask("moe_down"))
-        return h + tp.all_reduce(m)  # sums the ranks' partial expert outputs
+        # One process: the residual add runs in the top-k sum's pass (one kernel on the Triton backend). Under TP the
+        # ranks' partial expert outputs are summed first and the residual waits for the all-reduce (added on one rank
+        # before it, the residual stream would be rounded at every step of a bf16 all-reduce).
+        res = h if tp.size == 1 else None
+        m = self.moe(xn, hooks, backend, routing_log, before_down=lambda: sites.ask("moe_down"), residual=res)
+        return m if res is not None else h + tp.all_reduce(m)
 
 
 class DecoderModel(torch.nn.Module):

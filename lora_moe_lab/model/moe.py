@@ -3,7 +3,10 @@
 
 One MoE layer: router (softmax, top-k, renormalise) -> alignment -> base gate_up grouped GEMM ->
 LoRA gate_up delta (hooks) -> SiLU-and-mul -> base down GEMM (x routed weight) -> LoRA down delta
-(hooks, x routed weight) -> sum over top-k. The LoRA work only runs through hooks that the guard
+(hooks, x routed weight) -> sum over top-k (+ the residual, given one). The base steps around the GEMMs are
+backend ops: on the Triton backend the router is one kernel (a GEMM in the model dtype with fp32 accumulation,
+softmax/top-k/renormalise in its epilogue), SiLU-and-mul one, and the top-k sum with the residual add one
+(kernels/router.py, activation.py, moe_sum.py). The LoRA work only runs through hooks that the guard
 hands out: an empty list when the guard decided no adapter is active. Which LoRA path each op takes
 (its delta separate, or inside the base GEMM) is the kernel plan's (kernels/plan.py), asked once per
 op per layer; the layer has two hook points, after gate_up and after down.
@@ -168,7 +171,7 @@ class LoRAHook:
 class MoELayer(torch.nn.Module):
     """One MoE block with its pre-norm weight. Steps, in order (model/spec.py names them for the
     simulator): rmsnorm, router, align, gate_up GEMM, LoRA gate_up, SiLU-and-mul, down GEMM,
-    LoRA down, top-k sum."""
+    LoRA down, top-k sum (with the residual add, where the caller passes the residual)."""
 
     def __init__(self, shape: MoEShape, dtype, device, gen: torch.Generator, eps: float = 1e-6, *,
                  tp_rank: int = 0, tp_size: int = 1, skew: float = 0.0, skew_seed: int = 0):
@@ -182,9 +185,11 @@ class MoELayer(torch.nn.Module):
         def randn(*size, std):
             return init.randn(gen, device, *size, std=std)
 
-        # The router runs in fp32 so every dtype picks the same experts; keeping its weight in fp32
-        # saves an upcast launch per layer. Router and norm are replicated on every rank.
-        self.router_w = init.frozen(randn(E, K, std=K ** -0.5).to(dtype).float())
+        # The router weight lives in the model dtype, as an engine's does: the Triton router reads x and it as
+        # they are (no fp32 copy of x) and accumulates in fp32 on the tensor cores; in bf16 every product is exact
+        # in fp32, so only the accumulation order differs from the old fp32 router (kernels/router.py). The torch
+        # backend upcasts both. Router and norm are replicated on every rank.
+        self.router_w = init.frozen(randn(E, K, std=K ** -0.5).to(dtype))
         w13 = randn(E, 2 * If, K, std=K ** -0.5)  # gate rows first, then up
         if tp_size > 1:  # this rank's gate rows and the matching up rows
             w13 = torch.cat([w13[:, lo:lo + I], w13[:, If + lo:If + lo + I]], dim=1)
@@ -199,14 +204,11 @@ class MoELayer(torch.nn.Module):
         bias = skew_bias(E, self.skew, skew_seed).to(device) if self.skew > 0 else None
         self.register_buffer("router_bias", bias, persistent=False)
 
-    def route(self, x):
-        # Router in fp32 so that every dtype picks the same experts for the same input.
-        logits = x.float() @ self.router_w.T
-        if self.router_bias is not None:  # skew 0 adds nothing: the uniform router, bit for bit
-            logits = logits + self.router_bias
-        probs = torch.softmax(logits, dim=-1)
-        w, ids = torch.topk(probs, self.top_k, dim=-1)
-        return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
+    def route(self, x, backend: Backend | None = None):
+        """(topk_w fp32 (M, top_k), topk_ids int32 (M, top_k)): the backend's router (None: the 'auto' one of x's
+        device, as the model's default), logits accumulated in fp32, plus the skew bias where there is one."""
+        backend = get_backend("auto", x.device) if backend is None else backend
+        return backend.route(x, self.router_w, self.top_k, self.router_bias)
 
     def plans(self, M: int, hooks: list[LoRAHook], backend: Backend) -> tuple[LoRAPlan, LoRAPlan]:
         """(gate_up, down): the layer's plan per op for M tokens (kernels/plan.py), the first hook's; without hooks
@@ -243,13 +245,15 @@ class MoELayer(torch.nn.Module):
         return backend.moe_gemm(x, w, align, top_k, out, routed_weights=topk_w, gather=False)
 
     def forward(self, x, hooks: list[LoRAHook], backend: Backend, routing_log: list | None = None,
-                before_down=None):
-        """`before_down()`, when given, runs between SiLU-and-mul and the down GEMM (the decoder
-        puts guard sites there). Where gate_up takes the wide build, x should be the first K columns of a wider
-        buffer (`norm` writes it so); a plain x is copied into one."""
+                before_down=None, residual=None):
+        """The layer's output (M, K); with `residual` (M, K), residual + that output, added in the top-k sum's own
+        pass (`backend.moe_sum`: one kernel instead of a sum and an add, rounded once). `before_down()`, when
+        given, runs between SiLU-and-mul and the down GEMM (the decoder puts guard sites there). Where gate_up
+        takes the wide build, x should be the first K columns of a wider buffer (`norm` writes it so); a plain x
+        is copied into one."""
         M, K = x.shape
         k, E, I = self.top_k, self.shape.num_experts, self.shape.intermediate
-        topk_w, topk_ids = self.route(x)
+        topk_w, topk_ids = self.route(x, backend)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
         p13, p2 = self.plans(M, hooks, backend)  # the plan, once per op (kernels/plan.py)
@@ -274,7 +278,7 @@ class MoELayer(torch.nn.Module):
         self._gemm(p2, hooks, backend, act, self.w2, align, k, out, topk_w)
         for h in hooks:  # hook point 2
             h.after_down(act, out, k, topk_w)
-        return out.view(M, k, K).sum(1)
+        return backend.moe_sum(out, k, residual)
 
 
 class MiniMoEModel(torch.nn.Module):
@@ -341,5 +345,5 @@ class MiniMoEModel(torch.nn.Module):
                     with record_function(f"lora_guard_{g.name}"):
                         launch = g.should_launch(info)
                     hooks = [LoRAHook(info, backend, self.shape.num_experts)] if launch else []
-                    h = h + layer(layer.norm(h, hooks, backend), hooks, backend, self.routing_log)
+                    h = layer(layer.norm(h, hooks, backend), hooks, backend, self.routing_log, residual=h)
         return h

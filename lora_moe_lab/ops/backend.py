@@ -8,6 +8,11 @@ layer asks the plan (`kernels.plan.plan(op, M, shape, device, backend=backend.na
 
 Contract shared by every backend: no host syncs, shapes from static metadata only (capturable
 in a CUDA graph), `moe_gemm` fully writes `out`, `lora_delta` ADDS into `out` in place.
+
+The layer's base steps around the GEMMs are ops too: `route` (router GEMM, softmax, top-k, renormalise),
+`silu_and_mul` and `moe_sum` (the top-k sum, with the residual). The torch backend runs them as plain torch (the
+CPU and reference path: an fp32 GEMM over an upcast of x, two kernels for SiLU-and-mul, sum then add); the Triton
+backend as one kernel each (kernels/router.py, activation.py, moe_sum.py say why).
 """
 from __future__ import annotations
 
@@ -62,9 +67,22 @@ class Backend(ABC):
 
     @staticmethod
     @abstractmethod
+    def route(x: torch.Tensor, router_w: torch.Tensor, top_k: int, bias: torch.Tensor | None = None):
+        """(topk_w fp32 (M, top_k), topk_ids int32 (M, top_k)), the best expert first: softmax(x @ router_w.T + bias)
+        over the experts, its top_k, renormalised to sum 1; the logits accumulated in fp32 (router_w in x's dtype,
+        bias fp32 (E,) or None)."""
+
+    @staticmethod
+    @abstractmethod
+    def moe_sum(y: torch.Tensor, top_k: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """(M, K): the sum of each token's top_k rows of y (M*top_k, K), plus `residual` (M, K) when given, in fp32,
+        rounded once to y's dtype."""
+
+    @staticmethod
+    @abstractmethod
     def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """silu(gate) * up over the last dim split in two halves (into `out` when given, e.g. a view of a wider
-        buffer)."""
+        buffer: its row stride may exceed the half's width)."""
 
     @staticmethod
     @abstractmethod

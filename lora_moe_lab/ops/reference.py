@@ -25,8 +25,15 @@ def _rows(x, top_k, gather):
     return x.repeat_interleave(top_k, 0) if gather else x  # (M*top_k, K)
 
 
-def ref_router(x, router_w, top_k):
-    probs = torch.softmax(_d(x) @ _d(router_w).T, dim=-1)
+def ref_router_logits(x, router_w, bias=None):
+    """(M, E) float64 router logits x @ router_w.T (+ the skew bias)."""
+    logits = _d(x) @ _d(router_w).T
+    return logits if bias is None else logits + _d(bias)
+
+
+def ref_router(x, router_w, top_k, bias=None):
+    """(weights, ids): softmax over the experts, its top_k, renormalised (MoELayer.route in float64)."""
+    probs = torch.softmax(ref_router_logits(x, router_w, bias), dim=-1)
     w, ids = torch.topk(probs, top_k, dim=-1)
     return w / w.sum(-1, keepdim=True), ids
 
@@ -70,6 +77,12 @@ def ref_silu_mul(inter):
     return g * torch.sigmoid(g) * u
 
 
+def ref_moe_sum(y, top_k, residual=None):
+    """(M, K): each token's top_k rows of y (M*top_k, K) summed (+ residual (M, K))."""
+    s = _d(y).view(-1, top_k, y.shape[-1]).sum(1)
+    return s if residual is None else s + _d(residual)
+
+
 def ref_rmsnorm(x, weight, eps=1e-6):
     x = _d(x)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * _d(weight)
@@ -80,11 +93,11 @@ def ref_moe_layer(x, layer, lora=None, topk_ids=None):
     weights (LayerLoRAWeights), token_slot, lora_ids, adapter_enabled. `topk_ids` pins the expert
     choice (near-ties may pick differently in float64 than in the model's fp32 router); the routed
     weights are still computed here in float64."""
-    M = x.shape[0]
     k = layer.top_k
-    tw, ids = ref_router(x, layer.router_w, k)
+    bias = getattr(layer, "router_bias", None)
+    tw, ids = ref_router(x, layer.router_w, k, bias)
     if topk_ids is not None:
-        probs = torch.softmax(_d(x) @ _d(layer.router_w).T, dim=-1)
+        probs = torch.softmax(ref_router_logits(x, layer.router_w, bias), dim=-1)
         ids = _i(topk_ids)
         tw = probs.gather(1, ids)
         tw = tw / tw.sum(-1, keepdim=True)
@@ -98,7 +111,7 @@ def ref_moe_layer(x, layer, lora=None, topk_ids=None):
     if lora is not None:
         out = out + ref_lora_delta(act, w.down_a[None], w.down_b[None], ids, lora["token_slot"],
                                    lora["lora_ids"], lora["adapter_enabled"], k, routed_weights=tw, gather=False)
-    return out.view(M, k, -1).sum(1)
+    return ref_moe_sum(out, k)
 
 
 def ref_model(x, model, lora_by_layer=None, routing=None):

@@ -86,6 +86,23 @@ def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return torch.mul(torch.nn.functional.silu(inter[..., :I]), inter[..., I:], out=out)
 
 
+def route(x: torch.Tensor, router_w: torch.Tensor, top_k: int, bias: torch.Tensor | None = None):
+    """The router in fp32: an upcast of x, an fp32 GEMM, softmax, top-k, renormalise (the Triton backend's one
+    kernel, kernels/router.py, does it all in its epilogue)."""
+    logits = x.float() @ router_w.float().T
+    if bias is not None:  # skew 0 adds nothing: the uniform router, bit for bit
+        logits = logits + bias
+    probs = torch.softmax(logits, dim=-1)
+    w, ids = torch.topk(probs, top_k, dim=-1)
+    return w / w.sum(-1, keepdim=True), ids.to(torch.int32)
+
+
+def moe_sum(y: torch.Tensor, top_k: int, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The top-k sum in fp32 (+ residual), rounded once: for fp32 the old sum-then-add, bit for bit."""
+    s = y.view(-1, top_k, y.shape[-1]).sum(1, dtype=torch.float32)
+    return (s if residual is None else residual + s).to(y.dtype)
+
+
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
@@ -98,5 +115,7 @@ class TorchBackend(Backend):
     name = "torch"
     moe_gemm = staticmethod(moe_gemm)
     lora_delta = staticmethod(lora_delta)
+    route = staticmethod(route)
     silu_and_mul = staticmethod(silu_and_mul)
+    moe_sum = staticmethod(moe_sum)
     rmsnorm = staticmethod(rmsnorm)

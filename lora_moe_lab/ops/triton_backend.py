@@ -10,6 +10,7 @@ import torch
 
 from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernels are decorated)
 from ..config import MoEShape, check_dtype, get_shape
+from ..kernels.activation import silu_and_mul
 from ..kernels.align import moe_align
 from ..kernels.configs import decode_config, gemm_config, lora_block_m, lora_config, lora_down_config
 from ..kernels.fused_moe import moe_gemm
@@ -17,10 +18,11 @@ from ..kernels.fused_moe_lora import lora_delta as _lora_delta
 from ..kernels.fused_moe_lora_packed import (moe_gemm_lora_packed, moe_gemm_lora_wide, pack_lora_b, wide_columns,
                                              wide_weights)
 from ..kernels.lora_decode import lora_delta_decode
+from ..kernels.moe_sum import moe_sum
 from ..kernels.plan import OPS, LoRADims, plan
 from ..kernels.rmsnorm import rmsnorm
+from ..kernels.router import route, router_config
 from .backend import Backend
-from .torch_backend import silu_and_mul
 
 
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None, gather=True,
@@ -35,7 +37,9 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
 
 class TritonBackend(Backend):
     """The fused Triton kernels: grouped GEMM, fused LoRA shrink+expand with early exit, the LoRA path packed into
-    the base GEMM (packed and wide builds), RMSNorm. Which of them the layer runs is the plan's (kernels/plan.py)."""
+    the base GEMM (packed and wide builds), RMSNorm, and the base layer's router (GEMM + softmax/top-k epilogue),
+    SiLU-and-mul and top-k sum with the residual, one kernel each. Which LoRA path the layer runs is the plan's
+    (kernels/plan.py)."""
 
     name = "triton"
     moe_gemm = staticmethod(moe_gemm)
@@ -43,7 +47,9 @@ class TritonBackend(Backend):
     lora_delta_decode = staticmethod(lora_delta_decode)  # decode sizes: no alignment (kernels/lora_decode.py)
     moe_gemm_lora_packed = staticmethod(moe_gemm_lora_packed)  # the packed shrink + K iterations on the plain tile
     moe_gemm_lora_wide = staticmethod(moe_gemm_lora_wide)  # the adapters' columns in the GEMM's own x and w
-    silu_and_mul = staticmethod(silu_and_mul)
+    route = staticmethod(route)  # kernels/router.py
+    silu_and_mul = staticmethod(silu_and_mul)  # kernels/activation.py
+    moe_sum = staticmethod(moe_sum)  # kernels/moe_sum.py
     rmsnorm = staticmethod(rmsnorm)
 
 
@@ -56,7 +62,8 @@ WARMUP_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 
 def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, max_loras: int = 4,
            max_rank: int = 16, device=None, num_tokens=WARMUP_TOKENS) -> int:
     """Compile the kernels for every (block_m, config) the tables pick for these token counts, at the
-    shapes of one MoE layer (gate_up and down, base and LoRA, with and without routed weights).
+    shapes of one MoE layer (gate_up and down, base and LoRA, with and without routed weights; the router,
+    SiLU-and-mul and the top-k sum with the residual).
 
     Each compile runs once on a tiny batch (one binary serves every M: the M-dependent integers are
     not specialised), so this is quick. Returns the number of distinct launches made.
@@ -82,6 +89,8 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
     a13, b13 = rnd(2, S, E, R, K), rnd(2, S, E, I, R)
     a2, b2 = rnd(1, S, E, R, I), rnd(1, S, E, K, R)
     h = rnd(k, I)
+    router_w, bias = rnd(E, K, scale=K ** -0.5), torch.zeros(E, dtype=torch.float32, device=device)
+    inter, y = rnd(k, 2 * I), rnd(k, K)
     seen = set()
     dims = LoRADims(slots=S, rank=R, rows=S)
     for M in num_tokens:
@@ -102,6 +111,20 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
              lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
                                        gather=False, config=c)),
         ]
+        # the base layer's own kernels: the router (the tile for M; with and without the skew bias; x also as the
+        # first K columns of the wide build's buffer, a row stride of its own), SiLU-and-mul (into a plain buffer and
+        # into the wide down build's), the top-k sum with and without the residual
+        rc = router_config(M, E, K, dtype)
+        xs = [x1] + [torch.zeros(1, K + p.columns, dtype=dtype, device=device)[:, :K]
+                     for p in (wide["gate_up"], packed["gate_up"]) if p.columns]
+        outs = [None] + [torch.empty(k, I + p.columns, dtype=dtype, device=device)[:, :I]
+                         for p in (wide["down"], packed["down"]) if p.columns]
+        jobs += [(f"router{b}_s{x.stride(0)}", rc, 0, lambda c, x=x, b=b: route(x, router_w, k, bias if b else None,
+                                                                                config=c))
+                 for x in xs for b in (0, 1)]
+        jobs += [(f"silu_s{o.stride(0) if o is not None else I}", None, 0, lambda c, o=o: silu_and_mul(inter, out=o))
+                 for o in outs]
+        jobs += [("moe_sum", None, 0, lambda c: moe_sum(y, k)), ("moe_sum_res", None, 0, lambda c: moe_sum(y, k, x1))]
         p13, p2 = packed["gate_up"], packed["down"]
         # where an op folds on the alignment ordered by LoRA row (the plan's order_by_row), that alignment is
         # compiled here too, and the folded jobs run on it as the layer does

@@ -1,6 +1,6 @@
 """Triton path vs the torch backend, whole MoE+LoRA layers, same inputs.
 
-    PYTHONPATH=. python3 studies/backends/record.py --out DIR     -> DIR/backends.csv (+ .meta.json)
+    PYTHONPATH=. python3 studies/backends/record.py --out DIR     -> DIR/backends.csv (+ .meta.json, with its seal)
 
 For each preset and M: a 2-layer model (every layer has the same shapes, so 2 layers show the
 per-layer cost), bf16, 4 adapter slots of rank 32 all in use, requests cycling over the 4
@@ -10,11 +10,10 @@ CUDA-graph replay (device time; median of --reps). On CPU (smoke test): eager wa
 The agreement check pins the expert choice of the Triton run in both (see pinned_forward).
 """
 import argparse
-import csv
-import json
 import os
 
 from lora_moe_lab import runtime
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.timing import time_device, time_graph
 from lora_moe_lab.model.lab import LabCache, split_tokens
 from lora_moe_lab.provenance import META_KEYS, metadata
@@ -37,7 +36,7 @@ def pinned_forward(lab, fn, record: bool):
             lab.model.routing_log = None
     saved = [l.route for l in layers]
     for l, r in zip(layers, _ROUTES):
-        l.route = (lambda r=r: (lambda h: r))()
+        l.route = (lambda r=r: (lambda h, *a, **k: r))()
     try:
         return fn()
     finally:
@@ -45,20 +44,37 @@ def pinned_forward(lab, fn, record: bool):
             l.route = s
 
 
-def main():
+def table_name(check_only: bool) -> str:
+    return "backends_check.csv" if check_only else "backends.csv"
+
+
+def write(out: str, rows: list[dict], meta: dict, check_only: bool = False, overwrite: bool = False) -> str:
+    """The table (temp file + os.replace), then its metadata (backends.meta.json; backends_check.meta.json for
+    --check-only), then the table's seal in it (instruments/recorders/tables.write_table). A table of another
+    kind at the path is refused unless `overwrite`; no rows, no CSV (the metadata is still written)."""
+    path = os.path.join(out, table_name(check_only))
+    tables.write_table(path, rows, meta=meta, replace=overwrite)  # its sibling <name>.meta.json
+    return path
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a table already at --out")
     ap.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "qwen3-30b-a3b-tp4"])
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 1024, 8192])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--check-only", action="store_true", help="agreement with pinned routing, no timing")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    try:  # before any model is built: an existing table is replaced only with --overwrite
+        tables.claim(os.path.join(a.out, table_name(a.check_only)), overwrite=a.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     cuda = runtime.has_cuda()
     dtype = runtime.resolve_dtype("auto")  # bf16 on a GPU, fp32 under the CPU interpreter
     os.makedirs(a.out, exist_ok=True)
-    meta = metadata(params=vars(a))
-    with open(os.path.join(a.out, "backends.meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    meta = metadata(params={k: v for k, v in vars(a).items() if k != "overwrite"})
+    write(a.out, [], meta, a.check_only)  # the metadata first (no rows yet: no CSV)
     row_meta = {k: meta[k] for k in META_KEYS}
     rows, labs = [], LabCache()
     for preset in a.presets:
@@ -86,11 +102,7 @@ def main():
             print(f"{preset:18s} M={M:6d} torch {t['torch']:10.1f} us  triton {t['triton']:9.1f} us  "
                   f"x{row['speedup']:6.2f}  rel err {err:.1e}", flush=True)
     labs.free()
-    name = "backends_check.csv" if a.check_only else "backends.csv"
-    with open(os.path.join(a.out, name), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write(a.out, rows, meta, a.check_only, overwrite=True)  # claimed above: this run's table
     print("ALL AGREE" if all(r["ok"] for r in rows) else "BACKENDS DISAGREE")
 
 

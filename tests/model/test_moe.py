@@ -153,3 +153,36 @@ def test_rank_zero_pool_launches_nothing():
     with count_guard_syncs() as c:
         lab.model(lab.random_input(4), b, t, guard="sync")
     assert c.count == 0  # max_lora_rank == 0 is a host fact: no guard, no launch
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_layer_adds_the_residual_in_its_top_k_sum(backend, device, monkeypatch):
+    """forward(..., residual=h) is h + forward(...) (the model and the one-process decoder pass it: one kernel on
+    the Triton backend instead of a sum and an add); the no-residual form still works. The router weight lives in
+    the model dtype, through `.to()` and state_dict."""
+    from lora_moe_lab.model.decoder import build_decoder_lab
+    from lora_moe_lab.ops import get_backend
+
+    lab = build_lab("tiny", num_layers=1, dtype="float32", device=str(device), backend=backend, seed=5)
+    layer, be = lab.model.layers[0], get_backend(backend)
+    h = lab.random_input(6, seed=1)
+    x = layer.norm(h, [], be)
+    y = layer(x, [], be)
+    fused = layer(x, [], be, residual=h)
+    assert fused.shape == y.shape == h.shape
+    if backend == "torch":
+        assert torch.equal(fused, h + y)  # fp32: the old sum-then-add, bit for bit
+    else:
+        assert rel_err(fused, h.double() + y.double()) < fp32_tol(device)
+    calls = []
+    for lab_ in (lab, build_decoder_lab("tiny", num_layers=1, dtype="float32", device="cpu", backend="torch")):
+        b = lab_.model.backend
+        spy = type(b).moe_sum
+        monkeypatch.setattr(type(b), "moe_sum", staticmethod(lambda y, k, residual=None: (
+            calls.append(residual is not None), spy(y, k, residual))[1]))
+        lab_.model(lab_.random_input(4), *lab_.make_batch([None], [4]))
+        monkeypatch.undo()
+    assert calls == [True, True]  # the MoE model's layer and the decoder's MoE each passed their residual
+    assert layer.router_w.dtype == torch.float32 and lab.model.state_dict()["layers.0.router_w"].dtype == torch.float32
+    lab.model.to(torch.float16)
+    assert layer.router_w.dtype == layer.w13.dtype == torch.float16
