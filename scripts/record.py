@@ -45,6 +45,8 @@ RECORDINGS = {
     "audit_corpus": ("audit_corpus", "nvidia-h200", "~80 s a session (--session s1, s2)", ["--session", "s1"]),
     "probe": ("probe", "nvidia-h200", "~3 min a session, each on a freshly started H200 (--session p1, p2, ...)",
               ["--session", "p1"]),
+    "lora_tax": ("lora_tax", "nvidia-h200", "~2 min a session (--session s1, s2, each on a fresh H200)",
+                 ["--session", "s1"]),
     "replay": ("replay", "none (CPU)", "about a minute", None),
     "simulator": ("simulator", "none (CPU)", "~10 s", None),
     "setup": ("setup", "none (CPU)", "3 fresh set-ups, a few minutes", None),

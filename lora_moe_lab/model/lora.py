@@ -28,6 +28,34 @@ class StaleBatchError(ValueError):
     weights (another adapter) to requests that asked for the old one."""
 
 
+class AdapterNotLoadedError(KeyError):
+    """An adapter name the pool does not hold: never loaded, or unloaded since (the message then names the slot it
+    left). A KeyError, as a missing name is; its message is printed as written (KeyError would quote it)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+class AdapterWeightsError(ValueError):
+    """Adapter weights refused at load: a tensor missing, of the wrong shape or dtype, or holding NaN or inf (given,
+    or after the scaling is folded into B in the pool's dtype). The message names the adapter, the layer and the
+    first bad tensor (with the index and value of its first bad element); the pool is left as it was."""
+
+
+LORA_TENSORS = ("gate_up_a", "gate_up_b", "down_a", "down_b")  # the names load_weights takes and errors name
+
+
+def _first_bad(t: torch.Tensor):
+    """(index, value) of the first NaN or inf element of `t` (row-major), or None. Reads the device (a sync): for
+    load time only."""
+    ok = torch.isfinite(t)
+    if bool(ok.all()):
+        return None
+    flat = int((~ok).reshape(-1).nonzero()[0, 0])
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
+    return idx, float(t[idx])
+
+
 @dataclass
 class LayerLoRAWeights:
     """Stacked LoRA weights of one MoE layer (layout of docs/design.md; S slots, E experts)."""
@@ -78,6 +106,8 @@ class AdapterPool:
     Weights live in preallocated stacks that are never reallocated: loading an adapter writes into
     its slot in place, so a captured CUDA graph that reads the stacks sees the new adapter.
     Smaller ranks are zero-padded up to `max_rank`; `scaling` is folded into B at load time.
+    `load` draws a seeded random adapter, `load_weights` takes given tensors; both refuse (a named error, the pool
+    left as it was) a rank above `max_rank` and weights that are NaN or inf, given or once scaled in the pool's dtype.
     """
 
     def __init__(self, shape: MoEShape, lora: LoRAConfig = LoRAConfig(), *, num_layers: int | None = None,
@@ -108,6 +138,8 @@ class AdapterPool:
         # recognised (`check_batch`) on the host, from plain ints.
         self.pool_id: int = next(_POOL_IDS)
         self.slot_generations: list[int] = [0] * S
+        # adapter name -> the slot it was last unloaded from (host bookkeeping for the error that names it)
+        self.unloaded: dict[str, int] = {}
 
     # --- host-side bookkeeping (plain Python; never touches the GPU) ---------------------------
     @property
@@ -125,7 +157,10 @@ class AdapterPool:
         try:
             return self.slot_names.index(name)
         except ValueError:
-            raise KeyError(f"unknown adapter {name!r}; loaded adapters: {sorted(self.loaded())}") from None
+            gone = self.unloaded.get(name) if isinstance(name, str) else None
+            why = (f": it was unloaded from slot {gone} and is no longer in the pool" if gone is not None else "")
+            raise AdapterNotLoadedError(f"unknown adapter {name!r}{why}; loaded adapters: "
+                                        f"{sorted(self.loaded())}") from None
 
     def max_loaded_rank(self) -> int:
         return max(self.slot_ranks)
@@ -134,6 +169,73 @@ class AdapterPool:
     def load(self, name: str, rank: int, *, scaling: float = 1.0, seed: int | None = None,
              slot: int | None = None) -> int:
         """Load a seeded random adapter into a free slot (or `slot`); returns the slot."""
+        scaling, slot = self._claim(name, rank, scaling, slot)
+        if seed is not None:
+            check_int(f"adapter {name!r}: seed", seed)
+        seed = zlib.crc32(name.encode()) if seed is None else seed
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        K, I = self.shape.hidden, self.shape.intermediate
+        for w in self.layers:
+            self._fill(w, slot, rank, scaling, K, I, gen)
+            w.refresh_packed()
+        self._check_written(name, rank, scaling, slot)
+        return self._register(name, rank, slot)
+
+    def load_weights(self, name: str, weights: dict, *, scaling: float = 1.0, slot: int | None = None) -> int:
+        """Load an adapter from given weights (a converted checkpoint) into a free slot (or `slot`); returns the slot.
+        `weights` maps each of LORA_TENSORS to a tensor over every layer of the full (un-split) model, of rank r:
+
+            gate_up_a (L, 2, E, r, K)   gate_up_b (L, 2, E, I, r)   down_a (L, E, r, I)   down_b (L, E, K, r)
+
+        (slice 0 of gate_up is the gate, 1 the up projection; I the full intermediate size: under tensor parallelism
+        this rank keeps its slice). The rank is read from gate_up_a; `scaling` is folded into B as `load` does.
+        Refused before anything is written (AdapterWeightsError, or ValueError for the rank, naming the adapter):
+        a missing or extra tensor, a wrong shape or a non-float dtype, a rank above the pool's maximum, NaN or inf
+        anywhere (the first bad tensor, layer and element are named). The check reads each tensor's finiteness on
+        the host: a sync per tensor, at load time, never in a forward."""
+        if not isinstance(weights, dict):
+            raise AdapterWeightsError(f"adapter {name!r}: weights must be a dict of {list(LORA_TENSORS)}, "
+                                      f"got {type(weights).__name__}")
+        missing = [k for k in LORA_TENSORS if k not in weights]
+        extra = sorted(set(weights) - set(LORA_TENSORS), key=str)
+        if missing or extra:
+            raise AdapterWeightsError(f"adapter {name!r}: weights need exactly {list(LORA_TENSORS)}; "
+                                      f"missing {missing}, unexpected {extra}")
+        for k in LORA_TENSORS:
+            t = weights[k]
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise AdapterWeightsError(f"adapter {name!r}: {k} must be a floating-point tensor, got "
+                                          f"{getattr(t, 'dtype', type(t).__name__)}")
+        a13 = weights["gate_up_a"]
+        rank = int(a13.shape[-2]) if a13.dim() == 5 else 0
+        L, E, K, I = self.num_layers, self.shape.num_experts, self.shape.hidden, self.shape.intermediate * self.tp_size
+        want = dict(gate_up_a=(L, 2, E, rank, K), gate_up_b=(L, 2, E, I, rank), down_a=(L, E, rank, I),
+                    down_b=(L, E, K, rank))
+        for k in LORA_TENSORS:
+            if tuple(weights[k].shape) != want[k]:
+                raise AdapterWeightsError(f"adapter {name!r}: {k} has shape {tuple(weights[k].shape)}, this pool "
+                                          f"needs {want[k]} (layers, [2,] experts, ... at rank {rank}; the full "
+                                          f"intermediate size {I})")
+        for k in LORA_TENSORS:  # before _claim: a NaN adapter never takes a slot
+            bad = _first_bad(weights[k])
+            if bad is not None:
+                idx, val = bad
+                raise AdapterWeightsError(f"adapter {name!r}: {k} holds {val} at {k}{list(idx)} (layer {idx[0]}): "
+                                          "NaN or inf weights are refused at load")
+        scaling, slot = self._claim(name, rank, scaling, slot)
+        lo, Ir = self.shape.intermediate * self.tp_rank, self.shape.intermediate
+        for i, w in enumerate(self.layers):
+            src = {k: weights[k][i].to(device=self.device, dtype=self.dtype) for k in LORA_TENSORS}
+            w.gate_up_a[:, slot].zero_()[:, :, :rank].copy_(src["gate_up_a"])
+            w.gate_up_b[:, slot].zero_()[..., :rank].copy_(src["gate_up_b"][:, :, lo:lo + Ir] * scaling)
+            w.down_a[slot].zero_()[:, :rank].copy_(src["down_a"][:, :, lo:lo + Ir])
+            w.down_b[slot].zero_()[..., :rank].copy_(src["down_b"] * scaling)
+            w.refresh_packed()
+        self._check_written(name, rank, scaling, slot)
+        return self._register(name, rank, slot)
+
+    def _claim(self, name, rank, scaling, slot) -> tuple[float, int]:
+        """The checks every load makes before it writes: (the scaling as a float, the slot to write)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"adapter name must be a non-empty string, got {name!r}")
         if name in self.slot_names:
@@ -141,11 +243,10 @@ class AdapterPool:
         if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
             raise ValueError(f"adapter {name!r}: rank must be a positive int, got {rank!r}")
         if rank > self.max_rank:
-            raise ValueError(f"adapter {name!r}: rank {rank} is above the pool's max rank {self.max_rank}")
+            raise ValueError(f"adapter {name!r}: rank {rank} is above the pool's max rank {self.max_rank} "
+                             f"(LoRAConfig.max_rank: the slots hold ranks up to {self.max_rank})")
         # a NaN or inf scaling, folded into B, would turn every row of the adapter into NaN
         scaling = check_real(f"adapter {name!r}: scaling", scaling)
-        if seed is not None:
-            check_int(f"adapter {name!r}: seed", seed)
         if slot is None:
             free = [s for s, n in enumerate(self.slot_names) if n is None]
             if not free:
@@ -157,14 +258,32 @@ class AdapterPool:
             raise IndexError(f"slot {slot} out of range [0, {self.max_loras})")
         elif self.slot_names[slot] is not None:
             raise ValueError(f"slot {slot} holds adapter {self.slot_names[slot]!r}: unload it first")
-        seed = zlib.crc32(name.encode()) if seed is None else seed
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        K, I = self.shape.hidden, self.shape.intermediate
+        return scaling, slot
+
+    def _slot_tensors(self, w: LayerLoRAWeights, slot: int) -> tuple:
+        return w.gate_up_a[:, slot], w.gate_up_b[:, slot], w.down_a[slot], w.down_b[slot]
+
+    def _check_written(self, name: str, rank: int, scaling: float, slot: int) -> None:
+        """The slot as written must be finite: a finite scaling folded into B can still overflow the pool's dtype
+        (float16 above 65504). One host read per load (every layer's flags stacked), never in a forward. Refused:
+        the slot is zeroed again (as it was: it was free) and AdapterWeightsError names the first bad tensor."""
+        flags = torch.stack([torch.isfinite(t).all() for w in self.layers for t in self._slot_tensors(w, slot)])
+        if bool(flags.all()):
+            return
+        j = int((~flags).nonzero()[0, 0])
+        layer, k = divmod(j, len(LORA_TENSORS))
         for w in self.layers:
-            self._fill(w, slot, rank, scaling, K, I, gen)
+            for t in self._slot_tensors(w, slot):
+                t.zero_()
             w.refresh_packed()
+        raise AdapterWeightsError(f"adapter {name!r} (rank {rank}): {LORA_TENSORS[k]} of layer {layer} is not finite "
+                                  f"in {self.dtype} after folding scaling={scaling:g} into B: refused, slot {slot} "
+                                  "left empty")
+
+    def _register(self, name: str, rank: int, slot: int) -> int:
         self.slot_names[slot], self.slot_ranks[slot] = name, rank
         self.slot_generations[slot] += 1
+        self.unloaded.pop(name, None)
         return slot
 
     def _fill(self, w: LayerLoRAWeights, s: int, r: int, scaling: float, K: int, I: int, gen) -> None:
@@ -189,6 +308,7 @@ class AdapterPool:
             w.refresh_packed()
         self.slot_names[slot], self.slot_ranks[slot] = None, 0
         self.slot_generations[slot] += 1
+        self.unloaded[name] = slot
         return slot
 
     # --- identity of batches ---------------------------------------------------------------------
@@ -393,6 +513,14 @@ class LoRAInfo:
     max_lora_rank: int
     has_active_lora: bool = True
     debug_check: bool = False  # cross-check the CPU flag against the device (SYNCS: debug only)
+
+    def __post_init__(self):
+        # the rank the kernels loop to: above the slots' padded rank they would read past each adapter's A and B
+        # (host ints only: the stacks' shapes, no device read)
+        r, cap = self.max_lora_rank, self.weights.down_a.shape[2]
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= cap:
+            raise ValueError(f"LoRAInfo: max_lora_rank must be an int in [0, {cap}] (the pool's max rank, the slots' "
+                             f"padded rank), got {r!r}")
 
     # views of the batch tensors under the names of docs/design.md
     seg_indptr = property(lambda self: self.batch.seg_indptr)

@@ -1,0 +1,101 @@
+"""The lora_tax study's floor model and readers: the floor of mixed ranks is read_floors' own at one rank, the base
+GEMM table is the committed recording read now, and the summary pools sessions and states the goals as its README
+says (on a synthetic long table: the real one comes from the H200)."""
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lora_moe_lab.instruments.analysers import schemas as S
+from lora_moe_lab.instruments.recorders import tables
+from studies.kernels import read_floors as RF
+from studies.lora_tax import base_floor, floors, read
+
+C = RF.ceilings()
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "qwen3-30b-a3b-tp4"])
+@pytest.mark.parametrize("M,rank", [(64, 16), (128, 32), (16384, 16), (16384, 64)])
+def test_one_rank_spread_evenly_is_lora_floor(preset, M, rank):
+    got = floors.layer_floor(preset, [(rank, M // 4)] * 4, C)
+    want = RF.lora_floor(preset, M, C, rank, 4)
+    assert all(math.isclose(got[k], want[k], rel_tol=1e-12) for k in want)
+
+
+def test_each_adapter_at_its_own_rank_costs_less_than_padding_to_the_max():
+    mixed = floors.layer_floor("qwen3-30b-a3b", [(8, 4096), (16, 4096), (32, 4096), (64, 4096)], C)["added_us"]
+    padded = RF.lora_floor("qwen3-30b-a3b", 16384, C, 64, 4)["added_us"]
+    r16 = RF.lora_floor("qwen3-30b-a3b", 16384, C, 16, 4)["added_us"]
+    assert r16 < mixed < padded
+    hot = floors.layer_floor("qwen3-30b-a3b", [(8, 1024), (16, 1024), (32, 2048), (64, 12288)], C)["added_us"]
+    assert mixed < hot < padded
+    assert floors.forward_floor_us("qwen3-30b-a3b", [(16, 4096)] * 4, C, 48) == pytest.approx(48 * r16)
+    assert floors.floor_ratio(100.0, 25.0) == 0.8
+    with pytest.raises(ValueError, match="tokens_by_adapter"):
+        floors.layer_floor("qwen3-30b-a3b", [(0, 16)], C)
+
+
+def test_the_base_gemm_table_is_the_committed_recording_read_now():
+    written = S.read_csv(base_floor.OUT, "lora_tax_base_floor")
+    now = base_floor.table()
+    assert len(now) == 28 and set(now.M) == {1, 16, 128, 1024, 4096, 8192, 16384}
+    as_written = pd.read_csv(io.StringIO(tables.csv_text(now, base_floor.COLUMNS, header=True)))
+    pd.testing.assert_frame_equal(written, as_written)
+    assert (now.of_floor_lo <= now.of_floor).all() and (now.of_floor <= now.of_floor_hi).all()
+    big = now[now.M >= base_floor.GOAL_MIN_M]
+    assert (big.goal_met == (big.of_floor >= base_floor.GOAL)).all() and now[now.M < 4096].goal_met.isna().all()
+    # from M = 4096 the measured kernels are well inside the floor: no time below it there
+    assert (big.of_floor_hi < 1.0).all()
+
+
+def _synthetic(tmp_path):
+    """A long table in the recorder's columns (made up here, for the reader alone)."""
+    from studies.lora_tax.record import COLUMNS, INTERVAL
+
+    rows = []
+    cells = [("prefill", "16,16,16,16", "even", [(0.95, 0.94, 0.96), (0.93, 0.92, 0.94)], 0.97),
+             ("prefill", "8,16,32,64", "r64_70pct", [(0.80, 0.79, 0.81), (0.82, 0.80, 0.83)], 0.90),
+             ("decode", "8,16,32,64", "even", [(0.85, 0.84, 0.86), None], 0.90)]
+    for regime, ranks, mix, per, fr in cells:
+        for s, fig in zip(("s1", "s2"), per):
+            r = {c: "" for c in COLUMNS}
+            r.update(session=s, regime=regime, shape="qwen3-30b-a3b", tokens=16384 if regime == "prefill" else 64,
+                     ranks=ranks, mix=mix, mode="graph", status="ok" if fig else "oom", n=12 if fig else 0,
+                     t_lora_floor_ms=1.0, floor_ratio=fr + (0.002 if s == "s2" else 0.0), interval=INTERVAL)
+            if fig:
+                r.update(ratio=fig[0], lo=fig[1], hi=fig[2], off_ms=10.0, on_ms=10.0 / fig[0])
+            rows.append(r)
+    f = tmp_path / "lora_tax.csv"
+    tables.append_rows(f, rows, COLUMNS, meta_path=tmp_path / "lora_tax.meta.json")
+    return f
+
+
+def test_the_reader_pools_sessions_and_states_the_goals(tmp_path):
+    s = read.write(_synthetic(tmp_path)).set_index(["regime", "ranks", "mix"])
+    assert list(S.read_csv(tmp_path / "summary.csv", "lora_tax_summary").columns) == read.COLUMNS
+    r16 = s.loc[("prefill", "16,16,16,16", "even")]
+    assert r16.sessions == 2 and r16.ratio == pytest.approx(0.94) and (r16.lo, r16.hi) == (0.92, 0.96)
+    assert r16.floor_ratio == pytest.approx(0.971) and r16.agree
+    assert r16.cost == pytest.approx(0.06) and r16.cost_over_floor == pytest.approx(0.06 / 0.029)
+    assert not r16.floor_goal_met and r16.r16_goal_met and not r16.goal_met  # 2.07x its floor, >= 0.92
+    hot = s.loc[("prefill", "8,16,32,64", "r64_70pct")]
+    assert hot.ratio == pytest.approx(0.81) and (hot.lo, hot.hi) == (0.79, 0.83)
+    assert hot.floor_goal_met == (0.19 <= 1.25 * (1 - 0.901)) and pd.isna(hot.r16_goal_met)
+    dec = s.loc[("decode", "8,16,32,64", "even")]
+    assert dec.sessions == 1 and dec.note == "s2: oom" and dec.ratio == 0.85  # the ok session alone
+    assert dec.floor_goal_met == bool(0.15 <= 1.25 * 0.10) and dec.goal_met == dec.floor_goal_met
+
+
+def test_a_cell_with_no_ok_session_has_no_figure(tmp_path):
+    from studies.lora_tax.record import COLUMNS
+
+    r = {c: "" for c in COLUMNS}
+    r.update(session="s1", regime="decode", shape="tiny", tokens=8, ranks="16,16,16,16", mix="even", mode="eager",
+             status="unstable", n=10, t_lora_floor_ms=0.5, floor_ratio=0.9, interval="x", off_ms=1.0, on_ms=1.1)
+    f = tmp_path / "lora_tax.csv"
+    tables.append_rows(f, [r], COLUMNS, meta_path=tmp_path / "lora_tax.meta.json")
+    s = read.summarize(read.load(f))
+    assert len(s) == 1 and s.sessions[0] == 0 and np.isnan(s.ratio[0]) and s.note[0] == "s1: unstable"
+    assert pd.isna(s.goal_met[0])
