@@ -1,43 +1,46 @@
 """The GPU check anyone with a GPU can run: the whole pytest suite, then every notebook live with
 notebooks/params/gpu.yaml, and a log with metadata in data/gpu_tests/ (data/gpu_tests/README.md).
 
-    make gpu-check                                   # with the venv (or: make gpu-check PY=python3)
-    PYTHONPATH=. python3 scripts/gpu_check.py --what tests        # only the pytest suite
-    PYTHONPATH=. python3 scripts/gpu_check.py --what notebooks    # only the notebooks
-    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT    # notebook packages from wheels first
+    make gpu-check                                   # both parts, one log (the Makefile's target: this script,
+                                                     # the venv's python, GPU_CHECK_ARGS passed on)
+    python3 scripts/gpu_check.py --what tests        # only the pytest suite
+    python3 scripts/gpu_check.py --what notebooks    # only the notebooks
 
-Writes gpu_check_<commit>.log (readable) and gpu_check_<commit>.json (the same figures) in --out
-(<commit>: its first 7 characters): commit, date, GPU, driver, torch/triton/CUDA versions; pytest's
-passed/failed/skipped counts, in all and per test file, with every failure named; per notebook its
-status, seconds, executed size (the 1 MB rule) and the lines its `lesson` cells printed. A tree
-copied without .git names its commit through GIT_COMMIT (and GIT_DIRTY=0/1), as every recording does.
+The script puts its checkout on sys.path and PYTHONPATH itself: no PYTHONPATH=. needed. Writes
+gpu_check_<commit>.log (readable) and gpu_check_<commit>.json (the same figures) in --out (<commit>: its
+first 7 characters): commit, date, GPU, driver, torch/triton/CUDA versions; pytest's passed/failed/skipped
+counts, in all and per test file, with every failure named; per notebook its status, seconds, executed size
+(the 1 MB rule) and the lines its `lesson` cells printed. A tree copied without .git names its commit through
+GIT_COMMIT (and GIT_DIRTY=0/1), as every recording does.
 
-In parts, one log. The whole suite does not fit one 10-minute device call: run it as pytest parts,
-then the notebooks, each call given the JSON of the call before with --merge (without --merge, a
---what tests/notebooks run merges into the JSON of its commit already in --out, if any). Each
-`--what tests` run is one pytest part, keyed by its --pytest-args; the log keeps every part (its
-args, counts, seconds, exit, whether it finished, where and when it ran), the total over the parts
-and the notebooks. A part run again with the same args, or a part that runs every file an earlier
-one ran, replaces that one. The three calls, each writing to a fresh $OUT from which the caller
-copies the JSON back into the tree as prev/ before the next call:
+The recipe in use, where a device call is limited to 10 minutes and has no network: three calls (the logs
+in data/gpu_tests/ were written so; each log's first lines give its command and its seconds):
 
     export GIT_COMMIT=<sha> GIT_DIRTY=0     # the same for every call (a tree without .git)
-    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args "--ignore=tests/nb"
-    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what tests --pytest-args tests/nb \\
-        --merge prev/gpu_check_<commit>.json
-    PYTHONPATH=. python3 scripts/gpu_check.py --wheels .whl --out $OUT --what notebooks --notebooks-tar \\
-        --merge prev/gpu_check_<commit>.json
+    python3 scripts/gpu_check.py --wheels .whl --out $OUT/gc --build /tmp/gc --what tests \\
+        --pytest-args "-n 14 --dist load"
+    python3 scripts/gpu_check.py --out $OUT/nb --build /tmp/gcn --what notebooks
+    make gpu-probe                          # the probe: host lead, predicted gain, measured gain
 
-Give the notebooks a call of their own (about 4 minutes on an H200), and carry the wheels folder to every
-call. The log is rewritten after every notebook, so a call that ends midway keeps the notebooks that ran
+--wheels installs the notebook packages from a folder of wheels (pass it to the notebooks call too on a
+machine that did not run the first); --build keeps the executed notebooks, HTML report and pytest's XML out of
+the tree. Each call writes its own log, renamed by its part in data/gpu_tests/ (gpu_check_<commit>_tests.log,
+gpu_check_<commit>_notebooks.log); the probe's output is kept as gpu_probe_<commit>.log.
+
+One log from several calls: give each call the JSON of the call before with --merge PREVIOUS_JSON (without
+--merge, a --what tests/notebooks run merges into the JSON of its commit already in --out, if any). Each
+`--what tests` run is one pytest part, keyed by its --pytest-args; the log keeps every part (its args,
+counts, seconds, exit, whether it finished, where and when it ran), the total over the parts and the
+notebooks. A part run again with the same args, or a part that runs every file an earlier one ran, replaces
+that one. The log is rewritten after every notebook, so a call that ends midway keeps the notebooks that ran
 (the rest are named NOT RUN YET and count as failed); --notebooks-tar brings the executed copies back in one
 file.
 
 --merge refuses (exit 2, naming both) a JSON of another commit, or of another dirty state: the parts
 must have tested one tree. The parts cover the whole suite when together they run every test file
-under tests/ (a part without args does; so do `--ignore=tests/nb` and `tests/nb` together); a part
-that selects tests inside files (-k, -m, --deselect, node ids, --lf ...) counts for none of them.
-Otherwise the log says NOT THE WHOLE SUITE and names the files no part ran.
+under tests/ (a part without file arguments does, e.g. "-n 14 --dist load"; so do `--ignore=tests/nb` and
+`tests/nb` together); a part that selects tests inside files (-k, -m, --deselect, node ids, --lf ...) counts
+for none of them. Otherwise the log says NOT THE WHOLE SUITE and names the files no part ran.
 Exit status: 0 when nothing failed (and the pytest parts, if any, are the whole suite); 1 when a
 test, a part (did not finish, or exited non-zero with no failure named) or a notebook failed; 2 with
 no GPU, or a refused merge; 3 when nothing failed but the pytest parts are not the whole suite (yet).
@@ -455,8 +458,9 @@ def main(argv=None) -> int:
     ap.add_argument("--wheels", default=None, help="install the notebook packages from this folder of wheels first "
                     "(a machine without network), e.g. .whl")
     ap.add_argument("--only", nargs="*", help="notebook prefixes, e.g. 01 04 (default: all)")
-    ap.add_argument("--pytest-args", default="", help="extra pytest arguments as one string, e.g. tests/nb or -x: "
-                    "one pytest part, keyed by them (default: none, the whole suite)")
+    ap.add_argument("--pytest-args", default="", help="extra pytest arguments as one string, e.g. "
+                    "\"-n 14 --dist load\" (the whole suite over 14 workers), tests/nb or -x: one pytest part, keyed "
+                    "by them (default: none, the whole suite in one process)")
     ap.add_argument("--test-timeout", type=int, default=480,
                     help="seconds for the whole pytest run (default: 480); then SIGINT, and a kill 60 s later if "
                          "pytest has not stopped")

@@ -36,21 +36,23 @@ def shoot(fig: go.Figure, out: Path, w: int, h: int) -> None:
 
 
 def ratio_figure() -> go.Figure:
-    """sync over cpu_flag per preset and M with no adapter active, from the canonical guards recording:
-    1 + (median paired difference sync - cpu_flag) / cpu_flag's median, whiskers from the 95 %
-    interval of that median difference (bar and whiskers from the same statistic)."""
+    """The paired slowdown (docs/glossary.md#paired-slowdown) per preset and M with no adapter active, from
+    the canonical guards recording: 1 + (median paired difference sync - cpu_flag) / cpu_flag's median, each
+    the two sessions' mean (`stats.between_sessions`), whiskers from the union of the sessions' 95 % intervals
+    of that median difference (bar and whiskers from the same statistic). Not the ratio of medians of
+    docs/results.md's guards table: another statistic of the same repetitions."""
     rec = load_guards()
     p = rec.paired("sync", "cpu_flag")
     p = p[p.active == 0]
     fig = go.Figure()
     for preset, g in p.groupby("preset"):
         r, lo, hi = (1 + g[c] / g.t_baseline_us for c in ("lost_us", "lost_lo95_us", "lost_hi95_us"))
-        fig.add_bar(x=[str(m) for m in g.tokens], y=r, name=f"sync / cpu_flag, {preset}",
+        fig.add_bar(x=[str(m) for m in g.tokens], y=r, name=f"paired slowdown, {preset}",
                     error_y=dict(type="data", symmetric=False, array=hi - r, arrayminus=r - lo))
     fig.add_hline(y=1.0, line_dash="dot")
     fig.update_layout(title=f"48-layer forward, no adapter active: old sync guard vs CPU flag<br><sup>{rec.label}; "
-                            "whiskers: the paired-bootstrap 95 % intervals of both sessions together</sup>",
-                      xaxis_title="tokens per forward (M)", yaxis_title="1 + (sync − cpu_flag) / cpu_flag",
+                            "whiskers: the union of the sessions' paired-bootstrap 95 % intervals</sup>",
+                      xaxis_title="tokens per forward (M)", yaxis_title="paired slowdown of sync (baseline: cpu_flag)",
                       barmode="group", yaxis_range=[0.8, 1.7], legend=dict(orientation="h", y=-0.25), margin=dict(t=90))
     return fig
 

@@ -3,13 +3,16 @@
 
     python scripts/seal_recordings.py            # check each file against its kind's schema, then seal it
     python scripts/seal_recordings.py --check    # exit 1 if a file's seal is missing or disagrees (writes nothing)
+    python scripts/seal_recordings.py --new-meta # also seal a CSV that has no metadata file, in a new one
+                                                 # (<name>.meta.json, its kind's rule) holding its seal alone
 
 The files are those of the declared kinds (schemas.KINDS[...].files, globs under data/). The seal goes where the
 kind says (schemas.meta_path: `<name>.meta.json`, a session folder's `meta.json`, a table's `<section>.meta.json`)
 under meta["files"][<file name>]; only that key is added, nothing else in the metadata or the CSV changes, so no
-figure moves. A CSV whose metadata file does not exist is not sealed (no new metadata file is made up): it is
-listed as unsealed, and its schema is still checked on every read. A file that fails its schema is not sealed:
-the run lists it and exits 1.
+figure moves. A CSV whose metadata file does not exist is not sealed unless --new-meta is given (then a metadata
+file holding nothing but {"files": {<name>: seal}} is created where its kind says; no provenance is made up):
+without it the file is listed as unsealed, and its schema is still checked on every read. A file that fails its
+schema is not sealed: the run lists it and exits 1.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=ROOT / "data", help="the data folder (default: this checkout's)")
     ap.add_argument("--check", action="store_true", help="only check: exit 1 if a seal is missing or disagrees")
+    ap.add_argument("--new-meta", action="store_true",
+                    help="seal a CSV that has no metadata file too, in a new one that holds its seal alone")
     a = ap.parse_args(argv)
     bad, unsealed, sealed = [], [], 0
     for f, kind in canonical(a.data):
@@ -49,10 +54,10 @@ def main(argv=None) -> int:
         except S.RecordingError as e:
             bad.append(str(e))
             continue
-        if not mp.is_file():
+        if not mp.is_file() and not a.new_meta:
             unsealed.append(rel)
             continue
-        S.write_seal(f, mp)
+        S.write_seal(f, mp)  # a missing metadata file is created holding the seal alone
         sealed += 1
         print(f"sealed {rel} ({kind}) in {mp.relative_to(a.data)}")
     for u in unsealed:

@@ -32,6 +32,19 @@ def load_script(name: str):
     return mod
 
 
+def assert_cli_refused(main, argv, msg: str, capsys, absent=()) -> None:
+    """main(argv) stops with argparse's exit code 2 before any work: `msg` is on stderr and none of the
+    `absent` paths (the run's --out) was created (the bad-argument cases of the recorders' CLIs)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err, err
+    for p in absent:
+        assert not os.path.exists(p), p
+
+
 SYNC_MSG = "called a synchronizing CUDA operation"  # what torch's sync debug mode says
 
 

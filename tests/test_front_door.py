@@ -157,3 +157,175 @@ def test_every_notebook_is_small_and_described(nb):
     assert title and goal, f"{nb.name}: the report's index needs a title and a **Goal.** paragraph"
     shown = runner._inline_md(goal)
     assert not re.search(r"(?<![\w*])\*[^*\s]|\*\*", shown), f"{nb.name}: raw markdown in the index: {shown}"
+
+
+# --- one figure, one value: what the docs state twice agrees with its source ------------------------------------
+# Each figure below was once stated two ways (issue: "figures that disagree without saying why"); the tests read
+# it from its source (the recording, or the generated block that test_readme.py holds to the recording) and
+# require every mention to be that value.
+NOTEBOOK_SOURCES = (sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+                    + sorted((ROOT / "notebooks" / "src").glob("*.py")))
+EVERY_TEXT = PROSE + NOTEBOOK_SOURCES + sorted((ROOT / "lora_moe_lab").rglob("*.py"))
+# the old statements: the LoRA share as a range of medians at full precision beside the range of interval bounds,
+# "about 13.5 %", and the slot-ordered shrink's bytes as 1.73 in one place and 1.74 in another
+RETIRED = ("12.7–21.6", "12.97–21.44", "12.97 %", "21.44 %", "about 13.5 %", "1.74× the floor",
+           "1.73–1.74× the floor", "a dozen hidden-sync", "shows a dozen", "a dozen shapes", "the dozen shapes")
+
+
+def _text(p: Path) -> str:
+    return p.read_text(errors="replace")
+
+
+def test_no_retired_figure_comes_back():
+    found = [f"{p.relative_to(ROOT)}: {s!r}" for p in EVERY_TEXT for s in RETIRED if s in _text(p)]
+    assert not found, "a figure stated another way than its source:\n" + "\n".join(found)
+
+
+def test_the_paired_slowdown_and_the_ratio_of_medians_are_the_recordings():
+    from lora_moe_lab.instruments.analysers.recordings import load_guards
+
+    p = load_guards().paired("sync", "cpu_flag")
+    row = p[(p.active == 0) & (p.preset == "qwen3-30b-a3b") & (p.tokens == 1024)].iloc[0]
+    slowdown, ratio = f"{1 + row.lost_us / row.t_baseline_us:.2f}", f"{row.ratio:.2f}"
+    readme, glossary = (" ".join(_text(ROOT / f).split()) for f in ("README.md", "docs/glossary.md"))
+    assert f"{ratio} there against {slowdown} here at qwen3-30b-a3b, M=1024" in readme
+    assert f"({slowdown} against {ratio} at qwen3-30b-a3b, M=1024)" in glossary
+    guards_row = _results_row("qwen3-30b-a3b", "1024")
+    assert guards_row[4].startswith(f"{ratio}x ["), guards_row  # the guards table's ratio of medians
+
+
+def test_the_readme_figure_draws_the_paired_slowdown_by_that_name():
+    from helpers import load_script
+
+    fig = load_script("make_readme_figures").ratio_figure()
+    assert fig.data and all(t.name.startswith("paired slowdown, ") for t in fig.data), [t.name for t in fig.data]
+    assert "paired slowdown" in fig.layout.yaxis.title.text
+    readme = _text(ROOT / "README.md")
+    alt = re.search(r"!\[([^\]]*)\]\(docs/guard_ratio\.png\)", readme)
+    assert alt and "paired slowdown" in alt.group(1), "the README picture's alt text names what it draws"
+    assert "[paired slowdown](docs/glossary.md#paired-slowdown)" in readme
+
+
+def test_the_hidden_sync_patterns_are_counted_once():
+    from lora_moe_lab.instruments.recorders import hidden_syncs
+
+    words = {12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen"}
+    n = words[len(hidden_syncs.PATTERNS)]
+    for f, phrase in (("README.md", f"a sync audit of {n} hidden-sync patterns"),
+                      ("docs/sync_audit.md", f"Notebook 07 shows {n}."),
+                      ("studies/README.md", f"| `hidden_syncs` | {n} hidden-sync patterns"),
+                      ("notebooks/src/07_hidden_syncs.py", f"then {n} shapes the bug takes")):
+        assert phrase in _text(ROOT / f), (f, phrase)
+
+
+def test_the_slot_ordered_shrink_bytes_are_the_counters():
+    import pandas as pd
+
+    c = pd.read_csv(ROOT / "data" / "kernels" / "shrink_order_ncu.csv")
+    c = c[c.session.isin(["ord_n1", "ord_n2"])]
+    slot, expert = c[c.arm.str.endswith("_slot")], c[c.arm.str.endswith("_expert")]
+    b = slot.dram_bytes_over_floor
+    text = " ".join(_text(ROOT / "studies" / "kernels" / "README.md").split())
+    assert (f"DRAM bytes {expert.dram_bytes_over_floor.median():.2f} → {b.median():.2f}× the floor (medians of "
+            f"`ord_n1`, `ord_n2` × two routings; the four launches {b.min():.2f}–{b.max():.2f}×)") in text
+    # the package's docstring and plan cite the same medians
+    packed = _text(ROOT / "lora_moe_lab" / "kernels" / "fused_moe_lora_packed.py")
+    assert f"{expert.dram_bytes_over_floor.median():.2f} -> {b.median():.2f}x the floor" in " ".join(packed.split())
+
+
+def _results_row(*labels: str) -> list[str]:
+    head = "| " + " | ".join(labels) + " |"
+    row = next(line for line in _text(ROOT / "docs" / "results.md").splitlines() if line.startswith(head))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_the_glossary_states_the_regimes_leads_as_the_recordings_do():
+    import pandas as pd
+
+    glossary = " ".join(_text(ROOT / "docs" / "glossary.md").split())
+    lean, prodlike = _results_row("lab, own regime, C=16384"), _results_row("lab, production-like regime, C=16384")
+    blocked_mean, blocked_median = lean[4].split(" / ")
+    assert f"{blocked_median} against {lean[5]} µs at the same two lean-host sessions" in glossary
+    pl_mean, pl_median = prodlike[4].split(" / ")
+    assert f"a mean of {pl_mean} µs, a median of {pl_median} µs ({prodlike[5]} µs of queued GPU work" in glossary
+    pts = pd.read_csv(ROOT / "data" / "probe" / "points.csv")
+    lead = pts[pts.host_us_per_layer == 0].lead_us
+    assert (f"block the host {lead.min():.0f}–{lead.max():.0f} µs (the probe's lead, medians of the {len(lead)} "
+            "sessions") in glossary
+
+
+def test_the_gpu_tests_readme_says_which_logs_it_keeps():
+    text = _text(ROOT / "data" / "gpu_tests" / "README.md")
+    logs = (ROOT / "data" / "gpu_tests").glob("gpu_check_*.log")
+    commits = {re.match(r"gpu_check_([0-9a-f]{7})", p.name).group(1) for p in logs}
+    if len(commits) > 1:
+        assert "Only the latest check" not in text, "the folder keeps the checks of several commits"
+    assert all(c in text for c in commits)
+
+
+# --- links: every relative link resolves, to a file and to its anchor --------------------------------------------
+ANCHOR_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(md: Path) -> set[str]:
+    text = _text(md)
+    ids = set(re.findall(r'<a id="([^"]+)"', text))
+    for h in re.findall(r"^#{1,6} (.+)$", text, re.M):  # GitHub's heading slugs
+        slug = re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        ids.add(slug)
+    return ids
+
+
+def test_every_relative_link_and_its_anchor_resolve():
+    bad = []
+    for f in [p for p in PROSE if p.suffix == ".md"]:
+        for target in ANCHOR_LINK.findall(_text(f)):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (f.parent / path).resolve() if path else f
+            if not dest.exists():
+                bad.append(f"{f.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{f.relative_to(ROOT)}: {target} (no such anchor)")
+    assert not bad, "\n".join(bad)
+
+
+GLOSSARY_LINKS = {"docs/design.md": ("guard", "host-device-sync", "bubble", "slot", "host-time-blocked", "host-lead",
+                                     "paired", "interval", "device-session", "union-over-sessions", "m"),
+                  "studies/kernels/README.md": ("m", "paired", "interval", "union-over-sessions", "device-session",
+                                                "tma", "shrink-expand", "builds", "slot", "roofline-floor")}
+
+
+@pytest.mark.parametrize("page", sorted(GLOSSARY_LINKS))
+def test_the_pages_link_the_glossary_terms_they_use(page):
+    f = ROOT / page
+    rel = Path("../" * (len(Path(page).parts) - 1) + "docs/glossary.md").as_posix()
+    rel = "glossary.md" if page.startswith("docs/") else rel
+    missing = [t for t in GLOSSARY_LINKS[page] if f"]({rel}#{t})" not in _text(f)]
+    assert not missing, f"{page} uses these glossary terms without linking them: {missing}"
+
+
+def test_the_gpu_check_recipe_is_the_one_in_use(capsys):
+    """scripts/gpu_check.py's docstring gives the three calls that wrote the kept logs, with flags its parser has,
+    and the Makefile's targets run them."""
+    from helpers import load_script
+
+    gc = load_script("gpu_check")
+    doc = gc.__doc__.replace("\\\n", " ")
+    tests_call = ('python3 scripts/gpu_check.py --wheels .whl --out $OUT/gc --build /tmp/gc --what tests '
+                  '--pytest-args "-n 14 --dist load"')
+    nb_call = "python3 scripts/gpu_check.py --out $OUT/nb --build /tmp/gcn --what notebooks"
+    assert tests_call in " ".join(doc.split()) and nb_call in doc and "make gpu-probe" in doc
+    with pytest.raises(SystemExit):
+        gc.main(["--help"])
+    options = set(re.findall(r"(--[a-z][a-z-]+)", capsys.readouterr().out))
+    used = set(re.findall(r"(--[a-z][a-z-]+)", tests_call + nb_call))
+    assert used <= options, used - options
+    make = _text(ROOT / "Makefile")
+    assert re.search(r"^gpu-check:\n\t.*scripts/gpu_check\.py \$\(GPU_CHECK_ARGS\)", make, re.M)
+    assert re.search(r"^gpu-probe:\n\t.*-m lora_moe_lab\.instruments\.recorders\.probe", make, re.M)
+    # a kept log was written by each call (its third line: the command, with the machine's own $OUT)
+    ran = {re.sub(r"--out \S*/(gc|nb) ", r"--out $OUT/\1 ", _text(p).splitlines()[2]).replace("'", '"')
+           for p in (ROOT / "data" / "gpu_tests").glob("gpu_check_*.log")}
+    assert f"command: {tests_call}" in ran and f"command: {nb_call}" in ran, ran

@@ -2,7 +2,7 @@
 # # 07 · Hidden syncs: find them in any model
 #
 # **Goal.** Point the sync audit at any PyTorch callable, see every host-device sync it makes with its
-# line, count and cost, then a dozen shapes the bug takes in serving code, each with a sync-free rewrite.
+# line, count and cost, then thirteen shapes the bug takes in serving code, each with a sync-free rewrite.
 #
 # The lab teaches one sync, the LoRA guard's `.any().item()`. Serving engines keep shipping the
 # same bug in other shapes, and keep fixing it:
@@ -21,7 +21,7 @@
 # line of my Python made it idle, and what would removing it buy?": for any PyTorch callable,
 # every host-device sync with its call site, its kind, its count per call, the host time blocked,
 # and on a GPU the GPU idle after it (one profiled forward) and the saving the replay engine
-# predicts if it were removed. Then the dozen shapes the bug takes, each with its rewrite.
+# predicts if it were removed. Then the thirteen shapes the bug takes, each with its rewrite.
 #
 # On a CPU the audit counts and locates the calls that *would* sync on a GPU (times are CPU
 # times, nothing is estimated) and the notebook shows the **recorded** H200 costs from

@@ -21,7 +21,6 @@ Writes graph_capture.csv, graph_replay.csv, graph_switches.csv, meta.json; print
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import json
 import os
@@ -30,6 +29,7 @@ import time
 
 import torch
 
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
 from lora_moe_lab.model.decoder import build_decoder_lab
 from lora_moe_lab.model.graph_strategies import STRATEGIES, GraphSet, NoGraphFits
@@ -163,38 +163,50 @@ def padding_check(lab, gs, notes):
     print("padding check", notes["padding_check"], flush=True)
 
 
-def write(path, rows):
-    if not rows:
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+TABLES = ("graph_capture.csv", "graph_replay.csv", "graph_switches.csv")  # their seals: meta.json["files"]
 
 
-def main():
+def write(path, rows, meta_path=None, replace=True):
+    """One table (temp file + os.replace) and its seal in the folder's meta.json (tables.write_table); no
+    rows, no file. A table of another kind at `path` is refused unless `replace` (main claims the paths
+    before any work, so its own writes replace)."""
+    meta_path = meta_path or os.path.join(os.path.dirname(path) or ".", "meta.json")
+    tables.write_table(path, rows, meta_path=meta_path, replace=replace)
+
+
+def write_all(out, cap, rep, sw, meta) -> None:
+    """The three tables, then meta.json (keeping their seals), each written whole."""
+    mp = os.path.join(out, "meta.json")
+    tables.write_table(os.path.join(out, TABLES[0]), [], meta=meta, meta_path=mp)  # the metadata first
+    for name, rows in zip(TABLES, (cap, rep, sw)):
+        write(os.path.join(out, name), rows, mp)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--models", default="moe,decoder")
     ap.add_argument("--prefill", default="512,2048", help="prefill sizes of the MoE model (tokens)")
-    args = ap.parse_args()
+    ap.add_argument("--overwrite", action="store_true", help="replace the tables already at --out")
+    args = ap.parse_args(argv)
     args.prefill = [int(v) for v in args.prefill.split(",")]
+    try:  # before any model is built
+        for name in TABLES:
+            tables.claim(os.path.join(args.out, name), overwrite=args.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     os.makedirs(args.out, exist_ok=True)
     cap, rep, sw, notes = [], [], [], {}
     for kind in args.models.split(","):
         run_model(kind, args, cap, rep, sw, notes)
-    write(os.path.join(args.out, "graph_capture.csv"), cap)
-    write(os.path.join(args.out, "graph_replay.csv"), rep)
-    write(os.path.join(args.out, "graph_switches.csv"), sw)
     meta = metadata(dict(preset=PRESET, layers=args.layers, dtype="bfloat16", max_loras=SLOTS, rank=RANK,
                          reps=args.reps, decode_sizes=DECODE, prefill=args.prefill, active=ACTIVE,
                          timer="cuda events around one whole step (host pick + batch upload + replay), "
                                "each repetition from an idle GPU, variants interleaved"))
     meta["notes"] = notes
-    with open(os.path.join(args.out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    write_all(args.out, cap, rep, sw, meta)
     print("\n== capture")
     for r in cap:
         print(f"{r['model']:8} tpr={r['tokens_per_request']:<4} {r['strategy']:17} graphs={r['graphs']:3} "

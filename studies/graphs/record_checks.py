@@ -14,13 +14,12 @@ Writes checks.json + graph_timing.csv + meta.json under DIR, prints a table last
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 
 import torch
 
 from lora_moe_lab import runtime
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.timing import time_device
 from lora_moe_lab.model import graphs
 from lora_moe_lab.model.lab import LabCache, split_tokens
@@ -111,12 +110,26 @@ def replay_vs_eager(lab, out_rows):
         torch.cuda.empty_cache()
 
 
-def main():
+def write(out, rows, timing, meta, replace=True) -> None:
+    """checks.json (meta and checks, temp file + os.replace), then graph_timing.csv (the same way, each row
+    with the provenance columns) and its seal in checks.json's "files" (tables.write_table)."""
+    tables.write_json_atomic(os.path.join(out, "checks.json"), dict(meta=meta, checks=rows), default=str)
+    timing = [{**r, **{k: meta[k] for k in META_KEYS}} for r in timing]
+    tables.write_table(os.path.join(out, "graph_timing.csv"), timing, meta_path=os.path.join(out, "checks.json"),
+                       replace=replace)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=48)
-    a = ap.parse_args()
+    ap.add_argument("--overwrite", action="store_true", help="replace the recording already at --out")
+    a = ap.parse_args(argv)
+    try:  # before any model is built
+        tables.claim(os.path.join(a.out, "graph_timing.csv"), overwrite=a.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     os.makedirs(a.out, exist_ok=True)
     rows, timing = [], []
     labs = LabCache()  # one model at a time: the 48-layer one needs most of the GPU's memory
@@ -134,14 +147,8 @@ def main():
     replay_vs_eager(lab_with(a.layers, (8, 16)), timing)
     capture_failure_check(lab_with(2, (8,)), rows)  # a fresh 2-layer model: the big one is freed first
     labs.free()
-    meta = metadata(params=vars(a))
-    with open(os.path.join(a.out, "checks.json"), "w") as f:
-        json.dump(dict(meta=meta, checks=rows), f, indent=1, default=str)
-    with open(os.path.join(a.out, "graph_timing.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(timing[0]) + list(META_KEYS))
-        w.writeheader()
-        for r in timing:
-            w.writerow({**r, **{k: meta[k] for k in META_KEYS}})
+    meta = metadata(params={k: v for k, v in vars(a).items() if k != "overwrite"})
+    write(a.out, rows, timing, meta)
     print("\n%-42s %-14s %-6s %s" % ("check", "guard", "M", "ok"))
     for r in rows:
         print("%-42s %-14s %-6s %s" % (r["check"], r.get("guard", ""), r.get("M", r.get("adapters", "")), r["ok"]))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -31,8 +30,21 @@ import pandas as pd
 from lora_moe_lab import runtime
 from lora_moe_lab.audit import estimate
 from lora_moe_lab.instruments.recorders import hidden_syncs as HS
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.analysers import stats
 from lora_moe_lab.provenance import metadata
+
+
+def table_path(out: str, session: str, smoke: bool) -> str:
+    return os.path.join(out, f"hidden_syncs_{session}" + ("_smoke" if smoke else "") + ".csv")
+
+
+def write(path: str, df: pd.DataFrame, meta: dict, replace: bool = False) -> str:
+    """The session's table (temp file + os.replace), then its .meta.json, then the table's seal in it
+    (tables.write_table): a kill leaves the old pair or a table its seal refuses, never half a table. A
+    table of another kind at `path` is refused unless `replace`."""
+    tables.write_table(path, df, meta=meta, replace=replace, default=str)
+    return path
 
 
 def main(argv=None) -> int:
@@ -43,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="paired repetitions (default 24; smoke 12)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up calls per arm (default 4; smoke 1)")
     ap.add_argument("--only", nargs="*", help="pattern names (default: all)")
+    ap.add_argument("--overwrite", action="store_true", help="replace this session's table if it exists")
     a = ap.parse_args(argv)
     if not re.fullmatch(r"s\d+", a.session):
         ap.error(f"--session must look like s1, s2, ... (got {a.session!r})")
@@ -63,6 +76,10 @@ def main(argv=None) -> int:
     out = a.out or os.path.join(
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "hidden_syncs"
     )
+    try:  # before anything is timed: a session is recorded once (--overwrite records it again)
+        tables.claim(table_path(out, a.session, a.smoke), overwrite=a.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
     rows = []
@@ -89,12 +106,9 @@ def main(argv=None) -> int:
         )
     )
     df["gpu"] = meta["gpu"]
-    base = os.path.join(out, f"hidden_syncs_{a.session}" + ("_smoke" if a.smoke else ""))
-    df.to_csv(base + ".csv", index=False)
     meta["seconds"] = round(time.time() - t0, 1)
-    with open(base + ".meta.json", "w") as f:
-        json.dump(meta, f, indent=1, default=str)
-    print(f"wrote {base}.csv and .meta.json in {meta['seconds']} s", file=sys.stderr)
+    path = write(table_path(out, a.session, a.smoke), df, meta, replace=True)  # claimed above
+    print(f"wrote {path} and its .meta.json (sealed) in {meta['seconds']} s", file=sys.stderr)
     return 0
 
 

@@ -302,10 +302,12 @@ def time_align(preset, dev, gen):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for kernels.csv and kernels.meta.json")
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     ap.add_argument("--sweep", action="store_true", help="also time alternative LoRA tile configs")
     ap.add_argument("--skip-check", action="store_true", help="skip the (a) correctness section")
     ap.add_argument("--budget-s", type=float, default=330.0, help="wall-clock budget; the sweep stops early")
     args = ap.parse_args(argv)
+    Recorder.claim(args.out, "kernels", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels", args.out, params=dict(vars(args), rank=RANK, slots=S))
     t0, meta = rec.t0, rec.meta
     if not runtime.has_cuda():

@@ -53,6 +53,7 @@ from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, route, row
 from lora_moe_lab.instruments.recorders.tile_arms import (PERSIST_M, PERSIST_SMALL_M, as_config, as_tuple, cfg_str,
                                                            config_of, persist_arms, table_tile, tile_str)
@@ -209,8 +210,7 @@ def write_tables(out, meta):
         tiles.check_table({**table, "buckets": {b: {k: v for k, v in e.items() if not k.endswith("_us")}
                                                 for b, e in buckets.items()}})
         f = os.path.join(out, "tile_tables", tiles.file_name(gpu, sh.num_experts, sh.hidden, sh.intermediate))
-        with open(f, "w") as fh:
-            json.dump(table, fh, indent=1)
+        tables.write_json_atomic(f, table)
         paths.append(f)
         log(f"wrote {f}")
     return paths
@@ -328,8 +328,7 @@ def add_tma_choice(out):
         for r in ROWS:
             if r["section"] == "variants" and r["preset"] == preset and str(r["M"]) in table["buckets"]:
                 table["buckets"][str(r["M"])][r["op"]]["w_desc"] = r["tma_chosen"]
-        with open(f, "w") as fh:
-            json.dump(table, fh, indent=1)
+        tables.write_json_atomic(f, table)
         log(f"w_desc set in {f} where the TMA build won")
 
 
@@ -456,8 +455,7 @@ def add_persist_choice(out, sessions=None, gpu=None, note=""):
                 f"{float(best['over_table_hi']):.3f}])")
         table["source"] += note or f"; persistent builds from the persist section at {git_commit()}"
         os.makedirs(os.path.join(out, "tile_tables"), exist_ok=True)
-        with open(os.path.join(out, "tile_tables", src.name), "w") as fh:
-            json.dump(table, fh, indent=1)
+        tables.write_json_atomic(os.path.join(out, "tile_tables", src.name), table)
 
 
 def adopt_persist(csvs, out):
@@ -541,8 +539,7 @@ def ncu_run(out, dev, gen):
             used = int(torch.unique(c.ids).numel())
             rows_in = c.M if t["op"] == "base_gate_up" else c.M * c.k
             t["byte_floor"] = used * n * kk * 2 + rows_in * kk * 2 + c.M * c.k * n * 2
-    with open(os.path.join(out, "targets.json"), "w") as fh:
-        json.dump(targets, fh, indent=1)
+    tables.write_json_atomic(os.path.join(out, "targets.json"), targets)
     log(f"ncu-run: {len(targets)} targets launched once each; targets.json written")
 
 
@@ -616,10 +613,9 @@ def ncu_parse(raw_csv, out, stem="kernels_base_ncu"):
         recs.append(rec)
     keys = list(dict.fromkeys(k for r in recs for k in r))
     f = os.path.join(out, f"{stem}.csv")
-    with open(f, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        w.writerows(recs)
+    # whole (temp file + os.replace); sealed in the section metadata (<section>.meta.json) if the recorder wrote one
+    mp = os.path.join(out, stem.removesuffix("_ncu") + ".meta.json")
+    tables.write_table(f, recs, keys, meta_path=mp, seal_it=os.path.exists(mp))
     for r in recs:
         log(f"ncu {r['preset']:<18}{r['op']:<13}M={r['M']:<5}{r['arm']:<6}{r['duration_us']:8.1f} us "
             f"DRAM {r['dram_pct_peak']:5.1f} % tensor {r['tensor_pipe_pct']:5.1f} % "
@@ -639,6 +635,7 @@ def units_of(lines):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "build/kernels_base"), help="default: $OUT")
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "kernels_base")  # --ncu-parse: appended to the --ncu-stem section's counters
     ap.add_argument("--sections", default="sweep,variants,compare", help="default: sweep,variants,compare")
     ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions of compare (default 15)")
@@ -667,6 +664,7 @@ def main(argv=None):
         if args.tables:
             use_tables(os.path.join(args.tables, "tile_tables"))
         return ncu_run(args.out, dev, gen)
+    Recorder.claim(args.out, "kernels_base", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_base", args.out, params=dict(vars(args), sweep_m=SWEEP_M, compare_m=COMPARE_M,
                                                          vllm_h200=VLLM_H200, dtype="bfloat16"))
     secs = args.sections.split(",")

@@ -108,6 +108,7 @@ def ROWS_by(preset, M, op):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--cases", type=int, default=1200)
     ap.add_argument("--sections", default="diff,path,down,layer")
@@ -118,6 +119,7 @@ def main(argv=None):
         harness.set_dry()
         kc.set_tiny()
         DOWN_M = (16,)
+    Recorder.claim(args.out, "kernels_decode", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_decode", args.out, params=dict(vars(args), rank=kc.RANK, slots=kc.S, dtype="bfloat16",
                                                             decode_max_pairs=configs.DECODE_MAX_PAIRS))
     if not args.dry and not runtime.has_cuda():

@@ -46,6 +46,7 @@ from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
                                                         log_rows, matmul_rate, row)
@@ -484,7 +485,6 @@ def ncu_run(out, dev, gen, which="down"):
     candidate, one launch each at NCU_M on both presets between cudaProfilerStart/Stop, every launch compiled and
     warmed first; DIR/targets.json names them in launch order with their byte floor (the used adapter-experts' A
     and B once, the activations once per pair, `out` read and written), for record_base.py --ncu-parse."""
-    import json
     import os
 
     targets, launches = [], []
@@ -506,8 +506,7 @@ def ncu_run(out, dev, gen, which="down"):
                                     arm="table" if i == 0 else "candidate", tile=cfg_str(bm, cfg), byte_floor=floor))
     harness.counted_launches(launches)  # compiled and warmed first, then counted
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "targets.json"), "w") as fh:
-        json.dump(targets, fh, indent=1)
+    tables.write_json_atomic(os.path.join(out, "targets.json"), targets)
     log(f"ncu-run: {len(targets)} down-delta launches counted once each; targets.json written")
 
 
@@ -515,6 +514,7 @@ def ncu_run(out, dev, gen, which="down"):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "kernels_expand")
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
@@ -537,6 +537,7 @@ def main(argv=None):
         _dry()
     elif not runtime.has_cuda():
         raise SystemExit("studies/kernels/record_expand.py needs a CUDA GPU (or --dry)")
+    Recorder.claim(args.out, "kernels_expand", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_expand", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                             sweep_m=sweep_ms(args.candidates)))
     t0, meta = rec.t0, rec.meta

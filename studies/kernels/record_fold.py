@@ -68,7 +68,6 @@ timed region):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import time
@@ -79,6 +78,7 @@ import torch
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import Recorder, log, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
@@ -1112,13 +1112,13 @@ def ncu_run(out, dev, gen):
                             dict(kernel="fused_moe_kernel", preset=preset, M=M, op=f"folded_{op}", arm=arm,
                                  tile="", byte_floor=gemm)]
         log(f"ncu targets {preset} M={M}: {', '.join(builds)}: gate_up (shrink, gemm), down (shrink, gemm)")
-    with open(os.path.join(out, "targets.json"), "w") as fh:
-        json.dump(targets, fh, indent=1)
+    tables.write_json_atomic(os.path.join(out, "targets.json"), targets)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "kernels_fold")
     ap.add_argument("--sections", default="check,kernels,layer", help="default: check,kernels,layer")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
@@ -1147,6 +1147,7 @@ def main(argv=None):
         NCU_BUILDS = tuple(b for b in args.ncu_builds.split(",") if b)
         os.makedirs(args.out, exist_ok=True)
         return ncu_run(args.out, dev, gen)
+    Recorder.claim(args.out, "kernels_fold", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_fold", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                          kernel_m=KERNEL_M, layer_m=LAYER_M,
                                                          decode_max_pairs=configs.DECODE_MAX_PAIRS))

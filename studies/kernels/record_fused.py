@@ -170,6 +170,7 @@ def time_layer_both(preset, dev, deadline):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     ap.add_argument("--budget-s", type=float, default=360.0)
     ap.add_argument("--cases", type=int, default=1200)
     ap.add_argument("--fused-cases", type=int, default=150)
@@ -180,6 +181,7 @@ def main(argv=None):
     dev = torch.device("cuda")
     if args.dry:  # CPU: every section once on the tiny preset under the interpreter, fake timer
         dev = _dry()
+    Recorder.claim(args.out, "kernels_fused", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_fused", args.out, params=dict(
         vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=configs.DECODE_MAX_PAIRS,
         fused_table={k: sorted(v) for k, v in configs.FUSED_LORA_TOKENS.items()}))

@@ -24,7 +24,6 @@ mapping, and requests / random for the expert order. The u of both orders is com
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
@@ -32,6 +31,7 @@ import torch
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.analysers.stats import METHOD_BOOT, bootstrap_paired, warmup_check
 from lora_moe_lab.instruments.recorders import harness
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import Recorder, log, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
@@ -119,14 +119,14 @@ def ncu_run(out, dev, gen):
             targets.append(dict(kernel="packed_shrink_kernel", preset=PRESET, M=M, op="shrink_gate_up",
                                 arm=f"{mp}_{arm}", tile="", byte_floor=floor))
     harness.counted_launches(jobs)
-    with open(os.path.join(out, "targets.json"), "w") as fh:
-        json.dump(targets, fh, indent=1)
+    tables.write_json_atomic(os.path.join(out, "targets.json"), targets)
     log(f"ncu-run: {len(targets)} shrink launches at M={M}; targets.json written")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "shrink_order")
     ap.add_argument("--reps", type=int, default=20, help="interleaved paired repetitions (default 20)")
     ap.add_argument("--ncu-run", action="store_true", help="launch each arm once at M=8192 (run under ncu)")
@@ -136,6 +136,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     if args.ncu_run:
         return ncu_run(args.out, dev, gen)
+    Recorder.claim(args.out, "shrink_order", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("shrink_order", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                          preset=PRESET, order_m=ORDER_M, requests=REQUESTS,
                                                          shrink=W1S))

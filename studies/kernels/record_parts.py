@@ -100,6 +100,7 @@ def parts(dev, forwards):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "kernels_parts")
     ap.add_argument("--forwards", type=int, default=20, help="profiled replays per arm (default 20)")
     args = ap.parse_args(argv)
@@ -107,6 +108,7 @@ def main(argv=None):
         raise SystemExit(f"--forwards must be at least 3 for a median, got {args.forwards}")
     dev = torch.device("cuda")
     os.makedirs(args.out, exist_ok=True)
+    Recorder.claim(args.out, "kernels_parts", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_parts", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                           presets=PRESETS, parts_m=PARTS_M))
     rec.section("parts", parts, dev, args.forwards)

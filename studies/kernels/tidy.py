@@ -44,8 +44,10 @@ def _dir(path) -> Path:
 
 @lru_cache(maxsize=64)
 def _text_table(f: str, mtime: float) -> pd.DataFrame:
-    """The table as text, checked (schemas.read_csv: its seal in <section>.meta.json, the kernel_tidy schema)."""
-    return schemas.read_csv(f, "kernel_tidy", dtype=str, keep_default_na=False)
+    """The table as text, checked (schemas.read_csv: its seal in <section>.meta.json, the kernel_tidy schema, or
+    kernel_resources' for that table: its own key)."""
+    kind = "kernel_resources" if Path(f).name == "kernel_resources.csv" else "kernel_tidy"
+    return schemas.read_csv(f, kind, dtype=str, keep_default_na=False)
 
 
 @lru_cache(maxsize=64)
@@ -128,6 +130,8 @@ def append(section: str, name: str, rows_csv=None, meta_json=None, ncu_csv=None,
     m = schemas.read_json(mf) if mf.exists() else {}
     m.setdefault("sessions", {}), m.setdefault("columns", {}), m.setdefault("ncu_columns", {})
     run_meta = schemas.read_json(meta_json) if meta_json is not None else m["sessions"].get(name, {})
+    if isinstance(run_meta, dict) and "files" in run_meta:  # the run's own seals: its CSVs, not this table
+        run_meta = {k: v for k, v in run_meta.items() if k != "files"}
     for src, ncu in ((rows_csv, False), (ncu_csv, True)):
         if src is None:
             continue

@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.clocks import ClockLog
 from lora_moe_lab.instruments.recorders.harness import pack_session, session_parser
 from lora_moe_lab.provenance import metadata
@@ -53,6 +54,38 @@ def calibrate(lab, plan, names, smoke=False) -> dict:
                     unreachable=str(exc))
 
 
+def claim_session(work: Path, overwrite: bool) -> None:
+    """Before any model is built: a session folder that holds tables already is refused (a session is
+    recorded once: its meta.json would describe another run's rows); --overwrite removes them first."""
+    old = sorted(work.glob("*.csv")) if work.is_dir() else []
+    if old and not overwrite:
+        raise tables.TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "
+                                            "...): pass --overwrite to record the session again, or name another "
+                                            "--session")
+    for f in old:
+        f.unlink()
+
+
+def write_task(work: Path, name: str, df: pd.DataFrame, summary: pd.DataFrame, sigs: dict | None = None,
+               session: str | None = None) -> list:
+    """A task's tables, each whole (temp file + os.replace: tables.write_table): rows, summary, and the
+    profiled forwards' signature and syncs. Their seals go into the session's meta.json (seal_session)."""
+    paths = [tables.write_table(work / f"{name}.csv", df, replace=True, seal_it=False),
+             tables.write_table(work / f"{name}.summary.csv", summary, replace=True, seal_it=False)]
+    for part, suffix in (("forwards", ".signature.csv"), ("syncs", ".syncs.csv")):
+        if (sigs or {}).get(part):
+            t = pd.concat(sigs[part], ignore_index=True).assign(session=session, task=name)
+            paths.append(tables.write_table(work / f"{name}{suffix}", t, replace=True, seal_it=False))
+    return paths
+
+
+def seal_session(work: Path, meta: dict, open_logs=()) -> dict:
+    """meta["files"]: the seal of every table of the session folder (not those still being written:
+    the clock log until it is closed); pack_session then writes meta.json with them (atomically)."""
+    meta["files"] = tables.seal_files(work, skip=tuple(Path(f).name for f in open_logs))
+    return meta
+
+
 def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session, traces=True) -> pd.DataFrame:
     d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names), costs=costs)
     key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
@@ -64,13 +97,8 @@ def run_task(name, lab, plan, names, costs, reps, work: Path, deadline, session,
                      deadline=deadline,
                      progress=False, signatures=sigs, warmup_reps=1)
     df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=session, task=name)
-    df.to_csv(work / f"{name}.csv", index=False)
     s = P.summarize(df).assign(session=session, task=name)
-    s.to_csv(work / f"{name}.summary.csv", index=False)
-    for part, suffix in (("forwards", ".signature.csv"), ("syncs", ".syncs.csv")):
-        if sigs.get(part):
-            pd.concat(sigs[part], ignore_index=True).assign(session=session, task=name).to_csv(
-                work / f"{name}{suffix}", index=False)
+    write_task(work, name, df, s, sigs, session=session)
     print(f"== {name}: {len(df) // len(GUARDS)} reps in {time.monotonic() - t:.0f} s", flush=True)
     return s
 
@@ -81,11 +109,16 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=64, help="requests of 2048 tokens (default 64)")
     ap.add_argument("--overlap-ms", type=float, default=PS["first_sync_ms"])
     ap.add_argument("--no-traces", action="store_true", help="profile, but write no trace files (a rerun)")
+    ap.add_argument("--overwrite", action="store_true", help="record a session whose folder holds tables again")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + 60 * a.minutes
     out = Path(a.out)
     work = out / f"signature_{a.session}"
+    try:
+        claim_session(work, a.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     work.mkdir(parents=True, exist_ok=True)
     preset, layers, L, scale = ("tiny", 2, 8, 1 / 1000) if a.smoke else ("qwen3-30b-a3b", 48, 2048, 1.0)
     reps = max(a.reps, 10) if not a.smoke else 12
@@ -116,10 +149,10 @@ def main(argv=None) -> int:
                 "fix_ttft_change_pct", "first_blocked_ms", "later_blocked_median_us", "later_blocked_mean_us",
                 "host_blocked_ms", "gpu_idle_ms"]
         print(s[cols].to_string(index=False, float_format="{:.2f}".format), flush=True)
-        # after every task: a killed call still returns what it measured
-        pack_session(work, out, f"signature_{a.session}", meta, t0, calibration=cal)
+        # after every task: a killed call still returns what it measured (sealed)
+        pack_session(work, out, f"signature_{a.session}", seal_session(work, meta, [clocks.path]), t0, calibration=cal)
     clocks.close()
-    pack_session(work, out, f"signature_{a.session}", meta, t0, calibration=cal)
+    pack_session(work, out, f"signature_{a.session}", seal_session(work, meta), t0, calibration=cal)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

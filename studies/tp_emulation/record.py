@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from lora_moe_lab.instruments.recorders import prefill as P
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.clocks import ClockLog
 from lora_moe_lab.instruments.recorders.harness import pack_session, session_parser
 from lora_moe_lab.model import tp as TP
@@ -50,8 +51,7 @@ def fit_collectives(out: Path = E.COST_FILE) -> dict:
     cost, info = E.fit_allreduce(traces, hidden=get_shape("qwen3-30b-a3b").hidden)
     doc = dict(bus_gbps=cost.bus_gbps, latency_us=cost.latency_us, source=cost.source, **info,
                meta=metadata(params=dict(traces="data/production/traces/*_tp2_*cpu_flag*")))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    tables.write_json_atomic(out, doc)  # temp file + os.replace (it makes the folder)
     print(f"{out}: {cost.bus_gbps:.1f} GB/s bus bandwidth ({info['median_us']:.1f} us for "
           f"{info['nbytes'] / 2**20:.0f} MiB at TP=2); {cost.source}")
     return doc
@@ -65,12 +65,43 @@ def summarize(folder: Path = E.FOLDER) -> None:
                                 measured={k: str(x.relative_to(DATA.parent)) for k, x in E.TP2_MEASURED.items()},
                                 method="sim/tp_emulation.py; intervals: stats.between_sessions of each session's "
                                        "order-statistic (forward) or paired-bootstrap (gain) 95 % interval"))
-    for name, df in (("validation", v), ("prediction", p)):
-        df.to_csv(folder / f"{name}.csv", index=False)
-        (folder / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_summaries(folder, v, p, meta)
     print(v.to_string(index=False, float_format="{:.2f}".format))
     print(f"TP=2 check: {int(v['passed'].sum())} of {len(v)} points pass")
     print(p.to_string(index=False, float_format="{:.2f}".format))
+
+
+def write_summaries(folder: Path, validation: pd.DataFrame, prediction: pd.DataFrame, meta: dict) -> None:
+    """validation.csv and prediction.csv, each whole (temp file + os.replace), then its .meta.json and its
+    seal there (tables.write_table). They are derived from the sessions: a rerun replaces them, but never
+    with a table of another kind (HeaderMismatchError naming the file)."""
+    for name, df in (("validation", validation), ("prediction", prediction)):
+        tables.write_table(folder / f"{name}.csv", df, meta=meta)
+
+
+def write_task(work: Path, task: str, df: pd.DataFrame, summary: pd.DataFrame) -> list:
+    """A task's rows and summary, each whole (tables.write_table); their seals go into the session's
+    meta.json (seal_session, before pack_session writes it)."""
+    return [tables.write_table(work / f"{task}.csv", df, replace=True, seal_it=False),
+            tables.write_table(work / f"{task}.summary.csv", summary, replace=True, seal_it=False)]
+
+
+def claim_session(work: Path, overwrite: bool) -> None:
+    """Before any lab is built: a session folder holding tables already is refused unless --overwrite
+    (which removes them first): a session is recorded once."""
+    old = sorted(work.glob("*.csv")) if work.is_dir() else []
+    if old and not overwrite:
+        raise tables.TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "
+                                            "...): pass --overwrite to record the session again, or name another "
+                                            "--session")
+    for f in old:
+        f.unlink()
+
+
+def seal_session(work: Path, meta: dict, open_logs=()) -> dict:
+    """meta["files"]: the seals of the session folder's tables (not a log still being written)."""
+    meta["files"] = tables.seal_files(work, skip=tuple(Path(f).name for f in open_logs))
+    return meta
 
 
 def parse_task(task: str) -> tuple[int, str, int]:
@@ -124,9 +155,8 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
                      warmup_reps=1)
     df = pd.DataFrame(rows, columns=P.COLUMNS).assign(session=a.session, task=task, emulated=True,
                                                       bus_gbps=cost.bus_gbps)
-    df.to_csv(work / f"{task}.csv", index=False)
     s = P.summarize(df).assign(session=a.session, task=task)
-    s.to_csv(work / f"{task}.summary.csv", index=False)
+    write_task(work, task, df, s)
     n = group.collectives - n0
     print(f"== {task}: {len(df) // len(GUARDS)} reps in {time.monotonic() - t:.0f} s; {n} emulated all-reduces, "
           f"{(group.collective_us - us0) / max(n, 1):.1f} us each", flush=True)
@@ -148,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-collectives", action="store_true", help="write data/tp_emulation/allreduce.json and stop")
     ap.add_argument("--summarize", action="store_true",
                     help="CPU: data/tp_emulation/{validation,prediction}.csv from the sessions there, and stop")
+    ap.add_argument("--overwrite", action="store_true", help="record a session whose folder holds tables again")
     a = ap.parse_args(argv)
     if a.fit_collectives:
         fit_collectives()
@@ -164,6 +195,10 @@ def main(argv=None) -> int:
     deadline = t0 + 60 * a.minutes
     out = Path(a.out)
     work = out / f"emulation_{a.session}"
+    try:
+        claim_session(work, a.overwrite)
+    except tables.TableError as e:
+        ap.error(str(e))
     work.mkdir(parents=True, exist_ok=True)
     cost = E.allreduce_cost()
     print(f"all-reduce: {cost.bus_gbps:.1f} GB/s bus bandwidth ({cost.source})", flush=True)
@@ -179,9 +214,10 @@ def main(argv=None) -> int:
             continue
         run_task(task, labs, cost, names, a, work, deadline, cal)
         # after every task: a killed call still returns what it measured
-        pack_session(work, out, f"emulation_{a.session}", meta, t0, calibration=_calibration(cal))
+        pack_session(work, out, f"emulation_{a.session}", seal_session(work, meta, [clocks.path]), t0,
+                     calibration=_calibration(cal))
     clocks.close()
-    pack_session(work, out, f"emulation_{a.session}", meta, t0, calibration=_calibration(cal))
+    pack_session(work, out, f"emulation_{a.session}", seal_session(work, meta), t0, calibration=_calibration(cal))
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

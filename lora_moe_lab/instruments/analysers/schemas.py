@@ -75,6 +75,9 @@ class Kind:
     unique: tuple = ()  # the columns that name a row (no two rows may share them)
     meta: str = "sibling"  # where its seal lives: sibling | session | section (see the module docstring)
     what: str = ""
+    # rows exempt from the unique key: ((column, (value, ...)), ...): a row whose column holds one of the values
+    # (a correctness check that runs one tile twice, a decode tile timed as a candidate and as the table's pick)
+    unique_except: tuple = ()
 
     @property
     def files(self) -> tuple:
@@ -119,8 +122,8 @@ def _schema(name: str, columns: dict, unique=()) -> "pa.DataFrameSchema":
     return pa.DataFrameSchema(columns, strict=False, name=name)
 
 
-def _kind(name, columns, unique=(), meta="sibling", what="") -> Kind:
-    return Kind(name, _schema(name, columns, unique), tuple(unique), meta, what)
+def _kind(name, columns, unique=(), meta="sibling", what="", unique_except=()) -> Kind:
+    return Kind(name, _schema(name, columns, unique), tuple(unique), meta, what, tuple(unique_except))
 
 
 _GUARD_KEYS = ["preset", "layers", "tokens", "active"]
@@ -152,6 +155,11 @@ _SUMMARY_COLS = dict(preset=_str(), layers=_int(POS), tp=_int(POS), requests=_in
                      warmup_dropped=_int(NONNEG, required=False), stable=_bool(required=False),
                      first_share=_num(FRACTION, required=False), host_blocked_ms=_num(NONNEG, required=False))
 
+_KERNEL_EXEMPT = (("section", ("check", "decode_tile")),)
+
+_REGIMES, _LORA_MODES = ["prefill", "decode"], ["eager", "graph"]
+_LORA_CELL = ["regime", "shape", "tokens", "ranks", "mix", "mode"]
+
 KINDS: dict[str, Kind] = {k.name: k for k in [
     _kind("guards", dict(_GUARDS_COLS, session=_str(required=False), warmup_drift=_bool(required=False),
                          status=_str(pa.Check.isin(["ok", "unstable", "unchecked"]), required=False),
@@ -173,18 +181,89 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                  rel_err_vs_eager=_num(NONNEG, nullable=False)),
           unique=["model", "strategy", "graph_size", "switch"], meta="section",
           what="replay after adapter switches vs eager"),
-    # the kernel tables have no unique key: a sweep times some points twice (the same row twice is in the data);
-    # a duplicated or appended session is caught by the seal
+    # the kernel tables' keys: the smallest column sets unique in every committed file of the kind (removing any
+    # one column makes some committed file non-unique); exempt: the `check` rows (a candidate list that holds one
+    # tile twice is checked twice, the same row) and `decode_tile` (the table's tile timed as a candidate too)
     _kind("kernel_run", dict(section=_str(), preset=_str(nullable=True, required=False),
                              op=_str(nullable=True, required=False),
                              M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
                              bw_frac=_num(NONNEG, required=False), rel_err=_num(NONNEG, required=False),
                              base=_num(POS, required=False), lora_share=_num(required=False)),
-          unique=(), what="one run of studies/kernels/record_expand.py / record_fused.py (a wide table of sections)"),
+          unique=["section", "preset", "M", "op", "config", "lora_variant"], unique_except=_KERNEL_EXEMPT,
+          what="one run of studies/kernels/record_expand.py / record_fused.py (a wide table of sections)"),
     _kind("kernel_tidy", dict(session=_str(), commit=_str(nullable=True), gpu=_str(nullable=True),
                               M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
                               duration_us=_num(POS, required=False)),
-          unique=(), meta="section", what="a kernels tidy table (studies/kernels/tidy.py): every session's rows"),
+          unique=["section", "preset", "op", "M", "tile", "arm", "kernel", "config", "occurrence"],
+          unique_except=_KERNEL_EXEMPT, meta="section",
+          what="a kernels tidy table (studies/kernels/tidy.py): every session's rows"),
+    # four tiles are listed twice in the first resources recording (the early arm at M=8192 of two builds that resolve to one tile)
+    _kind("kernel_resources", dict(session=_str(), kernel=_str(), preset=_str(), op=_str(), M=_int(POS), arm=_str(),
+                                   tile=_str(), num_warps=_int(POS), regs=_int(NONNEG), stack=_int(NONNEG),
+                                   shared=_int(NONNEG), programs_per_sm=_int(NONNEG, nullable=True)),
+          unique=["preset", "op", "M", "arm", "tile"], unique_except=(("arm", ("early",)),), meta="section",
+          what="compiled kernels' registers, stack, shared memory (studies/kernels/resources.py)"),
+    _kind("kernel_recording", dict(section=_str(), preset=_str(nullable=True), op=_str(nullable=True),
+                                   M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
+                                   rel_err=_num(NONNEG, required=False)),
+          unique=["section", "preset", "op", "dtype", "M", "config"], unique_except=_KERNEL_EXEMPT,
+          what="the first kernels recording (studies/kernels/record.py: kernels.csv, harness.Recorder)"),
+    _kind("kernel_peers", dict(engine=_str(), op=_str(), preset=_str(), M=_int(POS), time_us=_num(POS, nullable=False)),
+          unique=["engine", "op", "preset", "M"], what="peer engines' kernel times carried from their sources"),
+    _kind("backends", dict(preset=_str(), layers=_int(POS), M=_int(POS), dtype=_str(), rank=_int(POS),
+                           torch_us=_num(POS), triton_us=_num(POS), speedup=_num(POS),
+                           rel_err=_num(NONNEG, nullable=False), ok=_bool()),
+          unique=["preset", "M"], what="Triton vs torch backend per preset and size (studies/backends/record.py)"),
+    _kind("clocks", dict(t_unix=_num(POS, nullable=False), sm_mhz=_num(NONNEG), mem_mhz=_num(NONNEG),
+                         power_w=_num(NONNEG), temp_c=_num(), throttle=_str(nullable=True)),
+          meta="session",  # samples: two samples may carry one stamp and one reading (no key); the seal guards them
+          what="nvidia-smi samples every 100 ms of a session (instruments/recorders/clocks.ClockLog)"),
+    _kind("replay_reproduction", dict(trace=_str(), forward=_int(NONNEG), host_calls=_num(NONNEG),
+                                      kernels=_num(NONNEG), syncs=_num(NONNEG), traced_ms=_num(POS, nullable=False),
+                                      replayed_ms=_num(POS, nullable=False), err_pct=_num(), replay_s=_num(NONNEG)),
+          # no key: one trace name is in two sessions' folders and the table does not say which (the seal guards it)
+          what="each profiled forward replayed against its trace (studies/replay/record.py)"),
+    _kind("replay_vs_simulator", dict(model=_str(), config=_str(), guard=_str(), mode=_str(), layers=_int(POS),
+                                      quantity=_str(), replay_ms=_num(), simulator_ms=_num(),
+                                      sim_vs_replay_pct=_num()),
+          unique=["model", "config", "guard", "mode", "layers", "quantity"],
+          what="the replay against the analytic simulator (studies/replay/record.py)"),
+    _kind("replay_validation", dict(model=_str(), config=_str(), source=_str(), target=_str(),
+                                    predicted_ms=_num(POS), measured_ms=_num(POS, nullable=False),
+                                    measured_lo=_num(POS),
+                                    measured_hi=_num(POS), err_pct=_num(), passed=_bool(nullable=True)),
+          unique=["model", "config", "source", "target"],
+          what="a guard's forward predicted from another guard's profiled forward (studies/replay/record.py)"),
+    _kind("simulator_validation", dict(fold=_str(), preset=_str(), layers=_int(POS), tokens=_int(POS), guard=_str(),
+                                       mode=_str(), active=_num(FRACTION, nullable=False),
+                                       median_us=_num(POS, nullable=False),
+                                       lo95_us=_num(POS), hi95_us=_num(POS), predicted_us=_num(POS),
+                                       error_pct=_num(), passes=_bool(nullable=True)),
+          unique=["fold", "preset", "layers", "tokens", "guard", "mode", "active"],
+          what="the simulator's held-out points (lora_moe_lab/sim/calibration.py)"),
+    _kind("simulator_vs_production", dict(tokens=_int(POS), mode=_str(), metric=_str(), predicted=_num(),
+                                          production=_num(), ratio=_num()),
+          unique=["tokens", "mode", "metric"], what="the simulator against production's figures (sim/calibration.py)"),
+    _kind("probe", dict(session=_str(nullable=True), host_us_per_layer=_num(NONNEG, nullable=False), lead_us=_num(),
+                        predicted_gain_pct=_num(), measured_gain_pct=_num(), measured_gain_pct_lo=_num(),
+                        measured_gain_pct_hi=_num(), reps=_int(NONNEG), preset=_str(), layers=_int(POS)),
+          unique=["session", "host_us_per_layer"], what="the gain probe's points (instruments/recorders/probe.py)"),
+    _kind("probe_points", dict(session=_str(), host_us_per_layer=_num(NONNEG, nullable=False), lead_us=_num(),
+                               measured_gain_pct=_num(), measured_gain_pct_lo=_num(), measured_gain_pct_hi=_num()),
+          unique=["session", "host_us_per_layer"], what="every probe session's points (studies/probe/read.py)"),
+    _kind("probe_validation", dict(session=_str(), host=_str(), lead_us=_num(POS, nullable=False),
+                                   predicted_gain_pct=_num(),
+                                   measured_gain_pct=_num(), error_pp=_num(), within_goal=_bool(nullable=True)),
+          unique=["session", "host"], what="the probe's leave-one-session-out check (studies/probe/read.py)"),
+    _kind("tp_prediction", dict(task=_str(), metric=_str(), sessions=_int(POS), estimate=_num(), lo=_num(), hi=_num()),
+          unique=["task", "metric"], what="the TP=4 prediction from the emulated sessions (studies/tp_emulation)"),
+    _kind("tp_validation", dict(point=_str(), guard_sites=_str(), guard=_str(), emulated=_num(POS),
+                                measured=_num(POS, nullable=False), err_pct=_num(), passed=_bool(nullable=True)),
+          unique=["point", "guard"], what="TP=2 emulated against measured (studies/tp_emulation/record.py)"),
+    _kind("traces_summary", dict(file=_str(), guard=_str(), mode=_str(), M=_int(POS), n_forwards=_int(NONNEG),
+                                 gpu_span_ns=_num(NONNEG), busy_ns=_num(NONNEG), idle_ns=_num(NONNEG),
+                                 n_syncs=_num(NONNEG)),
+          unique=["file"], what="one row per committed profiler trace (studies/traces)"),
     _kind("prefill", dict(_PREFILL_COLS, **_PREFILL_OPT), unique=_PREFILL_KEY + ["rep"],
           what="prefill rows of instruments/recorders/prefill.py (one row per guard and repetition)"),
     _kind("prefill_summary", _SUMMARY_COLS, unique=_PREFILL_KEY,
@@ -236,6 +315,29 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                original_ms=_num(POS), rewrite_ms=_num(POS), diff_us=_num(), diff_lo_us=_num(),
                                diff_hi_us=_num(), per_occ_us=_num(), per_occ_lo_us=_num(), per_occ_hi_us=_num()),
           unique=["session", "pattern"], what="the hidden-sync patterns timed paired (studies/hidden_syncs/record.py)"),
+    # LoRA's cost end to end (studies/lora_tax/): NaN figures where a cell is unstable or ran out of memory (status)
+    _kind("lora_tax", dict(session=_str(), regime=_str(pa.Check.isin(_REGIMES)), shape=_str(), tokens=_int(POS),
+                           ranks=_str(), mix=_str(), mode=_str(pa.Check.isin(_LORA_MODES)),
+                           status=_str(pa.Check.isin(["ok", "unstable", "oom", "error"])), n=_int(NONNEG),
+                           off_ms=_num(POS), on_ms=_num(POS), ratio=_num(POS), lo=_num(POS), hi=_num(POS),
+                           t_lora_floor_ms=_num(NONNEG, nullable=False), floor_ratio=_num(FRACTION), interval=_str()),
+          unique=_LORA_CELL + ["session"], what="LoRA-on / LoRA-off throughput, a row per cell and session "
+                                               "(studies/lora_tax/record.py)"),
+    _kind("lora_tax_reps", dict(session=_str(), regime=_str(pa.Check.isin(_REGIMES)), shape=_str(), tokens=_int(POS),
+                                pool_max_rank=_int(POS), mode=_str(pa.Check.isin(_LORA_MODES)), arm=_str(),
+                                rep=_int(NONNEG), ms=_num(POS, nullable=False), kept=_bool()),
+          unique=["session", "regime", "shape", "tokens", "pool_max_rank", "mode", "arm", "rep"],
+          what="every timed call of the lora_tax cells (studies/lora_tax/record.py)"),
+    _kind("lora_tax_summary", dict(regime=_str(pa.Check.isin(_REGIMES)), shape=_str(), tokens=_int(POS), ranks=_str(),
+                                   mix=_str(), mode=_str(pa.Check.isin(_LORA_MODES)), ratio=_num(POS), lo=_num(POS),
+                                   hi=_num(POS), floor_ratio=_num(FRACTION), sessions=_int(NONNEG)),
+          unique=_LORA_CELL, what="the lora_tax cells over their sessions (studies/lora_tax/read.py)"),
+    _kind("lora_tax_base_floor", dict(preset=_str(), op=_str(pa.Check.isin(["gate_up", "down"])), M=_int(POS),
+                                      bound=_str(pa.Check.isin(["bytes", "flops"])), floor_us=_num(POS, nullable=False),
+                                      table_us=_num(POS, nullable=False), of_floor=_num(POS, nullable=False),
+                                      sessions=_int(POS)),
+          unique=["preset", "op", "M"], what="each base MoE GEMM as a fraction of its floor "
+                                             "(studies/lora_tax/base_floor.py)"),
 ]}
 
 
@@ -289,11 +391,14 @@ def _first_failure(err: SchemaErrors | SchemaError, df: pd.DataFrame) -> tuple:
     return "header", f"column {col!r}: {check}: {r['failure_case']}"
 
 
-def _unique_failure(df: pd.DataFrame, unique) -> tuple | None:
+def _unique_failure(df: pd.DataFrame, unique, exempt=()) -> tuple | None:
     cols = [c for c in unique if c in df.columns]
     if not cols or len(cols) != len(unique) or not len(df):
         return None
-    dup = df.duplicated(cols, keep="first").to_numpy()
+    dup = df.duplicated(cols, keep="first").to_numpy().copy()
+    for col, values in exempt:  # rows the key does not hold (Kind.unique_except)
+        if col in df.columns:
+            dup &= ~df[col].isin(list(values)).to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
         key = dict(zip(cols, df.iloc[i][cols].tolist()))
@@ -318,11 +423,11 @@ def validate(df: pd.DataFrame, kind, path) -> pd.DataFrame:
         k.schema.validate(d, lazy=True, inplace=False)
     except (SchemaErrors, SchemaError) as e:
         row, what = _first_failure(e, d)
-        u = _unique_failure(d, _key_for(k, d))  # a duplicated row before the first bad one is the story
+        u = _unique_failure(d, _key_for(k, d), k.unique_except)  # a duplicated row before the first bad one
         if u is not None and (row == "header" or u[0] < row):
             row, what = u
         raise RecordingError(path, row, what) from None
-    u = _unique_failure(df.reset_index(drop=True), _key_for(k, df))
+    u = _unique_failure(df.reset_index(drop=True), _key_for(k, df), k.unique_except)
     if u is not None:
         raise RecordingError(path, *u)
     return df

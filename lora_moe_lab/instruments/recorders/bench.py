@@ -439,14 +439,19 @@ def _skew(s: str) -> float:
         raise argparse.ArgumentTypeError(str(e) if "skew" in str(e) else f"skew must be a number, got {s!r}")
 
 
-EXAMPLES = """examples:
-  python -m lora_moe_lab.instruments.recorders.bench sweep --preset tiny --tokens 16 64 --reps 5 --out build/tiny.csv
+EXAMPLES = """examples: (the first two run on a CPU in a few seconds; `lora-moe-bench` is the same CLI)
+  python -m lora_moe_lab.instruments.recorders.bench sweep --preset tiny --layers 2 --tokens 16 64 \\
+      --guards sync cpu_flag --active 0 --reps 5 --backend torch --out build/tiny.csv
+  python -m lora_moe_lab.instruments.recorders.bench lost build/tiny.csv
   python -m lora_moe_lab.instruments.recorders.bench sweep --preset qwen3-30b-a3b --layers 48 --tokens 16 4096 \\
       --active 0 --mode eager graph --out build/h200.csv          # on a GPU
   python -m lora_moe_lab.instruments.recorders.bench lost build/h200.csv
   python -m lora_moe_lab.instruments.recorders.bench meta
-On a CPU the sweep runs the torch ops inline under the wall clock: its us_per_sync is no GPU bubble (the
-summary says so)."""
+The first sweep times 4 rows (2 token counts x 2 guards, no adapter active), appends them to build/tiny.csv
+(run it again with --overwrite or --resume) and prints per row the median forward, syncs_per_forward (2 for
+`sync`: one per layer; 0 for `cpu_flag`), the ratio sync / cpu_flag and us_per_sync; `lost` prints the time
+lost per sync from the CSV. On a CPU the sweep runs the torch ops inline under the wall clock: its us_per_sync
+is no GPU bubble, only noise around the host's own cost (the summary says so)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

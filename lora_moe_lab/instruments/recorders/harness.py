@@ -115,15 +115,29 @@ def cfg_str(bm: int, c) -> str:
 
 
 class Recorder:
-    """The rows and metadata of one recording, written as out_dir/<name>.csv + <name>.meta.json."""
+    """The rows and metadata of one recording, written as out_dir/<name>.csv + <name>.meta.json (each
+    atomically; the metadata keeps the CSV's seal, rows + sha256). With `overwrite` given (a recorder's
+    --overwrite flag), a recording already at out_dir/<name>.csv is refused before any work unless it is
+    True (tables.claim: TableExistsError naming the file); None (the default) checks nothing."""
 
-    def __init__(self, name: str, out_dir, params: dict | None = None, rows: list[dict] | None = None):
+    def __init__(self, name: str, out_dir, params: dict | None = None, rows: list[dict] | None = None,
+                 overwrite: bool | None = None):
         self.name, self.out_dir = name, str(out_dir)
+        if overwrite is not None:
+            self.claim(self.out_dir, name, overwrite)
         os.makedirs(self.out_dir, exist_ok=True)
         self.rows = ROWS if rows is None else rows
         self.meta = metadata(params=dict(params or {}, interpreter=runtime.interpreter(), dry=_DRY))
         self.meta["errors"] = []
         self.t0 = time.time()
+
+    @staticmethod
+    def claim(out_dir, name: str, overwrite: bool) -> None:
+        """Before any work: refuse a recording already at out_dir/<name>.csv unless `overwrite`
+        (tables.claim: TableExistsError, a ValueError naming the file)."""
+        from . import tables
+
+        tables.claim(os.path.join(str(out_dir), f"{name}.csv"), overwrite=overwrite)
 
     def row(self, **kw) -> dict:
         self.rows.append(kw)
@@ -145,17 +159,17 @@ class Recorder:
             self.write()
 
     def write(self, path: str | None = None) -> str:
-        """The CSV (columns in first-seen order) and its metadata, each written atomically (temp file +
-        os.replace: a reader never sees half a file); returns the CSV's path. With no rows yet no CSV is
-        written (an empty one would block a rerun and no reader can read it); the metadata is."""
+        """The CSV (columns in first-seen order), its metadata, then the CSV's seal in it, each written
+        atomically (temp file + os.replace: a reader never sees half a file; tables.write_table); returns
+        the CSV's path. With no rows yet no CSV is written (an empty one would block a rerun and no reader
+        can read it); the metadata is. The run owns its table: each write replaces the one before."""
         from . import tables
 
         self.meta["wall_s"] = time.time() - self.t0
         f = path or os.path.join(self.out_dir, f"{self.name}.csv")
-        if self.rows:
-            keys = list(dict.fromkeys(k for r in self.rows for k in r))
-            tables.write_csv_atomic(f, self.rows, keys)
-        tables.write_json_atomic(f[:-len(".csv")] + ".meta.json", self.meta, default=str)
+        keys = list(dict.fromkeys(k for r in self.rows for k in r))
+        tables.write_table(f, self.rows, keys, meta=self.meta, meta_path=f[:-len(".csv")] + ".meta.json",
+                           replace=True, default=str)
         return f
 
 

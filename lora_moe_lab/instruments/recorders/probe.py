@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ...provenance import catalog, host_state, metadata
 from ..analysers import host_lead
@@ -137,6 +138,9 @@ def main(argv=None) -> int:
         ap.error(f"--out {a.out} exists: name a new file")
     if a.reps < 10 and not a.smoke:
         ap.error(f"--reps {a.reps}: an interval needs >= 10 paired repetitions")
+    if not a.smoke and not torch.cuda.is_available():  # before the 48-layer model is built (tens of GB on a CPU)
+        ap.error("the probe times the 48-layer decoder on a CUDA GPU and none is visible here; "
+                 "--smoke runs the pipeline on tiny shapes on this machine")
     lab, plan, names = build(a.smoke)
     rel = None if a.smoke else relation(exclude=a.session or None)
     meta, host = metadata(), host_columns()

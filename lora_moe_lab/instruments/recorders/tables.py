@@ -6,6 +6,9 @@ recorders that append) and the checks a resume makes before it trusts a table.
     check_tail(path)                         # refuse a file whose last row was cut (no newline, too few fields)
     write_text_atomic(path, text)            # metadata and whole tables: temp file + fsync + os.replace
     seal(path, meta_path)                    # rows + sha256 of the CSV into its metadata (schemas.write_seal)
+    claim(path, overwrite=, columns=, settings=)  # before any work: refuse a foreign / other-settings / existing table
+    write_table(path, rows, columns, meta=)  # a whole table (temp + rename), then its metadata, then its seal
+    seal_files(folder)                       # the seals of a session folder's CSVs (its meta["files"])
 
 The rules, each an error naming the file and the row or column (all `TableError`, a ValueError):
 
@@ -406,3 +409,90 @@ def check_unique(path, df, key: Sequence[str]) -> None:
 
 def rows_to_dicts(df) -> Iterable[dict]:
     return [] if df is None else df.to_dict("records")
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole tables (the study recorders that write a table once, or rewrite their own table as it grows)
+class TableExistsError(TableError):
+    """A recording is already at the path (of this kind and these settings): a rerun must say --overwrite."""
+
+
+def _settings_differ(p: Path, header, rows, settings: Mapping[str, object]) -> None:
+    cols = list(header)
+    for col, want in settings.items():
+        if col not in cols:
+            continue  # the old table cannot say: its header check (or the exists check) decides
+        j = cols.index(col)
+        have = sorted({_norm(r[j]) for r in rows if j < len(r)} - {""})
+        if have and have != [_norm(want)]:
+            first = next(i for i, r in enumerate(rows) if _norm(r[j]) not in ("", _norm(want)))
+            raise SettingsMismatchError(p, f"row {first + 1}: its rows were made with {col}={', '.join(have)}, "
+                                           f"this run has {col}={want}: pass --overwrite to replace it, or choose "
+                                           "another --out")
+
+
+def claim(path, *, overwrite: bool = False, columns: Sequence[str] | None = None,
+          settings: Mapping[str, object] | None = None) -> None:
+    """Before any work: may this run write its table at `path`? Nothing there (or an empty file): yes. With
+    `overwrite`: yes (the table is replaced when the run writes it). Else refused, naming the file and why:
+    HeaderMismatchError (a file of another kind: its header is not `columns`), SettingsMismatchError (its
+    rows were made with other `settings`: column -> value) or TableExistsError (the same kind and settings:
+    a recording is made once; --overwrite makes it again)."""
+    p = Path(path)
+    if overwrite or not p.exists() or p.stat().st_size == 0:
+        return
+    s = scan(p) if p.is_file() else Scan(p)
+    if columns is not None and s.header is not None:
+        check_header(p, columns, s.header)
+    if settings and s.header is not None:
+        _settings_differ(p, s.header, s.rows, settings)
+    raise TableExistsError(p, f"a recording is already here ({len(s.rows)} rows"
+                              f"{', its last row cut' if s.cut is not None else ''}): pass --overwrite to "
+                              "record it again, or choose another --out")
+
+
+def write_table(path, rows, columns: Sequence[str] | None = None, *, meta: Mapping | None = None, meta_path=None,
+                replace: bool = False, settings: Mapping[str, object] | None = None, seal_it: bool = True,
+                **json_kw) -> Path:
+    """A whole table written at once, so a reader sees the old or the new one, never half: the CSV (temp file
+    + fsync + os.replace), then its metadata (`meta`, when given: written the same way, keeping the seals of
+    the other files it describes), then the CSV's seal (rows + sha256) in that metadata (`meta_path`, else
+    the sibling <name>.meta.json). A kill between the two leaves a CSV its seal refuses: never a half table.
+
+    An existing table at `path` is replaced only when it is of this kind (its header is `columns`) and, with
+    `settings` (column -> value), its rows were made with these settings; else HeaderMismatchError /
+    SettingsMismatchError naming the file. `replace=True` (--overwrite, or a run rewriting the table it
+    owns as it grows) skips both checks. No rows: nothing is written (no empty CSV to block a rerun), the
+    metadata still is. Returns the CSV's path."""
+    p = Path(path)
+    if hasattr(rows, "to_dict"):
+        columns = list(rows.columns) if columns is None else columns
+        rows = rows.to_dict("records")
+    rows = list(rows)
+    columns = list(dict.fromkeys(k for r in rows for k in r)) if columns is None else list(columns)
+    mp = Path(meta_path) if meta_path is not None else sibling_meta(p)
+    if rows:
+        if not replace and p.exists() and p.stat().st_size > 0:
+            s = scan(p)
+            check_header(p, columns, s.header)
+            if settings:
+                _settings_differ(p, s.header, s.rows, settings)
+        write_csv_atomic(p, rows, columns)
+    if meta is not None:
+        m = dict(meta)
+        old = read_meta(mp)
+        if isinstance(old.get("files"), dict):
+            m["files"] = {**old["files"], **(m.get("files") or {})}
+        write_json_atomic(mp, m, **json_kw)
+    if rows and seal_it:
+        seal(p, mp)
+    return p
+
+
+def seal_files(folder, pattern: str = "*.csv", skip: Sequence[str] = ()) -> dict:
+    """{file name: {"rows", "sha256"}} of the CSVs in `folder` (a session folder's meta["files"])."""
+    try:
+        from ..analysers.schemas import seal as _seal
+    except ImportError:
+        return {}
+    return {f.name: _seal(f) for f in sorted(Path(folder).glob(pattern)) if f.is_file() and f.name not in skip}

@@ -40,9 +40,27 @@ CORPUS = {
     "audit_priced": ("audit_corpus/priced.csv", "eager_us", "model"),
     "audit_sites": ("audit_corpus/sites.csv", "count", "site"),
     "hidden_syncs": ("hidden_syncs/hidden_syncs_s1.csv", "occurrences", "pattern"),  # its times are NaN where unstable
+    "kernel_resources": ("kernels/kernel_resources.csv", "regs", "tile"),
+    "kernel_recording": ("kernels/kernels.csv", "time_us", "section"),
+    "kernel_peers": ("kernels/peers_carried.csv", "time_us", "engine"),
+    "backends": ("backends/backends.csv", "rel_err", "rel_err"),
+    "clocks": ("production/signature_s2/clocks.csv", "t_unix", "t_unix"),
+    "replay_reproduction": ("replay/reproduction.csv", "traced_ms", "trace"),
+    "replay_vs_simulator": ("replay/simulator_vs_replay.csv", "layers", "quantity"),
+    "replay_validation": ("replay/validation.csv", "measured_ms", "target"),
+    "simulator_validation": ("simulator/simulator_validation.csv", "median_us", "guard"),
+    "simulator_vs_production": ("simulator/simulator_vs_production.csv", "tokens", "metric"),
+    "probe": ("probe/probe_p2.csv", "host_us_per_layer", "host_us_per_layer"),
+    "probe_points": ("probe/points.csv", "host_us_per_layer", "session"),
+    "probe_validation": ("probe/validation.csv", "lead_us", "host"),
+    "tp_prediction": ("tp_emulation/prediction.csv", "sessions", "metric"),
+    "tp_validation": ("tp_emulation/validation.csv", "measured", "point"),
+    "traces_summary": ("traces/traces_summary.csv", "n_forwards", "file"),
 }
 FOREIGN = {"guards": "hidden_syncs/hidden_syncs_s1.csv", "kernel_tidy": "hidden_syncs/hidden_syncs_s1.csv"}
-NO_KEY = {"kernel_run", "kernel_tidy"}  # tables with no unique key (a sweep times a point twice): the seal catches it
+# tables with no unique key (samples that may repeat; a trace name in two sessions' folders): the seal catches it
+NO_KEY = {"clocks", "replay_reproduction"}
+SPARSE = {"kernel_run", "kernel_tidy", "kernel_recording", "bench_sweep"}  # wide tables: a number may be empty
 TEXT = {"kernel_tidy": dict(dtype=str, keep_default_na=False)}  # how its reader (studies/kernels/tidy.py) reads it
 
 
@@ -132,7 +150,7 @@ def test_damaged_recording_is_refused_by_name(kind, damage, tmp_path):
         i = _row(df, num)
         orig = df.loc[i, num]
         df.loc[i, num] = {"wrong_type": "fast", "out_of_range": "-5", "nan": ""}[damage]
-        if damage == "nan" and kind in ("kernel_run", "kernel_tidy", "bench_sweep"):  # its numbers may be empty
+        if damage == "nan" and kind in SPARSE:  # its numbers may be empty
             df.loc[i, num], df.loc[i, req] = orig, ""  # (a section without it, a failed point)
         _write(f, df, kind)
         expect = [f"row {i + 1}"] + ({"wrong_type": [num, "not a number"], "out_of_range": [num, "-5"],

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import assert_cli_refused
 
 from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import bench
@@ -159,10 +160,8 @@ def test_cli_help(capsys):
     (["--dtype", "int8"], "unknown dtype"),
 ])
 def test_cli_rejects_bad_args(tmp_path, capsys, args, msg):
-    with pytest.raises(SystemExit) as e:
-        bench.main(["sweep", "--out", str(tmp_path / "x.csv"), *args])
-    assert e.value.code == 2 and msg in capsys.readouterr().err
-    assert not (tmp_path / "x.csv").exists()
+    out = tmp_path / "x.csv"
+    assert_cli_refused(bench.main, ["sweep", "--out", str(out), *args], msg, capsys, absent=[out])
 
 
 def test_cli_sweep_resume_and_lost(tmp_path, capsys):

@@ -67,3 +67,13 @@ def test_bad_parameters_stop_before_any_work(args, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--reps" in err or "--host-us-per-layer" in err
+
+
+def test_without_a_gpu_the_full_probe_refuses_before_building(capsys, monkeypatch):
+    """`make gpu-probe` on a CPU machine: a named refusal, not a 48-layer model grown to tens of GB."""
+    monkeypatch.setattr(PB.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(PB, "build", lambda smoke: pytest.fail("built a model without a GPU"))
+    with pytest.raises(SystemExit) as e:
+        PB.main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "CUDA GPU" in err and "--smoke" in err

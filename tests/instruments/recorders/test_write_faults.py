@@ -8,6 +8,7 @@ import os
 
 import pandas as pd
 import pytest
+from helpers import assert_cli_refused
 
 from lora_moe_lab.instruments.recorders import bench, tables
 from lora_moe_lab.instruments.recorders import prefill as P
@@ -211,9 +212,8 @@ def test_lost_reads_a_whole_sweep(sweep_csv, capsys):
     (["--requests", "True"], "argument --requests: expected a positive integer"),
 ])
 def test_sweep_cli_refuses_bad_values(tmp_path, capsys, args, msg):
-    with pytest.raises(SystemExit) as e:
-        bench.main(["sweep", "--out", str(tmp_path / "x.csv"), *args])
-    assert e.value.code == 2 and msg in capsys.readouterr().err and not (tmp_path / "x.csv").exists()
+    out = tmp_path / "x.csv"
+    assert_cli_refused(bench.main, ["sweep", "--out", str(out), *args], msg, capsys, absent=[out])
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -231,9 +231,7 @@ def test_sweep_cli_refuses_bad_values(tmp_path, capsys, args, msg):
 ])
 def test_prefill_cli_refuses_bad_values(tmp_path, capsys, args, msg):
     out = tmp_path / "p.csv"
-    with pytest.raises(SystemExit) as e:
-        P.main([*PREFILL, "--out", str(out), *args])
-    assert e.value.code == 2 and msg in capsys.readouterr().err and not out.exists()
+    assert_cli_refused(P.main, [*PREFILL, "--out", str(out), *args], msg, capsys, absent=[out])
 
 
 # ---------------------------------------------------------------------------------------------
