@@ -197,7 +197,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
           unique=["section", "preset", "op", "M", "tile", "arm", "kernel", "config", "occurrence"],
           unique_except=_KERNEL_EXEMPT, meta="section",
           what="a kernels tidy table (studies/kernels/tidy.py): every session's rows"),
-    # four tiles are listed twice in the first resources recording (the early arm at M=8192 of two builds that resolve to one tile)
+    # four tiles are listed twice in the first resources recording (the early arm at M=8192 of two builds that
+    # resolve to one tile)
     _kind("kernel_resources", dict(session=_str(), kernel=_str(), preset=_str(), op=_str(), M=_int(POS), arm=_str(),
                                    tile=_str(), num_warps=_int(POS), regs=_int(NONNEG), stack=_int(NONNEG),
                                    shared=_int(NONNEG), programs_per_sm=_int(NONNEG, nullable=True)),
