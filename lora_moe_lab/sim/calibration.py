@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..instruments.recorders import tables
 from ..provenance import DATA, catalog, label as _label, normalize_meta, repo_relative
 from .cost import CostModel
 from .fit import FIT_BOUNDS, FIT_PARAMS_RECORDED, FitResult, Validation, fit, holdout
@@ -66,9 +67,12 @@ class Calibration:
                                    passed=int(self.validation.points["passes"].sum())),
                    production_settings=dict(PRODUCTION_SETTINGS, chunks=list(PRODUCTION_SETTINGS["chunks"])),
                    headline_chunk=HEADLINE_CHUNK, headline=self.headline())
-        (folder / FILES["fit"]).write_text(json.dumps(doc, indent=1) + "\n")
-        self.validation.points.to_csv(folder / FILES["validation"], index=False)
-        self.production.to_csv(folder / FILES["production"], index=False)
+        # each file whole (temp file + rename; instruments/recorders/tables.py), then the tables' seals
+        tables.write_json_atomic(folder / FILES["fit"], doc)
+        for key, df in (("validation", self.validation.points), ("production", self.production)):
+            path = folder / FILES[key]
+            tables.write_text_atomic(path, df.to_csv(index=False))
+            tables.seal(path)
         return folder
 
 

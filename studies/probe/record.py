@@ -13,7 +13,6 @@ Another session is another freshly started machine: the host is what differs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from lora_moe_lab.instruments.recorders import probe as PB
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.provenance import metadata
 
 LEVELS = [0.0, 2000.0]
@@ -49,12 +49,13 @@ def main(argv=None) -> int:
                                                        log=lambda s: print(s, flush=True)), **PB.host_columns(),
                          gpu=meta["gpu"], commit=meta["commit"], date=meta["date"]))
         out.mkdir(parents=True, exist_ok=True)
-        tmp = csv.with_suffix(".tmp")
-        pd.DataFrame(rows).to_csv(tmp, index=False)
-        tmp.replace(csv)  # after every level: whole rows or nothing; a killed call keeps what it measured
+        # after every level: the table whole (temp file + rename), then its metadata and seal; a killed call keeps
+        # what it measured, and a kill between the two leaves a table its seal refuses, never half a table
+        tables.write_text_atomic(csv, pd.DataFrame(rows).to_csv(index=False))
         meta.update(wall_s=round(time.monotonic() - t0, 1), rows=len(rows),
                     relation=rel.describe() if rel else "none recorded before this session")
-        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        tables.write_json_atomic(meta_path, {**meta, "files": tables.read_meta(meta_path).get("files", {})})
+        tables.seal(csv, meta_path)
     print(f"total {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 

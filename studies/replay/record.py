@@ -38,7 +38,6 @@ is not in the prediction: it under-predicts by that wait, reported as the miss's
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from lora_moe_lab.instruments.analysers import production_runs, recordings, stats
+from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import replay as R
 from lora_moe_lab.sim import replay_transforms as X
@@ -253,15 +253,17 @@ def main() -> pd.DataFrame:
                               err_pct=100 * (r.step_ns[0] / g.traced_ns - 1), replay_s=dt))
     rp = pd.DataFrame(repro)
     OUT.mkdir(parents=True, exist_ok=True)
-    df.to_csv(OUT / "validation.csv", index=False, float_format="%.4f")
-    rp.to_csv(OUT / "reproduction.csv", index=False, float_format="%.4f")
+    # each table whole (temp file + rename), its metadata, then its seal (recorders/tables.py)
+    tables.write_text_atomic(OUT / "validation.csv", df.to_csv(index=False, float_format="%.4f"))
+    tables.write_text_atomic(OUT / "reproduction.csv", rp.to_csv(index=False, float_format="%.4f"))
     meta = metadata(dict(tolerance=TOL, spin_ns=SPIN_NS, method=__doc__.strip(), points=len(df),
                          replayed_rank=REPLAYED_RANK, collective_own_ns=coll,
                          passed=int(df["passed"].sum()), raw_passed=int(df["raw_passed"].sum()),
                          reproduction_max_abs_err_pct=float(rp["err_pct"].abs().max()),
                          replay_max_s=float(rp["replay_s"].max()), seconds=time.perf_counter() - t0))
     for name in ("validation", "reproduction"):
-        (OUT / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        tables.write_json_atomic(OUT / f"{name}.meta.json", meta)
+        tables.seal(OUT / f"{name}.csv", OUT / f"{name}.meta.json")
     return df
 
 
@@ -292,13 +294,14 @@ def simulator_vs_replay() -> pd.DataFrame:
 
     t0 = time.perf_counter()
     d = whatif.simulator_vs_replay()
-    d.to_csv(OUT / "simulator_vs_replay.csv", index=False, float_format="%.4f")
+    tables.write_text_atomic(OUT / "simulator_vs_replay.csv", d.to_csv(index=False, float_format="%.4f"))
     meta = metadata(dict(tolerance=TOL, method=whatif.simulator_vs_replay.__doc__.strip(), points=len(d),
                          agree=int(d["agrees"].sum()), compared=int(d["simulator_ms"].notna().sum()),
                          simulator_fit="data/simulator/simulator_fit.json",
                          replay_validation="data/replay/validation.csv",
                          seconds=time.perf_counter() - t0))
-    (OUT / "simulator_vs_replay.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    tables.write_json_atomic(OUT / "simulator_vs_replay.meta.json", meta)
+    tables.seal(OUT / "simulator_vs_replay.csv", OUT / "simulator_vs_replay.meta.json")
     return d
 
 
