@@ -185,14 +185,17 @@ assert same, "the hoisted loop's logits differ from the eager loop's"
 # rewrite buys that back is a timing question: `data/audit_corpus/` (`studies/audit_corpus/record.py`,
 # `priced.csv`, a row per session and model) holds the replay's predicted saving beside the
 # measured one (eager against hoisted, paired, with its 95 % interval) per model, recorded on an H200.
-# Read as recorded; nothing here is computed on this machine.
+# The price reads the original forward only: one profiled call, its host scaled to the original's own
+# unprofiled time in the measurement's window (a shared host's speed drifts within a minute); the
+# canonical sessions (the last two) land within ±15 % of the measured saving. Read as recorded; nothing
+# here is computed on this machine.
 
 # %%
 PRICED = nbp.DATA / "audit_corpus" / "priced.csv"  # one row per session and model
 if PRICED.exists():
     priced = pd.read_csv(PRICED)
-    cols = ["session", "model", "syncs_before", "syncs_after", "predict_method", "predicted_saving_us",
-            "measured_saving_us", "measured_lo_us", "measured_hi_us", "pred_error_pct", "halfwidth_pct", "reps"]
+    cols = ["session", "model", "syncs_before", "syncs_after", "predicted_saving_us", "measured_saving_us",
+            "measured_lo_us", "measured_hi_us", "pred_error_pct", "halfwidth_pct", "reps", "predict_method"]
     print(f"recorded: {PRICED.name} (saving per forward, us; measured: paired, percentile bootstrap 95 % interval)")
     display(priced[[c for c in cols if c in priced]].round(1))
 else:
