@@ -235,7 +235,9 @@ def part_of(name: str, occurrence: float | None = None) -> str:
     if name == "fused_moe_kernel":
         return {0: "GEMM gate_up", 1: "GEMM down"}.get(occurrence, "GEMMs")
     named = {"fused_moe_lora_kernel": "LoRA separate delta", "packed_shrink_kernel": "LoRA shrink",
-             "_slot_order_kernel": "LoRA slot order"}
+             "_slot_order_kernel": "LoRA slot order",
+             # the production-like base layer (kernels/router.py, activation.py, moe_sum.py): one kernel each
+             "router_kernel": "router", "silu_and_mul_kernel": "SiLU and mul", "moe_sum_kernel": "top-k sum"}
     if name in named:
         return named[name]
     if name.startswith("_align"):

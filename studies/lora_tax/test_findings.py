@@ -99,3 +99,19 @@ def test_a_cell_with_no_ok_session_has_no_figure(tmp_path):
     s = read.summarize(read.load(f))
     assert len(s) == 1 and s.sessions[0] == 0 and np.isnan(s.ratio[0]) and s.note[0] == "s1: unstable"
     assert pd.isna(s.goal_met[0])
+
+
+def test_the_base_layer_parts_are_the_committed_parts_read_now():
+    """data/lora_tax/base_layer.csv is base_layer.table() over the committed parts sessions; the old torch path's
+    router sits at <= 6 % of its floor and its two-kernel SiLU at <= 30 % (a bf16 product, one pass each would do);
+    the new kernels' names land in the same parts."""
+    from studies.lora_tax import base_layer
+
+    got = base_layer.table(C)
+    rec = S.read_csv(base_layer.OUT, "lora_tax_base_layer")
+    assert len(got) == len(rec) and np.allclose(got.us, rec.us) and np.allclose(got.floor_us, rec.floor_us)
+    old = got[got.M >= 1024]
+    assert (old[old.part == "router"].of_floor <= 0.06).all()
+    assert (old[old.part == "SiLU and mul"].of_floor <= 0.30).all()
+    assert {RF.part_of(n) for n in ("router_kernel", "silu_and_mul_kernel", "moe_sum_kernel")} == \
+        {"router", "SiLU and mul", "top-k sum"}

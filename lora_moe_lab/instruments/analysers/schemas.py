@@ -339,6 +339,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                       sessions=_int(POS)),
           unique=["preset", "op", "M"], what="each base MoE GEMM as a fraction of its floor "
                                              "(studies/lora_tax/base_floor.py)"),
+    _kind("lora_tax_base_layer", dict(session=_str(), preset=_str(), M=_int(POS),
+                                      part=_str(pa.Check.isin(["router", "SiLU and mul", "top-k sum"])),
+                                      us=_num(NONNEG, nullable=False), floor_us=_num(POS, nullable=False),
+                                      busy_us=_num(POS, nullable=False)),
+          unique=["session", "preset", "M", "part"], what="the base layer's non-GEMM parts against their floors, per "
+                                                          "parts session (studies/lora_tax/base_layer.py)"),
 ]}
 
 
