@@ -54,18 +54,6 @@ def calibrate(lab, plan, names, smoke=False) -> dict:
                     unreachable=str(exc))
 
 
-def claim_session(work: Path, overwrite: bool) -> None:
-    """Before any model is built: a session folder that holds tables already is refused (a session is
-    recorded once: its meta.json would describe another run's rows); --overwrite removes them first."""
-    old = sorted(work.glob("*.csv")) if work.is_dir() else []
-    if old and not overwrite:
-        raise tables.TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "
-                                            "...): pass --overwrite to record the session again, or name another "
-                                            "--session")
-    for f in old:
-        f.unlink()
-
-
 def write_task(work: Path, name: str, df: pd.DataFrame, summary: pd.DataFrame, sigs: dict | None = None,
                session: str | None = None) -> list:
     """A task's tables, each whole (temp file + os.replace: tables.write_table): rows, summary, and the
@@ -116,7 +104,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     work = out / f"signature_{a.session}"
     try:
-        claim_session(work, a.overwrite)
+        tables.claim_session(work, a.overwrite)
     except tables.TableError as e:
         ap.error(str(e))
     work.mkdir(parents=True, exist_ok=True)

@@ -86,18 +86,6 @@ def write_task(work: Path, task: str, df: pd.DataFrame, summary: pd.DataFrame) -
             tables.write_table(work / f"{task}.summary.csv", summary, replace=True, seal_it=False)]
 
 
-def claim_session(work: Path, overwrite: bool) -> None:
-    """Before any lab is built: a session folder holding tables already is refused unless --overwrite
-    (which removes them first): a session is recorded once."""
-    old = sorted(work.glob("*.csv")) if work.is_dir() else []
-    if old and not overwrite:
-        raise tables.TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "
-                                            "...): pass --overwrite to record the session again, or name another "
-                                            "--session")
-    for f in old:
-        f.unlink()
-
-
 def seal_session(work: Path, meta: dict, open_logs=()) -> dict:
     """meta["files"]: the seals of the session folder's tables (not a log still being written)."""
     meta["files"] = tables.seal_files(work, skip=tuple(Path(f).name for f in open_logs))
@@ -196,7 +184,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     work = out / f"emulation_{a.session}"
     try:
-        claim_session(work, a.overwrite)
+        tables.claim_session(work, a.overwrite)
     except tables.TableError as e:
         ap.error(str(e))
     work.mkdir(parents=True, exist_ok=True)

@@ -451,6 +451,18 @@ def claim(path, *, overwrite: bool = False, columns: Sequence[str] | None = None
                               "record it again, or choose another --out")
 
 
+def claim_session(folder, overwrite: bool) -> None:
+    """Before any work: a session folder that holds tables already is refused (a session is recorded once: its
+    meta.json would describe another run's rows); `overwrite` (--overwrite) removes them first."""
+    work = Path(folder)
+    old = sorted(work.glob("*.csv")) if work.is_dir() else []
+    if old and not overwrite:
+        raise TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "
+                                     "...): pass --overwrite to record the session again, or name another --session")
+    for f in old:
+        f.unlink()
+
+
 def write_table(path, rows, columns: Sequence[str] | None = None, *, meta: Mapping | None = None, meta_path=None,
                 replace: bool = False, settings: Mapping[str, object] | None = None, seal_it: bool = True,
                 **json_kw) -> Path:

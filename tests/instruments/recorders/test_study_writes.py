@@ -116,8 +116,8 @@ def test_session_tables_are_whole_and_sealed_in_the_session_meta(study, tmp_path
     assert len(S.read_csv(work / "default_C8192.csv", "production_task")) == 4
     assert len(S.read_csv(work / "clocks.csv", "clocks")) == 1
     with pytest.raises(tables.TableExistsError, match="holds 3 table"):
-        rec.claim_session(work, overwrite=False)
-    rec.claim_session(work, overwrite=True)
+        tables.claim_session(work, overwrite=False)
+    tables.claim_session(work, overwrite=True)
     assert not list(work.glob("*.csv"))
 
 
