@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_tensor, pow2
+from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_tensor, pow2, rows_out
 
 
 @triton.jit
@@ -35,11 +35,7 @@ def silu_and_mul(inter: torch.Tensor, out: torch.Tensor | None = None) -> torch.
         raise ValueError(f"silu_and_mul: inter must be (rows, 2I) with unit column stride, got {tuple(inter.shape)} "
                          f"strides {inter.stride()}")
     I = I2 // 2
-    if out is None:
-        out = inter.new_empty(rows, I)
-    elif out.shape != (rows, I) or out.dtype != inter.dtype or out.device != inter.device or out.stride(1) != 1:
-        raise ValueError(f"silu_and_mul: out must be {inter.dtype} ({rows}, {I}) on {inter.device} with unit column "
-                         f"stride, got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    out = rows_out("silu_and_mul", out, inter, (rows, I))
     if rows:
         block = min(1024, max(16, pow2(I)))
         silu_and_mul_kernel[(rows, cdiv(I, block))](inter, out, I, inter.stride(0), out.stride(0), BLOCK=block,

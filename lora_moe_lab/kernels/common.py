@@ -81,6 +81,18 @@ def check_tensor(name: str, t, ndim: int | None = None, dtypes=None, device: tor
                          f"call .contiguous() first")
 
 
+def rows_out(op: str, out, like: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """An elementwise launcher's output: a new (shape) tensor of like's dtype and device, or `out` checked to be one
+    with unit column stride (any row stride: e.g. the first columns of a wider buffer). ValueError naming `op`."""
+    if out is None:
+        return like.new_empty(shape)
+    if (tuple(out.shape) != tuple(shape) or out.dtype != like.dtype or out.device != like.device
+            or out.stride(1) != 1):
+        raise ValueError(f"{op}: out must be {like.dtype} {tuple(shape)} on {like.device} with unit column stride, "
+                         f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    return out
+
+
 def check_compute_dtype(x: torch.Tensor) -> None:
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x must be float32, float16 or bfloat16, got {str(x.dtype).replace('torch.', '')}")

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_tensor, pow2
+from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_tensor, pow2, rows_out
 
 
 @triton.jit
@@ -45,11 +45,7 @@ def moe_sum(y: torch.Tensor, top_k: int, residual: torch.Tensor | None = None,
         if residual.shape != (M, K) or residual.stride(1) != 1:
             raise ValueError(f"moe_sum: residual must be ({M}, {K}) with unit column stride, got "
                              f"{tuple(residual.shape)} strides {residual.stride()}")
-    if out is None:
-        out = y.new_empty(M, K)
-    elif out.shape != (M, K) or out.dtype != y.dtype or out.device != y.device or out.stride(1) != 1:
-        raise ValueError(f"moe_sum: out must be {y.dtype} ({M}, {K}) on {y.device} with unit column stride, got "
-                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    out = rows_out("moe_sum", out, y, (M, K))
     if M:
         block = min(1024, max(16, pow2(K)))
         res = y if residual is None else residual

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import rows_out
+
 
 @triton.jit
 def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, K, eps, stride_x, stride_o, BLOCK_K: tl.constexpr):
@@ -29,11 +31,7 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | No
         raise ValueError(f"rmsnorm: x must be (M, K) and w (K,), got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError("rmsnorm: x rows and w must be contiguous")
-    if out is None:
-        out = torch.empty_like(x)
-    elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(1) != 1:
-        raise ValueError(f"rmsnorm: out must be {x.dtype} {tuple(x.shape)} on {x.device} with unit column stride, "
-                         f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+    out = rows_out("rmsnorm", out, x, tuple(x.shape))
     K = x.shape[1]
     rmsnorm_kernel[(x.shape[0],)](x, w, out, K, eps, x.stride(0), out.stride(0),
                                   BLOCK_K=triton.next_power_of_2(K), num_warps=4 if K <= 4096 else 8)

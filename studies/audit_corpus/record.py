@@ -100,7 +100,7 @@ def calibrate_host(g, plain_us: float, ret: bool = True):
 
 
 def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: int | None,
-                     targets: dict[str, float] | None = None):
+                     targets: dict[str, tuple[float, bool]] | None = None):
     """The replay's saving of the rewrite, from ONE plain profiled forward of the eager loop, two ways:
     `syncs`: every removed sync and the device-to-host copy before it go (remove_syncs);
     `ops`: the ops the rewrite deletes go whole (drop_calls): each top-level aten op that holds a removed
@@ -111,8 +111,9 @@ def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: 
     launch (`expert_idx == num_experts`, one elementwise kernel over a few int64) kept and repeated once
     (repeat_calls). The rewrite's slice of the sorted order per expert stands in as the loop's `expert_idx[0]`
     select (kept). The per-layer routing ops of both (one_hot, sum, nonzero against sort, scatter_add, tolist)
-    are left as traced. `targets`: {name: the original's unprofiled time, us}: the `ops` edit again on the
-    graph with its host calibrated to each (`calibrate_host`)."""
+    are left as traced. `targets`: {name: (the original's unprofiled time in us, whether the syncs' return
+    latency scales with the host)}: the `ops` edit again on the graph with its host calibrated to each
+    (`calibrate_host`)."""
     tables = profile_forwards(fwd, n_warmup=1, n_active=1)
     g = build_graph(tables, forward=0)
     sync_idx = np.nonzero(g.host["kind"] == SYNC)[0]
@@ -155,8 +156,8 @@ def predicted_saving(rep, fwd, experts_file: str, keep_line: int, compare_line: 
     g2 = rewrite(g)
     ops = base - float(replay(g2).step_ns[0])
     cal, factors = {}, {}
-    for name, plain_us in (targets or {}).items():  # the same edit on the host-calibrated graph
-        gc, f = calibrate_host(g, plain_us, ret=not name.endswith("_ret"))  # (call indices unchanged by scaling)
+    for name, (plain_us, ret) in (targets or {}).items():  # the same edit on the host-calibrated graph
+        gc, f = calibrate_host(g, plain_us, ret=ret)  # (the call indices are unchanged by scaling)
         cal[name] = (float(replay(gc).step_ns[0]) - float(replay(rewrite(gc, f)).step_ns[0])) / 1e3
         factors[name] = f
         note += f"; host x{f:.3f} to the {name} {plain_us / 1e3:.1f} ms"
@@ -235,7 +236,8 @@ def main(argv=None):
         # per cent within a minute on a shared host, so a target timed a minute earlier describes another
         # machine state); the early burst's target is recorded beside it. No time of the rewrite enters.
         p = predicted_saving(rep, fwd, experts_file, nonzero_line, compare_line,
-                             dict(window=m["eager_us"], early=float(np.median(plain)), window_ret=m["eager_us"]))
+                             dict(window=(m["eager_us"], True), early=(float(np.median(plain)), True),
+                                  window_ret=(m["eager_us"], False)))
         pred = p["calibrated"]["window"]
         rows.append(dict(
             session=a.session, model=name, tokens=a.tokens, layers=MODELS[name]["layers"],
