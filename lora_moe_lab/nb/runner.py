@@ -233,6 +233,17 @@ def check_port(port) -> int:
     return port
 
 
+def accepts(port: int, host: str = LAB_HOST) -> bool:
+    """Whether something listening on host:port takes a TCP connection now."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def port_is_free(port: int, host: str = LAB_HOST) -> bool:
     """Whether a listener can bind host:port now (the way Jupyter will bind it)."""
     import socket
@@ -318,7 +329,8 @@ def start_lab(port: int, token: str | None = None, *, env: dict | None = None, t
     deadline = time.monotonic() + timeout
     while True:
         info = server_info(proc.pid, runtime_dir)
-        if info is not None and "port" in info:
+        # listening: its runtime info written AND the port taking connections (the file can come first)
+        if info is not None and "port" in info and (int(info["port"]) != port or accepts(port)):
             break
         if proc.poll() is not None:
             relay.join(5)
