@@ -30,7 +30,10 @@ whose expert id is -1 (checked per item). With WRITE_EXIT each (slot, block) get
 exit_ptr: 0 ran, 1 lora_id -1, 2 disabled, 3 past the end, 4 expert -1.
 
 The rank is zero-padded to the pool's max rank R; BLOCK_R = next power of two >= max(R, 16) (the
-matrix units need 16) and rows >= R are masked, so smaller ranks cost nothing extra in memory.
+matrix units need 16) and rows >= R are masked, so a BLOCK_R above R costs nothing extra in memory. Given
+`lora_ranks` (the batch's (L,) rank per row, loaded whole with the exits' metadata) a work item masks past its own
+adapter's rank instead: a rank-8 adapter in a rank-64 pool reads an eighth of the A rows (B's rows of R values
+are read in whole sectors). The padded lanes held zeros, so the result is the padded launch's bit for bit.
 """
 import torch
 import triton
@@ -58,6 +61,7 @@ def fused_moe_lora_kernel(
     ntpp_ptr,  # (L,) int32 num_tokens_post_padded per row
     lora_ids_ptr,  # (L,) int32 weight slot of each LoRA row, -1 = no adapter
     enabled_ptr,  # (L,) int32, 0 = adapter disabled for this batch
+    ranks_ptr,  # (L,) int32 rank of each LoRA row (HAS_RANKS only; 0 = the padded R)
     rw_ptr,  # (M*top_k,) float32 routed weights (HAS_RW only)
     exit_ptr,  # (L, EM // BLOCK_M) int32 exit codes (WRITE_EXIT only)
     N, K, R,
@@ -75,7 +79,7 @@ def fused_moe_lora_kernel(
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_N: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr, PREFETCH: tl.constexpr,
-    EXPAND_STAGES: tl.constexpr = 0,
+    EXPAND_STAGES: tl.constexpr = 0, HAS_RANKS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -103,6 +107,8 @@ def fused_moe_lora_kernel(
     lid = tl.load(lora_ids_ptr + offs_s, mask=s_ok, other=-1)
     en = tl.load(enabled_ptr + offs_s, mask=s_ok, other=0)
     nt = tl.load(ntpp_ptr + offs_s, mask=s_ok, other=0)
+    if HAS_RANKS:
+        rks = tl.load(ranks_ptr + offs_s, mask=s_ok, other=0)
     busy = tl.minimum((nt + BLOCK_M - 1) // BLOCK_M, num_blocks)
     items = tl.where((lid != -1) & (en != 0), busy * SPLIT_N, 0)
     cum = tl.cumsum(items, 0)  # inclusive prefix sum over slots
@@ -116,9 +122,14 @@ def fused_moe_lora_kernel(
         b = local // SPLIT_N
         expert = tl.load(expert_ids_ptr + slot * stride_es + b)
         wslot = tl.sum(tl.where(offs_s == slot, lid, 0), 0)  # the row's weight slot (already loaded)
+        if HAS_RANKS:  # the row's own rank (0: not filled in, the padded R)
+            rk = tl.sum(tl.where(offs_s == slot, rks, 0), 0)
+            rank = tl.where(rk > 0, tl.minimum(rk, R), R)
+        else:
+            rank = R
         if expert != -1:  # early exit 4, before any activation or weight load
             _lora_block(x_ptr, a_ptr, b_ptr, out_ptr, sorted_ids_ptr, rw_ptr, slot, wslot, b, pid_n, expert,
-                        N, K, R, num_pairs, top_k, n_per_split,
+                        N, K, rank, num_pairs, top_k, n_per_split,
                         stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                         stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_ss,
                         P, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW, PREFETCH, EXPAND_STAGES)
@@ -279,14 +290,16 @@ _RESOURCES: dict = {}  # compiled-kernel key -> registers per thread and shared 
 
 
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None,
-               gather=True, exit_codes=None, config: LoRAKernelConfig | None = None):
+               gather=True, exit_codes=None, config: LoRAKernelConfig | None = None, lora_ranks=None):
     """ADD the LoRA delta into `out` in place (see ops/torch_backend.py: lora_delta for the exact contract).
 
     lora_a (P, S, E, r, K), lora_b (P, S, E, N, r), out (M*top_k, P*N); align: per-row Alignment with
     L LoRA rows (1 <= L <= S); lora_ids (L,) maps each row to its weight slot (or -1), adapter_enabled
     (L,). The pool's batches use L = S, row s = slot s; a compacted batch (the `per_active_count`
     graph strategy) has one row per active adapter. exit_codes: optional int32 (L, EM // BM) that
-    receives each program's exit code.
+    receives each program's exit code. lora_ranks: optional int32 (L,) rank per row (the batch's
+    `LoRABatchTensors.lora_ranks`): each work item reads only its adapter's rank of the zero-padded stacks (the same
+    result, fewer bytes); it must cover the row's adapter (0 reads the padded rank).
     """
     check_tensor("x", x, 2, FLOAT_DTYPES)
     dev = x.device
@@ -311,7 +324,9 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     L = align.sorted_token_ids.shape[0]  # LoRA rows of this batch
     if not 1 <= L <= S:
         raise ValueError(f"lora_delta: the alignment has {L} LoRA rows; it needs 1 to S={S} (the weight slots)")
-    for nm, t in (("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled)):
+    for nm, t in (("lora_ids", lora_ids), ("adapter_enabled", adapter_enabled), ("lora_ranks", lora_ranks)):
+        if t is None and nm == "lora_ranks":
+            continue
         check_tensor(nm, t, 1, (torch.int32,), dev)
         if t.shape != (L,):
             raise ValueError(f"{nm} must be (L,)=({L},), one per LoRA row of the alignment, got {tuple(t.shape)}")
@@ -331,7 +346,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     ex = exit_codes if exit_codes is not None else align.expert_ids
     compiled = fused_moe_lora_kernel[grid](
         x, lora_a, lora_b, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
-        lora_ids, adapter_enabled, rw, ex,
+        lora_ids, adapter_enabled, lora_ranks if lora_ranks is not None else lora_ids, rw, ex,
         N, K, R, num_pairs, nb, top_k, n_per_split,
         x.stride(0), x.stride(1),
         *lora_a.stride(), *lora_b.stride(),
@@ -340,7 +355,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, EXPAND_STAGES=cfg.expand_stages,
+        PREFETCH=cfg.prefetch, EXPAND_STAGES=cfg.expand_stages, HAS_RANKS=lora_ranks is not None,
         num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":

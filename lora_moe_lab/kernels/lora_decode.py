@@ -11,6 +11,12 @@ each program takes ONE (token, k) pair straight from `topk_ids` and the per-toke
     expert = topk_ids[t, k]          -1: no expert                          -> exit 4
     out[pair, p*N + n] += (x[row(pair)] . A[p, slot, expert]) @ B[p, slot, expert].T  (* rw[pair])
 
+PER-ROW RANKS. The pool pads every slot's A and B with zeros to its max rank R. Given `lora_ranks` (the batch's
+(L,) rank per row, read in the same round as the exits' metadata), a program loads only its adapter's r rows of A
+and r columns of B: masked lanes issue no memory request, so a rank-8 adapter in a rank-64 pool streams an eighth
+of the A bytes (B's rows of R values are read in whole 32-byte sectors: a quarter at r = 8 in bf16). The padded
+lanes held zeros, so the result is bit for bit the padded launch's (the same tiles, the same order of adds).
+
 A single row makes both products GEMVs: the matrix units need 16 rows, so the products run on the
 CUDA cores (multiply + reduce in fp32), which is memory-bound anyway: each program streams one
 A[p] (R x K) and its share of B[p] (N/split x R). Programs of one pair are adjacent in the grid,
@@ -46,6 +52,7 @@ def lora_decode_kernel(
     mapping_ptr,  # (M,) int32 LoRA row per token, -1 = none
     lora_ids_ptr,  # (L,) int32 weight slot per row, -1 = none
     enabled_ptr,  # (L,) int32 per row, 0 = disabled
+    ranks_ptr,  # (L,) int32 rank per row (HAS_RANKS only): lanes past it load nothing
     rw_ptr,  # (M*top_k,) float32 routed weights (HAS_RW only)
     count_ptr,  # (1,) int32 live pairs (HAS_COUNT only)
     exit_ptr,  # (M*top_k,) int32 exit codes (WRITE_EXIT only)
@@ -56,7 +63,7 @@ def lora_decode_kernel(
     stride_om, stride_on,
     P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, L_POW2: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, HAS_COUNT: tl.constexpr, WRITE_EXIT: tl.constexpr,
-    EMPTY: tl.constexpr,
+    EMPTY: tl.constexpr, HAS_RANKS: tl.constexpr = False,
 ):
     if not EMPTY:
         pid = tl.program_id(0)
@@ -79,6 +86,12 @@ def lora_decode_kernel(
             live = pair < num_pairs
         slot = tl.sum(tl.where(offs_l == row, lids, 0), 0)  # row -1 matches nothing (exit 5 first)
         en = tl.sum(tl.where(offs_l == row, ens, 0), 0)
+        if HAS_RANKS:  # the row's own rank, from the (L,) vector loaded whole in the same round
+            rks = tl.load(ranks_ptr + offs_l, mask=l_ok, other=0)
+            rk = tl.sum(tl.where(offs_l == row, rks, 0), 0)
+            rank = tl.where(rk > 0, tl.minimum(rk, R), R)  # 0: not filled in (a hand-made buffer): the padded R
+        else:
+            rank = R
         code = tl.where(~live, 3, tl.where(row < 0, 5, tl.where(slot < 0, 1, tl.where(en == 0, 2,
                                                                                    tl.where(expert < 0, 4, 0)))))
         if WRITE_EXIT:
@@ -86,7 +99,7 @@ def lora_decode_kernel(
                 tl.store(exit_ptr + pair, code)
         if code == 0:
             _decode_pair(x_ptr, a_ptr, b_ptr, out_ptr, rw_ptr, pair, tok, p, pid_n, slot, expert,
-                         N, K, R, n_per_split, stride_xm, stride_xk,
+                         N, K, rank, n_per_split, stride_xm, stride_xk,
                          stride_ap, stride_as, stride_ae, stride_ar, stride_ak,
                          stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on,
                          BLOCK_N, BLOCK_K, BLOCK_R, GATHER, HAS_RW)
@@ -99,7 +112,8 @@ def _decode_pair(x_ptr, a_ptr, b_ptr, out_ptr, rw_ptr, pair, tok, p, pid_n, slot
                  stride_bp, stride_bs, stride_be, stride_bn, stride_br, stride_om, stride_on,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                  GATHER: tl.constexpr, HAS_RW: tl.constexpr):
-    """One (pair, slice p, N share): t = A[p] . x_row (R values, fp32), out[n] += B[p][n] . t."""
+    """One (pair, slice p, N share): t = A[p] . x_row (R values, fp32), out[n] += B[p][n] . t. R here is the rank
+    the program reads (the row's own, or the padded one): lanes past it load nothing."""
     xrow = tok if GATHER else pair
     offs_r = tl.arange(0, BLOCK_R)
     r_ok = offs_r < R
@@ -139,7 +153,7 @@ LAST_DECODE_LAUNCH: dict = {}  # grid and tiles of the last decode launch (bench
 
 
 def _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids, adapter_enabled, out,
-                         routed_weights, gather, num_live_pairs, exit_codes):
+                         routed_weights, gather, num_live_pairs, exit_codes, lora_ranks=None):
     check_tensor("x", x, 2, FLOAT_DTYPES)
     dev = x.device
     check_compute_dtype(x)
@@ -167,7 +181,8 @@ def _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_i
     if out.shape != (M * top_k, P * N):
         raise ValueError(f"out must be (M*top_k, P*N)=({M * top_k}, {P * N}), got {tuple(out.shape)}")
     check_routed_weights(routed_weights, M * top_k, top_k, dev)
-    for nm, t, shape in (("num_live_pairs", num_live_pairs, (1,)), ("exit_codes", exit_codes, (M * top_k,))):
+    for nm, t, shape in (("num_live_pairs", num_live_pairs, (1,)), ("exit_codes", exit_codes, (M * top_k,)),
+                         ("lora_ranks", lora_ranks, (L,))):
         if t is not None:
             check_tensor(nm, t, 1, (torch.int32,), dev)
             if t.shape != shape:
@@ -177,17 +192,20 @@ def _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_i
 
 def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids, adapter_enabled, out, *,
                       routed_weights=None, gather=True, num_live_pairs=None, exit_codes=None,
-                      config: DecodeConfig | None = None, empty=False):
+                      config: DecodeConfig | None = None, empty=False, lora_ranks=None):
     """ADD the LoRA delta into `out` (M*top_k, P*N) in place, straight from topk_ids (M, top_k) int32
     and token_lora_mapping (M,) int32 (LoRA row per token); lora_ids / adapter_enabled (L,) per row.
     gather=True: x has M rows (gate_up); False: M*top_k rows (down, with routed_weights (M, top_k)).
     num_live_pairs: optional int32 (1,) device count; pairs at or past it are left alone.
     exit_codes: optional int32 (M*top_k,) that receives each pair's code (DECODE_EXIT_CODES).
     empty=True launches the same grid and arguments with the body compiled out (a timing reference).
+    lora_ranks: optional int32 (L,) rank per row (the batch's, `LoRABatchTensors.lora_ranks`): each program reads
+    only its adapter's rank of the zero-padded A and B (the same result, fewer bytes). It must cover each row's
+    adapter (a smaller value drops columns); 0 reads the padded rank.
     No host sync; the grid depends on static shapes only."""
     P, R, K, N, M, top_k = _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
                                                 adapter_enabled, out, routed_weights, gather, num_live_pairs,
-                                                exit_codes)
+                                                exit_codes, lora_ranks)
     if R == 0 or N == 0:
         return out  # nothing to add; decided from the static shape
     plan = decode_launch_plan(M * top_k, P, N, K, R, config)
@@ -195,14 +213,16 @@ def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
     dummy = topk_ids  # pointers of absent optional inputs, never read
     lora_decode_kernel[(plan["programs"],)](
         x, lora_a, lora_b, out, topk_ids, token_lora_mapping, lora_ids, adapter_enabled,
-        routed_weights if routed_weights is not None else out, num_live_pairs if num_live_pairs is not None else dummy,
+        lora_ranks if lora_ranks is not None else dummy, routed_weights if routed_weights is not None else out,
+        num_live_pairs if num_live_pairs is not None else dummy,
         exit_codes if exit_codes is not None else dummy,
         N, K, R, lora_ids.shape[0], M * top_k, top_k, plan["split_n"], plan["n_per_split"],
         x.stride(0), x.stride(1), *lora_a.stride(), *lora_b.stride(), out.stride(0), out.stride(1),
         P=P, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=plan["BLOCK_R"], L_POW2=pow2(lora_ids.shape[0]),
         GATHER=bool(gather),
         HAS_RW=routed_weights is not None, HAS_COUNT=num_live_pairs is not None,
-        WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), HAS_RANKS=lora_ranks is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     LAST_DECODE_LAUNCH.update(plan)
     return out

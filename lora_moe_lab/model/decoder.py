@@ -42,7 +42,7 @@ from .guards import Guard, get_guard
 from .lab import Lab
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from . import init
-from .moe import LoRAHook, MiniMoEModel, MoELayer, check_skew
+from .moe import LoRAHook, MiniMoEModel, MoELayer, PoolHolder, check_skew
 from .spec import GUARD_SITE_POINTS
 from .tp import TPGroup, single, tp_shape
 
@@ -110,7 +110,7 @@ class DecoderLayer(torch.nn.Module):
         return m if res is not None else h + tp.all_reduce(m)
 
 
-class DecoderModel(torch.nn.Module):
+class DecoderModel(PoolHolder, torch.nn.Module):
     """N decoder layers; called exactly like MiniMoEModel: model(x, batch, tensors, guard)."""
 
     def __init__(self, shape, pool: AdapterPool, dtype, device, backend="auto", seed: int = 0,
@@ -126,10 +126,14 @@ class DecoderModel(torch.nn.Module):
             DecoderLayer(shape, dtype, device, torch.Generator(device=device).manual_seed(seed * 100003 + i), self.tp,
                          skew=skew, skew_seed=seed * 100003 + i)
             for i in range(shape.num_layers))
+        self.pool = pool  # again, now that the layers exist: their weights held wide (moe.py: PoolHolder)
         self.routing_log: list | None = None
         # An engine's host work per layer (Python, scheduling, metadata), spread over the layer's
         # four call points; 0 = this lab's lean host. instruments/recorders/prefill.py: EngineCosts sets it.
         self.host_us_per_layer = 0.0
+
+    def moe_layers(self) -> list:
+        return [layer.moe for layer in self.layers]
 
     @property
     def device(self) -> torch.device:

@@ -69,9 +69,10 @@ class LayerLoRAWeights:
     # unload, so a captured graph that reads it sees the new adapter as it does the stacks
     packed: dict = field(default_factory=dict, repr=False)
     # the wide builds (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`) per op: (E, N, K + C), the layer's base
-    # weight and then the op's B_packed, built at first use (outside any graph) and refreshed with `packed`. The lab
-    # keeps it beside the layer's weight, a second copy; an engine would store the weight this wide from the start
-    # (the base GEMM runs on its view [..., :K]) and pay only the C columns, the bytes B_packed takes anyway.
+    # weight and then the op's B_packed, refreshed with `packed`. On the Triton backend the model stores its weights
+    # there when the pool is attached (`hold_wide`: the layer keeps the view [..., :K], so the weights exist once and
+    # the wide build costs only the C columns, as an engine storing them wide from the start). A weight not held so
+    # (another backend's model, or moved by `.to()`) gets a wide copy at first use, outside any graph.
     wide: dict = field(default_factory=dict, repr=False)
 
     def packed_b(self, op: str) -> torch.Tensor:
@@ -92,6 +93,15 @@ class LayerLoRAWeights:
             from ..kernels.fused_moe_lora_packed import wide_weights
             self.wide[op] = (key, wide_weights(w, self.packed_b(op)))
         return self.wide[op][1]
+
+    def hold_wide(self, op: str, w: torch.Tensor) -> torch.Tensor:
+        """The op's base weight w moved into its wide build: returns the view [..., :K] of `wide_w(op, w)`, which the
+        layer holds instead of w (w's own storage is then free once the layer drops it). Already held: the same view.
+        A CUDA graph captured on the old storage is stale, as is one captured on another pool's stacks: hold the
+        weights when the pool is attached, before any capture."""
+        ww = self.wide_w(op, w)
+        self.wide[op] = ((ww.data_ptr(), tuple(w.shape)), ww)  # the key of the view the layer now holds
+        return ww[..., :w.shape[2]]
 
     def refresh_packed(self) -> None:
         for op, t in self.packed.items():

@@ -144,10 +144,12 @@ class LoRAHook:
     def _delta(self, p: LoRAPlan, x, a, b, out, top_k, **kw):
         i = self.info
         if self.topk_ids is not None:
+            # each row's own rank (the batch's lora_ranks): a program reads its adapter's rows of the padded stacks
             self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
-                                           i.adapter_enabled, out, **kw)
+                                           i.adapter_enabled, out, lora_ranks=i.lora_ranks, **kw)
         else:
-            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, plan=p, **kw)
+            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, plan=p,
+                                    lora_ranks=i.lora_ranks, **kw)
 
     def after_gate_up(self, x, inter, topk_ids, top_k):
         """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs separately (and the
@@ -281,7 +283,38 @@ class MoELayer(torch.nn.Module):
         return backend.moe_sum(out, k, residual)
 
 
-class MiniMoEModel(torch.nn.Module):
+def hold_weights_wide(layers, pool: AdapterPool | None, backend: Backend) -> None:
+    """On the Triton backend, each MoE layer's w13 and w2 moved into the pool's wide builds for them
+    (`LayerLoRAWeights.hold_wide`): the wide path's weights then exist once, not beside a copy (a 48-layer qwen3
+    model's weights are 54 GiB; a copy with a rank-64 pool's columns did not fit in an H200). The base GEMM reads the
+    view [..., :K] (rows K + C apart; kernels/fused_moe.py takes the stride). Other backends never take the wide path:
+    nothing moves. Called when a pool is attached (the models' `pool` setter): graphs captured before are stale."""
+    if pool is None or backend.name != "triton":
+        return
+    for layer, lw in zip(layers, pool.layers):
+        for op, name in (("gate_up", "w13"), ("down", "w2")):
+            w = getattr(layer, name)
+            view = lw.hold_wide(op, w)
+            if view.data_ptr() != w.data_ptr():
+                setattr(layer, name, init.frozen(view))
+
+
+class PoolHolder:
+    """The models' `pool`: attaching one (at build, or swapping it later) holds the MoE layers' weights in its wide
+    builds (`hold_weights_wide`). The subclass lists its MoE layers (`moe_layers`)."""
+
+    @property
+    def pool(self) -> AdapterPool | None:
+        return self.__dict__.get("_pool")
+
+    @pool.setter
+    def pool(self, pool: AdapterPool | None) -> None:
+        self.__dict__["_pool"] = pool
+        if "layers" in self._modules:  # the constructor attaches its pool again once the layers exist
+            hold_weights_wide(self.moe_layers(), pool, self.backend)
+
+
+class MiniMoEModel(PoolHolder, torch.nn.Module):
     """N MoE layers with RMSNorm and a residual: enough to reproduce N guards per forward."""
 
     def __init__(self, shape: MoEShape, pool: AdapterPool, dtype, device, backend="auto", seed: int = 0,
@@ -294,7 +327,11 @@ class MiniMoEModel(torch.nn.Module):
             MoELayer(shape, dtype, device, torch.Generator(device=device).manual_seed(seed * 100003 + i),
                      skew=skew, skew_seed=seed * 100003 + i)  # each layer its own hot experts
             for i in range(shape.num_layers))
+        self.pool = pool
         self.routing_log: list | None = None
+
+    def moe_layers(self) -> list[MoELayer]:
+        return list(self.layers)
 
     # device, dtype and backend follow the weights (so `.to()` keeps them right)
     @property

@@ -37,15 +37,16 @@ class Backend(ABC):
     @staticmethod
     @abstractmethod
     def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, top_k, out, *,
-                   routed_weights=None, gather=True, exit_codes=None, plan=None):
+                   routed_weights=None, gather=True, exit_codes=None, plan=None, lora_ranks=None):
         """out[pair, p*N:(p+1)*N] += (x[row] @ A[p, s, e].T) @ B[p, s, e].T for live slots. plan: the op's
-        `kernels.plan.LoRAPlan` (its launch config, where the backend has one); None: the backend's default."""
+        `kernels.plan.LoRAPlan` (its launch config, where the backend has one); None: the backend's default.
+        lora_ranks: the batch's (L,) rank per row; a backend may read only that much of the zero-padded stacks."""
 
     @staticmethod
     def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids, adapter_enabled, out, *,
-                          routed_weights=None, gather=True):
+                          routed_weights=None, gather=True, lora_ranks=None):
         """The LoRA delta straight from topk_ids and the per-token row mapping, no alignment (the plan's
-        "decode" path)."""
+        "decode" path); lora_ranks: the batch's (L,) rank per row, read so as to skip the stacks' padding."""
         raise NotImplementedError("this backend has no decode path")
 
     @staticmethod

@@ -51,9 +51,10 @@ def moe_gemm(x, w, align: Alignment, top_k: int, out, *, routed_weights=None, ga
 
 
 def lora_delta(x, lora_a, lora_b, align: Alignment, lora_ids, adapter_enabled, top_k, out, *,
-               routed_weights=None, gather=True, exit_codes=None, plan=None):
+               routed_weights=None, gather=True, exit_codes=None, plan=None, lora_ranks=None):
     """The delta block by block (plan: the layer's `LoRAPlan`; it holds no option for this backend: its
-    blocks' size, `kernels.plan.torch_block_m`, only sets how many rows one batched matmul takes)."""
+    blocks' size, `kernels.plan.torch_block_m`, only sets how many rows one batched matmul takes). lora_ranks is
+    not read: the products run over the zero-padded rank, the same result."""
     P, S, E, r, K = lora_a.shape
     N = lora_b.shape[3]
     n_pairs = out.shape[0]

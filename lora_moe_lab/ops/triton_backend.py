@@ -26,13 +26,14 @@ from .backend import Backend
 
 
 def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, *, routed_weights=None, gather=True,
-               exit_codes=None, plan=None, config=None):
+               exit_codes=None, plan=None, config=None, lora_ranks=None):
     """`kernels.fused_moe_lora.lora_delta` with the plan's launch config (`LoRAPlan.config`; config: one given
-    explicitly wins; neither: the kernel's own table)."""
+    explicitly wins; neither: the kernel's own table); lora_ranks: the batch's rank per row (skips the padding)."""
     if config is None and plan is not None:
         config = plan.config
     return _lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out,
-                       routed_weights=routed_weights, gather=gather, exit_codes=exit_codes, config=config)
+                       routed_weights=routed_weights, gather=gather, exit_codes=exit_codes, config=config,
+                       lora_ranks=lora_ranks)
 
 
 class TritonBackend(Backend):

@@ -7,7 +7,8 @@ Sections (rows of DIR/kernels_decode.csv; metadata in DIR/kernels_decode.meta.js
   diff     random differential run of the decode kernel against float64 (dtypes, pool ranks 16/32 with
            per-slot ranks zero-padded, odd K/N, tokens without adapter, rows without adapter, disabled
            rows, expert -1, a device-side live-pair count, routed weights); NaN-poisoned exiting rows
-           compared bit for bit. Few compile variants: K and N come from short lists.
+           compared bit for bit; half the cases read each row's own rank (`lora_ranks`) and must equal the
+           padded launch bit for bit. Few compile variants: K and N come from short lists.
   path     the whole LoRA path of one layer at decode sizes, graph replay, bf16, rank 32, 4 adapters, every
            token with an adapter: today's (alignment + gate_up delta + down delta) against the decode path
            (two launches), and each part; `decode_tile` rows: other decode splits/tiles.

@@ -6,7 +6,9 @@ LoRA's share of the MoE layer.
 
 Sections (rows of DIR/kernels_expand.csv; metadata in DIR/kernels_expand.meta.json):
   random  `--cases` random launches of the aligned delta over the expand loop's builds (Triton's pipeliner 2-4
-          stages, the hand prefetch 0-2, the register cap) against float64, untouched rows bit for bit.
+          stages, the hand prefetch 0-2, the register cap) against float64, untouched rows bit for bit; each slot
+          zero-padded past its own rank, and half the cases read those ranks (`lora_ranks`): the padded launch bit
+          for bit.
   check   every swept tile on the presets' real shapes (bf16, rank 32, 4 slots, one slot empty, one
           disabled, tokens without adapter) against float64; rows that must not change compared bit
           for bit.
@@ -180,6 +182,14 @@ def random_cases(dev, gen, n_cases):
         def rnd(*s_, std=1.0):
             return (torch.randn(*s_, generator=gen, device=dev) * std).to(BF)
         x, a, b = rnd(M if gather else M * k, K), rnd(P, S, E, R, K, std=K ** -0.5), rnd(P, S, E, N, R, std=R ** -0.5)
+        slot_r = [rng.randint(1, R) for _ in range(S)]
+        for s_, r_ in enumerate(slot_r):  # each slot zero-padded past its own rank, as the pool keeps them
+            a[:, s_, :, r_:] = 0
+            b[:, s_, :, :, r_:] = 0
+        # half the cases read each row's own rank (lora_ranks; a few 0 = the padded R): the padded launch bit for bit
+        own = i % 4 in (2, 3)
+        ranks = torch.tensor([slot_r[r] if rng.random() < 0.9 else 0 for r in range(S)], dtype=torch.int32,
+                             device=dev) if own else None
         rw, ids = kc.route(M, E, k, gen, dev)
         rw = None if gather else rw
         slot = torch.randint(-1, S, (M,), generator=gen, device=dev, dtype=torch.int32)
@@ -189,10 +199,13 @@ def random_cases(dev, gen, n_cases):
         ref, live = ref_lora(x, a, b, ids, slot, lids, en, k, rw, gather)
         out0 = rnd(M * k, P * N)
         out = out0.clone()
-        lora_delta(x, a, b, moe_align(ids, E, bm, slot, S), lids, en, k, out, routed_weights=rw, gather=gather,
-                   config=cfg)
+        al = moe_align(ids, E, bm, slot, S)
+        lora_delta(x, a, b, al, lids, en, k, out, routed_weights=rw, gather=gather, config=cfg, lora_ranks=ranks)
         bits = torch.int16 if out.element_size() == 2 else torch.int32
         same = torch.equal(out[~live].view(bits), out0[~live].view(bits))
+        if own:
+            padded = lora_delta(x, a, b, al, lids, en, k, out0.clone(), routed_weights=rw, gather=gather, config=cfg)
+            same = same and torch.equal(out.view(bits), padded.view(bits))
         err = rel(out[live].double() - out0[live].double(), ref[live]) if live.any() else 0.0
         worst = max(worst, err)
         fails += not (same and err < tolerance(BF, dev))

@@ -18,6 +18,10 @@ The LoRA-off arm is the same model and batch with no adapter active (`has_active
 work), as the prefill CLI's `--adapters none`. Each model is built once: the settings of one pool maximum share an
 adapter pool and one LoRA-off arm; the pool is swapped (16 -> 64) between them.
 
+Own ranks: the decode kernel reads each adapter at its own rank (the batch's lora_ranks). In decode, each mixed-rank
+setting also gets an arm `<setting>_padded`, the same batch with those ranks unset (every adapter read at the pool's
+padded 64), timed in the same rotation: studies/lora_tax/own_rank.py reads padded over own from lora_tax_reps.csv.
+
 Timing: per (regime, shape, tokens, pool, mode) the arms (off and each setting) are timed interleaved, each call from
 an idle device (instruments/recorders/timing.py: time_interleaved, the order rotated per repetition), after `--warmup`
 untimed calls per arm. stats.warmup_check drops the largest leading drift from every arm (pairs stay pairs) or marks
@@ -216,17 +220,30 @@ def adapter_names(s: Setting) -> list[str]:
     return [f"a{i}_r{r}" for i, r in enumerate(s.ranks)]
 
 
+PADDED = "_padded"  # an arm's suffix: the same batch with its rows' ranks unset (lora_ranks 0: the padded rank read)
+
+
+def batch_of(lab, adapters: list, counts: list[int], padded: bool):
+    """The host batch of an arm; padded: its `lora_ranks` zeroed, so the decode kernel reads every adapter at the
+    pool's padded rank (the path before it read each row's own), the same work otherwise."""
+    from lora_moe_lab.model.lora import LoRABatchInfo
+
+    b = LoRABatchInfo.build(lab.pool, adapters, counts)
+    return dataclasses.replace(b, lora_ranks=[0] * len(b.lora_ranks)) if padded else b
+
+
 def arm_fns(lab, arms: dict, counts: list[int], mode: str, seed: int) -> tuple[dict, list]:
-    """{arm: fn} timing one forward each; `keep` holds what the graphs read (it must outlive them)."""
-    from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors
+    """{arm: fn} timing one forward each; `keep` holds what the graphs read (it must outlive them). An arm named
+    `<setting>_padded` runs its setting's batch with the rows' ranks unset (`batch_of`)."""
+    from lora_moe_lab.model.lora import LoRABatchTensors
 
     x = lab.random_input(sum(counts), seed=seed)
     fns, keep = {}, [x]
     if mode == "eager":
         for name, adapters in arms.items():
-            def f(adapters=adapters):
-                batch, tensors = lab.make_batch(adapters, counts)
-                return lab.model(x, batch, tensors, guard=GUARD)
+            def f(adapters=adapters, padded=name.endswith(PADDED)):
+                batch = batch_of(lab, adapters, counts, padded)
+                return lab.model(x, batch, LoRABatchTensors.from_batch(batch, lab.device), guard=GUARD)
             fns[name] = f
         return fns, keep
     import torch
@@ -235,7 +252,7 @@ def arm_fns(lab, arms: dict, counts: list[int], mode: str, seed: int) -> tuple[d
 
     mempool = torch.cuda.graph_pool_handle()  # the arms' graphs replay one at a time: one pool for all
     for name, adapters in arms.items():
-        batch = LoRABatchInfo.build(lab.pool, adapters, counts)
+        batch = batch_of(lab, adapters, counts, name.endswith(PADDED))
         tensors = LoRABatchTensors.from_batch(batch, lab.device)
         g, out = graphs.capture(lambda b=batch, t=tensors: lab.model(x, b, t, guard=GUARD), warmup=1, pool=mempool,
                                 launch_all=False)  # the host decides: the off arm's graph holds no LoRA kernel
@@ -307,6 +324,9 @@ def parse(argv=None):
                                                              "each)")
     ap.add_argument("--decode-tokens", type=int, nargs="+", default=None, help="decode M (default 64 128; smoke 8 16)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-padded-arms", dest="padded_arms", action="store_false",
+                    help="leave out the decode cells' `<setting>_padded` arms (the mixed ranks read at the pool's "
+                         "padded rank, timed beside the default that reads each adapter's own: own_rank.py)")
     ap.add_argument("--overwrite", action="store_true", help="drop this session's rows first and record it again")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny preset, 2 layers, eager only: the tests' path")
     a = ap.parse_args(argv)
@@ -487,6 +507,8 @@ def _block(lab, block: list[Cell], a, c: dict, base: dict, out: Path, meta_path:
     for cell in block:
         names = adapter_names(cell.setting)  # loaded by main (a KeyError names one that is not)
         arms[cell.setting.label] = [names[i] for i in assign(len(counts), cell.setting)]
+        if a.padded_arms and x0.regime == "decode" and set(cell.setting.ranks) != {cell.setting.pool_rank}:
+            arms[cell.setting.label + PADDED] = arms[cell.setting.label]  # own ranks against padded: own_rank.py
     fns = keep = err = None
     try:
         fns, keep = arm_fns(lab, arms, counts, x0.mode, a.seed)
@@ -504,7 +526,7 @@ def _block(lab, block: list[Cell], a, c: dict, base: dict, out: Path, meta_path:
     order = {n: [rotated(list(samples), r).index(n) for r in range(reps)] for n in samples}
     rep_rows = []
     for n, xs in samples.items():
-        s = next((cell.setting for cell in block if cell.setting.label == n), None)
+        s = next((cell.setting for cell in block if cell.setting.label == n.removesuffix(PADDED)), None)
         for r, ms in enumerate(xs):
             rep_rows.append(dict(session=a.session, regime=x0.regime, shape=x0.shape, tokens=x0.tokens,
                                  pool_max_rank=block[0].setting.pool_rank, mode=x0.mode, arm=n,

@@ -115,3 +115,45 @@ def test_the_base_layer_parts_are_the_committed_parts_read_now():
     assert (old[old.part == "SiLU and mul"].of_floor <= 0.30).all()
     assert {RF.part_of(n) for n in ("router_kernel", "silu_and_mul_kernel", "moe_sum_kernel")} == \
         {"router", "SiLU and mul", "top-k sum"}
+
+
+def test_own_rank_reads_padded_over_own_from_the_paired_repetitions(tmp_path):
+    """own_rank.table: per block, each `<setting>_padded` arm against its setting's, paired by repetition (made-up
+    repetitions here: padded 20 % slower, so the interval lies above 1); blocks without one give no row."""
+    from studies.lora_tax import own_rank
+    from studies.lora_tax.record import REPS_COLUMNS
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for mode, arms in (("graph", {"off": 1.0, "mixed_even": 1.5, "mixed_even_padded": 1.8}),
+                       ("eager", {"off": 1.0, "r16": 1.2})):
+        for arm, ms in arms.items():
+            for rep in range(12):
+                rows.append(dict(session="s2", regime="decode", shape="qwen3-30b-a3b", tokens=64, pool_max_rank=64,
+                                 mode=mode, arm=arm, rep=rep, ranks="" if arm == "off" else "8,16,32,64",
+                                 mix="none" if arm == "off" else "even", order=0,
+                                 ms=ms * (1 + 0.01 * rng.standard_normal()), kept=rep >= 2))
+    f = tmp_path / "lora_tax_reps.csv"
+    tables.append_rows(f, rows, REPS_COLUMNS, meta_path=tmp_path / "lora_tax_reps.meta.json")
+    t = own_rank.table(f)
+    assert len(t) == 1 and t.setting[0] == "mixed_even" and t.n[0] == 10 and t["mode"][0] == "graph"
+    assert t.speedup[0] == pytest.approx(1.2, rel=0.02) and 1.0 < t.lo[0] < t.speedup[0] < t.hi[0] and t.wins[0]
+    assert t.ratio_own[0] == pytest.approx(1 / 1.5, rel=0.02) and t.ratio_padded[0] == pytest.approx(1 / 1.8, rel=0.02)
+
+
+def test_the_counters_targets_run_and_name_each_launch(tmp_path, monkeypatch):
+    """counters.run launches each target's own-rank and padded delta in the order targets.json names them (here
+    under the interpreter, tiny, with a table whose every entry runs the separate delta), the own ranks' byte floor
+    below the padded one's."""
+    import json
+
+    from lora_moe_lab.kernels import plan
+    from studies.lora_tax import counters
+
+    t = plan.table_for().but(decode_max_pairs=0, ops={"gate_up": plan.entries(), "down": plan.entries()}, shapes={})
+    monkeypatch.setattr(plan, "table_for", lambda device=None: t)
+    counters.run(str(tmp_path), ((16, ("gate_up", "down"), ("tiny",)),), device="cpu")
+    tg = json.loads((tmp_path / "targets.json").read_text())
+    assert [(x["op"], x["arm"]) for x in tg] == [("lora_gate_up", "own"), ("lora_gate_up", "padded"),
+                                                 ("lora_down", "own"), ("lora_down", "padded")]
+    assert all(x["kernel"] == "fused_moe_lora_kernel" and x["byte_floor"] < x["byte_floor_padded"] for x in tg)

@@ -85,6 +85,47 @@ def test_all_disabled_and_empty_leave_out_untouched():
     assert torch.equal(out.cpu(), c["out0"])  # the timing reference: same grid, body compiled out
 
 
+@pytest.mark.parametrize("kernel", ["decode", "aligned"])
+@pytest.mark.parametrize("gather", [True, False])
+def test_own_ranks_read_only_each_adapters_rows(gather, kernel):
+    """With lora_ranks (the batch's rank per row) a program of the decode kernel, or a work item of the aligned one,
+    reads only its adapter's rank of the stacks. On stacks zero-padded past each slot's rank (as the pool keeps
+    them) that is the padded launch bit for bit; on full stacks it is the reference of A and B cut at those ranks,
+    so the lanes past them were not read; 0 reads the padded R."""
+    P = 2 if gather else 1
+    c = make_case(11, 6, 40, 24, 6, 2, 3, 3, 16, P, gather=gather, with_rw=not gather)
+    cut = {0: 3, 1: 16, 2: 7}  # slot -> its adapter's rank
+    a, b = c["a"].clone(), c["b"].clone()
+    for s, r in cut.items():
+        a[:, s, :, r:] = 0
+        b[:, s, :, :, r:] = 0
+    ranks = torch.tensor([cut[s] for s in c["lora_ids"].tolist()], **I32)
+
+    al = moe_align(c["ids"].to(DEV), 6, 16, c["mapping"].to(DEV), 3)
+
+    def launch(a_, b_, rk):
+        out = c["out0"].to(DEV, copy=True)
+        kw = dict(routed_weights=None if c["rw"] is None else c["rw"].to(DEV), gather=gather,
+                  lora_ranks=None if rk is None else rk.to(DEV))
+        if kernel == "decode":
+            lora_delta_decode(c["x"].to(DEV), a_.to(DEV), b_.to(DEV), c["ids"].to(DEV), c["mapping"].to(DEV),
+                              c["lora_ids"].to(DEV), c["enabled"].to(DEV), out, **kw)
+        else:
+            lora_delta(c["x"].to(DEV), a_.to(DEV), b_.to(DEV), al, c["lora_ids"].to(DEV), c["enabled"].to(DEV), 2,
+                       out, **kw)
+        return out.cpu()
+
+    padded = launch(a, b, None)
+    assert torch.equal(launch(a, b, ranks), padded) and torch.equal(launch(a, b, torch.zeros_like(ranks)), padded)
+    own = launch(c["a"], c["b"], ranks)  # full stacks: only the first `rank` rows of each adapter may be read
+    ref, codes = ref_lora_delta_rows(c["x"], a, b, c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
+                                     routed_weights=c["rw"], gather=gather)
+    live = codes == 0
+    assert live.any() and rel_err(own[live].double() - c["out0"][live].double(), ref[live]) < tolerance(
+        torch.float32, DEV)
+    assert not torch.allclose(own, launch(c["a"], c["b"], None))  # the full stacks' delta differs
+
+
 @pytest.mark.parametrize("config", [DecodeConfig(16, 16, 1, 4), DecodeConfig(16, 64, 5, 4), DecodeConfig(32, 16, 9, 4)])
 def test_other_tiles_and_splits(config):
     c = make_case(9, 3, 72, 56, 6, 2, 3, 3, 24, 2)

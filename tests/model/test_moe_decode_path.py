@@ -185,6 +185,40 @@ def test_wide_weights_follow_every_load_in_place(op, device):
         w.gate_up_b if op == "gate_up" else w.down_b[None]))
 
 
+@pytest.mark.parametrize("op", ["gate_up", "down"])
+def test_the_layer_holds_its_weights_in_the_wide_build(op, device, monkeypatch):
+    """On the Triton backend the model's weights live in the pool's wide builds (model/moe.py: hold_weights_wide):
+    the layer's w13 or w2 is the view [..., :K] of the op's wide tensor (the weights once, not beside a copy), equal
+    bit for bit to the same seed's weights on the torch backend. A pool swapped in (another max rank) holds them in
+    its own, the old one's freed, and the forward with both ops wide matches the float64 reference."""
+    import gc
+    import weakref
+
+    from lora_moe_lab.config import LoRAConfig
+    from lora_moe_lab.model.lora import AdapterPool
+
+    _use(monkeypatch, 0, **{o: _entries(o, True, "wide") for o in ("gate_up", "down")})
+    name = "w13" if op == "gate_up" else "w2"
+    want = getattr(build_lab("tiny", num_layers=2, max_loras=3, max_rank=8, device=str(device), backend="torch",
+                             seed=4).model.layers[0], name)
+    lab = _lab(device)
+
+    def held(pool):
+        base, ww = getattr(lab.model.layers[0], name), pool.layers[0].wide[op][1]
+        assert base.data_ptr() == ww.data_ptr() and base.stride() == ww.stride() and torch.equal(base, want)
+        return ww.shape[2] - base.shape[2]
+
+    c8 = held(lab.pool)
+    old = weakref.ref(lab.pool.layers[0].wide[op][1])
+    lab.pool = lab.model.pool = AdapterPool(lab.shape, LoRAConfig(3, 32), dtype=lab.dtype, device=lab.device)
+    gc.collect()
+    assert old() is None and held(lab.pool) == c8 * configs.block_r(32) // configs.block_r(8)  # C: slots x BLOCK_R
+    lab.pool.load("r3", rank=3)
+    lab.pool.load("r8", rank=8, scaling=0.5)
+    _, (x, y, batch, tensors) = _spied_forward(lab, monkeypatch, True)
+    _check_model(lab, x, y, tensors, device)
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_layer_takes_the_wide_down_build(enabled, device, monkeypatch):
     """Where the plan's down entry is wide, the layer's down GEMM is `moe_gemm_lora_wide` on the first I columns of

@@ -60,8 +60,8 @@ def differential(dev, n_cases, seed=0):
         ids.view(-1)[torch.randperm(M * k, generator=g)[:rng.choice((0, 0, 1, 3))]] = -1
         a = torch.randn(P, Sn, E, R, K, generator=g) * K ** -0.5
         b = torch.randn(P, Sn, E, N, R, generator=g) * R ** -0.5
-        for s in range(Sn):  # per-slot ranks zero-padded to the pool's R, as the adapter pool does
-            r = rng.randint(1, R)
+        slot_r = [rng.randint(1, R) for _ in range(Sn)]
+        for s, r in enumerate(slot_r):  # per-slot ranks zero-padded to the pool's R, as the adapter pool does
             a[:, s, :, r:] = 0
             b[:, s, :, :, r:] = 0
         x = torch.randn(M if gather else M * k, K, generator=g)
@@ -69,6 +69,11 @@ def differential(dev, n_cases, seed=0):
         lora_ids = torch.tensor([rng.choice(list(range(Sn)) + [-1]) for _ in range(L)], dtype=torch.int32)
         enabled = torch.tensor([rng.choice((0, 1, 1, 1)) for _ in range(L)], dtype=torch.int32)
         rw = torch.rand(M, k, generator=g) + 0.1 if not gather else None
+        # half the cases read each row's own rank (the batch's lora_ranks: its slot's, a few 0 = the padded R), and
+        # must equal the padded launch bit for bit
+        own = i % 4 in (2, 3)
+        ranks = torch.tensor([(slot_r[s] if rng.random() < 0.9 else 0) if s >= 0 else rng.randint(0, R)
+                              for s in lora_ids.tolist()], dtype=torch.int32) if own else None
         flags = i % 3 == 1  # a third with the live count and the exit map
         live = rng.randint(0, M * k) if flags else None
         x, a, b = (t.to(dtype) for t in (x, a, b))
@@ -85,12 +90,15 @@ def differential(dev, n_cases, seed=0):
         out = out0.to(dev, copy=True)
         ex = torch.full((M * k,), -7, dtype=torch.int32, device=dev) if flags else None
         cnt = torch.tensor([live], dtype=torch.int32, device=dev) if flags else None
-        lora_delta_decode(x.to(dev), a.to(dev), b.to(dev), ids.to(dev), mapping.to(dev), lora_ids.to(dev),
-                          enabled.to(dev), out, routed_weights=None if rw is None else rw.to(dev), gather=gather,
-                          num_live_pairs=cnt, exit_codes=ex)
+        args = (x.to(dev), a.to(dev), b.to(dev), ids.to(dev), mapping.to(dev), lora_ids.to(dev), enabled.to(dev))
+        kw = dict(routed_weights=None if rw is None else rw.to(dev), gather=gather, num_live_pairs=cnt)
+        lora_delta_decode(*args, out, exit_codes=ex, lora_ranks=None if ranks is None else ranks.to(dev), **kw)
         out = out.cpu()
         bits = torch.int32 if dtype == torch.float32 else torch.int16
         untouched = torch.equal(out[~on].view(bits), out0[~on].view(bits))
+        if own:  # the padded launch on the same start: the same bits everywhere
+            padded = lora_delta_decode(*args, out0.to(dev, copy=True), **kw).cpu()
+            untouched = untouched and torch.equal(out.view(bits), padded.view(bits))
         err = 0.0
         if on.any():
             d = out[on].double() - out0[on].double()

@@ -31,8 +31,12 @@ def test_smoke_run_writes_sealed_rows_and_the_reader_pools_them(tmp_path):
     assert df[df.status == "unstable"].ratio.isna().all()
     hot = df[df["mix"] == "r64_70pct"].set_index("regime").r64_share
     assert hot["prefill"] == 11 / 16 and hot["decode"] == 6 / 8  # round(0.7 R) requests on the rank-64 adapter
-    # every timed call: per block the off arm and each setting's arm, reps repetitions each
-    assert len(reps) == 10 * (2 + 3) * 2 and set(reps.arm) == {"off", "r16", "mixed_even", "mixed_r64_70pct"}
+    # every timed call: per block the off arm and each setting's arm, reps repetitions each; in decode the mixed
+    # settings' `_padded` arms too (the same batch, the rows' ranks unset)
+    assert len(reps) == 10 * ((2 + 3) + (2 + 3 + 2)) and set(reps.arm) == {
+        "off", "r16", "mixed_even", "mixed_r64_70pct", "mixed_even_padded", "mixed_r64_70pct_padded"}
+    padded = reps[reps.arm.str.endswith("_padded")]
+    assert set(padded.regime) == {"decode"} and set(padded.ranks) == {"8,16,32,64"}
     meta = json.loads((tmp_path / "lora_tax.meta.json").read_text())
     assert meta["files"][rec.CSV] == S.seal(tmp_path / rec.CSV) and "s1" in meta["sessions"]
     assert meta["sessions"]["s1"]["ceilings"]["copy_gbps"] > 1000 and meta["sessions"]["s1"]["cells_written"] == 6
