@@ -3,8 +3,8 @@
     ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
         --log-file DIR/ncu_raw.csv --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum \\
-        python studies/lora_tax/counters.py --run DIR          # one launch per target (targets.json), counted
-    python studies/lora_tax/counters.py --parse DIR           # -> DIR/lora_tax_ncu.csv (CPU is fine)
+        python -m studies.lora_tax.counters --run DIR        # one launch per target (targets.json), counted
+    python -m studies.lora_tax.counters --parse DIR         # -> DIR/lora_tax_ncu.csv (CPU is fine)
 
 Targets: the aligned delta (kernels/fused_moe_lora.py, the plan's "separate" path, with the plan's alignment block
 and tile) where the lora_tax cells run it: both ops of the MoE part of decode at M = 64 (qwen3 and TP=4 shapes), and
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 RANKS = (8, 16, 32, 64)
 PRESETS = ("qwen3-30b-a3b", "qwen3-30b-a3b-tp4")
@@ -71,9 +70,9 @@ def run(out: str, targets_=TARGETS, device="cuda") -> None:
                 def floor(ranks):
                     return sum(n * P * r * (kk + N) * 2 for n, r in zip(per_slot, ranks)) + io
                 for arm, rk in (("own", own), ("padded", None)):
-                    launches.append(lambda x=x, a=a, b=b, al=al, o=o, rk=rk, op=op, p=p: lora_delta(
-                        x, a, b, al, lids, en, k, o, routed_weights=None if op == "gate_up" else rw,
-                        gather=op == "gate_up", config=p.config, lora_ranks=rk))
+                    kw = dict(routed_weights=None if op == "gate_up" else rw, gather=op == "gate_up",
+                              config=p.config, lora_ranks=rk)
+                    launches.append(lambda args=(x, a, b, al, lids, en, k, o), kw=kw: lora_delta(*args, **kw))
                     targets.append(dict(kernel="fused_moe_lora_kernel", preset=preset, M=M, op=f"lora_{op}", arm=arm,
                                         tile=f"lbm{p.lora_block_m}", ranks=",".join(map(str, RANKS)),
                                         byte_floor=floor(RANKS), byte_floor_padded=floor([R] * S)))
@@ -107,5 +106,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     raise SystemExit(main())

@@ -142,9 +142,9 @@ def test_own_rank_reads_padded_over_own_from_the_paired_repetitions(tmp_path):
 
 
 def test_the_counters_targets_run_and_name_each_launch(tmp_path, monkeypatch):
-    """counters.run launches each target's own-rank and padded delta in the order targets.json names them (here
-    under the interpreter, tiny, with a table whose every entry runs the separate delta), the own ranks' byte floor
-    below the padded one's."""
+    """counters.run launches each target's own-rank and padded delta in the order targets.json names them (tiny, on
+    this machine's device: the interpreter on a CPU; with a table whose every entry runs the separate delta), the
+    own ranks' byte floor below the padded one's."""
     import json
 
     from lora_moe_lab.kernels import plan
@@ -152,7 +152,9 @@ def test_the_counters_targets_run_and_name_each_launch(tmp_path, monkeypatch):
 
     t = plan.table_for().but(decode_max_pairs=0, ops={"gate_up": plan.entries(), "down": plan.entries()}, shapes={})
     monkeypatch.setattr(plan, "table_for", lambda device=None: t)
-    counters.run(str(tmp_path), ((16, ("gate_up", "down"), ("tiny",)),), device="cpu")
+    from lora_moe_lab import runtime
+
+    counters.run(str(tmp_path), ((16, ("gate_up", "down"), ("tiny",)),), device=str(runtime.default_device()))
     tg = json.loads((tmp_path / "targets.json").read_text())
     assert [(x["op"], x["arm"]) for x in tg] == [("lora_gate_up", "own"), ("lora_gate_up", "padded"),
                                                  ("lora_down", "own"), ("lora_down", "padded")]

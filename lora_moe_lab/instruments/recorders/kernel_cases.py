@@ -110,6 +110,8 @@ def differential(dev, n_cases, seed=0):
         worst[key] = max(worst.get(key, 0.0), err)
         if not ok:
             fails.append(dict(i=i, dtype=key, M=M, K=K, N=N, R=R, P=P, err=err, untouched=untouched, codes=codes_ok))
+        if (i + 1) % 200 == 0:
+            log(f"differential: {i + 1} of {n_cases} cases, {len(fails)} failures")
     row(section="diff", op="lora_delta_decode", cases=n_cases, failures=len(fails),
         worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]), table_tiles=json.dumps(sorted(variants)))
     log(f"differential: {n_cases} cases, {len(fails)} failures, worst rel err {worst}; decode tiles {sorted(variants)}")
