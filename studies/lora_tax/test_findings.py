@@ -104,15 +104,22 @@ def test_a_cell_with_no_ok_session_has_no_figure(tmp_path):
 def test_the_base_layer_parts_are_the_committed_parts_read_now():
     """data/lora_tax/base_layer.csv is base_layer.table() over the committed parts sessions; the old torch path's
     router sits at <= 6 % of its floor and its two-kernel SiLU at <= 30 % (a bf16 product, one pass each would do);
-    the new kernels' names land in the same parts."""
+    the one-kernel parts (parts_s4) put the top-k sum at >= 90 % of its floor, qwen3's SiLU-and-mul too, and the
+    three parts' share of qwen3's layer at <= 15 %; the new kernels' names land in the same parts."""
     from studies.lora_tax import base_layer
 
     got = base_layer.table(C)
     rec = S.read_csv(base_layer.OUT, "lora_tax_base_layer")
     assert len(got) == len(rec) and np.allclose(got.us, rec.us) and np.allclose(got.floor_us, rec.floor_us)
-    old = got[got.M >= 1024]
+    old = got[(got.M >= 1024) & got.session.isin(["parts_s1", "parts_s2", "parts_s3"])]  # the torch parts' sessions
     assert (old[old.part == "router"].of_floor <= 0.06).all()
     assert (old[old.part == "SiLU and mul"].of_floor <= 0.30).all()
+    new = got[(got.M >= 1024) & (got.session == "parts_s4")]  # the one-kernel parts (8745923)
+    assert len(new) == 24 and (new[new.part == "top-k sum"].of_floor >= 0.9).all()
+    q = new[new.preset == "qwen3-30b-a3b"]
+    assert (q[q.part == "SiLU and mul"].of_floor >= 0.9).all() and (q.nongemm_pct <= 15).all()
+    for preset, g in new.groupby("preset"):  # the three parts' share fell at every M
+        assert g.nongemm_pct.max() < old[old.preset == preset].nongemm_pct.min()
     assert {RF.part_of(n) for n in ("router_kernel", "silu_and_mul_kernel", "moe_sum_kernel")} == \
         {"router", "SiLU and mul", "top-k sum"}
 
