@@ -32,8 +32,9 @@ exit_ptr: 0 ran, 1 lora_id -1, 2 disabled, 3 past the end, 4 expert -1.
 The rank is zero-padded to the pool's max rank R; BLOCK_R = next power of two >= max(R, 16) (the
 matrix units need 16) and rows >= R are masked, so a BLOCK_R above R costs nothing extra in memory. Given
 `lora_ranks` (the batch's (L,) rank per row, loaded whole with the exits' metadata) a work item masks past its own
-adapter's rank instead: a rank-8 adapter in a rank-64 pool reads an eighth of the A rows (B's rows of R values
-are read in whole sectors). The padded lanes held zeros, so the result is the padded launch's bit for bit.
+adapter's rank instead, rounded up to 16 where R is a multiple of 16 (a mask on whole 16-lane vectors keeps B's
+loads, R contiguous, 16 wide; a mask at an arbitrary lane would split them): a rank-8 adapter in a rank-64 pool
+reads a quarter of the A rows. The padded lanes held zeros, so the result is the padded launch's bit for bit.
 """
 import torch
 import triton
@@ -79,7 +80,7 @@ def fused_moe_lora_kernel(
     P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, SPLIT_N: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, WRITE_EXIT: tl.constexpr, PREFETCH: tl.constexpr,
-    EXPAND_STAGES: tl.constexpr = 0, HAS_RANKS: tl.constexpr = False,
+    EXPAND_STAGES: tl.constexpr = 0, HAS_RANKS: tl.constexpr = False, R16: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -124,7 +125,10 @@ def fused_moe_lora_kernel(
         wslot = tl.sum(tl.where(offs_s == slot, lid, 0), 0)  # the row's weight slot (already loaded)
         if HAS_RANKS:  # the row's own rank (0: not filled in, the padded R)
             rk = tl.sum(tl.where(offs_s == slot, rks, 0), 0)
-            rank = tl.where(rk > 0, tl.minimum(rk, R), R)
+            if R16:  # rounded up to 16 (zeros past the rank): masks on whole 16-lane vectors keep the loads wide
+                rank = tl.multiple_of(tl.where(rk > 0, tl.minimum((rk + 15) // 16 * 16, R), R), 16)
+            else:  # 0: not filled in (a hand-made buffer): the padded R
+                rank = tl.where(rk > 0, tl.minimum(rk, R), R)
         else:
             rank = R
         if expert != -1:  # early exit 4, before any activation or weight load
@@ -355,7 +359,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         NUM_SLOTS=L, SLOTS_POW2=pow2(L),
         P=P, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_R=br, SPLIT_N=split,
         GATHER=bool(gather), HAS_RW=routed_weights is not None, WRITE_EXIT=exit_codes is not None,
-        PREFETCH=cfg.prefetch, EXPAND_STAGES=cfg.expand_stages, HAS_RANKS=lora_ranks is not None,
+        PREFETCH=cfg.prefetch, EXPAND_STAGES=cfg.expand_stages, HAS_RANKS=lora_ranks is not None, R16=R % 16 == 0,
         num_warps=cfg.num_warps, num_stages=stages, **reg_cap(cfg.max_regs),
     )
     if key not in _OCCUPANCY and dev.type == "cuda":

@@ -12,10 +12,11 @@ each program takes ONE (token, k) pair straight from `topk_ids` and the per-toke
     out[pair, p*N + n] += (x[row(pair)] . A[p, slot, expert]) @ B[p, slot, expert].T  (* rw[pair])
 
 PER-ROW RANKS. The pool pads every slot's A and B with zeros to its max rank R. Given `lora_ranks` (the batch's
-(L,) rank per row, read in the same round as the exits' metadata), a program loads only its adapter's r rows of A
-and r columns of B: masked lanes issue no memory request, so a rank-8 adapter in a rank-64 pool streams an eighth
-of the A bytes (B's rows of R values are read in whole 32-byte sectors: a quarter at r = 8 in bf16). The padded
-lanes held zeros, so the result is bit for bit the padded launch's (the same tiles, the same order of adds).
+(L,) rank per row, read in the same round as the exits' metadata), a program loads only its adapter's rows of A
+and columns of B, the rank rounded up to 16 where R is a multiple of 16 (masks on whole 16-lane vectors keep the
+loads wide): masked lanes issue no memory request, so a rank-8 adapter in a rank-64 pool streams a quarter of the
+A bytes. The padded lanes held zeros, so the result is bit for bit the padded launch's (the same tiles, the same
+order of adds).
 
 A single row makes both products GEMVs: the matrix units need 16 rows, so the products run on the
 CUDA cores (multiply + reduce in fp32), which is memory-bound anyway: each program streams one
@@ -63,7 +64,7 @@ def lora_decode_kernel(
     stride_om, stride_on,
     P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, L_POW2: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, HAS_COUNT: tl.constexpr, WRITE_EXIT: tl.constexpr,
-    EMPTY: tl.constexpr, HAS_RANKS: tl.constexpr = False,
+    EMPTY: tl.constexpr, HAS_RANKS: tl.constexpr = False, R16: tl.constexpr = False,
 ):
     if not EMPTY:
         pid = tl.program_id(0)
@@ -89,7 +90,10 @@ def lora_decode_kernel(
         if HAS_RANKS:  # the row's own rank, from the (L,) vector loaded whole in the same round
             rks = tl.load(ranks_ptr + offs_l, mask=l_ok, other=0)
             rk = tl.sum(tl.where(offs_l == row, rks, 0), 0)
-            rank = tl.where(rk > 0, tl.minimum(rk, R), R)  # 0: not filled in (a hand-made buffer): the padded R
+            if R16:  # rounded up to 16 (zeros past the rank): masks on whole 16-lane vectors keep the loads wide
+                rank = tl.multiple_of(tl.where(rk > 0, tl.minimum((rk + 15) // 16 * 16, R), R), 16)
+            else:  # 0: not filled in (a hand-made buffer): the padded R
+                rank = tl.where(rk > 0, tl.minimum(rk, R), R)
         else:
             rank = R
         code = tl.where(~live, 3, tl.where(row < 0, 5, tl.where(slot < 0, 1, tl.where(en == 0, 2,
@@ -222,7 +226,7 @@ def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
         GATHER=bool(gather),
         HAS_RW=routed_weights is not None, HAS_COUNT=num_live_pairs is not None,
         WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), HAS_RANKS=lora_ranks is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        R16=R % 16 == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     LAST_DECODE_LAUNCH.update(plan)
     return out

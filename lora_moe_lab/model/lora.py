@@ -523,6 +523,10 @@ class LoRAInfo:
     max_lora_rank: int
     has_active_lora: bool = True
     debug_check: bool = False  # cross-check the CPU flag against the device (SYNCS: debug only)
+    # whether the deltas read each row's own rank (`batch.lora_ranks`) instead of the stacks' padded one: decided on
+    # the host from the batch's rank list (some row below the padding), as has_active_lora is; False keeps the
+    # kernels' unmasked build (nothing to skip when every adapter is at the pool's max rank)
+    read_own_ranks: bool = False
 
     def __post_init__(self):
         # the rank the kernels loop to: above the slots' padded rank they would read past each adapter's A and B

@@ -141,15 +141,19 @@ class LoRAHook:
         self.align = self.backend.align(topk_ids, self.E, p.lora_block_m, self.info.token_lora_mapping, S)
         self.topk_ids = None
 
+    def _ranks(self):
+        """The batch's rank per row where the host said to read them (`LoRAInfo.read_own_ranks`), else None."""
+        return self.info.lora_ranks if self.info.read_own_ranks else None
+
     def _delta(self, p: LoRAPlan, x, a, b, out, top_k, **kw):
         i = self.info
         if self.topk_ids is not None:
-            # each row's own rank (the batch's lora_ranks): a program reads its adapter's rows of the padded stacks
+            # each row's own rank where some adapter sits below the padding: a program reads its adapter's rows
             self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
-                                           i.adapter_enabled, out, lora_ranks=i.lora_ranks, **kw)
+                                           i.adapter_enabled, out, lora_ranks=self._ranks(), **kw)
         else:
             self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, plan=p,
-                                    lora_ranks=i.lora_ranks, **kw)
+                                    lora_ranks=self._ranks(), **kw)
 
     def after_gate_up(self, x, inter, topk_ids, top_k):
         """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs separately (and the
@@ -349,8 +353,10 @@ class MiniMoEModel(PoolHolder, torch.nn.Module):
     def lora_info(self, layer: int, batch: LoRABatchInfo, tensors: LoRABatchTensors) -> LoRAInfo:
         # Under capture the rank must cover any adapter a later replay may see: the pool's max.
         rank = self.pool.max_rank if runtime.in_capture_mode() else self.pool.max_loaded_rank()
+        # host ints: some adapter this batch uses sits below the padding
+        own = any(e and 0 < r < self.pool.max_rank for r, e in zip(batch.lora_ranks, batch.adapter_enabled))
         return LoRAInfo(self.pool.layers[layer], tensors, rank, has_active_lora=batch.has_active_lora,
-                        debug_check=self.debug_check)
+                        debug_check=self.debug_check, read_own_ranks=own)
 
     debug_check = False
 

@@ -85,20 +85,27 @@ def test_all_disabled_and_empty_leave_out_untouched():
     assert torch.equal(out.cpu(), c["out0"])  # the timing reference: same grid, body compiled out
 
 
+@pytest.mark.parametrize("R", [64, 20])
 @pytest.mark.parametrize("kernel", ["decode", "aligned"])
 @pytest.mark.parametrize("gather", [True, False])
-def test_own_ranks_read_only_each_adapters_rows(gather, kernel):
+def test_own_ranks_read_only_each_adapters_rows(gather, kernel, R):
     """With lora_ranks (the batch's rank per row) a program of the decode kernel, or a work item of the aligned one,
     reads only its adapter's rank of the stacks. On stacks zero-padded past each slot's rank (as the pool keeps
     them) that is the padded launch bit for bit; on full stacks it is the reference of A and B cut at those ranks,
-    so the lanes past them were not read; 0 reads the padded R."""
+    so the lanes past them were not read; 0 reads the padded R. Where R is a multiple of 16 (every pool's) a rank is
+    read rounded up to 16, so the masks cover whole 16-lane vectors and the loads stay wide."""
     P = 2 if gather else 1
-    c = make_case(11, 6, 40, 24, 6, 2, 3, 3, 16, P, gather=gather, with_rw=not gather)
-    cut = {0: 3, 1: 16, 2: 7}  # slot -> its adapter's rank
-    a, b = c["a"].clone(), c["b"].clone()
-    for s, r in cut.items():
-        a[:, s, :, r:] = 0
-        b[:, s, :, :, r:] = 0
+    c = make_case(11, 6, 40, 24, 6, 2, 3, 3, R, P, gather=gather, with_rw=not gather)
+    cut = {0: 3, 1: 16, 2: 19}  # slot -> its adapter's rank
+    read = {s: min(-(-r // 16) * 16, R) if R % 16 == 0 else r for s, r in cut.items()}  # the rows a program reads
+
+    def cut_at(ranks):
+        a, b = c["a"].clone(), c["b"].clone()
+        for s, r in ranks.items():
+            a[:, s, :, r:] = 0
+            b[:, s, :, :, r:] = 0
+        return a, b
+    a, b = cut_at(cut)
     ranks = torch.tensor([cut[s] for s in c["lora_ids"].tolist()], **I32)
 
     al = moe_align(c["ids"].to(DEV), 6, 16, c["mapping"].to(DEV), 3)
@@ -118,7 +125,7 @@ def test_own_ranks_read_only_each_adapters_rows(gather, kernel):
     padded = launch(a, b, None)
     assert torch.equal(launch(a, b, ranks), padded) and torch.equal(launch(a, b, torch.zeros_like(ranks)), padded)
     own = launch(c["a"], c["b"], ranks)  # full stacks: only the first `rank` rows of each adapter may be read
-    ref, codes = ref_lora_delta_rows(c["x"], a, b, c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
+    ref, codes = ref_lora_delta_rows(c["x"], *cut_at(read), c["ids"], c["mapping"], c["lora_ids"], c["enabled"],
                                      routed_weights=c["rw"], gather=gather)
     live = codes == 0
     assert live.any() and rel_err(own[live].double() - c["out0"][live].double(), ref[live]) < tolerance(

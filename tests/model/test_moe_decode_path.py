@@ -304,3 +304,23 @@ def _check_model(lab, x, y, tensors, device):
     want = ref.ref_model(x, lab.model, lora, routing=lab.model.routing_log)
     lab.model.routing_log = None
     assert rel_err(y, want) < fp32_tol(device)
+
+
+def test_the_host_decides_whether_the_deltas_read_own_ranks(device):
+    """`LoRAInfo.read_own_ranks` comes from the batch's host rank list: True where some adapter sits below the pool's
+    padded rank, False where every one is at it (nothing to skip: the unmasked build) and for a batch whose ranks
+    are unset (lora_studies' padded arm); the forward gives the reference either way."""
+    import dataclasses
+
+    from lora_moe_lab.model.lora import LoRABatchTensors
+
+    lab = _lab(device)  # max rank 8: adapters of rank 3 and 8
+    mixed, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
+    full, _ = lab.make_batch(["r8", None, "r8"], [2, 1, 3])
+    unset = dataclasses.replace(mixed, lora_ranks=[0] * len(mixed.lora_ranks))
+    assert [lab.model.lora_info(0, b, tensors).read_own_ranks for b in (mixed, full, unset)] == [True, False, False]
+    x = lab.random_input(mixed.num_tokens, seed=3)
+    for b in (mixed, unset):
+        lab.model.routing_log = []
+        y = lab.model(x, b, LoRABatchTensors.from_batch(b, lab.device), guard="launch_always")
+        _check_model(lab, x, y, LoRABatchTensors.from_batch(b, lab.device), device)
