@@ -29,9 +29,10 @@ def headline_block() -> str | None:
     cells = [_cell(d, "prefill", q, 16384), _cell(d, "prefill", t, 16384), _cell(d, "decode", q, 64)]
     if any(c is None for c in cells):
         return None
-    n = max(int(c.sessions) for c in cells)
+    lo, hi = min(int(c.sessions) for c in cells), max(int(c.sessions) for c in cells)
     x = [f"{c.ratio:.2f}×" for c in cells]
-    where = f"[{n} H200 session{'s' * (n > 1)}](data/lora_tax/README.md)"
+    n = f"{lo}" if lo == hi else f"{lo}–{hi}"  # each cell's sessions on the path it runs today (read.py)
+    where = f"[{n} H200 session{'s' * (hi > 1)}](data/lora_tax/README.md)"
     return (f"LoRA at rank 16, every request on an adapter ({where}, CUDA graphs): prefill at {x[0]} LoRA-off "
             f"throughput (qwen3 shapes), {x[1]} (a TP=4 rank); decode's MoE "
             f"part {x[2]} (M = 64). {ANCHOR_SHORT}.")

@@ -9,6 +9,9 @@ the union of their 95 % intervals (the lowest lo, the highest hi: the wider, hon
 intervals share a point; `floor_ratio` is the mean of the sessions' floor ratios (each is t_off / (t_off + the LoRA
 floor), so it moves with the measured t_off only). `sessions` counts the sessions pooled; `note` names the others.
 
+Superseded: data/lora_tax/superseded.csv names sessions' cells recorded on a path the library no longer runs (each
+with its reason); they are left out of the pool and named in `note` (`s1: superseded`).
+
 Goals (on the pooled ratio, the point estimate): cost = 1 - ratio, floor_cost = 1 - floor_ratio, cost_over_floor =
 cost / floor_cost; `floor_goal_met` is cost <= 1.25 x floor_cost; `r16_goal_met` (rank-16 prefill cells only) is
 ratio >= 0.92; `goal_met` both where both apply. Empty where no session is pooled.
@@ -16,6 +19,7 @@ ratio >= 0.92; `goal_met` both where both apply. Empty where no session is poole
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 from pathlib import Path
 
@@ -32,8 +36,8 @@ CELL = ["regime", "shape", "tokens", "ranks", "mix", "mode"]
 COLUMNS = CELL + ["ratio", "lo", "hi", "floor_ratio", "sessions", "cost", "floor_cost", "cost_over_floor",
                   "floor_goal_met", "r16_goal_met", "goal_met", "agree", "note"]
 FLOOR_FACTOR, R16_GOAL = 1.25, 0.92
-POOLING = ("ok sessions only; ratio: mean of the sessions' ratios, lo/hi: the union of their 95 % intervals "
-           "(stats.between_sessions); floor_ratio: mean of the sessions'")
+POOLING = ("ok sessions only, less the cells superseded.csv names; ratio: mean of the sessions' ratios, lo/hi: the "
+           "union of their 95 % intervals (stats.between_sessions); floor_ratio: mean of the sessions'")
 ORDER = {"regime": ["prefill", "decode"], "mix": ["even", "r64_70pct"], "mode": ["eager", "graph"]}
 
 
@@ -43,7 +47,36 @@ def load(path: str | Path | None = None) -> pd.DataFrame:
                             dtype={"ranks": str})
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+SUPERSEDED = FOLDER / "superseded.csv"
+
+
+def superseded(path=None) -> pd.DataFrame:
+    """data/lora_tax/superseded.csv: (session, cells glob over regime/shape/tokens/setting/mode, why), the sessions'
+    cells recorded on a path the library no longer runs (a tuned choice: a data file, each entry with its reason)."""
+    p = Path(path) if path is not None else SUPERSEDED
+    if not p.exists():
+        return pd.DataFrame(columns=["session", "cells", "why"])
+    t = pd.read_csv(p, dtype=str)
+    if list(t.columns) != ["session", "cells", "why"] or t.isna().any().any():
+        raise ValueError(f"{p}: needs the columns session, cells, why, every field filled; got {list(t.columns)}")
+    return t
+
+
+def mark_superseded(df: pd.DataFrame, sup: pd.DataFrame) -> pd.DataFrame:
+    """df with status `superseded` where an entry of `sup` names the row's session and matches its cell id."""
+    ids = (df.regime + "/" + df["shape"] + "/" + df.tokens.astype(str) + "/" + df.setting.fillna("").astype(str)
+           + "/" + df["mode"])
+    hit = pd.Series(False, index=df.index)
+    for e in sup.itertuples():
+        hit |= (df.session == e.session) & ids.map(lambda i, g=e.cells: fnmatch.fnmatchcase(i, g))
+    return df.assign(status=df.status.where(~hit, "superseded"))
+
+
+def summarize(df: pd.DataFrame, sup: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The cells over their sessions; `sup` (superseded.csv's entries; `write` reads the file beside the table)
+    marks sessions' cells left out of the pool."""
+    if sup is not None:
+        df = mark_superseded(df, sup)
     rows = []
     for key, g in df.groupby(CELL, sort=False):
         ok = g[g.status == "ok"].sort_values("session")
@@ -79,7 +112,7 @@ def write(src: str | Path | None = None, out: str | Path | None = None) -> pd.Da
     rule) and the summary's seal."""
     src = Path(src) if src is not None else FOLDER / "lora_tax.csv"
     out = Path(out) if out is not None else src.with_name("summary.csv")
-    s = summarize(load(src))
+    s = summarize(load(src), superseded(src.with_name("superseded.csv")))
     tables.write_csv_atomic(out, s, COLUMNS)
     meta = out.with_name(out.name.replace(".csv", ".meta.json"))
     tables.write_json_atomic(meta, dict(about="studies/lora_tax/read.py: the lora_tax cells over their sessions",

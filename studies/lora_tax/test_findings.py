@@ -166,3 +166,20 @@ def test_the_counters_targets_run_and_name_each_launch(tmp_path, monkeypatch):
     assert [(x["op"], x["arm"]) for x in tg] == [("lora_gate_up", "own"), ("lora_gate_up", "padded"),
                                                  ("lora_down", "own"), ("lora_down", "padded")]
     assert all(x["kernel"] == "fused_moe_lora_kernel" and x["byte_floor"] < x["byte_floor_padded"] for x in tg)
+
+
+def test_superseded_sessions_leave_the_pool_and_are_named(tmp_path):
+    """A superseded.csv entry (session, cells glob, why) drops the session's matching cells from the pool, names them
+    in `note`, and leaves the other sessions' figures; the committed entries each give a reason."""
+    f = _synthetic(tmp_path)
+    sup = pd.DataFrame([dict(session="s1", cells="prefill/*/*/*/graph", why="made up")])
+    s = read.summarize(read.load(f), sup).set_index(["regime", "ranks", "mix"])
+    r16 = s.loc[("prefill", "16,16,16,16", "even")]
+    assert r16.sessions == 1 and r16.ratio == pytest.approx(0.93) and r16.note == "s1: superseded"
+    assert s.loc[("decode", "8,16,32,64", "even")].sessions == 1  # not matched: decode
+    committed = read.superseded()
+    assert len(committed) and committed.why.str.len().min() > 20 and committed.session.str.fullmatch(r"s\d+").all()
+    with pytest.raises(ValueError, match="session, cells, why"):
+        bad = tmp_path / "sup.csv"
+        bad.write_text("session,cells\ns1,*\n")
+        read.superseded(bad)
