@@ -343,7 +343,7 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     if R == 0:
         return out  # nothing to add; decided from the static shape
     plan = _lora_plan(dev, x.dtype, num_pairs, top_k, P, L, E, R, N, K, bm, nb, bool(gather),
-                      routed_weights is not None, exit_codes is not None, config)
+                      routed_weights is not None, exit_codes is not None, config, lora_ranks is not None)
     cfg, split, br, stages, key, pps, grid = (plan[k] for k in ("cfg", "split", "br", "stages", "key", "pps", "grid"))
     n_per_split = plan["n_per_split"]
     rw = routed_weights if routed_weights is not None else out  # dummy pointers, never read
@@ -371,7 +371,8 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     return out
 
 
-def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, config):
+def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, config,
+               has_ranks=False):
     M = num_pairs // top_k
     cfg = config or lora_config(M, top_k, E, S, bm, N, K)
     n_tiles = cdiv(N, cfg.block_n)
@@ -387,7 +388,8 @@ def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, h
     br = block_r(R)
     elt = torch.empty(0, dtype=dtype).element_size()
     stages = stages_for(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * elt)
-    key = (dev, dtype, N, K, R, P, bm, cfg, split, stages, gather, has_rw, write_exit)
+    # one entry per compiled variant: every constexpr that changes the build (its registers, so what fits on an SM)
+    key = (dev, dtype, N, K, R, P, S, bm, cfg, split, stages, gather, has_rw, write_exit, has_ranks)
     pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
     grid = (max(1, min(max_items, num_sms(dev) * pps)),)
     return dict(cfg=cfg, split=split, n_per_split=n_per_split, br=br, stages=stages, key=key, pps=pps, grid=grid,
@@ -395,7 +397,7 @@ def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, h
 
 
 def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_weights=None, exit_codes=False,
-                     config: LoRAKernelConfig | None = None) -> dict:
+                     config: LoRAKernelConfig | None = None, lora_ranks=None) -> dict:
     """What `lora_delta` launches for these inputs, from static shapes only (for notebooks/program maps).
 
     The grid is persistent: `programs` programs loop over work items (slot, token block, N share):
@@ -407,7 +409,7 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
     num_pairs = x.shape[0] * top_k if gather else x.shape[0]
     bm, (L, nb) = align.block_m, align.expert_ids.shape
     p = _lora_plan(x.device, x.dtype, num_pairs, top_k, P, L, E, R, N, K, bm, nb, bool(gather),
-                   routed_weights is not None, bool(exit_codes), config)
+                   routed_weights is not None, bool(exit_codes), config, lora_ranks is not None)
     c = p["cfg"]
     return dict(slots_S=S, lora_rows_L=L, experts_E=E, tokens_M=num_pairs // top_k, top_k=top_k, pairs=num_pairs,
                 BLOCK_M=bm,

@@ -160,16 +160,18 @@ RANDOM_BUILDS = tuple(dict(expand_stages=xs) for xs in (2, 3, 4)) + tuple(dict(p
     dict(prefetch=0, max_regs=128),)
 
 
-def random_cases(dev, gen, n_cases):
+def random_cases(dev, n_cases, seed=3, shard=(0, 1)) -> dict:
     """`n_cases` random launches of the aligned LoRA delta (the builds of RANDOM_BUILDS in turn, gate_up with its
     gather and two slices on even cases, down with routed weights on odd ones; random M, E, top-k, rank, K and N, a
     token on no slot, an empty slot, a disabled adapter) against float64 on NaN-free random `out`, the rows without
-    a live adapter compared bit for bit."""
+    a live adapter compared bit for bit. Cases shard[0], shard[0] + shard[1], ... each from its own seed
+    (kernel_cases.case_seed: studies/kernels/differentials.py splits them over processes). One row; returns it."""
     import random
 
-    rng = random.Random(3)
-    fails, bit_fails, worst = 0, 0, 0.0
-    for i in range(n_cases):
+    fails, bit_fails, worst, ran = 0, 0, 0.0, 0
+    for i in range(shard[0], n_cases, shard[1]):
+        rng = random.Random(kc.case_seed(seed, i))
+        gen = torch.Generator(device=dev).manual_seed(kc.case_seed(seed, i))
         P, gather = (2, True) if i % 2 == 0 else (1, False)
         M, E, k = rng.randint(33, 40 if harness.is_dry() else 300), rng.choice((4, 9)), rng.randint(1, 4)
         # the tile per GEMM as the layer has it (BLOCK_N 64 with N split for gate_up, 128 for down) and BLOCK_R 16:
@@ -213,13 +215,14 @@ def random_cases(dev, gen, n_cases):
         worst = max(worst, err)
         fails += not (same and err < tolerance(BF, dev))
         bit_fails += not same
-        if (i + 1) % 100 == 0:
-            log(f"random: {i + 1} of {n_cases} launches, {fails} failures ({bit_fails} not bit for bit), worst "
-                f"{worst:.1e}")
-    row(section="random", op="random_delta", cases=n_cases, failures=fails, bit_failures=bit_fails, worst=worst,
-        builds=str([cfg_str(0, replace(configs.LoRAKernelConfig(64, 32), **b)).split("/", 1)[1]
-                    for b in RANDOM_BUILDS]))
-    log(f"random: {n_cases} random launches of the aligned delta, {fails} failures, worst {worst:.1e}")
+        ran += 1
+        if ran % 100 == 0:
+            log(f"random: {ran} launches, {fails} failures ({bit_fails} not bit for bit), worst {worst:.1e}")
+    r = row(section="random", op="random_delta", cases=ran, failures=fails, bit_failures=bit_fails, worst=worst,
+            seed=seed, dtype=str(BF)[6:], builds=str([cfg_str(0, replace(configs.LoRAKernelConfig(64, 32), **b)).split("/", 1)[1]
+                                   for b in RANDOM_BUILDS]))
+    log(f"random: {ran} random launches of the aligned delta, {fails} failures, worst {worst:.1e}")
+    return r
 
 
 def check(preset, dev, gen, deadline, which="regs"):
@@ -565,7 +568,7 @@ def main(argv=None):
     meta["matmul_tflops"], meta["matmul_times_us"] = matmul_rate(dev)  # the FLOP ceiling of the floors
     secs = args.sections.split(",")
     if "random" in secs:  # once, not per preset: its shapes are random
-        rec.section("random", random_cases, dev, gen, min(args.cases, 4) if args.dry else args.cases)
+        rec.section("random", random_cases, dev, min(args.cases, 4) if args.dry else args.cases)
     t_budget = time.time()  # the budget's shares count from here: the random cases have none
     shares = {"check": 0.15, "sweep": 0.6, "down_paired": 0.6, "floor": 0.65, "layer": 0.75, "layer_paired": 0.85,
               "compact": 0.9, "path": 1.0}

@@ -764,3 +764,23 @@ def test_the_folded_gemm_halves_tp4_gate_ups_programs_per_sm():
     regs = r.set_index("arm")
     assert regs.loc["table", "regs"] == 95 and regs.loc["table", "programs_per_sm"] == 2
     assert regs.loc["folded", "regs"] == 142 and regs.loc["folded", "programs_per_sm"] == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the runner runs 1000 each")
+def test_differentials_split_over_processes_run_the_same_cases(monkeypatch, tmp_path):
+    # studies/kernels/differentials.py: case i comes from its own seed, so two shards run exactly the one process's
+    # cases (the same worst error per dtype), and the runner sums them over its workers
+    from lora_moe_lab.instruments.recorders import kernel_cases as kc
+    from studies.kernels import differentials as dif
+
+    monkeypatch.setattr(harness, "ROWS", [])
+    monkeypatch.setattr(kc, "ROWS", harness.ROWS)
+    dev = torch.device("cpu")
+    whole = kc.differential(dev, 6, seed=5)
+    parts = [kc.differential(dev, 6, seed=5, shard=(j, 2)) for j in range(2)]
+    merged = dif.merge("decode", parts)
+    assert (merged["cases"], merged["failures"]) == (6, 0) == (whole["cases"], whole["failures"])
+    assert json.loads(merged["worst"]) == json.loads(whole["worst"])
+    dif.main(["--out", str(tmp_path), "--cases", "4", "--jobs", "2", "--which", "decode"])
+    got = list(csv.DictReader(open(tmp_path / "differentials.csv")))
+    assert [(r["section"], r["cases"], r["failures"], r["workers"]) for r in got] == [("decode", "4", "0", "2")]

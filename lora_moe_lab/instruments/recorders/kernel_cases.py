@@ -41,11 +41,20 @@ def set_tiny() -> None:
     PRESETS, PATH_M, LAYER_M, BF, RANK = ("tiny",), (1, 8), (1, 16), torch.float32, 8
 
 
-def differential(dev, n_cases, seed=0):
-    rng = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
-    fails, worst, variants = [], {}, set()
-    for i in range(n_cases):
+def case_seed(seed: int, i: int) -> int:
+    """Case i's own seed: a case's inputs do not depend on which cases ran before it, so a differential split over
+    processes (`shard`) runs exactly the cases one process would."""
+    return seed * 1_000_003 + i
+
+
+def differential(dev, n_cases, seed=0, shard=(0, 1)) -> dict:
+    """The decode kernel's random differential (studies/kernels/record_decode.py, section diff): cases
+    shard[0], shard[0] + shard[1], ... below n_cases, each from its own seed. One row; returns it."""
+    j, n_jobs = shard
+    fails, worst, variants, ran = [], {}, set(), 0
+    for i in range(j, n_cases, n_jobs):
+        rng = random.Random(case_seed(seed, i))
+        g = torch.Generator().manual_seed(case_seed(seed, i))
         dtype = (torch.float32, torch.float16, torch.bfloat16 if dev.type == "cuda" else torch.float16)[i % 3]
         P, gather = (2, True) if i % 2 == 0 else (1, False)
         M, E = rng.randint(1, 16), rng.choice((8, 16, 33))
@@ -110,13 +119,15 @@ def differential(dev, n_cases, seed=0):
         worst[key] = max(worst.get(key, 0.0), err)
         if not ok:
             fails.append(dict(i=i, dtype=key, M=M, K=K, N=N, R=R, P=P, err=err, untouched=untouched, codes=codes_ok))
-        if (i + 1) % 200 == 0:
-            log(f"differential: {i + 1} of {n_cases} cases, {len(fails)} failures")
-    row(section="diff", op="lora_delta_decode", cases=n_cases, failures=len(fails),
-        worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]), table_tiles=json.dumps(sorted(variants)))
-    log(f"differential: {n_cases} cases, {len(fails)} failures, worst rel err {worst}; decode tiles {sorted(variants)}")
+        ran += 1
+        if ran % 200 == 0:
+            log(f"differential: {ran} cases, {len(fails)} failures")
+    r = row(section="diff", op="lora_delta_decode", cases=ran, failures=len(fails), seed=seed,
+            worst=json.dumps(worst), fail_examples=json.dumps(fails[:5]), table_tiles=json.dumps(sorted(variants)))
+    log(f"differential: {ran} cases, {len(fails)} failures, worst rel err {worst}; decode tiles {sorted(variants)}")
     for f in fails[:5]:
         log(f"  FAIL {f}")
+    return r
 
 
 def random_lora_case(rng, g, dev, dtype, *, M, E, k, L, S, R, K, N, P, gather) -> dict:
