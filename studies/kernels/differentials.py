@@ -1,7 +1,7 @@
 """The LoRA deltas' random GPU differentials, split over worker processes on one GPU.
 
     PYTHONPATH=$PWD python3 studies/kernels/differentials.py --out DIR --cases 1000 --jobs 8   # one H200
-    python studies/kernels/differentials.py --out /tmp/diff --cases 8 --jobs 2                 # CPU interpreter
+    python -m studies.kernels.differentials --out /tmp/diff --cases 8 --jobs 2                 # CPU interpreter
 
 Runs `--cases` cases of each differential in `--which`:
   decode   the decode delta (instruments/recorders/kernel_cases.py: differential; record_decode.py's section diff)
@@ -20,17 +20,13 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 WHICH = ("decode", "expand")
 
 
 def _worker(which: str, n_cases: int, seed: int, shard: tuple[int, int], dry: bool) -> dict:
     """One process's share of a differential: its row (harness.row's dict)."""
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from lora_moe_lab import runtime
@@ -82,7 +78,6 @@ def main(argv=None):
         raise SystemExit(f"--which: {bad or 'nothing'} is not one of {WHICH}")
     if args.cases < 1 or args.jobs < 1:
         raise SystemExit(f"--cases and --jobs must be >= 1, got {args.cases} and {args.jobs}")
-    sys.path.insert(0, str(ROOT))
     from lora_moe_lab import runtime
     from lora_moe_lab.instruments.recorders.harness import Recorder, log
 
@@ -105,7 +100,8 @@ def main(argv=None):
             rec.meta["errors"].append(f"{w}: {r['cases']} cases ran of {args.cases}")
     rec.write()
     if rec.meta["errors"] or any(r["failures"] for r in rows):
-        raise SystemExit(f"differentials: {rec.meta['errors'] or 'failures'} ({os.path.join(args.out, 'differentials.csv')})")
+        where = os.path.join(args.out, "differentials.csv")
+        raise SystemExit(f"differentials: {rec.meta['errors'] or 'failures'} ({where})")
 
 
 if __name__ == "__main__":

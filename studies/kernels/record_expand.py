@@ -218,9 +218,9 @@ def random_cases(dev, n_cases, seed=3, shard=(0, 1)) -> dict:
         ran += 1
         if ran % 100 == 0:
             log(f"random: {ran} launches, {fails} failures ({bit_fails} not bit for bit), worst {worst:.1e}")
+    builds = [cfg_str(0, replace(configs.LoRAKernelConfig(64, 32), **b)).split("/", 1)[1] for b in RANDOM_BUILDS]
     r = row(section="random", op="random_delta", cases=ran, failures=fails, bit_failures=bit_fails, worst=worst,
-            seed=seed, dtype=str(BF)[6:], builds=str([cfg_str(0, replace(configs.LoRAKernelConfig(64, 32), **b)).split("/", 1)[1]
-                                   for b in RANDOM_BUILDS]))
+            seed=seed, dtype=str(BF)[6:], builds=str(builds))
     log(f"random: {ran} random launches of the aligned delta, {fails} failures, worst {worst:.1e}")
     return r
 
