@@ -183,3 +183,32 @@ def test_superseded_sessions_leave_the_pool_and_are_named(tmp_path):
         bad = tmp_path / "sup.csv"
         bad.write_text("session,cells\ns1,*\n")
         read.superseded(bad)
+
+
+def test_the_host_study_counts_the_launches_each_path_adds(tmp_path):
+    # studies/lora_tax/host.py on the tiny preset (launches stubbed): LoRA-on costs the host more than LoRA-off, and
+    # the launches it adds per layer are the plan's, derived here from the paths alone: a kernel per op (its delta, or
+    # a fused path's shrink), and the per-adapter alignment's 3 kernels where a separate delta runs
+    import torch
+
+    from lora_moe_lab.config import get_shape
+    from lora_moe_lab.kernels import plan_table
+    from lora_moe_lab.kernels.plan import LoRADims, plan
+    from studies.lora_tax import host
+
+    def added(shape, M):
+        with plan_table.override(plan_table.load("NVIDIA_H200")):
+            paths = [plan(op, M, get_shape(shape), torch.device("cpu"), lora=LoRADims(4, 16, 4)).path
+                     for op in ("gate_up", "down")]
+        # a launch per op (a delta, or the shrink of a fused path), plus the alignment once where a delta needs it
+        return len(paths) + 3 * ("separate" in paths)
+
+    host.main(["--out", str(tmp_path), "--shapes", "tiny", "--tokens", "4", "--layers", "2", "--reps", "10",
+               "--inner", "1", "--warmup", "1"])
+    got = pd.read_csv(tmp_path / "lora_tax_host.csv")
+    r = got.iloc[0]
+    assert r.arm == "stubbed" and r.on_us_per_layer > r.off_us_per_layer and r.launches_on > r.launches_off
+    rec = pd.read_csv(host_csv := "data/lora_tax/lora_tax_host.csv")  # the committed recording
+    for _, r in rec.iterrows():
+        assert r.launches_on - r.launches_off == added(r["shape"], r.tokens), (host_csv, r["shape"], r.tokens)
+        assert r.lo <= r.ratio <= r.hi < 1
