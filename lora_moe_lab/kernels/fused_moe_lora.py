@@ -51,6 +51,19 @@ EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_id = -1 (empty slot)", 2: 
               3: "exit: block past num_tokens_post_padded", 4: "exit: expert id = -1"}
 
 
+@triton.jit
+def own_rank(rks, offs, row, R, R16: tl.constexpr):
+    """The rank LoRA row `row` reads (both LoRA kernels): its entry of the (L,) rank vector `rks` (`offs` its lanes),
+    at most the padded R; 0 (not filled in, a hand-made buffer) reads R. R16 (R a multiple of 16): rounded up to 16,
+    zeros past the rank, so the masks fall on whole 16-lane vectors and keep the loads wide."""
+    rk = tl.sum(tl.where(offs == row, rks, 0), 0)
+    if R16:
+        rank = tl.multiple_of(tl.where(rk > 0, tl.minimum((rk + 15) // 16 * 16, R), R), 16)
+    else:
+        rank = tl.where(rk > 0, tl.minimum(rk, R), R)
+    return rank
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def fused_moe_lora_kernel(
     x_ptr,  # (rows, K) activations; rows = M (GATHER) or M*top_k
@@ -123,12 +136,8 @@ def fused_moe_lora_kernel(
         b = local // SPLIT_N
         expert = tl.load(expert_ids_ptr + slot * stride_es + b)
         wslot = tl.sum(tl.where(offs_s == slot, lid, 0), 0)  # the row's weight slot (already loaded)
-        if HAS_RANKS:  # the row's own rank (0: not filled in, the padded R)
-            rk = tl.sum(tl.where(offs_s == slot, rks, 0), 0)
-            if R16:  # rounded up to 16 (zeros past the rank): masks on whole 16-lane vectors keep the loads wide
-                rank = tl.multiple_of(tl.where(rk > 0, tl.minimum((rk + 15) // 16 * 16, R), R), 16)
-            else:  # 0: not filled in (a hand-made buffer): the padded R
-                rank = tl.where(rk > 0, tl.minimum(rk, R), R)
+        if HAS_RANKS:
+            rank = own_rank(rks, offs_s, slot, R, R16)
         else:
             rank = R
         if expert != -1:  # early exit 4, before any activation or weight load

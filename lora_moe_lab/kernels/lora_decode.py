@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_routed_weights, check_tensor, pow2
 from .configs import DecodeConfig, block_r, decode_config
+from .fused_moe_lora import own_rank
 
 DECODE_EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_ids[row] = -1 (no adapter in the row)",
                      2: "exit: adapter disabled", 3: "exit: pair past num_live_pairs", 4: "exit: expert id = -1",
@@ -88,12 +89,7 @@ def lora_decode_kernel(
         slot = tl.sum(tl.where(offs_l == row, lids, 0), 0)  # row -1 matches nothing (exit 5 first)
         en = tl.sum(tl.where(offs_l == row, ens, 0), 0)
         if HAS_RANKS:  # the row's own rank, from the (L,) vector loaded whole in the same round
-            rks = tl.load(ranks_ptr + offs_l, mask=l_ok, other=0)
-            rk = tl.sum(tl.where(offs_l == row, rks, 0), 0)
-            if R16:  # rounded up to 16 (zeros past the rank): masks on whole 16-lane vectors keep the loads wide
-                rank = tl.multiple_of(tl.where(rk > 0, tl.minimum((rk + 15) // 16 * 16, R), R), 16)
-            else:  # 0: not filled in (a hand-made buffer): the padded R
-                rank = tl.where(rk > 0, tl.minimum(rk, R), R)
+            rank = own_rank(tl.load(ranks_ptr + offs_l, mask=l_ok, other=0), offs_l, row, R, R16)
         else:
             rank = R
         code = tl.where(~live, 3, tl.where(row < 0, 5, tl.where(slot < 0, 1, tl.where(en == 0, 2,
