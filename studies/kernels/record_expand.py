@@ -73,30 +73,34 @@ SWEEP_M = (128, 1024, 2048, 8192)  # sweep M of --candidates tiles (and the chec
 REGS_M = (256, 512, 1024, 2048, 4096, 8192, 16384)
 STAGES_M = (64, 128) + REGS_M  # the small-M branch of the down config covers M = 33..256
 BLOCKS_M = (1024, 2048, 4096)
+GATE_UP_M = (4096, 8192, 16384)  # the `gate_up` candidates: the separate gate_up delta where TP=4's prefill runs it
 DOWN_M = (1024, 2048, 4096, 8192)  # the `down` candidates (the down delta's copy-bandwidth goal at M >= 1024)
 FLOOR_M = (1, 8, 64)
 
 
 def sweep_ms(which):
     """The sweep's M for candidates `which` ("table": the table's tile at every REGS_M)."""
-    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M, "down": DOWN_M, "balance": DOWN_M}.get(which,
-                                                                                                         REGS_M)
+    return {"tiles": SWEEP_M, "blocks": BLOCKS_M, "stages": STAGES_M, "down": DOWN_M, "balance": DOWN_M,
+            "gate_up": GATE_UP_M}.get(which, REGS_M)
 
 
 def candidates(op, M, bm0, table_for, which="regs"):
-    """(block_m, config) pairs, the table's first; table_for(bm) is the table's tile for block height bm.
-    "tiles" (run 1): prefetch 1/2 and a few other tiles and block heights; "regs" (run 2): prefetch
-    0/1/2 with and without a register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128)
-    or 3 (168); "blocks" (run 6): every block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168;
-    "table": the table's tile only; "stages": the expand loop pipelined by Triton (`expand_stages` 2-4,
-    prefetch off: the `out` tiles stream into shared memory), beside the hand pipeline of the table; "down":
-    the down delta's narrower tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only;
-    "balance" (round 2): the down delta split into more items and BLOCK_N 256 at BLOCK_M 16
-    (kernel_cases.balance_candidates), gate_up at the table's only."""
+    """(block_m, config) pairs, the table's first; table_for(bm) is the table's tile for block height bm. "tiles" (run
+    1): prefetch 1/2 and a few other tiles and block heights; "regs" (run 2): prefetch 0/1/2 with and without a
+    register cap (maxnreg) that lets 4 programs of 4 warps fit on an SM (128) or 3 (168); "blocks" (run 6): every
+    block height x prefetch 0/1/2 x cap 0/128, and prefetch 2 with 168; "gate_up": the gate_up delta's shrink depth
+    and stages, warps, programs per SM and block heights (`gate_up_candidates`), down at the table's only; "table":
+    the table's tile only; "stages": the expand loop pipelined by Triton (`expand_stages` 2-4, prefetch off: the
+    `out` tiles stream into shared memory), beside the hand pipeline of the table; "down": the down delta's narrower
+    tiles and register cap (kernel_cases.down_candidates), gate_up at the table's only; "balance" (round 2): the
+    down delta split into more items and BLOCK_N 256 at BLOCK_M 16 (kernel_cases.balance_candidates), gate_up at the
+    table's only."""
     table = table_for(bm0)
     out = [(bm0, table)]
-    if which == "table" or (which in ("down", "balance") and op != "down"):
+    if which == "table" or (which in ("down", "balance") and op != "down") or (which == "gate_up" and op != which):
         return out
+    if which == "gate_up":
+        return _unique(out + gate_up_candidates(table, bm0))
     if which == "down":
         return _unique(out + [(bm0, c) for c in kc.down_candidates(table)])
     if which == "balance":
@@ -128,6 +132,19 @@ def candidates(op, M, bm0, table_for, which="regs"):
         if op == "gate_up":
             out += [(bm0, replace(table, block_k=64, num_stages=4, prefetch=2))]
     return _unique(out)
+
+
+def gate_up_candidates(table, bm0):
+    """The separate gate_up delta at M >= 4096 (`--candidates gate_up`): at TP=4's M = 16384 ncu saw it latency-bound
+    (occupancy 18 %, top stall long_scoreboard, DRAM 45 % of peak; data/lora_tax/lora_tax_ncu.csv), so more bytes in
+    flight per program (deeper or wider K steps of the shrink), more programs per SM, and other block heights."""
+    base = replace(table, expand_stages=0, prefetch=0)
+    out = [(bm0, replace(base, block_k=bk, num_stages=st, max_regs=cap))
+           for bk in (64, 128) for st in (3, 4, 5) for cap in (128, 0)]
+    out += [(bm0, replace(base, block_k=128, num_stages=st, num_warps=8, max_regs=0)) for st in (3, 4)]
+    out += [(bm0, replace(table, programs_per_sm=pps, max_regs=cap)) for pps, cap in ((2, 0), (6, 80), (8, 64))]
+    out += [(bm, replace(table, num_warps=8 if bm == 128 else 4)) for bm in (32, 128) if bm != bm0]
+    return out
 
 
 def _unique(pairs):
@@ -539,10 +556,12 @@ def main(argv=None):
     tidy.session_args(ap, "kernels_expand")
     ap.add_argument("--budget-s", type=float, default=400.0)
     ap.add_argument("--sections", default="check,sweep,floor")
-    ap.add_argument("--candidates", choices=("tiles", "regs", "table", "blocks", "stages", "down", "balance"),
+    ap.add_argument("--candidates",
+                    choices=("tiles", "regs", "table", "blocks", "stages", "down", "balance", "gate_up"),
                     default="regs",
                     help="sweep candidates: 'tiles' = run 1 (prefetch, tiles, block heights), 'regs' = run 2, "
-                         "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap")
+                         "'table' = the committed table's tile only, 'blocks' = BLOCK_M 16/32/64 x prefetch x cap, "
+                         "'gate_up' = the gate_up delta's tiles at M >= 4096")
     ap.add_argument("--cases", type=int, default=1000, help="launches of the random section (default 1000)")
     ap.add_argument("--dry", action="store_true", help="CPU: every section once on the tiny preset, fake timer")
     ap.add_argument("--ncu-run", action="store_true",

@@ -71,3 +71,28 @@ def test_down_candidates_are_checked_against_float64(monkeypatch):
     rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == "down"]
     assert {re_.cfg_str(bm, c) for bm, c in down} <= {r["config"] for r in rows}
     assert all(r["ok"] and r["untouched_rows_identical"] for r in rows)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
+def test_gate_up_candidates_are_checked_against_float64(monkeypatch):
+    # studies/kernels/record_expand.py --candidates gate_up: every candidate of the separate gate_up delta (shrink depth
+    # and stages, warps, programs per SM, block heights) is in the check's list and computes the delta against
+    # float64 with untouched rows bit-exact; the down delta keeps the table's tile.
+    from lora_moe_lab.instruments.recorders import kernel_cases as kc
+
+    re_ = load_script("studies.kernels.record_expand")
+    for mod in (re_, kc):
+        monkeypatch.setattr(mod, "BF", torch.float32)
+    monkeypatch.setattr(kc, "RANK", 8)
+    monkeypatch.setattr(re_, "SWEEP_M", ())  # the check at M = 16 only
+    monkeypatch.setattr(harness, "ROWS", [])
+    monkeypatch.setattr(re_, "ROWS", harness.ROWS)
+    table = re_.table_config("gate_up", 16, re_.get_shape("tiny"), 16)
+    gate_up = re_.candidates("gate_up", 128, 16, lambda bm: table, "gate_up")
+    assert len(gate_up) > 10 and gate_up[0] == (16, table)
+    assert {bm for bm, _ in gate_up} == {16, 32, 128} and {c.block_k for _, c in gate_up} >= {64, 128}
+    assert re_.candidates("down", 128, 16, lambda bm: table, "gate_up") == [(16, table)]
+    re_.check("tiny", torch.device("cpu"), torch.Generator().manual_seed(0), float("inf"), "gate_up")
+    rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == "gate_up"]
+    assert {re_.cfg_str(bm, c) for bm, c in gate_up} <= {r["config"] for r in rows}
+    assert all(r["ok"] and r["untouched_rows_identical"] for r in rows)
