@@ -17,7 +17,10 @@ row `<busy>`: the sum of every kernel's time per forward, and `<span>`: the firs
 end. These are attributions read from a profiled run; the live figures of the same layer are the layer section's
 paired medians (lay_s*), and the analyser (`floors.layer_parts`) sets the two side by side.
 
-    PYTHONPATH=. python3 studies/kernels/record_parts.py --out DIR [--forwards 20]
+    PYTHONPATH=. python3 studies/kernels/record_parts.py --out DIR [--forwards 20] [--tokens 64,128 --rank 16]
+
+`--tokens` replaces PARTS_M (decode sizes: `--tokens 64,128`, the MoE part of decode in data/lora_tax/); `--rank` the
+adapters' rank (default 32; data/lora_tax's rank-16 cells: 16).
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def _arms(preset, M, dev):
         if adapters:
             names = [f"a{i % S}" for i in range(M)]
             info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(LoRABatchInfo.build(pool, names, [1] * M), dev),
-                            RANK)
+                            kc.RANK)
             hooks = [LoRAHook(info, backend, sh.num_experts)]
         arms[nm] = GraphForward(lambda h=hooks: lay(xv if lay.input_columns(M, h) else xp, h, backend),
                                 warmup=2).replay
@@ -79,9 +82,9 @@ def _kernel_times(fn, forwards: int):
     return out, n
 
 
-def parts(dev, forwards):
+def parts(dev, forwards, tokens=None):
     for preset in PRESETS:
-        for M in PARTS_M:
+        for M in tokens or PARTS_M:
             arms = _arms(preset, M, dev)
             for arm, fn in arms.items():
                 got, n = _kernel_times(fn, forwards)
@@ -103,15 +106,24 @@ def main(argv=None):
     ap.add_argument("--overwrite", action="store_true", help="replace a recording already at --out")
     tidy.session_args(ap, "kernels_parts")
     ap.add_argument("--forwards", type=int, default=20, help="profiled replays per arm (default 20)")
+    ap.add_argument("--tokens", default="", help=f"comma-separated M (default {','.join(map(str, PARTS_M))})")
+    ap.add_argument("--rank", type=int, default=RANK, help=f"the adapters' rank (default {RANK})")
     args = ap.parse_args(argv)
     if args.forwards < 3:
         raise SystemExit(f"--forwards must be at least 3 for a median, got {args.forwards}")
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(",") if t) or PARTS_M
+    except ValueError:
+        raise SystemExit(f"--tokens must be comma-separated integers, got {args.tokens!r}") from None
+    if min(tokens) < 1 or not 1 <= args.rank <= 64:
+        raise SystemExit(f"--tokens must be >= 1 and --rank in 1..64, got {tokens} and {args.rank}")
+    kc.RANK = args.rank  # kernel_cases.lora_layer reads it at call time
     dev = torch.device("cuda")
     os.makedirs(args.out, exist_ok=True)
     Recorder.claim(args.out, "kernels_parts", args.overwrite)  # before any work: no table is replaced unasked
-    rec = Recorder("kernels_parts", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
-                                                          presets=PRESETS, parts_m=PARTS_M))
-    rec.section("parts", parts, dev, args.forwards)
+    rec = Recorder("kernels_parts", args.out, params=dict(vars(args), rank=args.rank, slots=S, dtype="bfloat16",
+                                                          presets=PRESETS, parts_m=tokens))
+    rec.section("parts", parts, dev, args.forwards, tokens)
     rec.write()
     tidy.append_if_asked(args, "kernels_parts")
 
