@@ -49,11 +49,9 @@ def test_random_delta_differential_covers_every_expand_build(monkeypatch):
     assert "xs3" in r["builds"] and "pf2" in r["builds"] and "r128" in r["builds"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
-def test_down_candidates_are_checked_against_float64(monkeypatch):
-    # studies/kernels/record_expand.py --candidates down: every candidate of the down delta (narrower tiles, the
-    # register
-    # cap, 4 stages) is in the check's list and computes the delta against float64 with untouched rows bit-exact.
+def _checked_candidates(monkeypatch, op: str, which: str):
+    """record_expand.py's candidates `which` of `op` on the tiny preset at M = 16 (the table's tile for every block
+    height), and the check's rows of that op: each candidate against float64 under the interpreter (float32, rank 8)."""
     from lora_moe_lab.instruments.recorders import kernel_cases as kc
 
     re_ = load_script("studies.kernels.record_expand")
@@ -63,36 +61,29 @@ def test_down_candidates_are_checked_against_float64(monkeypatch):
     monkeypatch.setattr(re_, "SWEEP_M", ())  # the check at M = 16 only
     monkeypatch.setattr(harness, "ROWS", [])
     monkeypatch.setattr(re_, "ROWS", harness.ROWS)
-    table = re_.table_config("down", 16, re_.get_shape("tiny"), 16)
-    down = re_.candidates("down", 1024, 16, lambda bm: table, "down")
-    assert [c for _, c in down] == list(dict.fromkeys([table] + kc.down_candidates(table)))
-    assert re_.candidates("gate_up", 1024, 16, lambda bm: table, "down") == [(16, table)]
-    re_.check("tiny", torch.device("cpu"), torch.Generator().manual_seed(0), float("inf"), "down")
-    rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == "down"]
-    assert {re_.cfg_str(bm, c) for bm, c in down} <= {r["config"] for r in rows}
+    table = re_.table_config(op, 16, re_.get_shape("tiny"), 16)
+    cands = re_.candidates(op, 1024, 16, lambda bm: table, which)
+    other = re_.candidates("gate_up" if op == "down" else "down", 1024, 16, lambda bm: table, which)
+    re_.check("tiny", torch.device("cpu"), torch.Generator().manual_seed(0), float("inf"), which)
+    rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == op]
+    assert {re_.cfg_str(bm, c) for bm, c in cands} <= {r["config"] for r in rows}
     assert all(r["ok"] and r["untouched_rows_identical"] for r in rows)
+    assert other == [(16, table)]  # the other op keeps the table's tile
+    return table, cands, kc
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
+def test_down_candidates_are_checked_against_float64(monkeypatch):
+    # studies/kernels/record_expand.py --candidates down: every candidate of the down delta (narrower tiles, the
+    # register cap, 4 stages) is in the check's list and computes the delta against float64, untouched rows bit-exact
+    table, down, kc = _checked_candidates(monkeypatch, "down", "down")
+    assert [c for _, c in down] == list(dict.fromkeys([table] + kc.down_candidates(table)))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording checks them")
 def test_gate_up_candidates_are_checked_against_float64(monkeypatch):
-    # studies/kernels/record_expand.py --candidates gate_up: every candidate of the separate gate_up delta (shrink depth
-    # and stages, warps, programs per SM, block heights) is in the check's list and computes the delta against
-    # float64 with untouched rows bit-exact; the down delta keeps the table's tile.
-    from lora_moe_lab.instruments.recorders import kernel_cases as kc
-
-    re_ = load_script("studies.kernels.record_expand")
-    for mod in (re_, kc):
-        monkeypatch.setattr(mod, "BF", torch.float32)
-    monkeypatch.setattr(kc, "RANK", 8)
-    monkeypatch.setattr(re_, "SWEEP_M", ())  # the check at M = 16 only
-    monkeypatch.setattr(harness, "ROWS", [])
-    monkeypatch.setattr(re_, "ROWS", harness.ROWS)
-    table = re_.table_config("gate_up", 16, re_.get_shape("tiny"), 16)
-    gate_up = re_.candidates("gate_up", 128, 16, lambda bm: table, "gate_up")
+    # --candidates gate_up: every candidate of the separate gate_up delta (shrink depth and stages, warps, programs per
+    # SM, block heights) against float64, untouched rows bit-exact
+    table, gate_up, _ = _checked_candidates(monkeypatch, "gate_up", "gate_up")
     assert len(gate_up) > 10 and gate_up[0] == (16, table)
     assert {bm for bm, _ in gate_up} == {16, 32, 128} and {c.block_k for _, c in gate_up} >= {64, 128}
-    assert re_.candidates("down", 128, 16, lambda bm: table, "gate_up") == [(16, table)]
-    re_.check("tiny", torch.device("cpu"), torch.Generator().manual_seed(0), float("inf"), "gate_up")
-    rows = [r for r in harness.ROWS if r["section"] == "check" and r["op"] == "gate_up"]
-    assert {re_.cfg_str(bm, c) for bm, c in gate_up} <= {r["config"] for r in rows}
-    assert all(r["ok"] and r["untouched_rows_identical"] for r in rows)
