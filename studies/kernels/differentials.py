@@ -25,7 +25,7 @@ import time
 WHICH = ("decode", "expand")
 
 
-def _worker(which: str, n_cases: int, seed: int, shard: tuple[int, int], dry: bool) -> dict:
+def _worker(which: str, n_cases: int, seed: int, shard: tuple[int, int]) -> dict:
     """One process's share of a differential: its row (harness.row's dict)."""
     import torch
 
@@ -38,7 +38,7 @@ def _worker(which: str, n_cases: int, seed: int, shard: tuple[int, int], dry: bo
         return kc.differential(dev, n_cases, seed, shard)
     from studies.kernels import record_expand as re_
 
-    if dry or dev.type != "cuda":  # the interpreter: float32 (its bf16 is wrong) and small M
+    if dev.type != "cuda":  # the interpreter: float32 (its bf16 is wrong) and small M
         re_.BF = torch.float32
         harness.set_dry()
     return re_.random_cases(dev, n_cases, seed, shard)
@@ -78,18 +78,16 @@ def main(argv=None):
         raise SystemExit(f"--which: {bad or 'nothing'} is not one of {WHICH}")
     if args.cases < 1 or args.jobs < 1:
         raise SystemExit(f"--cases and --jobs must be >= 1, got {args.cases} and {args.jobs}")
-    from lora_moe_lab import runtime
     from lora_moe_lab.instruments.recorders.harness import Recorder, log
 
     Recorder.claim(args.out, "differentials", args.overwrite)
     rows: list[dict] = []
     rec = Recorder("differentials", args.out, params=vars(args), rows=rows)
-    dry = not runtime.has_cuda()
     ctx = mp.get_context("spawn")  # CUDA in the workers: a forked CUDA context is unusable
     for w in which:
         t0 = time.time()
         with ctx.Pool(args.jobs) as pool:
-            parts = pool.starmap(_worker, [(w, args.cases, args.seed, (j, args.jobs), dry) for j in range(args.jobs)])
+            parts = pool.starmap(_worker, [(w, args.cases, args.seed, (j, args.jobs)) for j in range(args.jobs)])
         r = merge(w, parts)
         r["wall_s"] = round(time.time() - t0, 1)
         rows.append(r)

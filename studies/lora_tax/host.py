@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import platform
 import time
 
 import numpy as np
@@ -172,8 +173,6 @@ def main(argv=None):
     arms = ("stubbed", "issued") if dev.type == "cuda" else ("stubbed",)
     rows: list[dict] = []
     rec = Recorder("lora_tax_host", args.out, params=vars(args), rows=rows, overwrite=args.overwrite)
-    import platform
-
     rec.meta["cpu"] = platform.processor() or platform.machine()
     for shape in args.shapes.split(","):
         lab = build(shape, args.layers, dev)

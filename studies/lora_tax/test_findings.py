@@ -3,6 +3,7 @@ GEMM table is the committed recording read now, and the summary pools sessions a
 says (on a synthetic long table: the real one comes from the H200)."""
 import io
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -186,8 +187,8 @@ def test_superseded_sessions_leave_the_pool_and_are_named(tmp_path):
 
 
 def test_the_host_study_counts_the_launches_each_path_adds(tmp_path):
-    # studies/lora_tax/host.py on the tiny preset (launches stubbed): LoRA-on costs the host more than LoRA-off, and
-    # the launches it adds per layer are the plan's, derived here from the paths alone: a kernel per op (its delta, or
+    # studies/lora_tax/host.py on the tiny preset (launches stubbed) and the committed recording: the launches LoRA
+    # adds per layer are the plan's, derived here from the paths alone: a kernel per op (its delta, or
     # a fused path's shrink), and the per-adapter alignment's 3 kernels where a separate delta runs
     import torch
 
@@ -205,10 +206,9 @@ def test_the_host_study_counts_the_launches_each_path_adds(tmp_path):
 
     host.main(["--out", str(tmp_path), "--shapes", "tiny", "--tokens", "4", "--layers", "2", "--reps", "10",
                "--inner", "1", "--warmup", "1"])
-    got = pd.read_csv(tmp_path / "lora_tax_host.csv")
-    r = got.iloc[0]
-    assert r.arm == "stubbed" and r.on_us_per_layer > r.off_us_per_layer and r.launches_on > r.launches_off
-    rec = pd.read_csv(host_csv := "data/lora_tax/lora_tax_host.csv")  # the committed recording
-    for _, r in rec.iterrows():
+    got = pd.read_csv(tmp_path / "lora_tax_host.csv")  # no wall time is asserted: only what the run counted
+    assert list(got.arm) == ["stubbed"] and got.launches_on[0] - got.launches_off[0] == added("tiny", 4)
+    host_csv = Path(__file__).resolve().parents[2] / "data" / "lora_tax" / "lora_tax_host.csv"  # the recording
+    for _, r in pd.read_csv(host_csv).iterrows():
         assert r.launches_on - r.launches_off == added(r["shape"], r.tokens), (host_csv, r["shape"], r.tokens)
         assert r.lo <= r.ratio <= r.hi < 1
