@@ -18,6 +18,16 @@ if not _HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
     # No GPU: run Triton programs one by one on numpy. Must happen before kernels are decorated.
     os.environ["TRITON_INTERPRET"] = "1"
 
+# The caching allocator keeps freed blocks for reuse only at their own size. A lab build frees each base weight as
+# it moves into its wider LoRA build (model/moe.py: hold_weights_wide), so on an 80 GB card the freed blocks pile
+# up (11 GiB reserved but unallocated at 48 layers) until an allocation fails. Expandable segments map physical
+# pages into one growing virtual range instead, and a freed range is reused at any size. The allocator reads this
+# when CUDA starts (`is_available` above starts no allocator), so it is set here, before any allocation, unless
+# the reader set an allocator configuration of their own; `allocator_settings()` reports what is in force.
+ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+if _HAS_CUDA and not any(os.environ.get(k) for k in ALLOC_ENV) and not torch.cuda.is_initialized():
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+
 
 def has_cuda() -> bool:
     return _HAS_CUDA
@@ -44,6 +54,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         raise ValueError(f"unknown device {device!r}: use 'cuda', 'cuda:N', 'cpu' or 'auto'") from None
     if dev.type == "cuda" and not _HAS_CUDA:
         raise ValueError(f"device {device!r} requested but this machine has no CUDA GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                         f"GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"unsupported device {device!r}: use 'cuda', 'cpu' or 'auto'")
     return dev
@@ -65,6 +78,60 @@ def resolve_dtype(dtype, device: torch.device | str | None = None):
     if dtype == "auto":
         return "bfloat16" if resolve_device(device).type == "cuda" else "float32"
     return dtype
+
+
+# --- the memory this process may use ----------------------------------------------------------
+GPU_GIB_ENV = "LORA_MOE_LAB_GPU_GIB"  # a cap in GiB: stands in for a smaller card (per-process memory fraction)
+
+
+class GpuMemoryCapError(ValueError):
+    """A memory cap (LORA_MOE_LAB_GPU_GIB) that is not a number, not positive, or above the card."""
+
+
+def gpu_memory_cap_gib() -> float | None:
+    """The cap set in the environment, checked, or None."""
+    v = os.environ.get(GPU_GIB_ENV, "").strip()
+    if not v:
+        return None
+    try:
+        gib = float(v)
+    except ValueError:
+        raise GpuMemoryCapError(f"{GPU_GIB_ENV}={v!r}: a number of GiB, e.g. 24") from None
+    if not gib > 0 or gib != gib:
+        raise GpuMemoryCapError(f"{GPU_GIB_ENV}={v!r}: a positive number of GiB")
+    return gib
+
+
+_CAPPED: set = set()
+
+
+def gpu_capacity(device: torch.device | str | None = None) -> tuple[int, int]:
+    """(usable, total) bytes of the GPU for this process: the driver's free memory plus what the caching
+    allocator holds unused, and with LORA_MOE_LAB_GPU_GIB set, at most that cap less what is allocated (the cap is
+    applied once, as torch's per-process memory fraction, so an allocation past it fails as on a smaller card).
+    `total` is the card's, or the cap. Starts CUDA's context; allocates nothing."""
+    dev = resolve_device(device if device is not None else "cuda")
+    if dev.type != "cuda":
+        raise ValueError(f"gpu_capacity: {dev} is not a CUDA device")
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(idx)
+    reserved, allocated = torch.cuda.memory_reserved(idx), torch.cuda.memory_allocated(idx)
+    usable = free + reserved - allocated
+    cap = gpu_memory_cap_gib()
+    if cap is not None:
+        cap_b = int(cap * 2 ** 30)
+        if cap_b > total:
+            raise GpuMemoryCapError(f"{GPU_GIB_ENV}={cap:g} is above this card's {total / 2 ** 30:.1f} GiB")
+        if idx not in _CAPPED:
+            torch.cuda.set_per_process_memory_fraction(cap_b / total, idx)
+            _CAPPED.add(idx)
+        usable, total = min(usable, cap_b - allocated), cap_b
+    return max(0, usable), total
+
+
+def allocator_settings() -> str:
+    """The allocator configuration in force for this process (the environment it started with)."""
+    return next((f"{k}={os.environ[k]}" for k in ALLOC_ENV if os.environ.get(k)), "torch's defaults")
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

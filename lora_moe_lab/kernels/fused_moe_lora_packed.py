@@ -400,6 +400,15 @@ def wide_weights(w: torch.Tensor, b_packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([w, b_packed], dim=2).contiguous()
 
 
+def wide_path_bytes(shape, lora, dtype: torch.dtype) -> int:
+    """The bytes the wide path adds to one layer beyond the base weights and the pool's stacks: the C columns past
+    K of w13's and w2's wide builds, and the packed B they are refreshed from (`LayerLoRAWeights.packed`), for
+    gate_up (P = 2) and down (P = 1). Read by the build's sizing (model/sizing.py) before anything is allocated."""
+    E, K, I = shape.num_experts, shape.hidden, shape.intermediate
+    per_slice = pow2(lora.max_loras) * block_r(lora.max_rank)
+    return 2 * (E * 2 * I * 2 * per_slice + E * K * per_slice) * dtype.itemsize
+
+
 def wide_columns(lora_a: torch.Tensor) -> int:
     """C, each pair's adapter columns in the wide build for A (P, S, E, R, K): every slice's and slot's BLOCK_R
     columns side by side, S rounded up to a power of two (as `pack_lora_b` lays them: the columns past K of w_wide's

@@ -27,6 +27,7 @@ so the attention sites only reproduce where production synced; the answer gates 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from fractions import Fraction
@@ -39,10 +40,11 @@ from ..config import LoRAConfig, check_dtype, check_int, get_shape
 from ..ops import Backend, get_backend
 from .attention import Attention, positions, rope_cos_sin
 from .guards import Guard, get_guard
-from .lab import Lab
+from .lab import Lab, size_build
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from . import init
 from .moe import LoRAHook, MiniMoEModel, MoELayer, PoolHolder, check_skew
+from .sizing import FIT_TOKENS
 from .spec import GUARD_SITE_POINTS
 from .tp import TPGroup, single, tp_shape
 
@@ -170,18 +172,26 @@ class DecoderModel(PoolHolder, torch.nn.Module):
 
 def build_decoder_lab(preset="tiny", num_layers: int | None = None, max_loras: int = 4, max_rank: int = 16,
                       dtype="auto", device: str = "auto", backend: str = "auto", seed: int = 0,
-                      guard_sites: float = 1.0, tp: TPGroup | None = None, skew: float = 0.0) -> Lab:
+                      guard_sites: float = 1.0, tp: TPGroup | None = None, skew: float = 0.0,
+                      fit_tokens: int = FIT_TOKENS) -> Lab:
     """Decoder + adapter pool with seeded random weights. With `tp` (model/tp.py: init_tp) this
-    rank's slice of the same weights; `lab.shape` is then the rank's shape. `skew`: as build_lab."""
+    rank's slice of the same weights; `lab.shape` is then the rank's shape. `skew`, `num_layers` and
+    `fit_tokens` (the build sized to the card): as build_lab. Under TP every rank takes the fewest layers any
+    rank's card holds, so the group runs one model."""
     skew = check_skew(skew)
     check_int("seed", seed)
-    full = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
-    shape = tp_shape(full, 1 if tp is None else tp.size)  # named error when heads or I do not split
-    sites_per_layer(guard_sites, shape.num_layers)  # reject a bad guard_sites before any allocation
+    shape = tp_shape(get_shape(preset), 1 if tp is None else tp.size)  # named error when heads or I do not split
     dev = tp.device if tp is not None and device == "auto" else runtime.resolve_device(device)
     dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))
+    lora = LoRAConfig(max_loras, max_rank)
+    plan = size_build(shape, num_layers, lora, dt, dev, backend, decoder=True, tokens=fit_tokens)
+    if tp is not None and tp.size > 1:  # one layer count for the whole group
+        n = tp.all_reduce_min(plan.num_layers)
+        plan = dataclasses.replace(plan, num_layers=n)
+    shape = shape.with_(num_layers=plan.num_layers)
+    sites_per_layer(guard_sites, shape.num_layers)  # reject a bad guard_sites before any allocation
     rank, size = (0, 1) if tp is None else (tp.rank, tp.size)
-    pool = AdapterPool(shape, LoRAConfig(max_loras, max_rank), dtype=dt, device=dev, tp_rank=rank, tp_size=size)
+    pool = AdapterPool(shape, lora, dtype=dt, device=dev, tp_rank=rank, tp_size=size)
     model = DecoderModel(shape, pool, dt, dev, backend=backend, seed=seed, guard_sites=guard_sites, tp=tp,
                          skew=skew)
-    return Lab(shape, model, pool, dev, dt)
+    return Lab(shape, model, pool, dev, dt, plan)

@@ -17,6 +17,7 @@ from .. import runtime
 from ..config import LoRAConfig, MoEShape, check_dtype, check_int, get_shape
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors
 from .moe import MiniMoEModel, check_skew
+from .sizing import FIT_TOKENS, BuildPlan, fit_layers
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Lab:
     pool: AdapterPool
     device: torch.device
     dtype: torch.dtype
+    sizing: BuildPlan | None = None  # the layer count the card allowed, and why (model/sizing.py)
 
     def make_batch(self, adapters: list, token_counts: list[int], out: LoRABatchTensors | None = None):
         batch = LoRABatchInfo.build(self.pool, adapters, token_counts)
@@ -40,17 +42,33 @@ class Lab:
 
 def build_lab(preset: str | MoEShape = "tiny", num_layers: int | None = None, max_loras: int = 4,
               max_rank: int = 16, dtype: str | torch.dtype = "float32", device: str = "auto",
-              backend: str = "auto", seed: int = 0, skew: float = 0.0) -> Lab:
+              backend: str = "auto", seed: int = 0, skew: float = 0.0, fit_tokens: int = FIT_TOKENS) -> Lab:
     """Model + adapter pool with seeded random weights (nothing is downloaded). `skew` > 0 biases
-    the router towards a seeded set of hot experts (model/moe.py: SERVING_SKEW); 0 is uniform."""
+    the router towards a seeded set of hot experts (model/moe.py: SERVING_SKEW); 0 is uniform.
+    On a GPU the build is sized to the card before anything is allocated (model/sizing.py): num_layers=None
+    takes the preset's layers, or as many as fit beside a forward of `fit_tokens` tokens (one line says so); an
+    explicit num_layers that cannot fit is a named error."""
     skew = check_skew(skew)  # before any allocation
     check_int("seed", seed)
     dev = runtime.resolve_device(device)
-    shape = get_shape(preset, **({} if num_layers is None else {"num_layers": num_layers}))
     dt = check_dtype(runtime.resolve_dtype(dtype, dev), dev, runtime.resolve_backend(backend, dev))
+    plan = size_build(get_shape(preset), num_layers, LoRAConfig(max_loras, max_rank), dt, dev, backend,
+                      decoder=False, tokens=fit_tokens)
+    shape = get_shape(preset, num_layers=plan.num_layers)
     pool = AdapterPool(shape, LoRAConfig(max_loras, max_rank), dtype=dt, device=dev)
     model = MiniMoEModel(shape, pool, dt, dev, backend=backend, seed=seed, skew=skew)
-    return Lab(shape, model, pool, dev, dt)
+    return Lab(shape, model, pool, dev, dt, plan)
+
+
+def size_build(shape: MoEShape, num_layers, lora: LoRAConfig, dtype, device, backend: str, *, decoder: bool,
+               tokens: int = FIT_TOKENS, log=print) -> BuildPlan:
+    """The layer count a build takes on `device` (model/sizing.py: fit_layers); prints one line when the card
+    holds fewer layers than the preset has."""
+    plan = fit_layers(shape, lora, dtype, runtime.resolve_backend(backend, device), decoder=decoder,
+                      requested=num_layers, device=device, tokens=tokens)
+    if plan.reduced:
+        log(f"[sizing] {plan.describe()}")
+    return plan
 
 
 def split_tokens(tokens: int, requests: int) -> list[int]:

@@ -56,6 +56,13 @@ def _first_bad(t: torch.Tensor):
     return idx, float(t[idx])
 
 
+def pool_layer_bytes(shape: MoEShape, lora: LoRAConfig, dtype: torch.dtype) -> int:
+    """One layer's stacks in an `AdapterPool` (the layout below: gate_up A and B, down A and B, every slot and
+    expert at the pool's max rank). Read by the build's sizing (model/sizing.py) before anything is allocated."""
+    S, E, K, I, r = lora.max_loras, shape.num_experts, shape.hidden, shape.intermediate, lora.max_rank
+    return (2 * S * E * r * K + 2 * S * E * I * r + S * E * r * I + S * E * K * r) * dtype.itemsize
+
+
 @dataclass
 class LayerLoRAWeights:
     """Stacked LoRA weights of one MoE layer (layout of docs/design.md; S slots, E experts)."""

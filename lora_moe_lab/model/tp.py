@@ -47,6 +47,15 @@ class TPGroup:
             raise RuntimeError(f"tp rank {self.rank}/{self.size}: all_reduce failed: {e}") from e
         return t
 
+    def all_reduce_min(self, n: int) -> int:
+        """The least of a host int over the ranks (build time only: it reads the result back, a sync). Alone (one
+        process, or one rank emulated on its own GPU) it is `n`."""
+        if self.size == 1 or not dist.is_initialized():
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=self.device if self.backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
     def destroy(self) -> None:
         if self.size > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -15,7 +15,7 @@
 
 # %% tags=["parameters"]
 preset = "tiny"          # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
-num_layers = 4           # MoE layers in the mini model (Qwen3-30B-A3B has 48)
+num_layers = 4           # MoE layers in the mini model (Qwen3-30B-A3B has 48); None: as many as the card holds
 num_requests = 8         # requests in the batch of the sync count and the timeline
 tokens_per_request = 8   # tokens each (decode: 1; prefill: many)
 active_fraction = 0.5    # share of requests that use an adapter
@@ -47,8 +47,10 @@ from lora_moe_lab.sim.production import PRODUCTION, PRODUCTION_SIGNATURE
 
 nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
-for _n in ("num_layers", "num_requests", "tokens_per_request", "timing_reps", "timeline_layers"):
+for _n in ("num_requests", "tokens_per_request", "timing_reps", "timeline_layers"):
     nbk.check_positive_int(_n, globals()[_n])
+if num_layers is not None:
+    nbk.check_positive_int("num_layers", num_layers)
 active_fraction = nbk.check_fraction("active_fraction", active_fraction)
 timing_active = nbk.check_fraction("timing_active", timing_active)
 guards = nbk.check_guards(guards)
@@ -77,7 +79,9 @@ print(f"device: {dev}  dtype: {dtype}  live GPU: {LIVE}")
 # request uses an adapter: that is `has_active_lora`, and computing it costs nothing.
 
 # %%
-lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev), backend=backend)
+lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev), backend=backend,
+                fit_tokens=max(timing_tokens + [num_requests * tokens_per_request]))
+num_layers = lab.shape.num_layers  # on a GPU the build is sized to the card (it says so when it holds fewer)
 lab.pool.load("support-bot", rank=8)
 lab.pool.load("sql-helper", rank=16, scaling=0.5)
 batch = LoRABatchInfo.random(lab.pool, num_requests, tokens_per_request, active_fraction, seed=0)
@@ -112,7 +116,8 @@ syncs
 # %%
 fig = go.Figure(go.Bar(x=syncs.guard, y=syncs.syncs_per_forward, text=syncs.syncs_per_forward,
                        marker_color=["#d62728" if g == "sync" else "#2ca02c" for g in syncs.guard]))
-fig.update_layout(title=f"Host-device syncs per forward ({num_layers} layers)", xaxis_title="guard", yaxis_title="syncs",
+fig.update_layout(title=f"Host-device syncs per forward ({num_layers} layers)", xaxis_title="guard",
+                  yaxis_title="syncs",
                   height=350)
 fig.show()
 assert all(r["syncs_per_forward"] == (num_layers if r["guard"] == "sync" else 0) for r in rows), rows

@@ -30,7 +30,7 @@
 
 # %% tags=["parameters"]
 preset = "qwen3-30b-a3b"  # tiny, qwen3-30b-a3b or qwen3-30b-a3b-tp4
-num_layers = 48  # MoE layers per forward, 1..48; a live run holds ~1.2 GB of weights per layer
+num_layers = 48  # MoE layers per forward, 1..48, or None: as many as the card holds (~1.4 GiB each)
 tokens = 4096  # tokens per forward, a power of two up to 16384 (replay predictions at 16 and 4096)
 guard = "sync"  # sync, cpu_flag or launch_always
 active_fraction = 0.5  # share of requests that use an adapter
@@ -53,8 +53,14 @@ from lora_moe_lab.ui import whatif_bench, widgets
 
 nbk.reject_unknown_parameters()
 nbk.check_preset(preset)
-for _n in ("num_layers", "tokens", "rank", "reps"):
+for _n in ("tokens", "rank", "reps"):
     nbk.check_positive_int(_n, globals()[_n])
+if num_layers is None:  # sized to the card before anything is built (model/sizing.py); on a CPU: the preset's
+    from lora_moe_lab.model.sizing import plan_build
+    _plan = plan_build(preset, decoder=False, max_rank=rank, device=device, tokens=tokens)
+    num_layers = _plan.num_layers
+    print(_plan.describe())
+nbk.check_positive_int("num_layers", num_layers)
 if num_layers > 48:
     raise NotebookParameterError(f"bad notebook parameter num_layers={num_layers!r}: at most 48")
 if tokens not in widgets.TOKENS:

@@ -108,13 +108,14 @@ def main(argv=None) -> int:
     except tables.TableError as e:
         ap.error(str(e))
     work.mkdir(parents=True, exist_ok=True)
-    preset, layers, L, scale = ("tiny", 2, 8, 1 / 1000) if a.smoke else ("qwen3-30b-a3b", 48, 2048, 1.0)
+    # None: the preset's 48 layers, or as many as the card holds (lora_moe_lab/model/sizing.py)
+    preset, layers, L, scale = ("tiny", 2, 8, 1 / 1000) if a.smoke else ("qwen3-30b-a3b", None, 2048, 1.0)
     reps = max(a.reps, 10) if not a.smoke else 12
     lab = P.build(preset, layers, max_loras=4, max_rank=16, dtype="auto", device="auto", backend="auto", seed=0,
                   guard_sites=GS_PROD)
     names = P.load_adapters(lab, 2, 16)
     params = {k: v for k, v in vars(a).items() if k != "out"}  # no machine paths in data/
-    meta = metadata(params=dict(params, preset=preset, layers=layers, input_len=L, guards=GUARDS,
+    meta = metadata(params=dict(params, preset=preset, **lab.sizing.meta(), input_len=L, guards=GUARDS,
                                 guard_sites=GS_PROD, target_later_us=TARGET_LATER_US, adapters="none"))
     cal = None
     clocks = ClockLog(work / "clocks.csv")

@@ -122,9 +122,9 @@ class SweepSpec:
         rows = []
         for preset, layers, rank, skew, tokens, active, guard, mode in itertools.product(
                 self.presets, self.layers, self.ranks, self.skews, self.tokens, self.active, self.guards, self.modes):
-            layers = get_shape(preset).num_layers if layers is None else layers
-            rows.append(dict(preset=preset, layers=layers, tokens=tokens, guard=guard, active=active, rank=rank,
-                             mode=mode, dtype=self.dtype, backend=self.backend,
+            asked, layers = layers, get_shape(preset).num_layers if layers is None else layers
+            rows.append(dict(preset=preset, layers=layers, layers_asked=asked, tokens=tokens, guard=guard,
+                             active=active, rank=rank, mode=mode, dtype=self.dtype, backend=self.backend,
                              requests=min(self.requests, tokens), skew=skew))
         return rows
 
@@ -260,10 +260,13 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
                     break
                 bar.set_description(f"{p['preset']} M={p['tokens']} {p['guard']} a={p['active']:g} {p['mode']}")
                 try:
-                    lab = labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p["layers"],
+                    # the preset's count is sized to the card (model/sizing.py): the row records what was built
+                    lab = labs.get(adapter=("bench", p["rank"]), preset=p["preset"], num_layers=p.get("layers_asked",
+                                                                                                   p["layers"]),
                                    max_loras=4, max_rank=p["rank"], dtype=spec.dtype, device=spec.device,
                                    backend=spec.backend, seed=spec.seed,
                                    **({"skew": p["skew"]} if p["skew"] else {}))  # a `build` without skew works at 0
+                    p = dict(p, layers=lab.shape.num_layers)
                     res = measure(lab, p, warmup=spec.warmup, reps=spec.reps, seed=spec.seed)
                 except (KeyboardInterrupt, SystemExit):
                     raise

@@ -43,7 +43,9 @@ nonneg_float = arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite 
 
 def build(smoke: bool):
     """The decoder lab and the prefill plan of the lean regime (tiny shapes under --smoke)."""
-    preset, layers, L, C, R = ("tiny", 2, 8, 16, 8) if smoke else ("qwen3-30b-a3b", 48, 2048, 16384, 64)
+    # None: the preset's 48 layers, or as many as this card holds (model/sizing.py); the guard syncs stay
+    # production's per-layer rate, so the gain is the same quantity at any layer count
+    preset, layers, L, C, R = ("tiny", 2, 8, 16, 8) if smoke else ("qwen3-30b-a3b", None, 2048, 16384, 64)
     lab = P.build(preset, layers, max_loras=4, max_rank=16, dtype="auto", device="auto", backend="auto", seed=0,
                   guard_sites=GUARD_SITES)
     names = P.load_adapters(lab, 2, 16)
@@ -145,8 +147,11 @@ def main(argv=None) -> int:
     rel = None if a.smoke else relation(exclude=a.session or None)
     meta, host = metadata(), host_columns()
     print(f"host: {host['cpu_model']}, {host['cores']} cores; GPU: {meta['gpu']}", flush=True)
+    sized = lab.sizing.meta()
+    print(f"build: {lab.sizing.describe()}; allocator: {P.runtime.allocator_settings()}", flush=True)
     rows = [dict(session=a.session, **probe(lab, plan, names, reps=a.reps, host_us_per_layer=h, rel=rel), **host,
-                 gpu=meta["gpu"], commit=meta["commit"], date=meta["date"]) for h in a.host_us_per_layer]
+                 gpu=meta["gpu"], gpu_total_gib=sized["gpu_total_gib"], commit=meta["commit"], date=meta["date"])
+            for h in a.host_us_per_layer]
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(a.out) + ".tmp")
