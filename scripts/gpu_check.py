@@ -396,11 +396,25 @@ def part_lines(t: dict, label: str = "") -> list[str]:
     return L + ["", "-- pytest's last lines:"] + t["tail"] + [""]
 
 
+def log_stem(m: dict) -> str:
+    """gpu_check_<commit>_<GPU>[_cap<GiB>GiB]: every log names the card it ran on, and the memory cap that stood in
+    for a smaller card (LORA_MOE_LAB_GPU_GIB) when there was one."""
+    gpu = str(m.get("gpu") or "unknown").replace("NVIDIA ", "").replace(" ", "_")
+    cap = m.get("gpu_cap_gib")
+    return f"gpu_check_{(m.get('commit') or 'unknown')[:7]}_{gpu}" + (f"_cap{cap:g}GiB" if cap else "")
+
+
+def memory_line(m: dict) -> str:
+    cap = m.get("gpu_cap_gib")
+    return f"capped at {cap:g} GiB (LORA_MOE_LAB_GPU_GIB), a smaller card's stand-in" if cap else "the whole card"
+
+
 def write_log(out: Path, doc: dict) -> Path:
     m = doc["meta"]
     L = [f"GPU check at commit {m.get('commit') or '?'}{' (dirty tree)' if m.get('dirty') else ''}, {m.get('date')}",
          f"GPU {m.get('gpu')}, driver {m.get('driver') or '?'}, CUDA {m.get('cuda') or '?'}, torch {m.get('torch')}, "
-         f"triton {m.get('triton')}, python {m.get('python')}", f"command: {doc['command']}", ""]
+         f"triton {m.get('triton')}, python {m.get('python')}",
+         f"memory: {memory_line(m)}; allocator: {m.get('allocator', '?')}", f"command: {doc['command']}", ""]
     t = doc.get("tests")
     if t:
         t = doc["tests"] = combine(test_parts(t), t.get("replaced"))
@@ -441,7 +455,7 @@ def write_log(out: Path, doc: dict) -> Path:
           + ("" if whole is not False else f", and NOT THE WHOLE SUITE: the pytest parts ({t['scope']}) leave out "
              f"{short_list(t['coverage']['missing'])}")
           + ("" if len(held) == 2 else f" (this log holds only: {', '.join(held)})")]
-    name = f"gpu_check_{(m.get('commit') or 'unknown')[:7]}"
+    name = log_stem(m)
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1))
     log = out / f"{name}.log"
     log.write_text("\n".join(L) + "\n")
@@ -493,10 +507,11 @@ def main(argv=None) -> int:
     out, build = Path(a.out), Path(a.build)
     out.mkdir(parents=True, exist_ok=True)
     build.mkdir(parents=True, exist_ok=True)
-    meta = metadata()
+    from lora_moe_lab import runtime
+    meta = dict(metadata(), gpu_cap_gib=runtime.gpu_memory_cap_gib(), allocator=runtime.allocator_settings())
     say(f"commit {meta.get('commit') or '? (set GIT_COMMIT)'}, {meta['gpu']}, driver {meta.get('driver') or '?'}, "
         f"torch {meta['torch']}, triton {meta['triton']}")
-    prev = Path(a.merge) if a.merge else out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}.json"
+    prev = Path(a.merge) if a.merge else out / f"{log_stem(meta)}.json"
     if a.merge and not prev.is_file():
         say(f"ERROR: --merge {prev}: no such file")
         return 2
@@ -522,7 +537,7 @@ def main(argv=None) -> int:
 
         doc["notebooks"] = dict(run_notebooks(build / "notebooks", a.only, after=partial), ran=ran(meta, command))
         if a.notebooks_tar:
-            tar = out / f"gpu_check_{(meta.get('commit') or 'unknown')[:7]}_notebooks.tar.gz"
+            tar = out / f"{log_stem(meta)}_notebooks.tar.gz"
             with tarfile.open(tar, "w:gz") as tf:
                 for r in doc["notebooks"]["notebooks"]:
                     f = build / "notebooks" / f"{r['notebook']}.ipynb"

@@ -51,14 +51,17 @@ def test_lesson_lines_and_one_log_from_two_parts(tmp_path):
                 triton="3.6", cuda="13.0", python="3.11")
     tests = dict(passed=5, failed=0, errors=0, skipped=1, seconds=10.0, returncode=0, per_file={}, failures=[], tail=[])
     log = gc.write_log(tmp_path, dict(meta=meta, command="python3 scripts/gpu_check.py --what tests", tests=tests))
-    assert log.name == "gpu_check_abc1234.log" and "this log holds only: tests" in log.read_text()
+    assert log.name == "gpu_check_abc1234_H200.log" and "this log holds only: tests" in log.read_text()
     nbs = dict(seconds=5.0, passed=1, failed=0, over_1MB=[], notebooks=[dict(
         notebook="01_x", status="passed", seconds=5.0, bytes=2000, within_1MB=True, error="", lesson=["M=4096: ok"])])
-    doc = json.loads((tmp_path / "gpu_check_abc1234.json").read_text())
+    doc = json.loads((tmp_path / "gpu_check_abc1234_H200.json").read_text())
     doc["notebooks"] = nbs
     text = gc.write_log(tmp_path, doc).read_text()
     assert ("driver 570.1" in text and "5 passed" in text and "    | M=4096: ok" in text
             and text.endswith("== 0 failed\n"))
+    capped = gc.write_log(tmp_path, dict(doc, meta=dict(meta, gpu="NVIDIA H100 80GB HBM3", gpu_cap_gib=24)))
+    assert capped.name == "gpu_check_abc1234_H100_80GB_HBM3_cap24GiB.log"  # the card, and the cap standing in
+    assert "memory: capped at 24 GiB" in capped.read_text()
 
 
 def test_refuses_a_cpu_without_allow_cpu():
@@ -129,21 +132,21 @@ def gpu_check(tmp_path, out, *args):
 def test_three_calls_fill_one_log(tmp_path, fake_gpu_machine):
     """The recipe: each call writes to a fresh folder, given the JSON of the call before with --merge."""
     assert gpu_check(tmp_path, "o1", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
-    first = (tmp_path / "o1" / "gpu_check_abc1234.log").read_text()
+    first = (tmp_path / "o1" / "gpu_check_abc1234_cpu.log").read_text()
     assert "NOT THE WHOLE SUITE" in first.splitlines()[-1] and "leave out tests/nb/ " in first.splitlines()[-1]
     assert gpu_check(tmp_path, "o2", "--what", "tests", "--pytest-args", "tests/nb",
-                     "--merge", str(tmp_path / "o1" / "gpu_check_abc1234.json")) == 0
+                     "--merge", str(tmp_path / "o1" / "gpu_check_abc1234_cpu.json")) == 0
     assert gpu_check(tmp_path, "o3", "--what", "notebooks",
-                     "--merge", str(tmp_path / "o2" / "gpu_check_abc1234.json")) == 0
+                     "--merge", str(tmp_path / "o2" / "gpu_check_abc1234_cpu.json")) == 0
     assert [c[-1] for c in fake_gpu_machine] == ["--ignore=tests/nb", "tests/nb"]
-    doc = json.loads((tmp_path / "o3" / "gpu_check_abc1234.json").read_text())
+    doc = json.loads((tmp_path / "o3" / "gpu_check_abc1234_cpu.json").read_text())
     t = doc["tests"]
     assert [p["args"] for p in t["parts"]] == [["--ignore=tests/nb"], ["tests/nb"]]
     assert [(p["passed"], p["skipped"], p["returncode"], p["ran"]["commit"]) for p in t["parts"]] == [
         (2, 1, 0, "abc1234def"), (2, 0, 0, "abc1234def")]
     assert (t["passed"], t["failed"], t["errors"], t["skipped"]) == (4, 0, 0, 1) and not t["incomplete"]
     assert t["coverage"]["whole_suite"] and not t["coverage"]["missing"] and doc["notebooks"]["passed"] == 1
-    text = (tmp_path / "o3" / "gpu_check_abc1234.log").read_text()
+    text = (tmp_path / "o3" / "gpu_check_abc1234_cpu.log").read_text()
     assert ("== pytest part 1 of 2 (pytest --ignore=tests/nb): 2 passed" in text
             and "== pytest part 2 of 2 (pytest tests/nb): 2 passed" in text
             and "== pytest, total over the 2 parts (pytest --ignore=tests/nb + pytest tests/nb): 4 passed" in text
@@ -155,16 +158,16 @@ def test_a_part_that_did_not_finish_fails_the_merged_log(tmp_path, fake_gpu_mach
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb") == 0  # merged from --out
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb/test_lessons.py") == 1
-    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234.json").read_text())
+    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234_cpu.json").read_text())
     assert [p["scope"] for p in doc["tests"]["parts"]] == [
         "pytest --ignore=tests/nb", "pytest tests/nb", "pytest tests/nb/test_lessons.py"]
     assert doc["tests"]["incomplete"] and doc["tests"]["coverage"]["in_two_parts"] == ["tests/nb/test_lessons.py"]
-    text = (tmp_path / "o" / "gpu_check_abc1234.log").read_text()
+    text = (tmp_path / "o" / "gpu_check_abc1234_cpu.log").read_text()
     assert "DID NOT FINISH (timeout after 480 s)" in text
     assert text.endswith("== 1 FAILED (this log holds only: tests)\n")
     # the same part run again replaces it; a part that runs all of tests/nb replaces both tests/nb parts
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "-x tests/nb") == 0
-    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234.json").read_text())
+    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234_cpu.json").read_text())
     assert [p["scope"] for p in doc["tests"]["parts"]] == ["pytest --ignore=tests/nb", "pytest -x tests/nb"]
     assert doc["tests"]["replaced"] == ["pytest tests/nb (by pytest -x tests/nb)",
                                         "pytest tests/nb/test_lessons.py (by pytest -x tests/nb)"]
@@ -176,7 +179,7 @@ def test_refuses_to_merge_another_commit(tmp_path, fake_gpu_machine, capsys):
     assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(prev)) == 2
     said = capsys.readouterr().out
     assert ("refusing to merge" in said and "commit 1111111aaaa" in said and "commit abc1234def" in said
-            and not fake_gpu_machine and not (tmp_path / "o" / "gpu_check_abc1234.json").exists())
+            and not fake_gpu_machine and not (tmp_path / "o" / "gpu_check_abc1234_cpu.json").exists())
     assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(tmp_path / "none.json")) == 2
     assert "no such file" in capsys.readouterr().out
     ok = dict(commit="abc1234", dirty=False)  # a short GIT_COMMIT of the same commit merges
@@ -227,14 +230,14 @@ def test_a_notebook_run_cut_short_keeps_its_log(tmp_path, fake_gpu_machine, monk
     monkeypatch.setattr(gc, "run_notebooks", cut)
     with pytest.raises(KeyboardInterrupt):
         gpu_check(tmp_path, "o", "--what", "notebooks")
-    text = (tmp_path / "o" / "gpu_check_abc1234.log").read_text()
+    text = (tmp_path / "o" / "gpu_check_abc1234_cpu.log").read_text()
     assert "    | M=4096: ok" in text and "NOT RUN YET (counted as failed" in text and "02_kernel_early_exit" in text
     assert text.splitlines()[-1].startswith("== 1 FAILED")
 
 
 def test_notebooks_tar_goes_to_out(tmp_path, fake_gpu_machine):
     assert gpu_check(tmp_path, "o", "--what", "notebooks", "--notebooks-tar") == 0
-    assert (tmp_path / "o" / "gpu_check_abc1234_notebooks.tar.gz").is_file()
+    assert (tmp_path / "o" / "gpu_check_abc1234_cpu_notebooks.tar.gz").is_file()
 
 
 def test_run_notebooks_reports_after_each_with_the_rest_pending(tmp_path, monkeypatch):
