@@ -94,7 +94,8 @@ class BuildPlan:
 
     @property
     def reduced(self) -> bool:
-        return self.num_layers < self.preset_layers
+        """True when the card held fewer layers than the preset has (never for a count asked for explicitly)."""
+        return self.requested is None and self.num_layers < self.preset_layers
 
     def need_bytes(self, layers: int | None = None) -> int:
         return (self.num_layers if layers is None else layers) * self.per_layer_bytes + self.fixed_bytes

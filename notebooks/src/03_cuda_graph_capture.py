@@ -32,6 +32,7 @@ strategy_reps = 5        # interleaved repetitions of the live comparison (GPU o
 replay_reps = 10         # interleaved repetitions of eager vs graph replay, live (GPU only)
 
 # %%
+import gc
 import json
 
 import pandas as pd
@@ -64,7 +65,8 @@ print("live GPU run" if LIVE else "no GPU: the capture steps below show data rec
 # This part needs no GPU — the guard's decision is host logic.
 
 # %%
-lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev))
+FIT = num_requests * tokens_per_request  # the build leaves room for forwards of this size (model/sizing.py)
+lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev), fit_tokens=FIT)
 lab.pool.load("a", rank=8)
 lab.pool.load("b", rank=4)
 counts = [tokens_per_request] * num_requests
@@ -110,7 +112,10 @@ assert "capturing" in inner, inner
 
 # %%
 if LIVE:
-    lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev))
+    del lab  # the old lab's weights go before the new ones arrive: a card holds one of them at a time
+    gc.collect()
+    torch.cuda.empty_cache()
+    lab = build_lab(preset, num_layers=num_layers, dtype=dtype, device=str(dev), fit_tokens=FIT)
     lab.pool.load("a", rank=8)
     lab.pool.load("b", rank=4)
     cap = graphs.CapturedForward(lab, counts, guard="cpu_flag")

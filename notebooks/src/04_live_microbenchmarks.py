@@ -57,7 +57,7 @@ for _n in ("tokens", "rank", "reps"):
     nbk.check_positive_int(_n, globals()[_n])
 if num_layers is None:  # sized to the card before anything is built (model/sizing.py); on a CPU: the preset's
     from lora_moe_lab.model.sizing import plan_build
-    _plan = plan_build(preset, decoder=False, max_rank=rank, device=device, tokens=tokens)
+    _plan = plan_build(preset, decoder=False, max_rank=rank, device=device)  # room for any M the panel offers
     num_layers = _plan.num_layers
     print(_plan.describe())
 nbk.check_positive_int("num_layers", num_layers)
