@@ -37,8 +37,13 @@ def points() -> pd.DataFrame:
             rows.append(dict(session=f"production {name}", host_us_per_layer=0.0, lead_us=r["later_blocked_median_us"],
                              measured_gain_pct=r["fix_throughput_gain_pct"],
                              measured_gain_pct_lo=r["fix_throughput_gain_pct_lo"],
-                             measured_gain_pct_hi=r["fix_throughput_gain_pct_hi"], commit=s.meta.get("commit", "")))
-    frames = [pd.DataFrame(rows)] + [pd.read_csv(p) for p in _probe_files()]
+                             measured_gain_pct_hi=r["fix_throughput_gain_pct_hi"],
+                             sync_forward_ms=r["forward_median_ms"], syncs_per_forward=r["syncs_per_forward"],
+                             gpu=s.meta.get("gpu", "not recorded"), commit=s.meta.get("commit", "")))
+    probes = [pd.read_csv(p) for p in _probe_files()]
+    for f in probes:  # the probe records its layers and guard sites per layer: n syncs per forward
+        f["syncs_per_forward"] = f["guard_sites"] * f["layers"]
+    frames = [pd.DataFrame(rows)] + probes
     pts = H.points(frames)
     commits = pd.concat([f[["session", "commit"]] for f in frames]).drop_duplicates("session")
     return pts.merge(commits, on="session", how="left")
@@ -53,7 +58,9 @@ def hosts() -> dict[str, str]:
 
 
 def validation() -> pd.DataFrame:
-    return H.validate(points(), hosts())
+    """Both relations, each session left out of its own fit, then each GPU model left out of its own."""
+    pts, h = points(), hosts()
+    return pd.concat([H.validate(pts, h, by="session"), H.validate(pts, h, by="gpu")], ignore_index=True)
 
 
 def main(argv=None) -> int:

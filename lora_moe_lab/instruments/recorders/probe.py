@@ -10,8 +10,9 @@ prefills 64 requests x 2048 tokens in chunks of C=16384 tokens, the lab's lean-h
 
   1. lead     three `sync` prefills after a warm-up: the median host time blocked in the later syncs
               of a forward (`lead_us`), i.e. how far this host runs ahead of this GPU
-  2. predict  the gain the recorded relation (analysers/host_lead.py over the catalog's
-              "probe.points": every recorded session's points) gives for that lead
+  2. predict  the gain the recorded relation gives (analysers/host_lead.py over the catalog's
+              "probe.points": every recorded session's points): each sync's recorded saving over the
+              `sync` forward this GPU just ran (the relation that carries across GPU models)
   3. measure  `sync` against `cpu_flag`, interleaved paired repetitions after one untimed prefill
               each, the warm-up drift check, and the fix's input-throughput gain with its paired
               bootstrap 95 % interval (prefill.summarize)
@@ -78,16 +79,18 @@ def launch_us(lab, n: int = 2000) -> float:
     return dt / n * 1e6
 
 
-def relation(path=None, exclude: str | None = None) -> host_lead.Relation | None:
-    """The recorded relation (catalog "probe.points"), or None when there is none to read."""
+def relation(path=None, exclude: str | None = None, kind: str = "saving"):
+    """The recorded relation (catalog "probe.points"): "saving" (per-sync saving over the measured forward, the
+    one that carries across GPU models) or "lead" (gain on lead); None when there is none to read."""
     try:
         p = Path(path) if path else catalog("probe.points")
     except (KeyError, FileNotFoundError):  # no catalog, or no entry: nothing recorded yet
         return None
     if not Path(p).exists():
         return None
+    pts = host_lead.points([pd.read_csv(p)])
     try:
-        return host_lead.fit(host_lead.points([pd.read_csv(p)]), exclude=exclude)
+        return host_lead.fit_saving(pts, exclude=exclude) if kind == "saving" else host_lead.fit(pts, exclude)
     except host_lead.RelationError:
         return None
 
@@ -100,8 +103,10 @@ def probe(lab, plan, names, *, reps: int = 10, host_us_per_layer: float = 0.0, r
         d.warmup(g)
     t = time.monotonic()
     lead = dict(measure_lead(d), launch_us=launch_us(lab))
-    pred = rel.predict(lead["lead_us"]) if rel is not None else math.nan
-    log(f"lead: the later syncs block the host {lead['lead_us']:.0f} us (median)"
+    n_syncs = GUARD_SITES * lab.shape.num_layers
+    pred = rel.predict(lead["sync_forward_ms"], n_syncs) if rel is not None else math.nan
+    log(f"lead: the later syncs block the host {lead['lead_us']:.0f} us (median); a sync forward takes "
+        f"{lead['sync_forward_ms']:.1f} ms with {n_syncs:.0f} syncs"
         f" -> predicted gain {pred:+.1f} %" + (f"  [{rel.describe()}]" if rel else "  [no recorded relation]"))
     key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
                input_len=plan.input_len, chunk=plan.chunk, guard_sites=GUARD_SITES)
