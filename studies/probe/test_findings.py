@@ -1,5 +1,5 @@
-"""The probe study's recordings as recorded: three freshly started H200s with their hosts, every session's
-lean-host gain predicted from the others within the goal."""
+"""The probe study's recordings as recorded: freshly started H200s and H100s with their hosts, every session's
+lean-host gain predicted without its own points (and without its own GPU model's) within the goal."""
 import json
 
 from lora_moe_lab.instruments.analysers import host_lead as H
@@ -15,10 +15,23 @@ def test_three_fresh_machines_each_naming_its_host():
     assert len({m["date"] for m in metas}) == len(metas)  # one call each: a machine started for it
 
 
-def test_every_session_within_the_goal_left_out_of_its_own_fit():
+def test_each_gpu_model_predicted_without_its_own_points_within_the_goal():
+    # the saving relation, fitted with no point of the session's GPU model, predicts every session within the goal;
+    # the lead relation cannot be fitted across models (one model's leads span too little to give a slope)
     v = read.validation()
-    assert len(v) >= 5 and v["within_goal"].all() and (v["error_pp"].abs() <= H.GOAL_PP).all()
-    assert all(s not in f for s, f in zip(v["session"], v["fitted_on"]))
+    by_gpu = v[(v["left_out"] == "gpu") & (v["relation"] == "saving")]
+    assert by_gpu["gpu"].nunique() >= 2 and len(by_gpu) >= 5
+    assert by_gpu["within_goal"].all() and (by_gpu["error_pp"].abs() <= H.GOAL_PP).all(), by_gpu
+    assert all(s not in f.split(", ") for s, f in zip(v["session"], v["fitted_on"]))  # none predicts itself
+    for _, r in by_gpu.iterrows():  # nor any session of its own model
+        own = set(v.loc[v["gpu"] == r["gpu"], "session"])
+        assert not own & set(r["fitted_on"].split(", ")), r
+
+
+def test_within_a_gpu_model_the_lead_relation_holds_the_goal():
+    v = read.validation()
+    by_session = v[(v["left_out"] == "session") & (v["relation"] == "lead")]
+    assert len(by_session) >= 5 and (by_session["error_pp"].abs() <= H.GOAL_PP).all(), by_session
 
 
 def test_the_written_tables_are_the_recordings_read_now():
@@ -26,4 +39,5 @@ def test_the_written_tables_are_the_recordings_read_now():
 
     pd.testing.assert_frame_equal(pd.read_csv(catalog("probe.points")), read.points(), check_dtype=False)
     w = pd.read_csv(catalog("probe.points").with_name("validation.csv"))
+    w["fitted_on"] = w["fitted_on"].fillna("")  # a relation that could not be fitted names no session
     pd.testing.assert_frame_equal(w, read.validation(), check_dtype=False)
