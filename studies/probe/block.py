@@ -3,17 +3,26 @@ leave-one-session-out check, from data/probe/ and data/production/ (studies/prob
 from __future__ import annotations
 
 from lora_moe_lab.instruments.analysers import host_lead as H
+from lora_moe_lab.instruments.analysers import stats as S
 
 BLOCK_DATA = {"probe": "probe"}
 
 
-def lean_range() -> tuple[float, float, int]:
-    """The lean-host gain over the recorded sessions: (lowest median, highest median, sessions)."""
+def lean_range(gpu: str | None = None) -> tuple[float, float, int]:
+    """The lean-host gain over the recorded sessions (of one GPU model, or all): (lowest median, highest median,
+    sessions)."""
     from studies.probe import read
 
     p = read.points()
-    lean = p[p["host_us_per_layer"] == 0]
+    lean = p[(p["host_us_per_layer"] == 0) & ((p["gpu"] == gpu) if gpu else True)]
     return float(lean["measured_gain_pct"].min()), float(lean["measured_gain_pct"].max()), len(lean)
+
+
+def lean_gpus() -> list[str]:
+    from studies.probe import read
+
+    p = read.points()
+    return sorted(p.loc[p["host_us_per_layer"] == 0, "gpu"].unique(), reverse=True)
 
 
 def _rows(v) -> list[str]:
@@ -60,6 +69,21 @@ def probe_block() -> str | None:
         "goal ±3 pp (data/probe/validation.csv):", "", *_rows(by_gpu), "",
         f"Each session left out of its own fit: the saving relation {_tally(sav_s)}; the lead relation "
         f"{_tally(lead_s)}.", ""]
+    lines += ["Each GPU model's lean-host gain over its sessions, each an independent run on a freshly started "
+              f"machine ({S.RUNS_METHOD}), and whether each later session landed inside the interval of the "
+              "sessions recorded before it:", ""]
+    for gpu in lean_gpus():
+        lean = pts[(pts["host_us_per_layer"] == 0) & (pts["gpu"] == gpu)].sort_values("date")
+        g, name = lean["measured_gain_pct"].to_numpy(float), str(gpu).replace("NVIDIA ", "")
+        if len(g) < 3:
+            lines.append(f"- {name}: {len(g)} sessions ({', '.join(f'{v:+.1f} %' for v in g)}): an interval over "
+                         "runs needs 3 or more")
+            continue
+        m, lo, hi = S.between_runs(g)
+        nxt = S.next_run_check(g)
+        lines.append(f"- {name}: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] over {len(g)} sessions; "
+                     f"{sum(r['inside'] for r in nxt)} of {len(nxt)} later sessions inside the interval before them")
+    lines.append("")
     hw = pts[pts["host_us_per_layer"] > 0]
     if len(hw):
         lo, hi = hw["lead_us"].min(), hw["lead_us"].max()

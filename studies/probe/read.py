@@ -39,13 +39,14 @@ def points() -> pd.DataFrame:
                              measured_gain_pct_lo=r["fix_throughput_gain_pct_lo"],
                              measured_gain_pct_hi=r["fix_throughput_gain_pct_hi"],
                              sync_forward_ms=r["forward_median_ms"], syncs_per_forward=r["syncs_per_forward"],
-                             gpu=s.meta.get("gpu", "not recorded"), commit=s.meta.get("commit", "")))
+                             gpu=s.meta.get("gpu", "not recorded"), commit=s.meta.get("commit", ""),
+                             date=s.meta.get("date", "")))
     probes = [pd.read_csv(p) for p in _probe_files()]
     for f in probes:  # the probe records its layers and guard sites per layer: n syncs per forward
         f["syncs_per_forward"] = f["guard_sites"] * f["layers"]
     frames = [pd.DataFrame(rows)] + probes
     pts = H.points(frames)
-    commits = pd.concat([f[["session", "commit"]] for f in frames]).drop_duplicates("session")
+    commits = pd.concat([f[["session", "commit", "date"]] for f in frames]).drop_duplicates("session")
     return pts.merge(commits, on="session", how="left")
 
 

@@ -252,7 +252,7 @@ def production_block() -> str | None:
 
 
 def lab_headline_block() -> str | None:
-    """One line: the fix's gain on one H200 at TP=1 in both regimes (every session, one rule)."""
+    """One line: the fix's gain at TP=1 in both regimes, per GPU model (every session, one rule)."""
     from lora_moe_lab.instruments.analysers import production_runs as PR
 
     sess = PR.load_sessions()
@@ -262,13 +262,19 @@ def lab_headline_block() -> str | None:
     h = h[h.metric == "fix_throughput_gain_pct"].set_index("task")
     if not {"default_C16384", "prodlike_C16384"} <= set(h.index):
         return None
-    from studies.probe.block import lean_range
+    from studies.probe.block import lean_gpus, lean_range
 
-    lo, hi, n = lean_range()
     pl = h.loc["prodlike_C16384"]
-    pv = [pl[n] for n in sess]
-    return (f"The lab's reproduction on one H200: the fix gains {lo:+.1f} to {hi:+.1f} % input throughput in "
-            f"its lean-host regime (medians of {n} sessions), more where the host runs less far ahead of the GPU, and "
-            f"{min(pv):+.1f} to {max(pv):+.1f} % in a production-like one ({len(pv)} sessions).")
+    parts = []
+    for gpu in lean_gpus():
+        lo, hi, n = lean_range(gpu)
+        pv = [pl[k] for k, s in sess.items() if s.meta.get("gpu") == gpu]
+        prod = (f"{min(pv):+.1f} to {max(pv):+.1f} % in a production-like one ({len(pv)} sessions)" if pv
+                else "the production-like regime not recorded on it yet")
+        parts.append(f"**{gpu.replace('NVIDIA ', '')}**: {lo:+.1f} to {hi:+.1f} % input throughput in its lean-host "
+                     f"regime (medians of {n} sessions), {prod}")
+    return ("The lab's reproduction, one GPU per run: " + "; ".join(parts) + ". The gain is larger where the host "
+            "runs less far ahead of the GPU, and the probe predicts it per machine.")
+
 
 BLOCKS = {"signature": signature_block, "production": production_block, "lab-headline": lab_headline_block}

@@ -200,3 +200,33 @@ def warmup_check(arms, *, min_keep: int = MIN_PAIRED_REPS) -> WarmupCheck:
     drift = ", ".join(f"{k} {v}" for k, v in per.items() if v)
     return WarmupCheck(n, d, True, f"dropped the first {d} of {n} repetitions from every arm as warm-up drift "
                                    f"(drift per arm: {drift})", per)
+
+
+RUNS_METHOD = "t-interval over independent runs (each a fresh process that built the model again), 95 %"
+
+
+def between_runs(medians: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi) of a headline over independent runs: Student's t over the runs' medians. A within-run
+    bootstrap describes one process (two runs of one H100 gave +7.1 % [7.1, 7.2] and +8.6 % [8.5, 8.7]); the
+    machine's interval must hold the NEXT run, so it is built from the spread between runs. Needs >= 3 runs."""
+    from scipy import stats as st
+
+    x = _arr(medians, "medians")
+    if len(x) < 3:
+        raise ValueError(f"an interval over runs needs >= 3 independent runs, got {len(x)}")
+    if not 0 < conf < 1:
+        raise ValueError(f"conf must be in (0, 1), got {conf!r}")
+    m, s = float(x.mean()), float(x.std(ddof=1))
+    h = float(st.t.ppf(0.5 + conf / 2, len(x) - 1)) * s / np.sqrt(len(x))
+    return m, m - h, m + h
+
+
+def next_run_check(medians: Sequence[float], conf: float = 0.95) -> list[dict]:
+    """Each run held out in turn: does it land inside the interval of the runs before it (in recorded order)? One
+    row per run from the fourth on: the check that a headline interval holds the next run on the machine."""
+    x = _arr(medians, "medians")
+    rows = []
+    for i in range(3, len(x)):
+        m, lo, hi = between_runs(x[:i], conf)
+        rows.append(dict(run=i, median=float(x[i]), lo=lo, hi=hi, inside=bool(lo <= x[i] <= hi)))
+    return rows

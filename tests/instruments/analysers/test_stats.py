@@ -96,3 +96,18 @@ def test_between_sessions_one_and_three():
                                                            sessions=1)
     t = stats.between_sessions((5.0, 4.0, 6.0), (6.0, 5.5, 7.0), (9.0, 8.0, 10.0))
     assert t["sessions"] == 3 and (t["lo"], t["hi"]) == (4.0, 10.0) and not t["agree"]
+
+
+def test_an_interval_over_runs_holds_what_the_runs_show():
+    # the t-interval over run medians: t(0.975, 3) = 3.182; and each later run checked against the runs before it
+    from lora_moe_lab.instruments.analysers.stats import between_runs, next_run_check
+
+    rng = np.random.default_rng()
+    x = rng.normal(8.0, 0.7, 4)
+    m, lo, hi = between_runs(x)
+    half = 3.182446305284263 * x.std(ddof=1) / 2.0
+    assert m == pytest.approx(x.mean()) and (lo, hi) == pytest.approx((m - half, m + half))
+    rows = next_run_check([7.1, 8.6, 7.9, 9.5, 30.0])
+    assert [r["inside"] for r in rows] == [True, False]  # 9.5 inside [6.0, 9.7]; an outlier of 30 is not
+    with pytest.raises(ValueError, match=">= 3 independent runs"):
+        between_runs([7.1, 8.6])
