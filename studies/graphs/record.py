@@ -185,7 +185,8 @@ def write_all(out, cap, rep, sw, meta) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers (default: the preset's 48, or as many as the card holds: model/sizing.py)")
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--models", default="moe,decoder")
     ap.add_argument("--prefill", default="512,2048", help="prefill sizes of the MoE model (tokens)")

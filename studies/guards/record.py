@@ -118,7 +118,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(DATA / "guards"), help="folder for <gpu>_guards_<session>.csv and .meta.json")
     ap.add_argument("--session", default="s1", help="this device session's label (s1, s2, ...): one file each")
     ap.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "qwen3-30b-a3b-tp4"])
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers (default: the preset's 48, or as many as the card holds: model/sizing.py)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 1024, 4096, 16384])
     ap.add_argument("--active", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--reps", type=int, default=16,
@@ -143,7 +144,8 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error("--warmup must be >= 1 and --warmup-s >= 0")
     if a.max_reps < a.reps or a.extend < 1:
         ap.error("--max-reps must be >= --reps and --extend >= 1")
-    if not (all(t > 0 for t in a.tokens) and all(0 <= x <= 1 for x in a.active) and a.layers > 0 and a.requests > 0):
+    if not (all(t > 0 for t in a.tokens) and all(0 <= x <= 1 for x in a.active)
+            and (a.layers is None or a.layers > 0) and a.requests > 0):
         ap.error("--tokens, --layers and --requests must be positive, --active in [0, 1]")
     return a
 
@@ -190,7 +192,8 @@ def main(argv=None) -> str:
                     for n, samples in m["us"].items():
                         graph = n == "graph"  # a replay of the cpu_flag capture: every guard records the same
                         for rep, us in enumerate(samples):
-                            point_rows.append(dict(preset=preset, layers=a.layers, tokens=M, active=act, variant=n,
+                            point_rows.append(dict(preset=preset, layers=lab.shape.num_layers, tokens=M, active=act,
+                                            variant=n,
                                             guard="cpu_flag" if graph else n, mode="graph" if graph else "eager",
                                             rep=rep, us=us, syncs_per_forward=m["syncs"][n], session=a.session,
                                             warmup_drift=rep < c.dropped, status=c.status,

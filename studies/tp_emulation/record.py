@@ -133,7 +133,7 @@ def run_task(task, labs, cost, names, a, work: Path, deadline, cal: dict) -> pd.
         costs = P.EngineCosts(host_us_per_layer=cal[key]["host_us_per_layer"],
                               overlap_ms=PS["first_sync_ms"] * (1e-3 if a.smoke else 1.0))
     d = P.PrefillDriver(lab, plan, P.request_adapters(plan.requests, "none", names), costs=costs, group=group)
-    key = dict(preset=a.preset, layers=a.layers, tp=size, requests=plan.requests, input_len=plan.input_len,
+    key = dict(preset=a.preset, layers=lab.shape.num_layers, tp=size, requests=plan.requests, input_len=plan.input_len,
                chunk=plan.chunk, guard_sites=gs)
     t = time.monotonic()
     n0, us0 = group.collectives, group.collective_us
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
     for t in a.tasks:
         if t not in TASKS:
             ap.error(f"unknown task {t!r}; choose from {TASKS}")
-    a.preset, a.layers, a.input_len = ("tiny", 2, 8) if a.smoke else ("qwen3-30b-a3b", 48, 2048)
+    # None: the preset's 48 layers, or as many as the card holds (model/sizing.py); rows record what was built
+    a.preset, a.layers, a.input_len = ("tiny", 2, 8) if a.smoke else ("qwen3-30b-a3b", None, 2048)
     a.reps = 12 if a.smoke else max(a.reps, 10)
     t0 = time.monotonic()
     deadline = t0 + 60 * a.minutes

@@ -129,6 +129,7 @@ def validate(pts: pd.DataFrame, hosts: dict | None = None, by: str = "session") 
     what it measured. `within_goal`: |predicted - measured| <= GOAL_PP."""
     if by not in ("session", "gpu"):
         raise ValueError(f"by must be 'session' or 'gpu', got {by!r}")
+    pts = points([pts])  # the forward columns and `gpu` where a table lacks them
     rows = []
     for s, g in pts[pts["host_us_per_layer"] == 0].groupby("session", sort=True):
         r = g.iloc[0]

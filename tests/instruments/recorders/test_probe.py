@@ -26,7 +26,8 @@ def test_a_line_is_recovered_exactly():
 def test_leave_one_session_out_never_sees_the_session():
     # c is off the line through a and b by +3 pp: its prediction comes from a and b alone
     p = _pts([("a", 0, 1000, 10, 9, 11), ("b", 0, 500, 15, 14, 16), ("c", 0, 700, 16, 15, 17)])
-    v = H.validate(p).set_index("session")
+    v = H.validate(p)
+    v = v[v["relation"] == "lead"].set_index("session")
     assert v.loc["c", "predicted_gain_pct"] == pytest.approx(13) and v.loc["c", "error_pp"] == pytest.approx(-3)
     assert v.loc["c", "fitted_on"] == "a, b" and bool(v.loc["c", "within_goal"])
 
@@ -34,12 +35,36 @@ def test_leave_one_session_out_never_sees_the_session():
 def test_too_few_points_and_bad_leads_are_named_errors():
     with pytest.raises(H.RelationError, match="without session 'a'"):
         H.fit(_pts([("a", 0, 1000, 10, 9, 11), ("b", 0, 500, 15, 14, 16)]), exclude="a")
-    with pytest.raises(H.RelationError, match="different leads"):
+    with pytest.raises(H.RelationError, match="leads span"):
         H.fit(_pts([("a", 0, 800, 10, 9, 11), ("b", 0, 800, 15, 14, 16)]))
     rel = H.fit(_pts([("a", 0, 1000, 10, 9, 11), ("b", 0, 500, 15, 14, 16)]))
     for bad in (math.nan, -1.0, math.inf):
         with pytest.raises(ValueError, match="lead_us"):
             rel.predict(bad)
+
+
+def test_the_saving_relation_prices_each_sync_over_the_forward_and_leaves_a_gpu_model_out():
+    # by hand: b = T g / (1 + g) / n. A: T = 110 ms, n = 100, g = 10 % -> b = 100 us; B: T = 220, g = 10 % (the same
+    # syncs over a forward twice as long, a slower GPU) -> b = 200 us... with n = 200 -> b = 100 us again
+    rows = [("a", 0, 900, 10, 9, 11), ("b", 0, 1200, 10, 9, 11), ("c", 0, 1000, 25, 24, 26)]
+    p = _pts(rows).assign(sync_forward_ms=[110.0, 220.0, 125.0], syncs_per_forward=[100, 200, 100],
+                          gpu=["X", "Y", "Y"])
+    assert list(H.saving_us(p).round(6)) == [100.0, 100.0, 250.0]
+    sav = H.fit_saving(p, exclude="c")
+    assert sav.saving_us == pytest.approx(100.0)
+    # 100 syncs of 100 us over a sync forward of 110 ms: the fix's forward is 100 ms, the gain 10 %
+    assert sav.predict(110.0, 100) == pytest.approx(10.0) and sav.predict(60.0, 100) == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="exceed the whole forward"):
+        sav.predict(5.0, 100)
+    v = H.validate(p, by="gpu")
+    s = v[v["relation"] == "saving"].set_index("session")
+    assert s.loc["a", "fitted_on"] == "b, c"  # X is predicted from Y's points only
+    assert s.loc["b", "fitted_on"] == "a" and s.loc["b", "predicted_gain_pct"] == pytest.approx(10.0)
+    assert s.loc["c", "predicted_gain_pct"] == pytest.approx(100 * 10 / 115)  # from a's b: 10 ms over 115
+    lead = v[v["relation"] == "lead"].set_index("session")["predicted_gain_pct"]
+    assert lead[["b", "c"]].isna().all() and lead["a"] == pytest.approx(32.5)  # X's one point gives Y no slope
+    with pytest.raises(ValueError, match="by must be"):
+        H.validate(p, by="host")
 
 
 def test_an_unstable_point_is_left_out_not_guessed():
