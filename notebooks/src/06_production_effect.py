@@ -352,8 +352,10 @@ if RECORDED:
 # GPU to drain; how long the host waited (the *host lead*: the median host time blocked in a forward's
 # later syncs) is how far it had run ahead. A shorter lead leaves the GPU idle longer after each sync,
 # and removing the syncs buys more. Every recorded session is a point (lean host, C=16384); the
-# crosses add engine host work per layer, a stand-in for a slower host. The line is the least-squares
-# relation `make gpu-probe` predicts from; the table predicts each session from the *other* sessions.
+# crosses add engine host work per layer, a stand-in for a slower host; one colour per GPU model. The line is the
+# least-squares relation within a model. Across models the lead alone does not carry: `make gpu-probe` predicts
+# from each sync's recorded saving over the `sync` forward it has just timed, and the table predicts each session
+# from the *other* sessions, and from the *other GPU models* only (`left_out`).
 
 # %%
 import plotly.graph_objects as go
@@ -364,15 +366,16 @@ from lora_moe_lab.provenance import catalog
 pts = pd.read_csv(catalog("probe.points"))
 rel = HL.fit(pts)
 fig = go.Figure()
-for extra, sym, name in ((False, "circle", "lean host"), (True, "x", "host work added per layer")):
-    d = pts[(pts.host_us_per_layer > 0) == extra]
-    fig.add_scatter(x=d.lead_us, y=d.measured_gain_pct, mode="markers", marker_symbol=sym, name=name,
+for (gpu, extra), d in pts.groupby([pts.gpu.fillna("not recorded"), pts.host_us_per_layer > 0]):
+    name = f"{str(gpu).replace('NVIDIA ', '')}, " + ("host work added per layer" if extra else "lean host")
+    fig.add_scatter(x=d.lead_us, y=d.measured_gain_pct, mode="markers", marker_symbol="x" if extra else "circle",
+                    name=name,
                     text=d.session, error_y=dict(type="data", symmetric=False,
                                                  array=d.measured_gain_pct_hi - d.measured_gain_pct,
                                                  arrayminus=d.measured_gain_pct - d.measured_gain_pct_lo))
 xs = [0.0, float(pts.lead_us.max()) * 1.05]
 fig.add_scatter(x=xs, y=[rel.predict(x) for x in xs], mode="lines", name=rel.describe())
-fig.update_layout(title="the fix's gain against the host's lead (H200, TP=1; bars: paired-bootstrap 95 % intervals)",
+fig.update_layout(title="the fix's gain against the host's lead (TP=1; bars: paired-bootstrap 95 % intervals)",
                   xaxis_title="host lead: median host time blocked per later sync (µs)",
                   yaxis_title="input throughput gain over sync (%)").show()
 display(pd.read_csv(catalog("probe.points").with_name("validation.csv")).round(2))  # studies/probe/read.py --write
