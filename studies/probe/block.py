@@ -26,13 +26,13 @@ def lean_gpus() -> list[str]:
 
 
 def _rows(v) -> list[str]:
-    out = ["| session | GPU | host | lead (µs) | predicted | measured [95 % interval] | error (pp) |",
-           "|---|---|---|---:|---:|---:|---:|"]
+    out = ["| session | GPU | lead (µs) | predicted | measured [95 %] | error (pp) |",
+           "|---|---|---:|---:|---:|---:|"]
     for _, r in v.iterrows():
         p = r["predicted_gain_pct"]
         pred = "not fitted" if p != p else f"{p:+.1f} %"
         err = "" if r["error_pp"] != r["error_pp"] else f"{r['error_pp']:+.1f}"
-        out.append(f"| {r['session']} | {str(r['gpu']).replace('NVIDIA ', '')} | {r['host']} | {r['lead_us']:.0f} | "
+        out.append(f"| {r['session']} | {str(r['gpu']).replace('NVIDIA ', '')} | {r['lead_us']:.0f} | "
                    f"{pred} | {r['measured_gain_pct']:+.1f} % [{r['measured_gain_pct_lo']:+.1f}, "
                    f"{r['measured_gain_pct_hi']:+.1f}] | {err} |")
     return out
@@ -40,8 +40,8 @@ def _rows(v) -> list[str]:
 
 def _tally(v) -> str:
     ok, err = v["error_pp"].abs() <= H.GOAL_PP, v["error_pp"].abs()
-    return (f"{int(ok.sum())} of {len(v)} within ±{H.GOAL_PP:g} pp (largest error {err.max():.1f} pp, mean signed "
-            f"error {v['error_pp'].mean():+.1f} pp)")
+    mean = v["error_pp"].mean()
+    return f"{int(ok.sum())} of {len(v)} within ±{H.GOAL_PP:g} pp (largest {err.max():.1f}, mean {mean:+.1f})"
 
 
 def probe_block() -> str | None:
@@ -56,22 +56,17 @@ def probe_block() -> str | None:
     sav_s = v[(v["left_out"] == "session") & (v["relation"] == "saving")]
     lead_s = v[(v["left_out"] == "session") & (v["relation"] == "lead")]
     lines = [
-        f"Two relations over every recorded point ({len(pts)} points, GPU models: {', '.join(gpus)}). A point is "
-        "one session's lean-host prefill (64 requests × 2048 tokens, C=16384, no adapter, the layers the card "
-        "holds), or the same with engine host work added per layer (2000 µs: a stand-in for a slower host). Lead: "
-        "the median host time blocked in the later syncs of a `sync` forward. Gain: the fix's input throughput "
-        "over `sync`'s, median of the paired repetitions with its paired-bootstrap 95 % interval.", "",
-        f"- **saving** (the probe's): {sav.describe()}. T is the `sync` forward the probe times before it "
-        "predicts; the per-sync saving is the host's, so it carries from one GPU model to another.",
-        f"- **lead**: {rel.describe()}; it holds within one GPU model and cannot be fitted from another (one "
-        "model's leads span too little for a slope).", "",
-        f"Each GPU model predicted from the other models' points only (saving relation): {_tally(by_gpu)}; "
-        "goal ±3 pp (data/probe/validation.csv):", "", *_rows(by_gpu), "",
-        f"Each session left out of its own fit: the saving relation {_tally(sav_s)}; the lead relation "
-        f"{_tally(lead_s)}.", ""]
-    lines += ["Each GPU model's lean-host gain over its sessions, each an independent run on a freshly started "
-              f"machine ({S.RUNS_METHOD}), and whether each later session landed inside the interval of the "
-              "sessions recorded before it:", ""]
+        f"{len(pts)} points ({', '.join(gpus)}): each a session's lean-host prefill (64 × 2048 tokens, C=16384, "
+        "no adapter, the layers the card holds) or the same with 2000 µs of host work per layer. Gain: median of "
+        "the paired repetitions, paired-bootstrap 95 % interval.", "",
+        f"- **saving** (the probe's): {sav.describe()}; T is timed before the prediction. The per-sync saving is "
+        "the host's, so it carries across GPU models.",
+        f"- **lead**: {rel.describe()}; within one GPU model only.", "",
+        f"Each GPU model predicted from the other models' points (saving): {_tally(by_gpu)}; goal ±3 pp:", "",
+        *_rows(by_gpu), "",
+        f"Each session left out of its own fit: saving {_tally(sav_s)}; lead {_tally(lead_s)}.", ""]
+    lines += [f"Lean-host gain per GPU model over its sessions ({S.RUNS_METHOD}); later sessions against the "
+              "interval of those before them:", ""]
     for gpu in lean_gpus():
         lean = pts[(pts["host_us_per_layer"] == 0) & (pts["gpu"] == gpu)].sort_values("date")
         g, name = lean["measured_gain_pct"].to_numpy(float), str(gpu).replace("NVIDIA ", "")
@@ -88,9 +83,8 @@ def probe_block() -> str | None:
     if len(hw):
         lo, hi = hw["lead_us"].min(), hw["lead_us"].max()
         g0, g1 = hw["measured_gain_pct"].min(), hw["measured_gain_pct"].max()
-        lines += [f"With host work added the lead falls to {lo:.0f}-{hi:.0f} µs "
-                  f"and the gain rises to {g0:+.1f} to {g1:+.1f} % "
-                  "(medians): the same direction as between machines."]
+        lines += [f"With host work the lead falls to {lo:.0f}-{hi:.0f} µs and the gain rises to {g0:+.1f} to "
+                  f"{g1:+.1f} %."]
     return "\n".join(lines)
 
 

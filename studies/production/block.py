@@ -269,12 +269,10 @@ def lab_headline_block() -> str | None:
     for gpu in lean_gpus():
         lo, hi, n = lean_range(gpu)
         pv = [pl[k] for k, s in sess.items() if s.meta.get("gpu") == gpu]
-        prod = (f"{min(pv):+.1f} to {max(pv):+.1f} % in a production-like one ({len(pv)} sessions)" if pv
-                else "the production-like regime not recorded on it yet")
-        parts.append(f"**{gpu.replace('NVIDIA ', '')}**: {lo:+.1f} to {hi:+.1f} % input throughput in its lean-host "
-                     f"regime (medians of {n} sessions), {prod}")
-    return ("The lab's reproduction, one GPU per run: " + "; ".join(parts) + ". The gain is larger where the host "
-            "runs less far ahead of the GPU, and the probe predicts it per machine.")
+        prod = f"{min(pv):+.1f} to {max(pv):+.1f} % ({len(pv)})" if pv else "not recorded yet"
+        parts.append(f"**{gpu.replace('NVIDIA ', '')}** {lo:+.1f} to {hi:+.1f} % ({n}) / {prod}")
+    return ("The lab's reproduction, input throughput gained in the lean-host / production-like regime (medians of "
+            "(n) sessions): " + "; ".join(parts) + ".")
 
 
 BLOCKS = {"signature": signature_block, "production": production_block, "lab-headline": lab_headline_block}

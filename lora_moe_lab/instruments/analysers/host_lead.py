@@ -103,8 +103,8 @@ class SavingRelation:
         return 100.0 * added_ms / (sync_forward_ms - added_ms)
 
     def describe(self) -> str:
-        return (f"gain = n x {self.saving_us:.0f} us / (T - n x {self.saving_us:.0f} us), n syncs in a sync "
-                f"forward of T ({self.n} lean points, {len(self.sessions)} sessions)")
+        return (f"gain = n x {self.saving_us:.0f} us / (T - n x {self.saving_us:.0f} us) for n syncs in a sync "
+                f"forward of T ({self.n} lean points)")
 
 
 def saving_us(pts: pd.DataFrame) -> pd.Series:

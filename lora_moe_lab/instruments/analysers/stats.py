@@ -202,7 +202,7 @@ def warmup_check(arms, *, min_keep: int = MIN_PAIRED_REPS) -> WarmupCheck:
                                    f"(drift per arm: {drift})", per)
 
 
-RUNS_METHOD = "t-interval over independent runs (each a fresh process that built the model again), 95 %"
+RUNS_METHOD = "95 % t-interval over independent runs, each a fresh process"
 
 
 def between_runs(medians: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
