@@ -143,6 +143,16 @@ def gemm_config(num_tokens: int, block_m: int, N: int, K: int, num_experts: int 
     return GemmConfig(**tile) if tile else rule_gemm_config(block_m)
 
 
+def base_gemm_source(device_name: str | None, props=None) -> tuple[str, str]:
+    """(source, why) of the base GEMM's tiles on the GPU `device_name` (None: no GPU): the GPU whose tile tables it
+    reads (its own name where it has some), or "rule" (`rule_block_m`, `rule_gemm_config`). A GPU without tables
+    takes the choice of tile_tables/gpus.json's `base_gemm` entry, else the closest recorded GPU's of its
+    architecture (kernels/gpus.py); props: its `gpus.DeviceProps` (None: the driver's, else gpus.json's)."""
+    if device_name is None:
+        return "rule", "no GPU: the interpreter's one small tile" if runtime.interpreter() else "no GPU"
+    return tiles.source(device_name, props)
+
+
 def rule_gemm_config(block_m: int) -> GemmConfig:
     """The tile by rule (any GPU, any shape), by BLOCK_M only."""
     if block_m <= 16:
