@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import runtime
-from . import plan_table, tiles
+from . import tiles
 from .common import cdiv
 
 
@@ -276,39 +276,3 @@ def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfi
         return DecodeConfig(block_n=32, block_k=512, split_n=split, num_warps=8, num_stages=1)
     return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4,
                         num_stages=1)
-
-
-# The LoRA path's tables (which path at which token bucket, with which options) are data now: kernels/plan.py asks
-# kernels/plan_table.py, which reads kernels/tile_tables/lora_plan_*.json. Their former names here (DECODE_MAX_PAIRS,
-# FOLDED_LORA_TOKENS, W1S, ...: plan_table.LEGACY_TABLES) and the four functions below are derived from the default
-# device's plan at each read, for callers that still use them; the layer reads the plan (setting them here changes
-# nothing: use plan_table.override).
-def __getattr__(name):
-    if name in plan_table.LEGACY_TABLES:
-        return plan_table.legacy(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def use_decode_path(num_tokens: int, top_k: int) -> bool:
-    """Whether a separate delta runs without alignment at this size (the plan's decode bound)."""
-    return num_tokens * top_k <= plan_table.table_for().decode_max_pairs
-
-
-def packed_shrink(num_tokens: int) -> dict:
-    """The packed shrink's options at this token count where an op folds (a copy)."""
-    return dict(plan_table.legacy("PACKED_SHRINK_TOKENS").get(token_bucket(num_tokens), {}))
-
-
-def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
-    """The packed GEMM's expand options at this token count, with its tile for the GEMM shape (op, N, K)."""
-    b = token_bucket(num_tokens)
-    opts = dict(plan_table.legacy("PACKED_EXPAND_TOKENS").get(b, {}))
-    tile = plan_table.legacy("PACKED_TILE_SHAPE_TOKENS").get((op, N, K), {}).get(b)
-    if tile:
-        opts["tile"] = dict(tile)
-    return opts
-
-
-def folded_order_by_row(num_tokens: int) -> bool:
-    """Where an op folds: whether the layer orders its alignment by LoRA row at this token count."""
-    return token_bucket(num_tokens) in plan_table.legacy("PACKED_PER_SLOT_TOKENS")

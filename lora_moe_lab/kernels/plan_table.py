@@ -8,8 +8,9 @@ delta runs without alignment), named option sets, per op ("gate_up", "down") and
 power of two, every bucket listed) an entry: the path ("separate", "packed" or "wide") and its options (per_slot,
 shrink, wide_shrink, expand, window), and per layer shape (H<hidden>_I<intermediate>) the entries' fields that
 differ. Each entry names the recordings that decided it (`decided_by`, studies/kernels/README.md) and what they
-measured (`why`). Read and checked once per process; `override` swaps the table (recordings, tests). The former
-module-level tables of kernels/configs.py are derived from here (`legacy`)."""
+measured (`why`). Read and checked once per process (the bounds: kernels/table_checks.py); `override` swaps the
+table (recordings, tests). A file may instead name the GPU whose plan it `follows` (lora_plan_default.json: the
+H200's); a GPU without a file follows the closest recorded GPU (kernels/gpus.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,6 @@ import functools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import runtime
 from . import gpus, table_checks, tiles
@@ -334,77 +334,3 @@ def gemm_shape(op: str, shape) -> tuple[int, int]:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     H, I = shape.hidden, shape.intermediate
     return (2 * I, H) if op == "gate_up" else (H, I)
-
-
-# --------------------------------------------------------------------------------------------
-# The former tables' names, derived from the plan (kernels/configs.py exports them for old callers)
-# --------------------------------------------------------------------------------------------
-def _all_entries(t: PlanTable):
-    """(op, bucket, shape or None, Entry) for every op entry and every shape's merged one."""
-    for op in OPS:
-        for b, e in t.ops[op].items():
-            yield op, b, None, e
-    for (h, i), per_op in t.shapes.items():
-        for op, bs in per_op.items():
-            for b in bs:
-                yield op, b, (h, i), t.entry(op, b, h, i)
-
-
-def legacy(name: str, device=None):
-    """The value the old module-level table `name` held, derived from the device's plan (a fresh copy)."""
-    t = table_for(device)
-    folds = {op: frozenset(b for b, e in t.ops[op].items() if e.folds) for op in OPS}
-    every = list(_all_entries(t))
-    if name == "DECODE_MAX_PAIRS":
-        return t.decode_max_pairs
-    if name == "FUSED_LORA_TOKENS":  # the epilogue build: no entry takes it (studies/kernels/tried)
-        return {op: frozenset() for op in OPS}
-    if name == "FOLDED_LORA_TOKENS":
-        return dict(folds)
-    if name == "FOLDED_LORA_SHAPE_TOKENS":
-        out = {}
-        for op, b, sh, e in every:
-            if sh and e.folds and b not in folds[op]:
-                out.setdefault((op, *gemm_shape(op, _Shape(*sh))), set()).add(b)
-        return {key: frozenset(v) for key, v in out.items()}
-    if name == "FOLDED_ORDER_BY_ROW":
-        return True
-    if name == "FOLD_BUILD":
-        return "packed"
-    if name == "PACKED_PER_SLOT_TOKENS":
-        return frozenset(b for _, b, _, e in every if e.folds and e.per_slot)
-    if name in t.options:  # W1S
-        return t.options[name].dict()
-    if name == "WIDE_GATE_UP_SHRINK":
-        return next((e.wide_shrink.dict() for op, _, _, e in every if op == "gate_up" and e.path == "wide"
-                     and e.wide_shrink is not None), {})
-    if name == "PACKED_SHRINK_TOKENS":
-        return {b: e.shrink.dict() for _, b, _, e in sorted(every, key=lambda r: r[1]) if e.folds and e.shrink}
-    if name == "PACKED_EXPAND_TOKENS":
-        return {b: {k: v for k, v in e.expand.dict().items() if k != "tile"} for _, b, sh, e in every
-                if e.folds and sh is None and e.expand}
-    if name == "PACKED_TILE_SHAPE_TOKENS":
-        out = {}
-        for op, b, sh, e in every:
-            tile = e.expand.dict().get("tile") if sh else None
-            if tile:
-                out.setdefault((op, *gemm_shape(op, _Shape(*sh))), {})[b] = tile
-        return out
-    if name == "WIDE_DOWN_TOKENS":
-        return frozenset(b for b, e in t.ops["down"].items() if e.path == "wide")
-    if name == "WIDE_GATE_UP_TOKENS":
-        return frozenset(b for op, b, _, e in every if op == "gate_up" and e.path == "wide")
-    if name == "WIDE_DOWN_WINDOW_TOKENS":
-        return frozenset(b for op, b, _, e in every if op == "down" and e.path == "wide" and e.window)
-    raise AttributeError(name)
-
-
-class _Shape(NamedTuple):
-    hidden: int
-    intermediate: int
-
-
-LEGACY_TABLES = ("DECODE_MAX_PAIRS", "FUSED_LORA_TOKENS", "FOLDED_LORA_TOKENS", "FOLDED_LORA_SHAPE_TOKENS",
-                 "FOLDED_ORDER_BY_ROW", "FOLD_BUILD", "PACKED_PER_SLOT_TOKENS", "W1S", "WIDE_GATE_UP_SHRINK",
-                 "PACKED_SHRINK_TOKENS", "PACKED_EXPAND_TOKENS", "PACKED_TILE_SHAPE_TOKENS", "WIDE_DOWN_TOKENS",
-                 "WIDE_GATE_UP_TOKENS", "WIDE_DOWN_WINDOW_TOKENS")
