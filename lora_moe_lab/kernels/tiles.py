@@ -27,6 +27,7 @@ TABLE_DIR = Path(__file__).with_name("tile_tables")
 GEMM_KEYS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
 # absent = off (kernels/configs.py: GemmConfig)
 OPTIONAL_KEYS = ("w_desc", "persistent", "flatten", "max_regs", "early_loads", "sub_m")
+OTHER_TABLES = (gpus.GPUS_FILE.name, "rules.json")  # the GPUs (kernels/gpus.py), the rules (kernels/configs.py)
 
 
 def file_name(gpu: str, num_experts: int, hidden: int, intermediate: int) -> str:
@@ -83,9 +84,9 @@ def read(f: Path) -> dict:
 
 
 def table_files(table_dir: Path | None = None) -> list[Path]:
-    """Every tile table file: the folder's JSON files but the LoRA plans and gpus.json."""
+    """Every tile table file: the folder's JSON files but the LoRA plans, gpus.json and rules.json."""
     d = table_dir or TABLE_DIR
-    return sorted(f for f in d.glob("*.json") if not f.name.startswith("lora_plan_") and f.name != gpus.GPUS_FILE.name)
+    return sorted(f for f in d.glob("*.json") if not f.name.startswith("lora_plan_") and f.name not in OTHER_TABLES)
 
 
 @functools.lru_cache(maxsize=4)

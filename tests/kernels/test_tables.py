@@ -19,7 +19,7 @@ AMPERE = gpus.DeviceProps("NVIDIA A100-SXM4-80GB", 8, 0, 108, 80.0)
 
 
 def _clear():
-    for f in (plan_table.load, tiles._tables_of, tiles._recorded, tiles._source, gpus.registry):
+    for f in (plan_table.load, tiles._tables_of, tiles._recorded, tiles._source, gpus.registry, configs.rules):
         f.cache_clear()
     gpus._SAID.clear()
 
@@ -32,6 +32,7 @@ def tables(tmp_path, monkeypatch):
     for mod in (tiles, plan_table):
         monkeypatch.setattr(mod, "TABLE_DIR", tmp_path)
     monkeypatch.setattr(gpus, "GPUS_FILE", tmp_path / gpus.GPUS_FILE.name)
+    monkeypatch.setattr(configs, "RULES_FILE", tmp_path / configs.RULES_FILE.name)
     monkeypatch.setattr(gpus, "_SAID", set())
     _clear()
     yield tmp_path
@@ -47,7 +48,8 @@ def _edit(folder, name, change):
 
 
 def test_every_committed_table_validates():
-    """Every tile table, every plan (through its follows), gpus.json, and each recorded GPU has its properties."""
+    """Every tile table, every plan (through its follows), gpus.json, rules.json, and each recorded GPU has its
+    properties."""
     files = tiles.table_files()
     assert {f.name for f in files} >= {"NVIDIA_H200_E128_H2048_I768.json", "NVIDIA_H200_E128_H2048_I192.json"}
     for f in files:
@@ -56,6 +58,7 @@ def test_every_committed_table_validates():
         t, chain = plan_table._resolve(f)
         assert chain[-1] in plan_table.plan_gpus() and t.ops
     reg = gpus.registry()
+    assert set(configs.rules()) == {"moe_block_m", "lora_block_m", "rule_gemm"}
     assert tiles.recorded_gpus() | plan_table.plan_gpus() <= set(reg["gpus"])
     for gpu in reg["base_gemm"]:
         assert gpus.base_gemm_follows(gpu, tiles.recorded_gpus())[0] in tiles.recorded_gpus() | {gpus.RULE}
@@ -107,6 +110,19 @@ def test_plan_entries_the_code_lacks_are_named(tables, change, entry, match):
     f = _edit(tables, plan_table.file_name("NVIDIA H200"), change)
     with pytest.raises(TableError, match=match) as e:
         plan_table.load("NVIDIA H200")
+    assert (e.value.file, e.value.entry) == (str(f), entry)
+
+
+@pytest.mark.parametrize("change,entry,match", [
+    (lambda r: r["lora_block_m"].update(steps=[[24, 16], [8, 32], [None, 64]]), "lora_block_m", "bounds must be ints"),
+    (lambda r: r["moe_block_m"].update(steps=[[16, 48], [None, 128]]), "moe_block_m", "BLOCK_M must be 16, 32"),
+    (lambda r: r["rule_gemm"]["tiles"][0].update(block_k=2 ** 62), "rule_gemm tile 0", "tile block_k must be"),
+    (lambda r: r["rule_gemm"]["tiles"][-1].update(max_block_m=128), "rule_gemm", "the last one null"),
+])
+def test_rules_out_of_bounds_are_named(tables, change, entry, match):
+    f = _edit(tables, "rules.json", change)
+    with pytest.raises(TableError, match=match) as e:
+        configs.rule_gemm_config(16)
     assert (e.value.file, e.value.entry) == (str(f), entry)
 
 
