@@ -1,7 +1,7 @@
 """The kernel plan's tables (kernels/plan.py asks them): one JSON file per device beside the tile tables,
 
     lora_moe_lab/kernels/tile_tables/lora_plan_<GPU>.json     e.g. lora_plan_NVIDIA_H200.json
-    lora_moe_lab/kernels/tile_tables/lora_plan_default.json   any other device, the CPU and the interpreter
+    lora_moe_lab/kernels/tile_tables/lora_plan_default.json   the CPU, the interpreter, a GPU of unknown properties
 
 the GPU named as kernels/tiles.py names it. A file holds the decode bound ((token, k) pairs up to which a separate
 delta runs without alignment), named option sets, per op ("gate_up", "down") and token bucket (M rounded up to a
