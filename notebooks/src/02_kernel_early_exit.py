@@ -383,7 +383,8 @@ print("with a correct flag and debug_check off, nothing is checked and nothing s
 
 # %%
 from lora_moe_lab.kernels.plan_table import table_for
-from lora_moe_lab.kernels.lora_decode import DECODE_EXIT_CODES, decode_launch_plan, lora_delta_decode
+from lora_moe_lab.kernels import exits
+from lora_moe_lab.kernels.lora_decode import decode_launch_plan, lora_delta_decode
 
 bd, td = lab.make_batch([["a", None, "b", "c"][i % 4] for i in range(num_requests)], counts)
 w0, k0 = lab.pool.layers[0], lab.shape.top_k
@@ -411,7 +412,7 @@ fig.update_layout(title="decode path: exit code per (token, k) pair", height=320
 fig.update_xaxes(title_text="k (expert choice of the token)")
 fig.update_yaxes(title_text="token", autorange="reversed")
 fig.show()
-pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
+pd.Series(exits.names("lora_decode_kernel"), name="meaning").to_frame()
 
 # %% [markdown]
 # ## Beyond the exit
