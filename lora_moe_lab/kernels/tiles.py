@@ -115,8 +115,11 @@ def source(gpu: str, props: gpus.DeviceProps | None = None) -> tuple[str, str]:
 
 def _followed(gpu: str | None) -> str | None:
     """The GPU whose tables `gpu` reads (None: the rules)."""
-    if gpu is None:
-        return None
+    return None if gpu is None else _followed_in(gpu, TABLE_DIR)
+
+
+@functools.lru_cache(maxsize=8)
+def _followed_in(gpu: str, table_dir: Path) -> str | None:  # once per GPU and folder: the plan's hot path
     src = source(gpu)[0]
     return None if src == gpus.RULE else src
 

@@ -19,7 +19,8 @@ AMPERE = gpus.DeviceProps("NVIDIA A100-SXM4-80GB", 8, 0, 108, 80.0)
 
 
 def _clear():
-    for f in (plan_table.load, tiles._tables_of, tiles._recorded, tiles._source, gpus.registry, configs.rules):
+    for f in (plan_table.load, tiles._tables_of, tiles._recorded, tiles._source, tiles._followed_in, gpus.registry,
+              configs.rules):
         f.cache_clear()
     gpus._SAID.clear()
 
