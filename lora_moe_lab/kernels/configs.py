@@ -8,11 +8,14 @@ program sequentially on numpy, so big tiles only cost CPU time.
 """
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 from .. import runtime
-from . import plan_table, tiles
+from . import tiles
 from .common import cdiv
+from .table_checks import TILE, TableError, check_fields
 
 
 @dataclass(frozen=True)
@@ -97,13 +100,49 @@ def token_bucket(num_tokens: int) -> int:
     return b
 
 
-# BLOCK_M by the mean number of (token, k) pairs a group will hold: (upper bound, BLOCK_M) steps.
-# Blocks about as tall as the groups waste few padded rows; taller ones reuse each weight tile more.
-_MOE_BM_STEPS = ((16, 16), (48, 32), (192, 64), (float("inf"), 128))
-# LoRA: BLOCK_M 32 (25-48 pairs per group) dropped (H200, the expand recordings: studies/kernels/README.md): at 32
-# pairs per group (M=2048, 4 adapters, 128 experts, top-8) both deltas together took 184.4 us with BLOCK_M 32
-# and 171.9 with 64 (tp4 138.4 -> 130.7); at 16 pairs BLOCK_M 16 stays (32 was -2.5 % / +2 %).
-_LORA_BM_STEPS = ((24, 16), (float("inf"), 64))
+RULES_FILE = tiles.TABLE_DIR / "rules.json"
+
+
+def _bounded(items: list, key: str, f, entry: str) -> list:
+    """The bounds of a rule's steps: numbers > 0 that rise, the last one null (any)."""
+    bounds = [s[key] if isinstance(s, dict) else s[0] for s in items]
+    inner = bounds[:-1]
+    if (not bounds or bounds[-1] is not None or any(not isinstance(b, int) or isinstance(b, bool) or b <= 0
+                                                     for b in inner) or inner != sorted(set(inner))):
+        raise TableError(f, entry, f"the steps' bounds must be ints > 0 that rise, the last one null (any): got "
+                                   f"{bounds}")
+    return [float("inf") if b is None else b for b in bounds]
+
+
+@functools.lru_cache(maxsize=1)
+def rules() -> dict:
+    """tile_tables/rules.json, read and checked once per process: the BLOCK_M steps ((at most this many pairs per
+    group, BLOCK_M), ...) of the base GEMM's and the per-adapter alignments, and the base GEMM's rule tiles
+    ((up to this BLOCK_M, GemmConfig), ...)."""
+    f = RULES_FILE
+    raw = json.loads(f.read_text())
+    if set(raw) != {"about", "moe_block_m", "lora_block_m", "rule_gemm"}:
+        raise TableError(f, "", f"holds about, moe_block_m, lora_block_m and rule_gemm, got {sorted(raw)}")
+    out = {}
+    for key in ("moe_block_m", "lora_block_m"):
+        e = raw[key]
+        if not (isinstance(e, dict) and set(e) == {"steps", "why"} and isinstance(e["steps"], list)
+                and all(isinstance(s, list) and len(s) == 2 for s in e["steps"])):
+            raise TableError(f, key, f"must hold steps [[at most this many pairs, BLOCK_M], ...] and why, got {e!r}")
+        bms = [s[1] for s in e["steps"]]
+        if any(bm not in (16, 32, 64, 128) for bm in bms):
+            raise TableError(f, key, f"BLOCK_M must be 16, 32, 64 or 128, got {bms}")
+        out[key] = tuple(zip(_bounded(e["steps"], 0, f, key), bms))
+    e = raw["rule_gemm"]
+    if not (isinstance(e, dict) and set(e) == {"tiles", "why"} and isinstance(e["tiles"], list)
+            and all(isinstance(t, dict) and "max_block_m" in t for t in e["tiles"])):
+        raise TableError(f, "rule_gemm", f"must hold tiles [{{max_block_m, tile fields}}, ...] and why, got {e!r}")
+    for i, t in enumerate(e["tiles"]):
+        check_fields({k: v for k, v in t.items() if k != "max_block_m"}, TILE, f, f"rule_gemm tile {i}", "tile")
+    out["rule_gemm"] = tuple(zip(_bounded(e["tiles"], "max_block_m", f, "rule_gemm"),
+                                 (GemmConfig(**{k: v for k, v in t.items() if k != "max_block_m"})
+                                  for t in e["tiles"])))
+    return out
 
 
 def _step_pick(avg: float, steps) -> int:
@@ -111,8 +150,8 @@ def _step_pick(avg: float, steps) -> int:
 
 
 def rule_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """BLOCK_M by rule (any GPU, any shape): about the mean number of pairs per expert."""
-    return _step_pick(token_bucket(num_tokens) * top_k / num_experts, _MOE_BM_STEPS)
+    """BLOCK_M by rule (any GPU, any shape): about the mean number of pairs per expert (rules.json)."""
+    return _step_pick(token_bucket(num_tokens) * top_k / num_experts, rules()["moe_block_m"])
 
 
 def moe_block_m(num_tokens: int, top_k: int, num_experts: int, hidden: int | None = None,
@@ -131,7 +170,7 @@ def lora_block_m(num_tokens: int, top_k: int, num_experts: int, num_slots: int) 
     over all slots."""
     if runtime.interpreter():
         return 16
-    return _step_pick(token_bucket(num_tokens) * top_k / (num_experts * num_slots), _LORA_BM_STEPS)
+    return _step_pick(token_bucket(num_tokens) * top_k / (num_experts * num_slots), rules()["lora_block_m"])
 
 
 def gemm_config(num_tokens: int, block_m: int, N: int, K: int, num_experts: int | None = None) -> GemmConfig:
@@ -143,15 +182,19 @@ def gemm_config(num_tokens: int, block_m: int, N: int, K: int, num_experts: int 
     return GemmConfig(**tile) if tile else rule_gemm_config(block_m)
 
 
+def base_gemm_source(device_name: str | None, props=None) -> tuple[str, str]:
+    """(source, why) of the base GEMM's tiles on the GPU `device_name` (None: no GPU): the GPU whose tile tables it
+    reads (its own name where it has some), or "rule" (`rule_block_m`, `rule_gemm_config`). A GPU without tables
+    takes the choice of tile_tables/gpus.json's `base_gemm` entry, else the closest recorded GPU's of its
+    architecture (kernels/gpus.py); props: its `gpus.DeviceProps` (None: the driver's, else gpus.json's)."""
+    if device_name is None:
+        return "rule", "no GPU: the interpreter's one small tile" if runtime.interpreter() else "no GPU"
+    return tiles.source(device_name, props)
+
+
 def rule_gemm_config(block_m: int) -> GemmConfig:
-    """The tile by rule (any GPU, any shape), by BLOCK_M only."""
-    if block_m <= 16:
-        return GemmConfig(block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4)
-    if block_m <= 32:
-        return GemmConfig(block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=4)
-    if block_m <= 64:
-        return GemmConfig(block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
-    return GemmConfig(block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=4)
+    """The tile by rule (any GPU, any shape), by BLOCK_M only (rules.json)."""
+    return next(cfg for limit, cfg in rules()["rule_gemm"] if block_m <= limit)
 
 
 _NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function of the shape
@@ -266,39 +309,3 @@ def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfi
         return DecodeConfig(block_n=32, block_k=512, split_n=split, num_warps=8, num_stages=1)
     return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4,
                         num_stages=1)
-
-
-# The LoRA path's tables (which path at which token bucket, with which options) are data now: kernels/plan.py asks
-# kernels/plan_table.py, which reads kernels/tile_tables/lora_plan_*.json. Their former names here (DECODE_MAX_PAIRS,
-# FOLDED_LORA_TOKENS, W1S, ...: plan_table.LEGACY_TABLES) and the four functions below are derived from the default
-# device's plan at each read, for callers that still use them; the layer reads the plan (setting them here changes
-# nothing: use plan_table.override).
-def __getattr__(name):
-    if name in plan_table.LEGACY_TABLES:
-        return plan_table.legacy(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def use_decode_path(num_tokens: int, top_k: int) -> bool:
-    """Whether a separate delta runs without alignment at this size (the plan's decode bound)."""
-    return num_tokens * top_k <= plan_table.table_for().decode_max_pairs
-
-
-def packed_shrink(num_tokens: int) -> dict:
-    """The packed shrink's options at this token count where an op folds (a copy)."""
-    return dict(plan_table.legacy("PACKED_SHRINK_TOKENS").get(token_bucket(num_tokens), {}))
-
-
-def packed_expand(num_tokens: int, op: str | None = None, N: int | None = None, K: int | None = None) -> dict:
-    """The packed GEMM's expand options at this token count, with its tile for the GEMM shape (op, N, K)."""
-    b = token_bucket(num_tokens)
-    opts = dict(plan_table.legacy("PACKED_EXPAND_TOKENS").get(b, {}))
-    tile = plan_table.legacy("PACKED_TILE_SHAPE_TOKENS").get((op, N, K), {}).get(b)
-    if tile:
-        opts["tile"] = dict(tile)
-    return opts
-
-
-def folded_order_by_row(num_tokens: int) -> bool:
-    """Where an op folds: whether the layer orders its alignment by LoRA row at this token count."""
-    return token_bucket(num_tokens) in plan_table.legacy("PACKED_PER_SLOT_TOKENS")

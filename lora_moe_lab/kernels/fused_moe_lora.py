@@ -44,11 +44,11 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from .common import (FLOAT_DTYPES, cdiv, check_alignment, check_compute_dtype, check_routed_weights,
                      check_tensor, num_pairs_of, num_sms, occupancy, pow2, reg_cap, stages_for)
 from .configs import LoRAKernelConfig, block_r, lora_config
+from .exits import names as _exit_names
 
-# The exit codes the kernel writes with WRITE_EXIT (the rule itself is in the kernel below and, for
-# the host, in ops/reference.py:exit_codes).
-EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_id = -1 (empty slot)", 2: "exit: adapter disabled",
-              3: "exit: block past num_tokens_post_padded", 4: "exit: expert id = -1"}
+# The exit codes the kernel writes with WRITE_EXIT, from the one table (kernels/exits.py; the rule itself is in the
+# kernel below and, for the host, in ops/reference.py:exit_codes).
+EXIT_CODES = _exit_names("fused_moe_lora_kernel")
 
 
 @triton.jit

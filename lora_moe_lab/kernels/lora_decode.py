@@ -36,12 +36,11 @@ import triton
 import triton.language as tl
 
 from .common import FLOAT_DTYPES, cdiv, check_compute_dtype, check_routed_weights, check_tensor, pow2
+from . import exits
 from .configs import DecodeConfig, block_r, decode_config
 from .fused_moe_lora import own_rank
 
-DECODE_EXIT_CODES = {0: "ran (did the work)", 1: "exit: lora_ids[row] = -1 (no adapter in the row)",
-                     2: "exit: adapter disabled", 3: "exit: pair past num_live_pairs", 4: "exit: expert id = -1",
-                     5: "exit: token without adapter (mapping = -1)"}
+DECODE_EXIT_CODES = exits.names("lora_decode_kernel")  # the one table (kernels/exits.py)
 
 
 @triton.jit(do_not_specialize=["L", "num_pairs", "split_n", "n_per_split"])

@@ -1,8 +1,8 @@
 """The MoE layer's kernel plan: for one op ("gate_up" or "down") of one batch size, which LoRA path runs and with
 which options, and the alignment's block sizes. One question, `plan(op, M, shape, device)`, answered from static
 shapes only (never a device read: capture-safe) and from data: the device's table (kernels/plan_table.py:
-kernels/tile_tables/lora_plan_<GPU>.json, lora_plan_default.json elsewhere), each entry naming the recordings that
-decided it. The paths:
+kernels/tile_tables/lora_plan_<GPU>.json, else the closest recorded GPU's, or lora_plan_default.json without a GPU),
+each entry naming the recordings that decided it. The paths:
 
     separate  the base GEMM, then the delta as its own kernels: without alignment (`decode`) up to the table's
               decode bound of (token, k) pairs, else over a per-adapter alignment (`lora_block_m`, `config`)

@@ -1,25 +1,27 @@
 """The kernel plan's tables (kernels/plan.py asks them): one JSON file per device beside the tile tables,
 
     lora_moe_lab/kernels/tile_tables/lora_plan_<GPU>.json     e.g. lora_plan_NVIDIA_H200.json
-    lora_moe_lab/kernels/tile_tables/lora_plan_default.json   any other device, the CPU and the interpreter
+    lora_moe_lab/kernels/tile_tables/lora_plan_default.json   the CPU, the interpreter, a GPU of unknown properties
 
 the GPU named as kernels/tiles.py names it. A file holds the decode bound ((token, k) pairs up to which a separate
 delta runs without alignment), named option sets, per op ("gate_up", "down") and token bucket (M rounded up to a
 power of two, every bucket listed) an entry: the path ("separate", "packed" or "wide") and its options (per_slot,
 shrink, wide_shrink, expand, window), and per layer shape (H<hidden>_I<intermediate>) the entries' fields that
 differ. Each entry names the recordings that decided it (`decided_by`, studies/kernels/README.md) and what they
-measured (`why`). Read and checked once per process; `override` swaps the table (recordings, tests). The former
-module-level tables of kernels/configs.py are derived from here (`legacy`)."""
+measured (`why`). Read and checked once per process (the bounds: kernels/table_checks.py); `override` swaps the
+table (recordings, tests). A file may instead name the GPU whose plan it `follows` (lora_plan_default.json: the
+H200's); a GPU without a file follows the closest recorded GPU (kernels/gpus.py)."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from pathlib import Path
 
 from .. import runtime
-from . import tiles
+from . import gpus, table_checks, tiles
+from .table_checks import TableError
 
 TABLE_DIR = tiles.TABLE_DIR
 OPS = ("gate_up", "down")
@@ -113,98 +115,177 @@ def entries(path: str = "separate", buckets=BUCKETS, **fields) -> dict:
 # --------------------------------------------------------------------------------------------
 # Reading a table
 # --------------------------------------------------------------------------------------------
-def _bucket(b: str, where: str) -> int:
+TOP_KEYS = frozenset({"gpu", "about", "decode", "options", "ops", "shapes"})
+FOLLOWS_KEYS = frozenset({"gpu", "about", "follows"})
+OPTION_KINDS = {"shrink": table_checks.SHRINK, "wide_shrink": table_checks.SHRINK, "expand": table_checks.EXPAND}
+
+
+def _bucket(b: str, file, entry: str) -> int:
     if not (b.isdigit() and int(b) in BUCKETS):
-        raise ValueError(f"{where}: bucket {b!r} is not a token bucket (a power of two from 1 to {BUCKETS[-1]})")
+        raise TableError(file, entry, f"bucket {b!r} is not a token bucket (a power of two from 1 to {BUCKETS[-1]})")
     return int(b)
 
 
-def _entry_fields(raw: dict, op: str, where: str, options: dict, partial: bool) -> dict:
+def _entry_fields(raw: dict, op: str, file, entry: str, options: dict, partial: bool) -> dict:
     if not isinstance(raw, dict) or set(raw) - ENTRY_KEYS:
-        raise ValueError(f"{where}: an entry holds only {sorted(ENTRY_KEYS)}, got {raw!r}")
+        raise TableError(file, entry, f"an entry holds only {sorted(ENTRY_KEYS)}, got {raw!r}")
     if not partial and "path" not in raw:
-        raise ValueError(f"{where}: missing key 'path'")
+        raise TableError(file, entry, "missing key 'path'")
     out = {}
     for k, v in raw.items():
         if k == "path":
             if v not in PATHS:
-                raise ValueError(f"{where}: path must be one of {PATHS}, got {v!r}")
+                raise TableError(file, entry, f"path must be one of {PATHS}, got {v!r}")
         elif k in ("per_slot", "window"):
             if not isinstance(v, bool):
-                raise ValueError(f"{where}: {k} must be true or false, got {v!r}")
+                raise TableError(file, entry, f"{k} must be true or false, got {v!r}")
             if k == "window" and v and op != "down":
-                raise ValueError(f"{where}: window is the down GEMM's wide build's")
-        elif k in ("shrink", "wide_shrink", "expand"):
+                raise TableError(file, entry, "window is the down GEMM's wide build's")
+        elif k in OPTION_KINDS:
             if isinstance(v, str):
                 if v not in options:
-                    raise ValueError(f"{where}: {k} names option set {v!r}; the file has {sorted(options)}")
+                    raise TableError(file, entry, f"{k} names option set {v!r}; the file has {sorted(options)}")
                 v = options[v]
-            elif isinstance(v, dict):
-                v = Options.of(v)
-            else:
-                raise ValueError(f"{where}: {k} must be an option set's name or a dict of options, got {v!r}")
+            elif not isinstance(v, dict):
+                raise TableError(file, entry, f"{k} must be an option set's name or a dict of options, got {v!r}")
+            table_checks.check_fields(v.dict() if isinstance(v, Options) else v, OPTION_KINDS[k], file, entry, k)
+            v = v if isinstance(v, Options) else Options.of(v)
         elif k == "decided_by":
             if not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
-                raise ValueError(f"{where}: decided_by must be a list of recording labels, got {v!r}")
+                raise TableError(file, entry, f"decided_by must be a list of recording labels, got {v!r}")
             v = tuple(v)
         elif k == "why" and not isinstance(v, str):
-            raise ValueError(f"{where}: why must be a string, got {v!r}")
+            raise TableError(file, entry, f"why must be a string, got {v!r}")
         out[k] = v
     if not partial and out["path"] == "separate" and any(out.get(k) for k in ("per_slot", "shrink", "wide_shrink",
                                                                               "expand", "window")):
-        raise ValueError(f"{where}: a separate entry takes no fold options, got {raw!r}")
+        raise TableError(file, entry, f"a separate entry takes no fold options, got {raw!r}")
     return out
 
 
+def _option_set(name: str, o, file) -> Options:
+    """A named option set: its options are the shrink's or the expand's (checked again where an entry names it)."""
+    entry = f"option set {name!r}"
+    if not isinstance(o, dict) or not isinstance(o.get("options"), dict) or set(o) - {"options", "decided_by", "why"}:
+        raise TableError(file, entry, f"must hold a dict 'options' (and decided_by, why), got {o!r}")
+    kinds = [k for k in ("shrink", "expand") if set(o["options"]) <= set(OPTION_KINDS[k])]
+    if not kinds:
+        raise TableError(file, entry, f"the options {sorted(o['options'])} are neither the shrink's "
+                                      f"{sorted(table_checks.SHRINK)} nor the expand's {sorted(table_checks.EXPAND)}")
+    table_checks.check_fields(o["options"], OPTION_KINDS[kinds[0]], file, entry, kinds[0])
+    return Options.of(o["options"])
+
+
 def check_table(raw: dict, where: str = "lora plan") -> PlanTable:
-    """A file's structure, checked when it is read: a malformed file is an error that names the file, the op and
-    the bucket, never a silently wrong path. Every op lists every token bucket."""
+    """A file's structure and values, checked when it is read: a malformed file is a TableError that names the
+    file, the op and the bucket, never a silently wrong path. Every op lists every token bucket."""
+    if not isinstance(raw, dict):
+        raise TableError(where, "", f"must be a JSON object, got {type(raw).__name__}")
     for key in ("gpu", "decode", "ops"):
         if key not in raw:
-            raise ValueError(f"{where}: missing key {key!r}")
+            raise TableError(where, "", f"missing key {key!r}")
+    if set(raw) - TOP_KEYS:
+        raise TableError(where, "", f"a plan holds only {sorted(TOP_KEYS)}, got {sorted(set(raw) - TOP_KEYS)} too")
     mp = raw["decode"].get("max_pairs") if isinstance(raw["decode"], dict) else None
-    if not isinstance(mp, int) or isinstance(mp, bool) or mp < 0:
-        raise ValueError(f"{where}: decode.max_pairs must be an int >= 0 ((token, k) pairs), got {mp!r}")
-    options = {}
-    for name, o in raw.get("options", {}).items():
-        if not isinstance(o, dict) or not isinstance(o.get("options"), dict):
-            raise ValueError(f"{where}: option set {name!r} must hold a dict 'options', got {o!r}")
-        options[name] = Options.of(o["options"])
-    if set(raw["ops"]) != set(OPS):
-        raise ValueError(f"{where}: ops must be exactly {OPS}, got {sorted(raw['ops'])}")
+    if not isinstance(mp, int) or isinstance(mp, bool) or not 0 <= mp <= 2 ** 20:
+        raise TableError(where, "decode", f"decode.max_pairs must be an int from 0 to {2 ** 20} ((token, k) pairs), "
+                                          f"got {mp!r}")
+    options = {name: _option_set(name, o, where) for name, o in raw.get("options", {}).items()}
+    if not isinstance(raw["ops"], dict) or set(raw["ops"]) != set(OPS):
+        raise TableError(where, "ops", f"ops must be exactly {OPS}, got {sorted(raw['ops'])}")
     ops = {}
     for op in OPS:
-        got = {_bucket(b, f"{where}: {op}"): Entry(**_entry_fields(e, op, f"{where}: {op} bucket {b}", options, False))
+        got = {_bucket(b, where, op): Entry(**_entry_fields(e, op, where, f"{op} bucket {b}", options, False))
                for b, e in raw["ops"][op].items()}
         missing = sorted(set(BUCKETS) - set(got))
         if missing:
-            raise ValueError(f"{where}: {op} lacks the buckets {missing} (every token bucket has an entry)")
+            raise TableError(where, op, f"{op} lacks the buckets {missing} (every token bucket has an entry)")
         ops[op] = got
     shapes = {}
     for key, per_op in raw.get("shapes", {}).items():
         h, _, i = key.partition("_I")
-        if not (h.startswith("H") and h[1:].isdigit() and i.isdigit()):
-            raise ValueError(f"{where}: shape {key!r} must be named H<hidden>_I<intermediate>")
-        if set(per_op) - set(OPS):
-            raise ValueError(f"{where}: shape {key}: ops must be among {OPS}, got {sorted(per_op)}")
+        if not (h.startswith("H") and h[1:].isdigit() and i.isdigit() and int(h[1:]) > 0 and int(i) > 0):
+            raise TableError(where, f"shape {key!r}", "a shape must be named H<hidden>_I<intermediate>")
+        if not isinstance(per_op, dict) or set(per_op) - set(OPS):
+            raise TableError(where, f"shape {key}", f"ops must be among {OPS}, got {per_op!r}")
         shapes[(int(h[1:]), int(i))] = {
-            op: {_bucket(b, f"{where}: {key} {op}"): _entry_fields(e, op, f"{where}: {key} {op} bucket {b}", options,
-                                                                   True)
+            op: {_bucket(b, where, f"{key} {op}"): _entry_fields(e, op, where, f"{key} {op} bucket {b}", options, True)
                  for b, e in buckets.items()} for op, buckets in per_op.items()}
     return PlanTable(raw["gpu"], mp, ops, shapes, options, where)
 
 
+def _read(f: Path) -> dict:
+    """A plan file's JSON, its `gpu` held against its name (a plan, or a `follows`)."""
+    if not f.exists():
+        raise TableError(f, "", "no such plan file")
+    raw = json.loads(f.read_text())
+    gpu = raw.get("gpu") if isinstance(raw, dict) else None
+    if not isinstance(gpu, str) or file_name(gpu) != f.name:
+        raise TableError(f, "gpu", f"the file's gpu {gpu!r} is not the one its name says ({f.name} is "
+                                   f"file_name(gpu) of the GPU it holds)")
+    if "follows" in raw:
+        if set(raw) - FOLLOWS_KEYS or not isinstance(raw["follows"], str):
+            raise TableError(f, "follows", f"a file that follows another GPU's plan holds only "
+                                           f"{sorted(FOLLOWS_KEYS)}, follows a GPU's name; got {raw!r}")
+    return raw
+
+
+def plan_gpus() -> frozenset:
+    """The GPUs with a plan file of their own, one that holds a plan (not one that follows)."""
+    return frozenset(r["gpu"] for r in (_read(f) for f in TABLE_DIR.glob("lora_plan_*.json"))
+                     if "follows" not in r and r["gpu"] != "default")
+
+
+def _resolve(f: Path) -> tuple[PlanTable, list]:
+    """(the plan a file holds, or the plan of the GPU it follows through a chain of follows; the GPUs of that
+    chain, the file's first)."""
+    chain = []
+    while True:
+        raw = _read(f)
+        chain.append(raw["gpu"])
+        if "follows" not in raw:
+            return check_table(raw, str(f)), chain
+        target = TABLE_DIR / file_name(raw["follows"])
+        if raw["follows"] in chain:
+            raise TableError(f, "follows", f"a cycle of follows: {' -> '.join(chain + [raw['follows']])}")
+        if not target.exists():
+            raise TableError(f, "follows", f"follows {raw['follows']!r}, which has no plan file ({target.name}; "
+                                           f"the GPUs with one: {sorted(plan_gpus())})")
+        f = target
+
+
+def _as(gpu: str, t: PlanTable, chain: list, why: str = "") -> PlanTable:
+    if len(chain) == 1 and not why:
+        return t
+    via = " -> ".join(chain)
+    return replace(t, gpu=gpu, source=f"{t.source} ({gpu} -> {via}{': ' + why if why else ''})"
+                   if gpu != chain[0] else f"{t.source} ({via})")
+
+
 @functools.lru_cache(maxsize=8)
-def load(gpu: str | None) -> PlanTable:
+def load(gpu: str | None, props: gpus.DeviceProps | None = None) -> PlanTable:
     """The plan of this GPU (its name as the driver gives it; None: no GPU), read and checked once per process:
-    its own file, else the default file (which names the GPU whose plan it follows)."""
-    f = TABLE_DIR / file_name(gpu) if gpu else None
-    if f is None or not f.exists():
-        f = TABLE_DIR / DEFAULT_FILE
-        raw = json.loads(f.read_text())
-        if "follows" in raw:
-            return replace(load(raw["follows"]), gpu="default", source=f"{f} -> {raw['follows']}")
-    return check_table(json.loads(f.read_text()), str(f))
+    its own file (a plan, or the plan of the GPU it follows), else the closest recorded GPU's (kernels/gpus.py,
+    from the GPU's properties: the driver's, gpus.json's, or `props`), said once; else (no GPU, or one whose
+    properties are unknown) the default file's, which names the GPU whose plan it follows."""
+    if gpu is not None and (TABLE_DIR / file_name(gpu)).exists():
+        t, chain = _resolve(TABLE_DIR / file_name(gpu))
+        if len(chain) > 1:
+            gpus.say_once("LoRA plan", gpu, chain[-1], f"its plan file follows {' -> '.join(chain[1:])}")
+        return _as(chain[0], t, chain)
+    if gpu is None:
+        t, chain = _resolve(TABLE_DIR / DEFAULT_FILE)
+        return _as(chain[0], t, chain)
+    props = props or gpus.props_of(gpu)
+    src, why = (gpus.closest(props, plan_gpus(), same_arch=False) if props else (None, ""))
+    if src is None:
+        t, chain = _resolve(TABLE_DIR / DEFAULT_FILE)
+        why = why or "its properties are unknown (not this machine's GPU, not in gpus.json)"
+        why = f"{why}: the default plan"
+    else:
+        t, chain = _resolve(TABLE_DIR / file_name(src))
+    gpus.say_once("LoRA plan", gpu, chain[-1], why)
+    return _as(gpu, t, chain, why)
 
 
 _OVERRIDE: list = []
@@ -253,77 +334,3 @@ def gemm_shape(op: str, shape) -> tuple[int, int]:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     H, I = shape.hidden, shape.intermediate
     return (2 * I, H) if op == "gate_up" else (H, I)
-
-
-# --------------------------------------------------------------------------------------------
-# The former tables' names, derived from the plan (kernels/configs.py exports them for old callers)
-# --------------------------------------------------------------------------------------------
-def _all_entries(t: PlanTable):
-    """(op, bucket, shape or None, Entry) for every op entry and every shape's merged one."""
-    for op in OPS:
-        for b, e in t.ops[op].items():
-            yield op, b, None, e
-    for (h, i), per_op in t.shapes.items():
-        for op, bs in per_op.items():
-            for b in bs:
-                yield op, b, (h, i), t.entry(op, b, h, i)
-
-
-def legacy(name: str, device=None):
-    """The value the old module-level table `name` held, derived from the device's plan (a fresh copy)."""
-    t = table_for(device)
-    folds = {op: frozenset(b for b, e in t.ops[op].items() if e.folds) for op in OPS}
-    every = list(_all_entries(t))
-    if name == "DECODE_MAX_PAIRS":
-        return t.decode_max_pairs
-    if name == "FUSED_LORA_TOKENS":  # the epilogue build: no entry takes it (studies/kernels/tried)
-        return {op: frozenset() for op in OPS}
-    if name == "FOLDED_LORA_TOKENS":
-        return dict(folds)
-    if name == "FOLDED_LORA_SHAPE_TOKENS":
-        out = {}
-        for op, b, sh, e in every:
-            if sh and e.folds and b not in folds[op]:
-                out.setdefault((op, *gemm_shape(op, _Shape(*sh))), set()).add(b)
-        return {key: frozenset(v) for key, v in out.items()}
-    if name == "FOLDED_ORDER_BY_ROW":
-        return True
-    if name == "FOLD_BUILD":
-        return "packed"
-    if name == "PACKED_PER_SLOT_TOKENS":
-        return frozenset(b for _, b, _, e in every if e.folds and e.per_slot)
-    if name in t.options:  # W1S
-        return t.options[name].dict()
-    if name == "WIDE_GATE_UP_SHRINK":
-        return next((e.wide_shrink.dict() for op, _, _, e in every if op == "gate_up" and e.path == "wide"
-                     and e.wide_shrink is not None), {})
-    if name == "PACKED_SHRINK_TOKENS":
-        return {b: e.shrink.dict() for _, b, _, e in sorted(every, key=lambda r: r[1]) if e.folds and e.shrink}
-    if name == "PACKED_EXPAND_TOKENS":
-        return {b: {k: v for k, v in e.expand.dict().items() if k != "tile"} for _, b, sh, e in every
-                if e.folds and sh is None and e.expand}
-    if name == "PACKED_TILE_SHAPE_TOKENS":
-        out = {}
-        for op, b, sh, e in every:
-            tile = e.expand.dict().get("tile") if sh else None
-            if tile:
-                out.setdefault((op, *gemm_shape(op, _Shape(*sh))), {})[b] = tile
-        return out
-    if name == "WIDE_DOWN_TOKENS":
-        return frozenset(b for b, e in t.ops["down"].items() if e.path == "wide")
-    if name == "WIDE_GATE_UP_TOKENS":
-        return frozenset(b for op, b, _, e in every if op == "gate_up" and e.path == "wide")
-    if name == "WIDE_DOWN_WINDOW_TOKENS":
-        return frozenset(b for op, b, _, e in every if op == "down" and e.path == "wide" and e.window)
-    raise AttributeError(name)
-
-
-class _Shape(NamedTuple):
-    hidden: int
-    intermediate: int
-
-
-LEGACY_TABLES = ("DECODE_MAX_PAIRS", "FUSED_LORA_TOKENS", "FOLDED_LORA_TOKENS", "FOLDED_LORA_SHAPE_TOKENS",
-                 "FOLDED_ORDER_BY_ROW", "FOLD_BUILD", "PACKED_PER_SLOT_TOKENS", "W1S", "WIDE_GATE_UP_SHRINK",
-                 "PACKED_SHRINK_TOKENS", "PACKED_EXPAND_TOKENS", "PACKED_TILE_SHAPE_TOKENS", "WIDE_DOWN_TOKENS",
-                 "WIDE_GATE_UP_TOKENS", "WIDE_DOWN_WINDOW_TOKENS")

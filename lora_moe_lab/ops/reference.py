@@ -169,7 +169,7 @@ def ref_decoder_layer(x, layer, token_counts, lora=None, topk_ids=None):
 def exit_codes(align, lora_ids, adapter_enabled) -> torch.Tensor:
     """The fused LoRA kernel's early-exit rule on the host side, as an (L, EM // BM) int32 tensor
     on the inputs' device (sync-free): 0 ran, 1 lora_id -1, 2 disabled, 3 past
-    num_tokens_post_padded, 4 expert -1 (names: kernels.fused_moe_lora.EXIT_CODES). The first
+    num_tokens_post_padded, 4 expert -1 (names: kernels/exits.py). The first
     rule that applies wins, in that order, as in the kernel."""
     ei, ntpp, bm = align.expert_ids, align.num_tokens_post_padded, align.block_m
     S, nb = ei.shape

@@ -16,12 +16,3 @@ from .calibration import (HEADLINE_CHUNK, PRODUCTION_SETTINGS, Calibration, cali
                           load_calibration, production_figures, readme_block)
 from . import replay_transforms  # noqa: F401  (what-if transformations of a replay Graph)
 from .replay import Graph, ReplayError, ReplayResult, build_graph, replay as replay_graph  # noqa: F401  (sim.replay: the module)
-
-
-def __getattr__(name: str):
-    """sim.SIM_DIR (studies/simulator/record.py): the catalog's "simulator", resolved when read."""
-    if name == "SIM_DIR":
-        from .calibration import __getattr__ as _calibration_attr
-
-        return _calibration_attr(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -155,11 +155,3 @@ def readme_block(folder: str | Path | None = None) -> str:
         "forward is host time blocked in the syncs)."
         + "".join(f" At {c}-token chunks: {figs(cal.headline(c))}." for c in other)
         + f" Every figure: `{where}/{FILES['production']}`."])
-
-
-def __getattr__(name: str):
-    """SIM_DIR, the name this module once defined as a literal path (studies/simulator/record.py reads it as
-    sim.SIM_DIR): the catalog's "simulator", resolved when read."""
-    if name == "SIM_DIR":
-        return catalog("simulator")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -170,15 +170,3 @@ def tp4_prediction(sessions: dict) -> pd.DataFrame:
 def passed(validation: pd.DataFrame) -> bool:
     """The gate for a TP=4 figure: every TP=2 point passed."""
     return bool(len(validation)) and bool(validation["passed"].all())
-
-
-# The names this module once defined as literal paths, kept for their callers (studies/tp_emulation/record.py):
-# resolved from the catalog when read.
-def __getattr__(name: str):
-    if name == "FOLDER":
-        return catalog("tp_emulation.folder")
-    if name == "COST_FILE":
-        return catalog("tp_emulation.allreduce")
-    if name == "TP2_MEASURED":
-        return tp2_measured()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 import torch
 
 from ..instruments.recorders.early_exit import Case, item_programs
-from ..kernels.fused_moe_lora import EXIT_CODES as EXIT_NAMES
+from ..kernels import exits
 
 EXIT_COLORS = {0: "#2ca02c", 1: "#7f7f7f", 2: "#1f77b4", 3: "#c7c7c7", 4: "#ff7f0e"}
 
@@ -26,7 +26,7 @@ def exit_map_figure(codes, case: Case | None = None, title: str = "exit code per
     for i, v in enumerate(allc):
         scale += [[i / n, cols[v]], [(i + 1) / n, cols[v]]]
     idx = np.vectorize(lambda v: allc.index(int(v)) if int(v) in allc else 0)(c)
-    names = {**EXIT_NAMES, -7: "NEVER WRITTEN"}
+    names = {**exits.names("fused_moe_lora_kernel"), exits.NEVER_WRITTEN: "NEVER WRITTEN"}
     text = np.vectorize(lambda v: names.get(int(v), str(v)))(c)
     custom = None
     if case is not None:

@@ -286,7 +286,7 @@ else:
 
 # %%
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS
+from lora_moe_lab.kernels.plan_table import table_for
 
 for (kernel, pr), g in ([] if rec is None else rec.groupby(["kernel", "preset"], sort=False)):
     g = g.sort_values("M")
@@ -299,8 +299,8 @@ for (kernel, pr), g in ([] if rec is None else rec.groupby(["kernel", "preset"],
           f"programs: {'where' if most.M == worst.M else 'not where'} it launched the most programs)")
     k_ = get_shape(pr).top_k
     if kernel == "current":
-        print(f"  {pr}: the layer takes the decode path for M x top_k <= {DECODE_MAX_PAIRS} pairs, M <= "
-              f"{DECODE_MAX_PAIRS // k_} at top_k={k_}")
+        print(f"  {pr}: the layer takes the decode path for M x top_k <= {table_for().decode_max_pairs} pairs, M <= "
+              f"{table_for().decode_max_pairs // k_} at top_k={k_}")
 
 # %% [markdown]
 # **Reading it.** The persistent grid's program count does not grow with M: at small M its launch
@@ -373,7 +373,7 @@ print("with a correct flag and debug_check off, nothing is checked and nothing s
 
 # %% [markdown]
 # ## The decode path: no alignment at all
-# At decode sizes (`M·top_k ≤ configs.DECODE_MAX_PAIRS`, a static choice) the MoE layer skips the
+# At decode sizes (`M·top_k ≤ plan_table.table_for().decode_max_pairs`, a static choice) the MoE layer skips the
 # per-adapter alignment: `kernels/lora_decode.py` launches one program per **(pair, slice, N share)**
 # straight from `topk_ids` and the per-token row mapping. Each program checks, in one round of
 # metadata loads: the pair past a device-side live count (3), token without adapter (5), row without
@@ -382,8 +382,9 @@ print("with a correct flag and debug_check off, nothing is checked and nothing s
 # one pair routed nowhere.
 
 # %%
-from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS
-from lora_moe_lab.kernels.lora_decode import DECODE_EXIT_CODES, decode_launch_plan, lora_delta_decode
+from lora_moe_lab.kernels.plan_table import table_for
+from lora_moe_lab.kernels import exits
+from lora_moe_lab.kernels.lora_decode import decode_launch_plan, lora_delta_decode
 
 bd, td = lab.make_batch([["a", None, "b", "c"][i % 4] for i in range(num_requests)], counts)
 w0, k0 = lab.pool.layers[0], lab.shape.top_k
@@ -400,7 +401,7 @@ out_d = torch.zeros(num_tokens * k0, 2 * lab.shape.intermediate, dtype=xd.dtype,
 lora_delta_decode(xd, w0.gate_up_a, w0.gate_up_b, ids_d, td.token_lora_mapping, td.lora_ids, enabled_d, out_d,
                   num_live_pairs=live_d, exit_codes=codes_d)
 plan_d = decode_launch_plan(num_tokens * k0, 2, lab.shape.intermediate, lab.shape.hidden, rank)
-print(f"decode path for M*top_k <= {DECODE_MAX_PAIRS} pairs; this batch: {num_tokens * k0} pairs")
+print(f"decode path for M*top_k <= {table_for().decode_max_pairs} pairs; this batch: {num_tokens * k0} pairs")
 pd.Series({k: str(v) for k, v in plan_d.items()}, name="decode launch plan (static shapes)").to_frame()
 
 # %%
@@ -411,7 +412,7 @@ fig.update_layout(title="decode path: exit code per (token, k) pair", height=320
 fig.update_xaxes(title_text="k (expert choice of the token)")
 fig.update_yaxes(title_text="token", autorange="reversed")
 fig.show()
-pd.Series(DECODE_EXIT_CODES, name="meaning").to_frame()
+pd.Series(exits.names("lora_decode_kernel"), name="meaning").to_frame()
 
 # %% [markdown]
 # ## Beyond the exit

@@ -361,13 +361,14 @@ print("replays after switches vs the unpadded eager forward, relative error:",
 #   the 48-layer output by a similar amount.
 
 # %%
-from lora_moe_lab.instruments.analysers.recordings import COMPACT_RUN, load_kernel_run
+from lora_moe_lab.instruments.analysers.recordings import load_kernel_run
+from lora_moe_lab.provenance import catalog
 
 worst = summ[(summ.active == 1) & (summ.variant == "per_active_count")].sort_values("vs_one_graph").groupby("model").tail(1)
 for r in worst.itertuples():
     print(f"{r.model}: per_active_count with one adapter, worst at M={r.tokens}: {(r.vs_one_graph - 1) * 100:+.1f} % "
           f"[{(r.vs_lo95 - 1) * 100:+.1f}, {(r.vs_hi95 - 1) * 100:+.1f}] against one_graph ({srec.label})")
-k10 = load_kernel_run(COMPACT_RUN)
+k10 = load_kernel_run(path=catalog("kernel_run.compact"))
 cmp_ = k10.section("compact").set_index(["preset", "M"])
 print(f"the layer alone, one compacted row against the 4 slot rows, LoRA time ratio, median [10-90 %] of "
       f"{int(cmp_.reps.iloc[0])} paired rounds ({k10.label}):")

@@ -44,10 +44,10 @@ def guards_block(folder: Path | None = None) -> str:
     """The guard end to end, from data/guards/: the two sessions pooled (their spread beside the
     within-session interval), one session (the second pending), or, while none is recorded, the
     archived recording of 2026-11-30, which predates the warm-up check."""
-    from lora_moe_lab.instruments.analysers.recordings import GUARDS_DIR, session_files
+    from lora_moe_lab.instruments.analysers.recordings import guards_dir, session_files
     from lora_moe_lab.instruments.analysers.stats import MIN_PAIRED_REPS
 
-    folder = Path(folder) if folder is not None else GUARDS_DIR
+    folder = Path(folder) if folder is not None else guards_dir()
     rec = load_guards(folder)
     sessions = rec.sessions if session_files(folder) else []
     rel = lambda p: p.relative_to(ROOT).as_posix() if ROOT in p.parents else p.name  # noqa: E731

@@ -61,15 +61,15 @@ def _peer_lines() -> list[str]:
 def _decode_lines() -> list[str]:
     """The decode path (no alignment) against today's aligned path, its differential, and the fused-epilogue
     experiment, from the runs the package's recordings catalog names (recordings.load_kernel_run)."""
-    from lora_moe_lab.instruments.analysers.recordings import (CANONICAL_KERNEL_RUN, DIFFERENTIAL_GLOB, FUSED_RUN,
-                                                               load_kernel_run)
-    from lora_moe_lab.kernels.configs import DECODE_MAX_PAIRS
+    from lora_moe_lab.instruments.analysers.recordings import load_kernel_run, run_name
+    from lora_moe_lab.provenance import catalog
+    from studies.kernels.plan_views import DECODE_MAX_PAIRS
 
-    kd = DATA / "kernels"
+    CANONICAL_KERNEL_RUN, FUSED_RUN = run_name(catalog("kernel_run.canonical")), run_name(catalog("kernel_run.fused"))
     run = load_kernel_run(CANONICAL_KERNEL_RUN)
     path = run.section("path")
-    dd = pd.concat([d[d.section == "diff"] for d in map(pd.read_csv, sorted(kd.glob(DIFFERENTIAL_GLOB)))])
-    f1 = pd.read_csv(kd / f"{FUSED_RUN}_kernels_fused.csv")
+    dd = pd.concat([d[d.section == "diff"] for d in map(pd.read_csv, catalog("kernel_run.differential"))])
+    f1 = pd.read_csv(catalog("kernel_run.fused"))
     fk = f1[f1.section == "fused"]
     return ["", f"- Decode path (`kernels/lora_decode.py`, M·top_k ≤ {DECODE_MAX_PAIRS} pairs: both deltas straight "
                 f"from `topk_ids`, no alignment kernels; `{CANONICAL_KERNEL_RUN}`, {run.label}): "

@@ -712,7 +712,7 @@ def packed_choice(sessions: pd.DataFrame | None = None) -> dict:
     """Per op: the token buckets where the build the layer takes there (one dot per slot at
     configs.PACKED_PER_SLOT_TOKENS, else one dot over every slot) beat the separate delta on both presets in every
     session (`wins`: every interval below 1) and where it lost on some preset (`loses`: an interval at or above 1)."""
-    from lora_moe_lab.kernels import configs
+    from . import plan_views as configs
     s = sessions if sessions is not None else packed_sessions()
     out = {}
     for op in ("gate_up", "down"):

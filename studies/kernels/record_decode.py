@@ -31,10 +31,12 @@ from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import (ROWS, Recorder, cfg_str, copy_bandwidth, graph_time_us, log,
                                                         log_rows, row)
-from lora_moe_lab.kernels import configs, fused_moe_lora
+from lora_moe_lab.kernels import fused_moe_lora
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, lora_down_config
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
+
+from studies.kernels import plan_views
 
 DOWN_M = (128, 1024, 8192)
 
@@ -122,7 +124,7 @@ def main(argv=None):
         DOWN_M = (16,)
     Recorder.claim(args.out, "kernels_decode", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_decode", args.out, params=dict(vars(args), rank=kc.RANK, slots=kc.S, dtype="bfloat16",
-                                                            decode_max_pairs=configs.DECODE_MAX_PAIRS))
+                                                            decode_max_pairs=plan_views.legacy("DECODE_MAX_PAIRS")))
     if not args.dry and not runtime.has_cuda():
         kc.differential(torch.device("cpu"), 6)  # interpreter smoke check only
         rec.write()

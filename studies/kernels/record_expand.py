@@ -65,7 +65,7 @@ from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import rel, tolerance
 
-from studies.kernels import tidy
+from studies.kernels import plan_views, tidy
 
 PRESETS = kc.PRESETS
 S, RANK, BF = kc.S, kc.RANK, torch.bfloat16
@@ -477,7 +477,8 @@ def layer_paired(preset, dev, deadline, reps=31):
         share, p10, p90 = _q([a / b - 1 for a, b in zip(per["lora_all_active"], per["base"])])
         none, n10, n90 = _q([a / b - 1 for a, b in zip(per["lora_none_active"], per["base"])])
         med = {c: _quantile(v, 0.5) for c, v in per.items()}
-        row(section="layer_paired", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned",
+        path = "decode" if plan_views.use_decode_path(M, k) else "aligned"
+        row(section="layer_paired", preset=preset, M=M, path=path,
             reps=reps, inner=inner, base=med["base"], lora_all_active=med["lora_all_active"],
             lora_none_active=med["lora_none_active"], lora_share=share, lora_share_p10=p10, lora_share_p90=p90,
             none_active_share=none, none_active_share_p10=n10, none_active_share_p90=n90)

@@ -97,7 +97,7 @@ from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
 
-from studies.kernels import tidy
+from studies.kernels import plan_views, tidy
 from studies.kernels.tried.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
@@ -327,7 +327,7 @@ def _aligned_sets(sh, M, dev, gen):
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     n_sets = 1 if harness.is_dry() else 8 if M <= 64 else 4 if M <= 1024 else 1
     sets = [kc.make_set(sh, M, dev, gen) for _ in range(n_sets)]
-    bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), configs.use_decode_path(M, k)
+    bm, bml, dec = moe_block_m(M, k, E, K, I), lora_block_m(M, k, E, S), plan_views.use_decode_path(M, k)
     for s in sets:
         s["al"] = moe_align(s["ids"], E, bm)
         s["al_ord"] = moe_align(s["ids"], E, bm, order_by=s["slot"])
@@ -393,7 +393,7 @@ def kernels(preset, dev, gen, reps):
                     "base_ordered": lambda s: moe_gemm(s[X], w, s["al_ord"], k, s[O], routed_weights=s["rw_op"],
                                                        gather=gu),
                     "folded_off": lambda s: folded(s, off), "gemm_off": gemm_off,
-                    # the layer's build (configs.FOLDED_ORDER_BY_ROW): ordered alignment, per-row shrink, pointer
+                    # the layer's build (plan_views.FOLDED_ORDER_BY_ROW): ordered alignment, per-row shrink, pointer
                     # expand; with every adapter enabled, disabled, and its GEMM alone disabled
                     "rows_ptr": lambda s: folded(s, on, False, True),
                     "rows_ptr_off": lambda s: folded(s, off, False, True),
@@ -775,7 +775,7 @@ def wide(preset, dev, gen, reps):
     sh, wts, lids = _packed_weights(preset, dev, gen)
     K, I, E, k = sh.hidden, sh.intermediate, sh.num_experts, sh.top_k
     on, off = torch.ones_like(lids), torch.zeros_like(lids)
-    ord_m = configs.folded_order_by_row  # the committed path's alignment: ordered by LoRA row at these buckets
+    ord_m = plan_views.folded_order_by_row  # the committed path's alignment: ordered by LoRA row at these buckets
     for op in WIDE_OPS:
         gu = op == "gate_up"
         w, a, b, bp = wts[:4] if gu else wts[4:]
@@ -808,7 +808,7 @@ def wide(preset, dev, gen, reps):
                 lora_shrink_packed(s["xv"], a, s["al_ord"], k, s["slot"], lids, on, u, s["blk_ord"], gather=gu,
                                    u_pair=True, tail_cols=torch.zeros(1, dtype=torch.int32, device=dev))
             per_slot = ord_m(M)
-            shr, exp = configs.packed_shrink(M), configs.packed_expand(M, op, w.shape[1], w.shape[2])
+            shr, exp = plan_views.packed_shrink(M), plan_views.packed_expand(M, op, w.shape[1], w.shape[2])
 
             def committed(s, en):
                 moe_gemm_lora_packed(s[X], w, s["al_ord" if per_slot else "al"], k, s[O], a, b, s["slot"], lids, en,
@@ -839,16 +839,16 @@ def wide(preset, dev, gen, reps):
                     "gemm_wide": lambda s: base(s, "xv", wv, Tail(C, s["on_c"], jump)),
                     "off_wide": lambda s: base(s, "xv", wv, Tail(C, s["off_c"], jump)),
                     "path_wide": lambda s: wide_path(s, on), "path_wide_off": lambda s: wide_path(s, off),
-                    "path_wide_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S),
+                    "path_wide_w1": lambda s: wide_path(s, on, "al_ord", plan_views.legacy("W1S")),
                     # per_block: each tile walks its block's slots' columns of its slice, on the ordered alignment
                     "base_ordered": lambda s: base(s, al="al_ord"),
                     "gemm_wide_blk": lambda s: base(s, "xv", wv, Tail(C, s["on_c"], jump, s["blk_ord"], a.shape[0]),
                                                     "al_ord"),
                     "path_wide_blk": lambda s: wide_path(s, on, "al_ord", shr, True),
-                    "path_wide_blk_w1": lambda s: wide_path(s, on, "al_ord", configs.W1S, True),
+                    "path_wide_blk_w1": lambda s: wide_path(s, on, "al_ord", plan_views.legacy("W1S"), True),
                     # the same with the shrink's blocks slot by slot (its order kernel's launch in)
-                    "path_wide_blk_w1o": lambda s: wide_path(s, on, "al_ord", dict(configs.W1S, slot_order=True),
-                                                             True),
+                    "path_wide_blk_w1o": lambda s: wide_path(s, on, "al_ord",
+                                                             dict(plan_views.legacy("W1S"), slot_order=True), True),
                     "path_wide_blk_off": lambda s: wide_path(s, off, "al_ord", shr, True),
                     "path_committed": lambda s: committed(s, on), "path_committed_off": lambda s: committed(s, off),
                     **({"path_wide_ordc": lambda s: wide_path(s, on, "al_ord", shr),
@@ -1010,23 +1010,12 @@ PREV_TABLES = {"WIDE_DOWN_WINDOW_TOKENS": frozenset()}
 
 
 def _with_table(table, fn):
-    """fn() with configs' fold tables set for one arm (the layer reads them at each call): None, the committed
-    ones; PREV, PREV_TABLES in place of theirs; an explicit per-op FOLDED_LORA_TOKENS table (no per-shape folds)."""
-    if table is not None:  # the layer reads lora_moe_lab.kernels.plan now: setting configs' names changes nothing
+    """fn() on the committed plan (table None). The table arms (PREV, an explicit per-op FOLDED_LORA_TOKENS table)
+    set module-level tables the layer no longer reads: port them to plan_table.override first."""
+    if table is not None:
         raise NotImplementedError("record_fold's table arms set configs' fold tables, which the layer no longer reads; "
                                   "port them to plan_table.override(plan_table.table_for().but(ops=...)) first")
-    names = ("FOLDED_LORA_TOKENS", "FOLDED_LORA_SHAPE_TOKENS", *PREV_TABLES)
-    keep = {n: getattr(configs, n) for n in names}
-    if table == PREV:
-        for n, v in PREV_TABLES.items():
-            setattr(configs, n, v)
-    elif table is not None:
-        configs.FOLDED_LORA_TOKENS, configs.FOLDED_LORA_SHAPE_TOKENS = table, {}
-    try:
-        return fn()
-    finally:
-        for n, v in keep.items():
-            setattr(configs, n, v)
+    return fn()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1150,7 +1139,7 @@ def main(argv=None):
     Recorder.claim(args.out, "kernels_fold", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_fold", args.out, params=dict(vars(args), rank=RANK, slots=S, dtype="bfloat16",
                                                          kernel_m=KERNEL_M, layer_m=LAYER_M,
-                                                         decode_max_pairs=configs.DECODE_MAX_PAIRS))
+                                                         decode_max_pairs=plan_views.legacy("DECODE_MAX_PAIRS")))
     secs = args.sections.split(",")
     t0 = time.time()
     if "check" in secs:

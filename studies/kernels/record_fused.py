@@ -27,14 +27,14 @@ from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import ROWS, Recorder, graph_time_us, log, log_rows, row
-from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
-from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m, use_decode_path
+from lora_moe_lab.kernels.configs import lora_block_m, lora_down_config, moe_block_m
 from lora_moe_lab.kernels.fused_moe import moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.lora_decode import lora_delta_decode
 from lora_moe_lab.ops.reference import rel, tolerance
 
+from studies.kernels.plan_views import legacy, use_decode_path
 from studies.kernels.tried.fused_moe_lora_epilogue import moe_gemm_lora
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
@@ -154,17 +154,6 @@ def time_layer_both(preset, dev, deadline):
     """record_kernels_decode's layer section twice: separate deltas (FUSED_LORA_TOKENS empty), then both fused."""
     raise NotImplementedError("the fused epilogue is out of the layer's wiring (studies/kernels/tried/): its layer arm "
                               "no longer switches anything; the kernel sections still run")
-    keep = configs.FUSED_LORA_TOKENS
-    for variant, table in (("separate", {"gate_up": frozenset(), "down": frozenset()}),
-                           ("fused", {"gate_up": frozenset(FUSED_M), "down": frozenset(FUSED_M)})):
-        configs.FUSED_LORA_TOKENS = table
-        n0 = len(ROWS)
-        try:
-            kc.time_layer(preset, dev, deadline)
-        finally:
-            configs.FUSED_LORA_TOKENS = keep
-        for r in ROWS[n0:]:
-            r["lora_variant"] = variant
 
 
 def main(argv=None):
@@ -183,8 +172,8 @@ def main(argv=None):
         dev = _dry()
     Recorder.claim(args.out, "kernels_fused", args.overwrite)  # before any work: no table is replaced unasked
     rec = Recorder("kernels_fused", args.out, params=dict(
-        vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=configs.DECODE_MAX_PAIRS,
-        fused_table={k: sorted(v) for k, v in configs.FUSED_LORA_TOKENS.items()}))
+        vars(args), rank=RANK, slots=S, dtype="bfloat16", decode_max_pairs=legacy("DECODE_MAX_PAIRS"),
+        fused_table={k: sorted(v) for k, v in legacy("FUSED_LORA_TOKENS").items()}))
     t0 = rec.t0
     gen = torch.Generator(device=dev).manual_seed(0)
     secs = args.sections.split(",")

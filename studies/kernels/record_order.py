@@ -35,16 +35,15 @@ from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders import kernel_cases as kc
 from lora_moe_lab.instruments.recorders.harness import Recorder, log, row
 from lora_moe_lab.instruments.recorders.timing import time_interleaved
-from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align, slot_major_order
 from lora_moe_lab.kernels.configs import block_r, moe_block_m
 from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, wide_columns
 from lora_moe_lab.model.graphs import GraphForward
 
-from studies.kernels import tidy
+from studies.kernels import plan_views, tidy
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
-W1S = configs.W1S  # the layer's gate_up shrink options, without the block order
+W1S = plan_views.W1S  # the layer's gate_up shrink options, without the block order
 PRESET = "qwen3-30b-a3b"
 ORDER_M = (4096, 8192, 16384)
 REQUESTS = 8  # the requests mapping: REQUESTS requests of M / REQUESTS contiguous tokens, request r on slot r % S

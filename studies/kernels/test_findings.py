@@ -15,6 +15,7 @@ from helpers import load_script, write_kernel_run
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.instruments.recorders import harness
 from lora_moe_lab.kernels import configs
+from studies.kernels import plan_views
 from studies.kernels import read as base_gemm
 from studies.kernels import read_floors as fl
 from studies.kernels import tidy
@@ -110,13 +111,12 @@ def test_fold_layer_and_sessions():
 
 
 def test_fold_table_matches_the_committed_fold_table():
-    """configs.FOLDED_LORA_TOKENS folds every size where the packed build the layer takes there (one dot per slot at
+    """plan_views.FOLDED_LORA_TOKENS folds every size where the packed build the layer takes there (one dot per slot at
     PACKED_PER_SLOT_TOKENS, else one over every slot) beat the separate delta on both presets in every session, and
     no size where it lost on a preset in some session (a bucket of a timed M)."""
-    from lora_moe_lab.kernels import configs
-    assert configs.FOLD_BUILD == "packed" and len(base_gemm.PACKED_SESSIONS) >= 2
+    assert plan_views.FOLD_BUILD == "packed" and len(base_gemm.PACKED_SESSIONS) >= 2
     for op, c in base_gemm.packed_choice().items():
-        assert c["wins"] <= configs.FOLDED_LORA_TOKENS[op] and not c["loses"] & configs.FOLDED_LORA_TOKENS[op], op
+        assert c["wins"] <= plan_views.FOLDED_LORA_TOKENS[op] and not c["loses"] & plan_views.FOLDED_LORA_TOKENS[op], op
 
 
 def test_packed_build_is_correct_and_the_layer_as_committed_beats_the_separate_deltas():
@@ -207,8 +207,8 @@ def test_early_expand_loads_move_nothing_and_their_registers_cost_tp4_down():
 
 
 def test_a_program_per_tile_wins_at_tp4_down_1024_only():
-    """exp_s7, exp_s8, exp_s9 (configs.PACKED_TILE_SHAPE_TOKENS): at TP=4 down M = 1024 the packed GEMM on a program per
-    tile beats its persistent build below 0.86x and its disabled cost falls from above 1.2x to below 1.11x in both
+    """exp_s7, exp_s8, exp_s9 (plan_views.PACKED_TILE_SHAPE_TOKENS): at TP=4 down M = 1024 the packed GEMM on a program
+    per tile beats its persistent build below 0.86x and its disabled cost falls from above 1.2x to below 1.11x in both
     sessions; at TP=4 down M >= 4096 it loses; the layer with the tile is below 1 at TP=4 M = 1024 in three sessions."""
     e = base_gemm.expand_trials(base_gemm.TILE_SESSIONS)
     d = e[(e.preset == "qwen3-30b-a3b-tp4") & (e.op == "down")].set_index(["session", "M", "figure"]).hi
@@ -499,7 +499,6 @@ def test_downs_window_holds_at_16384_and_the_layer_keeps_it():
     in every timed set at M = 16384 and in none below; there the path beats the layer's path without it on both
     presets, and the layer with it beats the layer without in both sessions; at TP=4 M = 8192, where it falls back,
     the layer lost in lay_s9, the reason the table names 16384 only."""
-    from lora_moe_lab.kernels import configs
 
     d = base_gemm.down_window()
     big, small = d[d.M == 16384], d[d.M < 16384]
@@ -509,7 +508,7 @@ def test_downs_window_holds_at_16384_and_the_layer_keeps_it():
     r = lay[lay.figure == "picked_all_over_prev"]
     assert len(r[r.M == 16384]) == 2 * len(base_gemm.WINDOW_LAYER) and (r[r.M == 16384].hi < 1).all()
     tp = r[(r.session == "lay_s9") & (r.preset == "qwen3-30b-a3b-tp4") & (r.M == 8192)]
-    assert len(tp) == 1 and (tp.lo > 1.005).all() and configs.WIDE_DOWN_WINDOW_TOKENS == frozenset({16384})
+    assert len(tp) == 1 and (tp.lo > 1.005).all() and plan_views.WIDE_DOWN_WINDOW_TOKENS == frozenset({16384})
 
 
 # --------------------------------------------------------------------------------------------------------------

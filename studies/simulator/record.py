@@ -12,13 +12,15 @@ import argparse
 from pathlib import Path
 
 from lora_moe_lab import sim
-from lora_moe_lab.instruments.analysers.recordings import GUARDS_CSV, load_guards
+from lora_moe_lab.instruments.analysers.recordings import load_guards
+from lora_moe_lab.provenance import catalog
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recording", type=Path, default=GUARDS_CSV, help="a guards recording (one row per repetition)")
-    ap.add_argument("--out", type=Path, default=sim.SIM_DIR, help="folder for the three tables")
+    ap.add_argument("--recording", type=Path, default=catalog("guards.archived"),
+                    help="a guards recording (one row per repetition)")
+    ap.add_argument("--out", type=Path, default=catalog("simulator"), help="folder for the three tables")
     a = ap.parse_args(argv)
     rec = load_guards(a.recording)
     cal = sim.calibrate(rec)

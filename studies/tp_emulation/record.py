@@ -33,7 +33,7 @@ from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.instruments.recorders.clocks import ClockLog
 from lora_moe_lab.instruments.recorders.harness import pack_session, session_parser
 from lora_moe_lab.model import tp as TP
-from lora_moe_lab.provenance import DATA, metadata
+from lora_moe_lab.provenance import DATA, catalog, metadata
 from lora_moe_lab.sim import PRODUCTION_SIGNATURE as PS
 from lora_moe_lab.sim import tp_emulation as E
 
@@ -43,8 +43,10 @@ TASKS = ["tp2_gs5.42_C16384", "tp2_gs1_C16384", "tp4_default_C16384", "tp4_prodl
          "tp4_default_C8192", "tp4_prodlike_C8192"]
 
 
-def fit_collectives(out: Path = E.COST_FILE) -> dict:
-    """data/tp_emulation/allreduce.json from the profiled TP=2 forwards in data/production/traces."""
+def fit_collectives(out: Path | None = None) -> dict:
+    """data/tp_emulation/allreduce.json (out None: the catalog's "tp_emulation.allreduce") from the profiled TP=2
+    forwards in data/production/traces."""
+    out = out or catalog("tp_emulation.allreduce")
     from lora_moe_lab.config import get_shape
 
     traces = sorted((DATA / "production" / "traces").glob("*_tp2_*rank*.json.gz"))
@@ -57,12 +59,14 @@ def fit_collectives(out: Path = E.COST_FILE) -> dict:
     return doc
 
 
-def summarize(folder: Path = E.FOLDER) -> None:
-    """validation.csv (TP=2 emulated vs measured) and prediction.csv (TP=4) from every session."""
+def summarize(folder: Path | None = None) -> None:
+    """validation.csv (TP=2 emulated vs measured) and prediction.csv (TP=4) from every session (folder None: the
+    catalog's "tp_emulation.folder")."""
+    folder = folder or catalog("tp_emulation.folder")
     sessions = E.load_sessions(folder)
     v, p = E.tp2_validation(sessions), E.tp4_prediction(sessions)
     meta = metadata(params=dict(sessions=sorted(sessions), pass_pct=E.PASS_PCT,
-                                measured={k: str(x.relative_to(DATA.parent)) for k, x in E.TP2_MEASURED.items()},
+                                measured={k: str(x.relative_to(DATA.parent)) for k, x in E.tp2_measured().items()},
                                 method="sim/tp_emulation.py; intervals: stats.between_sessions of each session's "
                                        "order-statistic (forward) or paired-bootstrap (gain) 95 % interval"))
     write_summaries(folder, v, p, meta)

@@ -511,7 +511,8 @@ def test_fold_table_per_gemm_shape():
         assert "wg_s4" in p.decided_by  # the recordings that decided it travel with the entry
         assert _plan("gate_up", M, TP4).path == "separate"
         packed = _plan("gate_up", M, QWEN3, alone=False)
-        assert packed.path == "packed" and packed.shrink_options == (configs.W1S if M >= 8192 else {})
+        w1s = plan.table_for().options["W1S"].dict()
+        assert packed.path == "packed" and packed.shrink_options == (w1s if M >= 8192 else {})
     assert _plan("gate_up", 2048, QWEN3).path == "separate"
     for M, path in ((16, "decode"), (128, "packed"), (1024, "packed"), (2048, "separate")):
         assert {_plan("gate_up", M, sh).path for sh in (QWEN3, TP4)} == {path}, M
@@ -533,9 +534,6 @@ def test_packed_tile_per_gemm_shape():
     assert "tile" not in _plan("down", 4096, TP4, alone=False).expand_options
     assert _plan("down", 1024, QWEN3, alone=False).expand_options == {}
     assert _plan("down", 4096, QWEN3, alone=False).expand_options == dict(depth=64)
-    # the former tables' names, derived from the plan
-    assert configs.packed_expand(1024, "down", 2048, 192) == dict(tile=ppt)
-    assert configs.PACKED_TILE_SHAPE_TOKENS == {("down", 2048, 192): {1024: ppt}}
 
 
 def test_plan_tables_are_well_formed_and_named_per_gpu():

@@ -13,7 +13,7 @@ from lora_gemm_cases import I32, make_case
 
 from lora_moe_lab import runtime
 from lora_moe_lab.config import get_shape
-from lora_moe_lab.kernels import configs, plan
+from lora_moe_lab.kernels import plan
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import DecodeConfig
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
@@ -205,6 +205,3 @@ def test_path_choice_is_static():
     dims = plan.LoRADims(slots=4, rank=16, rows=4)
     for M, path in ((1, "decode"), (bound // 8, "decode"), (bound // 8 + 1, "separate")):
         assert {plan.plan(op, M, sh, lora=dims).path for op in plan.OPS} == {path}, M
-    # the names old callers read, derived from the same table
-    assert configs.DECODE_MAX_PAIRS == bound and configs.use_decode_path(bound // 8, 8)
-    assert not configs.use_decode_path(bound // 8 + 1, 8)

@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...provenance import catalog, catalog_entries, label as _label, normalize_meta
+from ...provenance import catalog, label as _label, normalize_meta
 from . import schemas, stats
 from .schemas import RecordingError  # noqa: F401  (what a damaged or foreign recording raises)
 from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, WarmupCheck, warmup_check  # noqa: F401
@@ -344,6 +344,11 @@ def _canonical_guards() -> list[Path]:
     return session_files() or [catalog("guards.archived")]
 
 
+def guards_dir() -> Path:
+    """The folder of the canonical guards files (the catalog's sessions, else the archived recording)."""
+    return _canonical_guards()[0].parent
+
+
 def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_warmup: bool = False) -> Recording:
     """The canonical guards recording, or another written by studies/guards/record.py.
 
@@ -515,25 +520,3 @@ def load_kernel_run(name: str | None = None, path: str | Path | None = None) -> 
     mp = f.with_name(f.name.removesuffix(".csv") + ".meta.json")
     meta = normalize_meta(schemas.read_json(mp)) if mp.exists() else {}
     return KernelRun(schemas.read_csv(f, "kernel_run"), meta, run_name(f))
-
-
-# ----------------------------------------------------------------------------------------------
-# The names this module once defined as literal paths and run names, kept for their callers (scripts/readme_tables.py,
-# studies/simulator/record.py, studies/kernels/block.py, notebooks 02 and 03, base_gemm.py, floors.py): each is
-# resolved from the catalog when read, so the module itself names no file.
-_CATALOG_PATHS = {"GUARDS_CSV": "guards.archived", "ARCHIVED_GUARDS_CSV": "guards.archived",
-                  "GRAPHS_DIR": "graphs.strategies", "KERNELS_DIR": "kernels.folder"}
-_CATALOG_RUNS = {"CANONICAL_KERNEL_RUN": "kernel_run.canonical", "TILE_SWEEP_RUN": "kernel_run.tile_sweep",
-                 "COMPACT_RUN": "kernel_run.compact", "FUSED_RUN": "kernel_run.fused"}
-
-
-def __getattr__(name: str):
-    if name in _CATALOG_PATHS:
-        return catalog(_CATALOG_PATHS[name])
-    if name in _CATALOG_RUNS:
-        return run_name(catalog(_CATALOG_RUNS[name]))
-    if name == "GUARDS_DIR":  # the folder of the canonical guards files
-        return _canonical_guards()[0].parent
-    if name == "DIFFERENTIAL_GLOB":  # a file pattern inside the kernels folder
-        return Path(catalog_entries()["kernel_run.differential"]["glob"]).name
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

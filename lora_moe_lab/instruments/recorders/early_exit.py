@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from ... import runtime  # noqa: F401  (first: TRITON_INTERPRET before any kernel is decorated)
+from ...kernels import exits
 from ...kernels.align import Alignment, moe_align
 from ...kernels.configs import lora_block_m
 from ...kernels.empty import empty_kernel
@@ -33,7 +34,7 @@ from ...ops.reference import exit_codes, ref_lora_delta
 from ...provenance import catalog, normalize_meta
 from .timing import time_graph
 
-EXIT_SHORT = {0: "0 ran", 1: "1 empty slot", 2: "2 disabled", 3: "3 past the end", 4: "4 expert -1"}
+EXIT_SHORT = exits.short("fused_moe_lora_kernel")  # the one table (kernels/exits.py)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def run_exit_map(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch once in exit-code mode (every block gets a program). Returns (codes, out); the code
     buffer is poisoned with -7 first, so a program that never wrote its code shows up."""
     S, nb = case.align.expert_ids.shape
-    codes = torch.full((S, nb), -7, dtype=torch.int32, device=case.x.device)
+    codes = torch.full((S, nb), exits.NEVER_WRITTEN, dtype=torch.int32, device=case.x.device)
     out = run_delta(case, exit_codes=codes)
     return codes, out
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 from ...config import LoRAConfig, get_shape
-from ...kernels import configs, fused_moe_lora
+from ...kernels import configs, fused_moe_lora, plan_table
 from ...kernels.align import moe_align
 from ...kernels.configs import DecodeConfig, lora_block_m
 from ...kernels.empty import empty_args_kernel
@@ -420,7 +420,8 @@ def time_layer(preset, dev, deadline):
                 info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(b, dev), RANK)
                 hooks = [LoRAHook(info, backend, E)]
             t[case] = graph_time_us([lambda h=hooks: layer(x, h, backend)], inner=4 if M <= 256 else 1, reps=10)
-        row(section="layer", preset=preset, M=M, path="decode" if configs.use_decode_path(M, k) else "aligned", **t,
+        path = "decode" if M * k <= plan_table.table_for().decode_max_pairs else "aligned"
+        row(section="layer", preset=preset, M=M, path=path, **t,
             lora_share=(t["lora_all_active"] - t["base"]) / t["base"],
             none_active_share=(t["lora_none_active"] - t["base"]) / t["base"])
         log(f"layer {preset} M={M}: base {t['base']:.1f} us, +LoRA all active {t['lora_all_active']:.1f} "

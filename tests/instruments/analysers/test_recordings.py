@@ -147,26 +147,20 @@ def test_two_sessions_pooled_into_the_wider_figure(tmp_path):
         load_guards([tmp_path / "h200_guards_s1.csv", tmp_path / "x" / "h200_guards_s1.csv"])
 
 
-def test_loaders_default_to_the_catalog_and_the_old_names_resolve_through_it():
-    """No path: the catalog's entries (data/catalog.json); the module's former path and run constants are read
-    from the catalog when asked (none is written in the module)."""
+def test_loaders_default_to_the_catalog():
+    """No path: the catalog's entries (data/catalog.json); the module names no file."""
     from lora_moe_lab.instruments.analysers import recordings as R
     from lora_moe_lab.provenance import catalog
 
     assert R.session_files() == catalog("guards") and load_guards().paths == catalog("guards")
-    assert R.GUARDS_DIR == catalog("guards")[0].parent == R.session_files()[0].parent
-    assert R.GUARDS_CSV == R.ARCHIVED_GUARDS_CSV == catalog("guards.archived")
-    assert R.GRAPHS_DIR == catalog("graphs.strategies") and R.KERNELS_DIR == catalog("kernels.folder")
-    assert R.CANONICAL_KERNEL_RUN == R.run_name(catalog("kernel_run.canonical"))
-    assert sorted(R.KERNELS_DIR.glob(R.DIFFERENTIAL_GLOB)) == catalog("kernel_run.differential")
-    assert (R.KERNELS_DIR / f"{R.FUSED_RUN}_kernels_fused.csv") == catalog("kernel_run.fused")
+    assert R.guards_dir() == catalog("guards")[0].parent == R.session_files()[0].parent
     canon = R.load_kernel_run()
-    assert canon.name == R.CANONICAL_KERNEL_RUN
-    assert R.load_kernel_run(path=catalog("kernel_run.compact")).name == R.COMPACT_RUN
+    assert canon.name == R.run_name(catalog("kernel_run.canonical"))
+    assert R.load_kernel_run(path=catalog("kernel_run.compact")).name == R.run_name(catalog("kernel_run.compact"))
     sweep = R.load_kernel_run(path=catalog("kernel_run.tile_sweep"))
-    assert R.load_kernel_run(R.TILE_SWEEP_RUN).rows.equals(sweep.rows)
-    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
-        R.NOPE  # noqa: B018
+    assert R.load_kernel_run(R.run_name(catalog("kernel_run.tile_sweep"))).rows.equals(sweep.rows)
+    with pytest.raises(AttributeError, match="has no attribute 'GUARDS_CSV'"):
+        R.GUARDS_CSV  # noqa: B018  (the former names: the catalog's entries)
 
 
 def test_a_session_folder_handed_is_read_by_its_layout(tmp_path):
