@@ -243,20 +243,53 @@ class CatalogKeyError(KeyError):
 _ENTRY_KINDS = ("path", "paths", "glob")
 
 
+class CatalogError(ValueError):
+    """A catalog that cannot be trusted: not JSON, an entry without its fields, or a seal that disagrees (the
+    message names the file)."""
+
+
+def _check_catalog_seal(f: Path, data: bytes) -> None:
+    """The catalog's bytes against its seal in <name>.meta.json (scripts/seal_recordings.py writes it; one rule with
+    the recordings', instruments/analysers/schemas.py). The repository's catalog must be sealed; another catalog is
+    held to its seal where it has metadata."""
+    import hashlib
+
+    mp = f.with_name(f.name.removesuffix(".json") + ".meta.json")
+    if not mp.is_file():
+        if f.resolve() == CATALOG.resolve():
+            raise CatalogError(f"{f}: unsealed: no {mp.name} holds its seal; run scripts/seal_recordings.py")
+        return
+    try:
+        s = json.loads(mp.read_text())["files"][f.name]
+        n, sha = int(s["bytes"]), str(s["sha256"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise CatalogError(f"{f}: {mp.name} holds no complete seal for it (files.{f.name}: bytes, sha256)") from None
+    if n != len(data) or sha != hashlib.sha256(data).hexdigest():
+        raise CatalogError(f"{f}: changed since it was sealed ({len(data)} bytes, its seal in {mp.name} says {n}, "
+                           "or the hash differs): an edit not resealed (scripts/seal_recordings.py)")
+
+
 def catalog_entries(catalog_path: str | Path | None = None) -> dict[str, dict]:
     """Every entry of the catalog (data/catalog.json unless `catalog_path`): name -> {path | paths | glob, what}.
     Keys starting with "_" are notes, not entries."""
     f = Path(catalog_path) if catalog_path is not None else CATALOG
     if not f.is_file():
         raise FileNotFoundError(f"no catalog at {f}")
-    doc = json.loads(f.read_text())
+    data = f.read_bytes()
+    _check_catalog_seal(f, data)
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{f}: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise CatalogError(f"{f}: a {type(doc).__name__}, not an object of entries")
     out = {}
     for k, v in doc.items():
         if k.startswith("_"):
             continue
         kinds = [x for x in _ENTRY_KINDS if x in v] if isinstance(v, dict) else []
         if len(kinds) != 1 or not isinstance(v.get("what"), str) or not v["what"].strip():
-            raise ValueError(f"{f}: entry {k!r} needs exactly one of {', '.join(_ENTRY_KINDS)} and a `what` line")
+            raise CatalogError(f"{f}: entry {k!r} needs exactly one of {', '.join(_ENTRY_KINDS)} and a `what` line")
         out[k] = v
     return out
 

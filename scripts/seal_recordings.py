@@ -6,7 +6,8 @@
     python scripts/seal_recordings.py --new-meta # also seal a CSV that has no metadata file, in a new one
                                                  # (<name>.meta.json, its kind's rule) holding its seal alone
 
-The files are those of the declared kinds (schemas.KINDS[...].files, globs under data/). The seal goes where the
+The files are those of the declared kinds (schemas.KINDS[...].files and schemas.FILE_KINDS[...].files: the profiler
+traces and the catalog, sealed by size and hash; globs under data/). The seal goes where the
 kind says (schemas.meta_path: `<name>.meta.json`, a session folder's `meta.json`, a table's `<section>.meta.json`)
 under meta["files"][<file name>]; only that key is added, nothing else in the metadata or the CSV changes, so no
 figure moves. A CSV whose metadata file does not exist is not sealed unless --new-meta is given (then a metadata
@@ -26,11 +27,20 @@ from lora_moe_lab.instruments.analysers import schemas as S  # noqa: E402
 
 
 def canonical(data: Path) -> list[tuple[Path, str]]:
+    """(file, kind) of every recording in `data`: the tables (S.KINDS) and the other files (S.FILE_KINDS)."""
     out = []
-    for k in S.KINDS.values():
+    for k in [*S.KINDS.values(), *S.FILE_KINDS.values()]:
         for g in k.files:
             out += [(f, k.name) for f in sorted(data.glob(g)) if f.is_file()]
     return out
+
+
+def _check(f: Path, kind: str) -> None:
+    """The file read as its reader reads it (the seal required), or, before sealing, its content checked."""
+    if kind in S.FILE_KINDS:
+        S.check_seal(f, f.read_bytes(), meta=S.file_meta_path(f), sealed=True)
+    else:
+        S.read_csv(f, kind, sealed=True, low_memory=False)
 
 
 def main(argv=None) -> int:
@@ -43,14 +53,13 @@ def main(argv=None) -> int:
     bad, unsealed, sealed = [], [], 0
     for f, kind in canonical(a.data):
         rel = f.relative_to(a.data)
-        mp = S.meta_path(f, kind)
+        mp = S.file_meta_path(f) if kind in S.FILE_KINDS else S.meta_path(f, kind)
         try:
             if a.check:
-                S.read_csv(f, kind)
-                if not mp.is_file() or S._seal_in(S.read_json(mp), f.name) is None:
-                    unsealed.append(rel)
+                _check(f, kind)
                 continue
-            S.validate(__import__("pandas").read_csv(f, low_memory=False), kind, f)
+            if kind in S.KINDS:
+                S.validate(__import__("pandas").read_csv(f, low_memory=False), kind, f)
         except S.RecordingError as e:
             bad.append(str(e))
             continue

@@ -20,7 +20,8 @@ Warm-up (studies/guards/record.py records it; `warmup_check` is the rule): every
 repetitions are checked with `stats.drop_warmup`; the largest leading drift over the arms is
 dropped from all of them, so the pairs stay pairs (`warmup_drift` marks those rows; they stay in
 the file). A point where any arm never settles has `status` "unstable": its figures are NaN, not
-averaged. A file recorded before the check (the archived one, catalog "guards.archived") reads as "unchecked":
+averaged. A file recorded before the check (the archived one, catalog "guards.archived", read only when named)
+reads as "unchecked":
 every repetition, as recorded; `load_guards(path, check_warmup=True)` applies the check to it.
 
 Intervals (the methods are named in every table, `METHOD_*`):
@@ -49,7 +50,7 @@ from .stats import METHOD_BOOT, METHOD_MEDIAN, MIN_PAIRED_REPS, OK, UNSTABLE, Wa
 
 # The recorder's layout (studies/guards/record.py): <gpu>_guards_<session>.csv, one file per device session.
 # The canonical files are the catalog's "guards"; its "guards.archived" (recorded before the warm-up check) is
-# read only while no session file is catalogued.
+# read only when asked for by name.
 SESSION_GLOB = "*_guards_s*.csv"
 KEYS = ["preset", "layers", "tokens", "active"]
 SAMPLE_COLUMNS = KEYS + ["variant", "guard", "mode", "rep", "us", "syncs_per_forward"]  # every file has these
@@ -329,19 +330,16 @@ def _read_one(path: Path, check_warmup: bool) -> tuple[pd.DataFrame, dict]:
 
 
 def session_files(folder: str | Path | None = None) -> list[Path]:
-    """The session files of a folder (`*_guards_s*.csv`), in order; no folder: the catalog's "guards"
-    (none catalogued: [])."""
+    """The session files of a folder (`*_guards_s*.csv`), in order; no folder: the catalog's "guards" (an entry
+    that matches nothing is a FileNotFoundError naming it, never a switch to another recording)."""
     if folder is None:
-        try:
-            return catalog("guards")
-        except FileNotFoundError:
-            return []
+        return catalog("guards")
     return sorted(Path(folder).glob(SESSION_GLOB))
 
 
 def _canonical_guards() -> list[Path]:
-    """The catalogued sessions, else the archived recording."""
-    return session_files() or [catalog("guards.archived")]
+    """The catalogued sessions (the archived recording is read only when asked for: catalog "guards.archived")."""
+    return session_files()
 
 
 def guards_dir() -> Path:
@@ -352,7 +350,7 @@ def guards_dir() -> Path:
 def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_warmup: bool = False) -> Recording:
     """The canonical guards recording, or another written by studies/guards/record.py.
 
-    path None: the catalog's "guards" (its "guards.archived" while none). A folder: its session files
+    path None: the catalog's "guards" (a catalog entry that matches nothing is an error). A folder: its session files
     (`*_guards_s*.csv`) together, one
     session each; with none, its one `*_guards.csv` (the archived recording). A file: that file.
     A list of files: those, as sessions. check_warmup: apply the warm-up check to a file
@@ -380,6 +378,7 @@ def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_
     labels = [df["session"].iloc[0] for df, _ in read]
     if len(set(labels)) != len(labels):
         raise ValueError(f"two files of the same session {labels}: each session needs its own label (--session)")
+    _same_unit(read, files)
     metas = {lab: m for lab, (_, m) in zip(labels, read)}
     join = lambda k: " + ".join(dict.fromkeys(str(m.get(k, "")) for m in metas.values()))  # noqa: E731
     meta = dict(gpu=join("gpu"), commit=join("commit"), date=join("date"), sessions=metas,
@@ -387,6 +386,25 @@ def load_guards(path: str | Path | Sequence[str | Path] | None = None, *, check_
     parents = {f.parent for f in files}
     return Recording(pd.concat([df for df, _ in read], ignore_index=True), meta,
                      parents.pop() if len(parents) == 1 else files[0], files)
+
+UNIT_FACTOR = 20.0  # sessions of one GPU and code differ by percent, not by this factor: a factor is another unit
+
+
+def _same_unit(read: list, files: list) -> None:
+    """Sessions pooled must be in one unit: a session whose median time over the points it shares with the others
+    is UNIT_FACTOR times theirs (or 1/UNIT_FACTOR) was written in ms or ns as µs -> RecordingError naming its file."""
+    med = [df.groupby(KEYS + ["variant"])["us"].median() for df, _ in read]
+    for i, m in enumerate(med):
+        others = [o for j, o in enumerate(med) if j != i]
+        ref = pd.concat(others, axis=1).median(axis=1)
+        common = m.index.intersection(ref.index)
+        if not len(common):
+            continue
+        factor = float(np.median(m[common].to_numpy() / ref[common].to_numpy()))
+        if not 1 / UNIT_FACTOR < factor < UNIT_FACTOR:
+            raise RecordingError(files[i], "header", f"column 'us': {factor:.3g}x the other sessions' times at the "
+                                                     f"same {len(common)} points: another unit (ms or ns as µs)?")
+
 
 # ----------------------------------------------------------------------------------------------
 # The graph-strategies recording (studies/graphs/record.py -> strategies_*; catalog "graphs.strategies")

@@ -9,7 +9,8 @@ for the metadata) and what is wrong.
     validate(df, "guards", path)         # the schema alone, on a frame already read
     seal(path)  -> {"rows", "sha256"}    # what a file holds now
     write_seal(path, meta_path=None)     # store it in the file's metadata (atomically: temp file + os.replace)
-    read_json(path), read_trace(path)    # JSON / gzip'd JSON, errors naming the file
+    read_json(path), read_trace(path)    # JSON / a sealed profiler trace, errors naming the file
+    FILE_KINDS                           # the kinds that are not tables (traces, the catalog): sealed by size+hash
 
 Why pandera: a schema is declared once per kind (columns, dtypes, ranges, the set a status is drawn from,
 the unique key) and reused by every reader, and a failed check reports its failure cases row by row
@@ -26,9 +27,12 @@ several CSVs, a tidy table's `<section>.meta.json` shared with its `_ncu` table)
 `rows`/`sha256` (and no "files") is read as the seal of its one CSV. Which metadata belongs to a CSV
 (`meta_path`): its kind says (`Kind.meta`): "sibling" `<name>.meta.json` (x.csv, and x.summary.csv,
 x.signature.csv, x.syncs.csv -> x.meta.json), "session" the folder's `meta.json`, "section" `<section>.meta.json` with a
-trailing `_ncu`, or the graphs' `_capture`/`_replay`/`_switches`, dropped; a CSV with no metadata is read
-unsealed (its schema is still checked). A seal that disagrees (rows or hash) refuses the file: a cut, an
-appended or an edited recording. The seal is checked before the schema, so a damaged file is reported as
+trailing `_ncu`, or the graphs' `_capture`/`_replay`/`_switches`, dropped. A file under data/ must be sealed;
+a caller's own file elsewhere may have no metadata yet (its schema is still checked). Refused by name, anywhere:
+a seal that disagrees (rows or hash: a cut, an appended or an edited recording), metadata that seals other files
+but not this one ("sealed for another file": another session's meta.json), and a partial seal (an entry that is
+not an object, or lacks rows or sha256). Files that are not tables (FILE_KINDS: the profiler traces, the catalog)
+are sealed the same way with {"bytes", "sha256"}. The seal is checked before the schema, so a damaged file is reported as
 damaged, not as whatever row the damage made invalid.
 """
 from __future__ import annotations
@@ -52,7 +56,8 @@ except ImportError:  # pragma: no cover - older pandera
     import pandera as pa
 from pandera.errors import SchemaError, SchemaErrors
 
-__all__ = ["RecordingError", "Kind", "KINDS", "validate", "read_csv", "seal", "write_seal", "read_json",
+__all__ = ["RecordingError", "Kind", "KINDS", "FILE_KINDS", "declare_column", "seal_of", "validate",
+           "read_csv", "seal", "write_seal", "read_json",
            "read_trace", "meta_path", "kind_of"]
 
 
@@ -122,13 +127,36 @@ def _schema(name: str, columns: dict, unique=()) -> "pa.DataFrameSchema":
     return pa.DataFrameSchema(columns, strict=False, name=name)
 
 
+# Columns any kind may carry, declared once: a table that gains one (another issue adds `gpu` to its rows) is
+# checked and keyed by it with no change here. `gpu`: which card a row was measured on (rows of two cards are
+# not duplicates of each other); `session`: which device session (likewise).
+COMMON = {"gpu": lambda: _str(nullable=True, required=False), "session": lambda: _str(nullable=True, required=False)}
+PARTITION = ("session", "gpu")  # where a file has these columns, they join its unique key (`_key_for`)
+
+
 def _kind(name, columns, unique=(), meta="sibling", what="", unique_except=()) -> Kind:
+    columns = {**{c: make() for c, make in COMMON.items() if c not in columns}, **columns}
     return Kind(name, _schema(name, columns, unique), tuple(unique), meta, what, tuple(unique_except))
+
+
+def declare_column(kind: str, column: str, col: "pa.Column") -> Kind:
+    """Add a declared column to a kind (another recorder's new column): KINDS[kind] is replaced by a Kind whose
+    schema also checks `column`. Returns it."""
+    k = kind_of(kind)
+    KINDS[k.name] = Kind(k.name, k.schema.add_columns({column: col}), k.unique, k.meta, k.what, k.unique_except)
+    return KINDS[k.name]
+
+
+def _at_most(x: float, unit: str, why: str) -> "pa.Check":
+    """A plausibility bound: a value past `x` is another unit or a damaged row (the error says which)."""
+    return pa.Check.le(x, error=f"at most {x:g} {unit} ({why})")
 
 
 _GUARD_KEYS = ["preset", "layers", "tokens", "active"]
 _GUARDS_COLS = dict(preset=_str(), layers=_int(POS), tokens=_int(POS), active=_num(FRACTION, nullable=False),
-                    variant=_str(), guard=_str(), mode=_str(), rep=_int(NONNEG), us=_num(POS, nullable=False),
+                    variant=_str(), guard=_str(), mode=_str(), rep=_int(NONNEG),
+                    us=_num(POS, _at_most(1e7, "µs", "10 s per forward: a time in ms or ns written as µs?"),
+                            nullable=False),
                     syncs_per_forward=_int(NONNEG))
 
 # prefill rows (instruments/recorders/prefill.py COLUMNS): the production sessions' per-repetition rows, the TP runs'
@@ -157,6 +185,7 @@ _SUMMARY_COLS = dict(preset=_str(), layers=_int(POS), tp=_int(POS), requests=_in
 
 _KERNEL_EXEMPT = (("section", ("check", "decode_tile")),)
 
+PCT_ = pa.Check.in_range(0, 100)  # a percentage of a peak
 _REGIMES, _LORA_MODES = ["prefill", "decode"], ["eager", "graph"]
 _LORA_CELL = ["regime", "shape", "tokens", "ranks", "mix", "mode"]
 
@@ -345,7 +374,58 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                       busy_us=_num(POS, nullable=False)),
           unique=["session", "preset", "M", "part"], what="the base layer's non-GEMM parts against their floors, per "
                                                           "parts session (studies/lora_tax/base_layer.py)"),
+    _kind("lora_tax_host", dict(shape=_str(), tokens=_int(POS), arm=_str(), layers=_int(POS), reps=_int(POS),
+                                inner=_int(POS), warmup=_int(NONNEG), off_us_per_layer=_num(POS, nullable=False),
+                                on_us_per_layer=_num(POS, nullable=False), added_us_per_layer=_num(nullable=False),
+                                ratio=_num(POS), lo=_num(POS), hi=_num(POS), interval=_str(),
+                                launches_off=_num(NONNEG), launches_on=_num(NONNEG), device=_str()),
+          unique=["shape", "tokens", "arm", "device"], what="LoRA's host cost per layer, stubbed kernels "
+                                                            "(studies/lora_tax/host.py)"),
+    _kind("lora_tax_ncu", dict(kernel=_str(), preset=_str(), M=_int(POS), op=_str(), arm=_str(), tile=_str(),
+                               ranks=_str(), byte_floor=_num(POS), byte_floor_padded=_num(POS),
+                               duration_us=_num(POS, nullable=False), dram_read_bytes=_num(NONNEG),
+                               dram_write_bytes=_num(NONNEG), dram_pct_peak=_num(PCT_), tensor_pipe_pct=_num(PCT_),
+                               sm_pct_peak=_num(PCT_), achieved_occupancy_pct=_num(PCT_), l2_hit_pct=_num(PCT_),
+                               registers=_int(NONNEG, nullable=True), top_stall=_str(nullable=True)),
+          unique=["kernel", "preset", "M", "op", "arm", "tile", "ranks"],
+          what="Nsight Compute's counters of the LoRA kernels, own rank against padded (studies/lora_tax)"),
+    _kind("own_rank", dict(session=_str(), regime=_str(pa.Check.isin(_REGIMES)), shape=_str(), tokens=_int(POS),
+                           pool_max_rank=_int(POS), mode=_str(pa.Check.isin(_LORA_MODES)), ranks=_str(), mix=_str(),
+                           setting=_str(), n=_int(NONNEG), own_ms=_num(POS), padded_ms=_num(POS), speedup=_num(POS),
+                           lo=_num(POS), hi=_num(POS), wins=_bool(), ratio_own=_num(POS), ratio_padded=_num(POS)),
+          unique=["session", "regime", "shape", "tokens", "pool_max_rank", "mode", "ranks", "mix"],
+          what="each adapter read at its own rank against the pool's padded rank (studies/lora_tax)"),
+    _kind("lora_tax_superseded", dict(session=_str(), cells=_str(), why=_str()), unique=["session", "cells"],
+          what="sessions' lora_tax cells recorded on a path the library no longer runs (studies/lora_tax/read.py)"),
 ]}
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """A kind of recording that is not a table (a profiler trace, the catalog): sealed by its size and hash in its
+    metadata (`file_meta_path`), its content checked by its reader (read_trace, provenance.catalog_entries)."""
+    name: str
+    what: str = ""
+
+    @property
+    def files(self) -> tuple:
+        return Kind.files.fget(self)
+
+
+FILE_KINDS: dict[str, FileKind] = {k.name: k for k in [
+    FileKind("trace", "a profiler trace (chrome-trace JSON, gzip'd): sealed in its <name>.meta.json, else in its "
+                      "folder's meta.json"),
+    FileKind("catalog", "data/catalog.json: logical name -> recording (lora_moe_lab.provenance.catalog); sealed in "
+                        "catalog.meta.json"),
+]}
+
+
+def file_meta_path(path) -> Path:
+    """Where a non-table file's seal lives: <name>.meta.json beside it where that exists (x.json.gz, x.json ->
+    x.meta.json), else its folder's meta.json for a trace (one for a folder of traces), <name>.meta.json else."""
+    p = Path(path)
+    own = p.parent / (re.sub(r"(\.json)?(\.gz)?$", "", p.name) + ".meta.json")
+    return p.parent / "meta.json" if not own.is_file() and p.name.endswith(".json.gz") else own
 
 
 def kind_of(kind) -> Kind:
@@ -441,11 +521,12 @@ def validate(df: pd.DataFrame, kind, path) -> pd.DataFrame:
 
 
 def _key_for(k: Kind, df: pd.DataFrame) -> list:
-    """The unique key this file can be held to: the declared key, with `session` added where the file has it
-    and the key lacks it (a file of several sessions), and without the optional columns it lacks."""
+    """The unique key this file can be held to: the declared key, with `session` and `gpu` (PARTITION) added where
+    the file has them and the key lacks them (a file of several sessions or cards), and without the optional
+    columns it lacks."""
     key = [c for c in k.unique if c in df.columns]
-    if key and "session" in df.columns and "session" not in key:
-        key = ["session"] + key
+    if key:
+        key = [c for c in PARTITION if c in df.columns and c not in key] + key
     return key
 
 
@@ -463,10 +544,13 @@ def _rows(data: bytes) -> int:
     return max(n - 1, 0)
 
 
-def seal(csv_path) -> dict:
-    """{"rows": data rows, "sha256": hex of the file's bytes}."""
-    data = Path(csv_path).read_bytes()
-    return {"rows": _rows(data), "sha256": _hash(data)}
+def seal(path) -> dict:
+    """A CSV: {"rows": data rows, "sha256": hex of the file's bytes}; any other file (a trace, a JSON table):
+    {"bytes": its size, "sha256": hex}."""
+    data = Path(path).read_bytes()
+    if Path(path).name.endswith(".csv"):
+        return {"rows": _rows(data), "sha256": _hash(data)}
+    return {"bytes": len(data), "sha256": _hash(data)}
 
 
 _SECTION_SUFFIX = re.compile(r"_(ncu|capture|replay|switches)$")
@@ -490,7 +574,13 @@ def meta_path(csv_path, kind=None) -> Path:
     return cands[-1] if k is not None and k.meta == "section" else cands[0]
 
 
+def _seal_keys(name: str) -> tuple:
+    """What a complete seal holds: a CSV's data rows and hash; any other file's size and hash."""
+    return ("rows", "sha256") if name.endswith(".csv") else ("bytes", "sha256")
+
+
 def _seal_in(meta: dict, name: str) -> dict | None:
+    """The seal of `name` in `meta` (None where it holds none for it); see `seal_of` for the strict read."""
     if not isinstance(meta, dict):
         return None
     files = meta.get("files")
@@ -499,6 +589,44 @@ def _seal_in(meta: dict, name: str) -> dict | None:
     if "files" not in meta and ("rows" in meta or "sha256" in meta):
         return meta
     return None
+
+
+def seal_of(path, mp, meta) -> dict:
+    """The complete seal of the file `path` in its metadata `meta` (read from `mp`). RecordingError naming the file:
+    "sealed for another file" (the metadata seals other files, not this one: another recording's, another session's),
+    "partly sealed" (an entry that is not an object, or lacks rows/bytes or sha256), "unsealed" (no seal at all)."""
+    p, mp = Path(path), Path(mp)
+    keys = _seal_keys(p.name)
+    if not isinstance(meta, dict):
+        raise RecordingError(p, "meta", f"partly sealed: {mp.name} is a {type(meta).__name__}, not an object")
+    files = meta.get("files")
+    if files is not None:
+        if not isinstance(files, dict):
+            raise RecordingError(p, "meta", f"partly sealed: {mp.name}'s \"files\" is a {type(files).__name__}, "
+                                            "not an object of seals")
+        if p.name not in files:
+            raise RecordingError(p, "meta", f"sealed for another file: {mp.name} seals "
+                                            f"{', '.join(sorted(files)[:4]) or 'nothing'}, not {p.name} (the "
+                                            "metadata of another recording or session?)")
+        s = files[p.name]
+    elif any(k in meta for k in ("rows", "bytes", "sha256")):
+        s = meta  # a meta of one file, sealed at its top level
+    else:
+        raise RecordingError(p, "meta", f"unsealed: {mp.name} holds no seal for {p.name}; seal it "
+                                        "(scripts/seal_recordings.py) or record it again")
+    if not isinstance(s, dict):
+        raise RecordingError(p, "meta", f"partly sealed: its seal in {mp.name} is a {type(s).__name__}, not "
+                                        f"{{{', '.join(keys)}}}")
+    missing = [k for k in keys if k not in s]
+    if missing:
+        raise RecordingError(p, "meta", f"partly sealed: its seal in {mp.name} lacks {', '.join(missing)}")
+    if not (isinstance(s["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", s["sha256"])):
+        raise RecordingError(p, "meta", f"partly sealed: its seal in {mp.name} has sha256 {s['sha256']!r}, not 64 "
+                                        "hex digits")
+    n = s[keys[0]]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise RecordingError(p, "meta", f"partly sealed: its seal in {mp.name} has {keys[0]} {n!r}, not a count")
+    return s
 
 
 def write_seal(csv_path, meta_path_: str | os.PathLike | None = None, kind=None) -> dict:
@@ -544,49 +672,69 @@ def read_json(path):
         raise RecordingError(p, "meta", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
-def read_trace(path):
-    """A profiler trace (gzip'd JSON when it ends in .gz, else JSON); a cut or damaged file -> RecordingError."""
+def read_trace(path, *, sealed: bool | None = None, **json_kw) -> dict:
+    """A profiler trace (gzip'd JSON when it starts with gzip's magic, else JSON), checked against its seal
+    (file_meta_path; refused unsealed under data/ or with `sealed=True`) and its format: an object with a
+    `traceEvents` list (a bare list is that list). Cut, invalid or foreign -> RecordingError naming the file.
+    `json_kw` go to json.loads (parse_float)."""
     p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no trace at {p}")
+    raw = p.read_bytes()
+    check_seal(p, raw, meta=file_meta_path(p), sealed=bool(sealed) or (sealed is None and _in_data(p)))
     try:
-        if p.suffix == ".gz":
-            with gzip.open(p, "rt") as f:
-                text = f.read()
-        else:
-            text = p.read_text()
+        text = gzip.decompress(raw).decode("utf-8") if raw[:2] == b"\x1f\x8b" else raw.decode("utf-8")
     except (EOFError, OSError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
         raise RecordingError(p, "trace", f"damaged or cut compressed file: {type(e).__name__}: {e}") from None
     try:
-        return json.loads(text)
+        doc = json.loads(text, **json_kw)
     except json.JSONDecodeError as e:
-        raise RecordingError(p, "trace", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        cut = " (cut: the text ends before the JSON does)" if e.pos >= len(text.rstrip()) else ""
+        raise RecordingError(p, "trace", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}{cut}") from None
+    if isinstance(doc, list):  # the JSON-array flavour of the format
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        have = sorted(doc)[:6] if isinstance(doc, dict) else type(doc).__name__
+        raise RecordingError(p, "trace", f"not a chrome trace: no traceEvents list (it has {have})")
+    return doc
 
 
-def check_seal(path, data: bytes, kind=None) -> None:
-    """The file's bytes against the seal in its metadata, where it has one."""
+def check_seal(path, data: bytes, kind=None, *, sealed: bool = True, meta: str | os.PathLike | None = None) -> None:
+    """The file's bytes against its seal (in `meta`, else meta_path(path, kind)). A file with no metadata is refused
+    as unsealed unless `sealed` is False (a caller's own file, outside data/); a seal for another file, a partial seal
+    or one that disagrees (rows, size or hash: cut, appended, edited) is always refused."""
     p = Path(path)
-    mp = meta_path(p, kind)
+    mp = Path(meta) if meta is not None else meta_path(p, kind)
     if not mp.is_file():
+        if sealed:
+            raise RecordingError(p, "meta", f"unsealed: no metadata {mp.name} beside it holds its seal; seal it "
+                                            "(scripts/seal_recordings.py) or record it again")
         return
-    meta = read_json(mp)
-    s = _seal_in(meta, p.name)
-    if s is None:
-        return
-    rows = _rows(data)
-    if "rows" in s and int(s["rows"]) != rows:
-        # the row: the first one missing (a cut) or the first one added (an append)
-        raise RecordingError(p, min(rows, int(s["rows"])) + 1,
-                             f"{rows} data rows, but its seal in {mp.name} says {s['rows']}: "
-                             f"{'cut' if rows < int(s['rows']) else 'rows appended'} since it was sealed")
-    if "sha256" in s and s["sha256"] != _hash(data):
+    m = read_json(mp)
+    if not sealed and isinstance(m, dict) and "files" not in m and not any(k in m for k in ("rows", "bytes",
+                                                                                             "sha256")):
+        return  # metadata written before seals, of a caller's own file
+    s = seal_of(p, mp, m)
+    if "rows" in s:
+        rows = _rows(data)
+        if int(s["rows"]) != rows:
+            # the row: the first one missing (a cut) or the first one added (an append)
+            raise RecordingError(p, min(rows, int(s["rows"])) + 1,
+                                 f"{rows} data rows, but its seal in {mp.name} says {s['rows']}: "
+                                 f"{'cut' if rows < int(s['rows']) else 'rows appended'} since it was sealed")
+    elif int(s["bytes"]) != len(data):
+        raise RecordingError(p, "meta", f"{len(data)} bytes, but its seal in {mp.name} says {s['bytes']}: "
+                                        f"{'cut' if len(data) < int(s['bytes']) else 'grown'} since it was sealed")
+    if s["sha256"] != _hash(data):
         raise RecordingError(p, "meta", f"content hash differs from its seal in {mp.name} "
                                         f"(sha256 {s['sha256'][:12]}...): the file changed since it was sealed")
 
 
-def read_csv(path, kind, **read_kw) -> pd.DataFrame:
+def read_csv(path, kind, *, sealed: bool | None = None, **read_kw) -> pd.DataFrame:
     """A recording of kind `kind`: the file must end with a newline (else its last line was cut in the
-    write), agree with its seal where its metadata has one, and pass the kind's schema. `read_kw` go to
+    write), agree with its seal, and pass the kind's schema. A file under data/ (or any, with `sealed=True`) is
+    refused unsealed; a caller's own file elsewhere may have no seal yet, but a seal for another file, a partial
+    one or one that disagrees is refused everywhere. `read_kw` go to
     pandas.read_csv (a reader that reads text keeps its dtype=str; the schema check then coerces a copy)."""
     p = Path(path)
     if not p.is_file():
@@ -596,7 +744,7 @@ def read_csv(path, kind, **read_kw) -> pd.DataFrame:
         raise RecordingError(p, "header", "empty file: no header, no rows")
     if not data.endswith(b"\n"):
         raise RecordingError(p, max(_rows(data), 1), "the last line has no newline: the write was cut")
-    check_seal(p, data, kind)
+    check_seal(p, data, kind, sealed=bool(sealed) or (sealed is None and _in_data(p)))
     try:
         df = pd.read_csv(io.BytesIO(data), **read_kw)
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
@@ -604,6 +752,16 @@ def read_csv(path, kind, **read_kw) -> pd.DataFrame:
         raise RecordingError(p, int(m.group(1)) - 1 if m else "header", f"not a CSV: {e}") from None
     validate(_as_read(df, read_kw), kind, p)
     return df
+
+
+def _in_data(p: Path) -> bool:
+    """Is `p` one of the repository's recordings (under data/)? Those are always held to their seal."""
+    from ...provenance import DATA
+
+    try:
+        return Path(p).resolve().is_relative_to(Path(DATA).resolve())
+    except OSError:
+        return False
 
 
 def _as_read(df: pd.DataFrame, read_kw: dict) -> pd.DataFrame:

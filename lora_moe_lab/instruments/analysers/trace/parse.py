@@ -12,8 +12,6 @@ profiler's cuda_sync records), annotations, aten ops, and the forwards the event
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -154,16 +152,12 @@ def frame(rows: list[dict], cols: list[str]) -> pd.DataFrame:
     return df
 
 
-def read_doc(path) -> dict:
-    p = str(path)
-    with open(p, "rb") as f:
-        head = f.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        doc = json.load(f, parse_float=RawFloat)
-    if isinstance(doc, list):  # the JSON-array flavour of the format
-        doc = {"traceEvents": doc}
-    return doc
+def read_doc(path, *, sealed: bool | None = None) -> dict:
+    """A trace file's document through the checked reader (schemas.read_trace: its seal, gzip or not, a
+    `traceEvents` list): a cut, invalid or foreign file is a RecordingError naming it."""
+    from ..schemas import read_trace
+
+    return read_trace(path, sealed=sealed, parse_float=RawFloat)
 
 
 def load_trace(trace, forward_name: str = "forward") -> TraceTables:
@@ -180,46 +174,85 @@ def load_trace(trace, forward_name: str = "forward") -> TraceTables:
         doc = read_doc(path)
     elif isinstance(trace, dict):
         doc = trace
+        if not isinstance(doc.get("traceEvents"), list):
+            raise ValueError(f"not a chrome trace: the dict has no traceEvents list (it has {sorted(doc)[:6]})")
     elif isinstance(trace, list):
         doc = {"traceEvents": trace}
     else:
         raise TypeError(f"load_trace takes a path or a chrome-trace dict, not {type(trace).__name__}")
+    where = path or "<in-memory trace>"
+    try:
+        return _tables(doc, forward_name, path)
+    except _BadEvent as b:
+        from ..schemas import RecordingError
 
+        raise RecordingError(where, "trace", f"traceEvents[{b.index}]: {b.what}") from None
+
+
+class _BadEvent(Exception):
+    def __init__(self, index: int, what: str):
+        self.index, self.what = index, what
+
+
+def _events(doc, at: list):
+    """The trace's events, `at[0]` the index of the one handed out; one that is not an object -> _BadEvent."""
+    for i, e in enumerate(doc.get("traceEvents", ())):
+        at[0] = i
+        if not isinstance(e, dict):
+            raise _BadEvent(i, f"an event that is not an object: {e!r:.60}")
+        yield e
+
+
+def _is_time(v) -> bool:
+    try:
+        to_ns(v)
+        return True
+    except (ValueError, TypeError, ArithmeticError):
+        return False
+
+
+def _tables(doc: dict, forward_name: str, path) -> TraceTables:
     gpu, rt, csync, ann, gann, cpu = [], [], [], [], [], []
     flows_s, flows_f = {}, {}
-    for e in doc.get("traceEvents", ()):
-        ph = e.get("ph")
-        if ph in ("s", "f"):  # launch -> GPU op arrows ("ac2g"); other flows (fwdbwd) ignored
-            if "id" in e and "ts" in e and e.get("cat", "ac2g") == "ac2g":
-                (flows_s if ph == "s" else flows_f)[(e.get("pid"), e.get("tid"), to_ns(e["ts"]))] = e["id"]
-            continue
-        if ph != "X":
-            continue
-        cat = e.get("cat", "")
-        args = e.get("args") or {}
-        start = to_ns(e.get("ts", 0))
-        dur = to_ns(e.get("dur", 0)) or 0
-        base = {"name": e.get("name", ""), "start_ns": start, "end_ns": start + dur, "dur_ns": dur,
-                "external_id": args.get("External id")}
-        if cat in GPU_OP_CATS:
-            gpu.append({**base, "kind": GPU_OP_CATS[cat], "device": args.get("device", e.get("pid")),
-                        "stream": args.get("stream", e.get("tid")),
-                        "correlation": args.get("correlation"), "bytes": args.get("bytes"),
-                        "_key": (e.get("pid"), e.get("tid"), start)})
-        elif cat in RUNTIME_CATS:
-            rt.append({**base, "cat": cat, "pid": e.get("pid"), "tid": e.get("tid"),
-                       "correlation": args.get("correlation"),
-                       "_key": (e.get("pid"), e.get("tid"), start)})
-        elif cat == "cuda_sync":
-            csync.append({**base, "kind": args.get("cuda_sync_kind", e.get("name", "")),
-                          "pid": e.get("pid"), "tid": e.get("tid"), "stream": args.get("stream"),
-                          "correlation": args.get("correlation")})
-        elif cat == "user_annotation":
-            ann.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
-        elif cat == "gpu_user_annotation":
-            gann.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
-        elif cat == "cpu_op":
-            cpu.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
+    at = [0]
+    try:
+        for e in _events(doc, at):
+            ph = e.get("ph")
+            if ph in ("s", "f"):  # launch -> GPU op arrows ("ac2g"); other flows (fwdbwd) ignored
+                if "id" in e and "ts" in e and e.get("cat", "ac2g") == "ac2g":
+                    (flows_s if ph == "s" else flows_f)[(e.get("pid"), e.get("tid"), to_ns(e["ts"]))] = e["id"]
+                continue
+            if ph != "X":
+                continue
+            cat = e.get("cat", "")
+            args = e.get("args") or {}
+            start = to_ns(e.get("ts", 0))
+            dur = to_ns(e.get("dur", 0)) or 0
+            base = {"name": e.get("name", ""), "start_ns": start, "end_ns": start + dur, "dur_ns": dur,
+                    "external_id": args.get("External id")}
+            if cat in GPU_OP_CATS:
+                gpu.append({**base, "kind": GPU_OP_CATS[cat], "device": args.get("device", e.get("pid")),
+                            "stream": args.get("stream", e.get("tid")),
+                            "correlation": args.get("correlation"), "bytes": args.get("bytes"),
+                            "_key": (e.get("pid"), e.get("tid"), start)})
+            elif cat in RUNTIME_CATS:
+                rt.append({**base, "cat": cat, "pid": e.get("pid"), "tid": e.get("tid"),
+                           "correlation": args.get("correlation"),
+                           "_key": (e.get("pid"), e.get("tid"), start)})
+            elif cat == "cuda_sync":
+                csync.append({**base, "kind": args.get("cuda_sync_kind", e.get("name", "")),
+                              "pid": e.get("pid"), "tid": e.get("tid"), "stream": args.get("stream"),
+                              "correlation": args.get("correlation")})
+            elif cat == "user_annotation":
+                ann.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
+            elif cat == "gpu_user_annotation":
+                gann.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
+            elif cat == "cpu_op":
+                cpu.append({**base, "pid": e.get("pid"), "tid": e.get("tid")})
+    except (ValueError, TypeError, ArithmeticError) as err:  # a ts / dur that is not a time
+        e = doc["traceEvents"][at[0]]
+        bad = next((f"{k} {e[k]!r:.40}" for k in ("ts", "dur") if k in e and not _is_time(e[k])), f"{err}")
+        raise _BadEvent(at[0], f"{bad} is not a time in microseconds") from None
 
     # Link GPU ops to the host call that launched them: the 'correlation' arg, else flow events.
     by_corr = {r["correlation"]: r for r in rt if r["correlation"] is not None}
