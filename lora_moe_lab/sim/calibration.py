@@ -10,12 +10,12 @@ extrapolation with PRODUCTION_SETTINGS, read from simulator_vs_production.csv.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from ..instruments.analysers import schemas
 from ..instruments.recorders import tables
 from ..provenance import DATA, catalog, label as _label, normalize_meta, repo_relative
 from .cost import CostModel
@@ -103,15 +103,16 @@ def load_calibration(folder: str | Path | None = None) -> Calibration:
     """The calibration studies/simulator/record.py wrote (no refit), in `folder` or the catalog's "simulator"."""
     folder = _folder(folder)
     path = folder / FILES["fit"]
-    doc = json.loads(path.read_text())
+    doc = schemas.read_json(path)
     if "recording" not in doc or "fitted_names" not in doc:
         raise ValueError(f"{path} predates the canonical recording: run scripts/validate_simulator.py")
     f = FitResult(CostModel(**doc["fitted"]), doc["rms_log_error"], doc["rows"], tuple(doc["fitted_names"]),
                   doc["sources"], tuple(doc["at_bound"]))
     val = doc["validation"]
-    v = Validation(pd.read_csv(folder / FILES["validation"]), val["target_pct"], val["how"])
+    v = Validation(schemas.read_csv(folder / FILES["validation"], "simulator_validation"), val["target_pct"],
+                   val["how"])
     rec = {k: v_ for k, v_ in doc["recording"].items() if k != "label"}
-    return Calibration(f, v, pd.read_csv(folder / FILES["production"]), rec)
+    return Calibration(f, v, schemas.read_csv(folder / FILES["production"], "simulator_vs_production"), rec)
 
 
 def readme_block(folder: str | Path | None = None) -> str:

@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ..instruments.analysers import trace as T
+from ..instruments.analysers.schemas import RecordingError
 
 __all__ = ["Graph", "ReplayResult", "build_graph", "replay", "read_trace", "ReplayError", "TraceFormatError",
            "EmptyTraceError", "TruncatedTraceError", "NoKernelsError", "NoLaunchLinksError", "NoForwardError",
@@ -112,7 +113,11 @@ def read_trace(path) -> dict:
     if p.stat().st_size == 0:
         raise EmptyTraceError(f"{p} is empty (0 bytes): no trace events")
     try:
-        doc = T.read_doc(p)
+        doc = T.read_doc(p)  # the checked reader: its seal where it has one, gzip or not, a traceEvents list
+    except RecordingError as e:
+        if "not a chrome trace" in e.what or "partly sealed" in e.what or "sealed for another" in e.what:
+            raise TraceFormatError(str(e)) from e
+        raise TruncatedTraceError(f"{e}: a truncated, damaged or edited trace; re-export it") from e
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise TruncatedTraceError(f"{p}: the gzip stream ends early or is damaged ({e}); re-export the trace") from e
     except json.JSONDecodeError as e:

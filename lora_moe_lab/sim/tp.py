@@ -25,11 +25,10 @@ source. Every row says `extrapolated`: it is not a measurement.
 """
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
 from ..config import get_shape
+from ..instruments.analysers import schemas
 from ..provenance import catalog
 from .cost import CostModel, forward_us
 
@@ -40,8 +39,8 @@ def fitted_params(path=None) -> CostModel:
     """The cost model fitted to H200 recordings (`path`, else the catalog's "simulator.fit"), else defaults."""
     try:
         p = catalog("simulator.fit") if path is None else path
-        fit = json.loads(p.read_text())["fitted"]
-    except (OSError, KeyError, ValueError):
+        fit = schemas.read_json(p)["fitted"]
+    except (FileNotFoundError, KeyError):  # no fit recorded: the defaults (a damaged file is an error)
         return CostModel()
     return CostModel(**{k: float(v) for k, v in fit.items() if k in CostModel.__dataclass_fields__})
 

@@ -21,14 +21,13 @@ is carried over), and the spin's clock (it counts SM cycles; a power-capped cloc
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..instruments.analysers import production_runs as PR, stats
+from ..instruments.analysers import production_runs as PR, schemas, stats
 from ..model.tp import AllReduceCost
 from ..provenance import catalog
 
@@ -73,7 +72,7 @@ def fit_allreduce(trace_paths, hidden: int, dtype_bytes: int = 2, size: int = 2)
 
 def allreduce_cost(path=None) -> AllReduceCost:
     """The fitted all-reduce cost in `path` (fit_allreduce's JSON); none: the catalog's "tp_emulation.allreduce"."""
-    d = json.loads(Path(catalog("tp_emulation.allreduce") if path is None else path).read_text())
+    d = schemas.read_json(Path(catalog("tp_emulation.allreduce") if path is None else path))
     return AllReduceCost(bus_gbps=float(d["bus_gbps"]), latency_us=float(d["latency_us"]), source=d["source"])
 
 
@@ -112,7 +111,7 @@ def tp2_validation(sessions: dict, measured: dict | None = None) -> pd.DataFrame
     for gs, path in (tp2_measured() if measured is None else measured).items():
         if not Path(path).is_file():
             continue
-        real = pd.read_csv(path)
+        real = schemas.read_csv(path, "prefill_summary")
         real = real[real["adapters"] == "none"]
         task = f"tp2_{gs}_C16384"
         for guard in ("sync", "cpu_flag"):

@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from ..instruments.analysers import stats
+from ..instruments.analysers import schemas, stats
 from ..instruments.analysers import trace as T
 from ..provenance import catalog
 from . import replay as R
@@ -174,7 +174,7 @@ def validation() -> pd.DataFrame:
         f = catalog(VALIDATION)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e}: run studies/replay/record.py") from None
-    return pd.read_csv(f, dtype={"config": str})
+    return schemas.read_csv(f, "replay_validation", dtype={"config": str})
 
 
 def host_factor(model: str, config: str, guard: str, mode: str = "eager") -> tuple[float, str]:

@@ -6,10 +6,9 @@ LoRA path and LoRA's share of the layer (`kernels-packed`, `kernels-fold-headlin
 history is in the tidy tables (data/kernels/README.md) and the findings tests (test_findings.py)."""
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA, label, normalize_meta
 
 FLOOR_NAME = {"bytes": "byte", "flops": "FLOP"}  # read_floors.gemm_floor's `bound` in a sentence
@@ -17,8 +16,8 @@ SHORT = {"qwen3-30b-a3b": "qwen3", "qwen3-30b-a3b-tp4": "qwen3-tp4"}
 
 
 def kernels_block() -> str:
-    d = pd.read_csv(DATA / "kernels" / "kernels.csv")
-    meta = normalize_meta(json.loads((DATA / "kernels" / "kernels.meta.json").read_text()))
+    d = schemas.read_csv(DATA / "kernels" / "kernels.csv", "kernel_recording")
+    meta = normalize_meta(schemas.read_json(DATA / "kernels" / "kernels.meta.json"))
     k = d[d.section == "lora_gate_up"].drop_duplicates(["preset", "M"], keep="last").set_index(["preset", "M"])
     dis = d[d.section == "disabled"]
     Ms = sorted(k.loc["qwen3-30b-a3b"].index)
@@ -45,7 +44,7 @@ def _peer_lines() -> list[str]:
     f = DATA / "kernels" / "peers_carried.csv"
     if not f.exists():
         return []
-    p = pd.read_csv(f)
+    p = schemas.read_csv(f, "kernel_peers")
     Ms = sorted(p.M.unique())
     head = "| carried, qwen3-30b-a3b (µs) | " + " | ".join(f"M={m}" for m in Ms) + " |"
     out = ["The peers, carried from another run, not this lab's scripts (`data/kernels/peers_carried.csv`: the same "
@@ -68,8 +67,9 @@ def _decode_lines() -> list[str]:
     CANONICAL_KERNEL_RUN, FUSED_RUN = run_name(catalog("kernel_run.canonical")), run_name(catalog("kernel_run.fused"))
     run = load_kernel_run(CANONICAL_KERNEL_RUN)
     path = run.section("path")
-    dd = pd.concat([d[d.section == "diff"] for d in map(pd.read_csv, catalog("kernel_run.differential"))])
-    f1 = pd.read_csv(catalog("kernel_run.fused"))
+    dd = pd.concat([d[d.section == "diff"] for d in (schemas.read_csv(f, "kernel_run", low_memory=False)
+                                                     for f in catalog("kernel_run.differential"))])
+    f1 = schemas.read_csv(catalog("kernel_run.fused"), "kernel_run", low_memory=False)
     fk = f1[f1.section == "fused"]
     return ["", f"- Decode path (`kernels/lora_decode.py`, M·top_k ≤ {DECODE_MAX_PAIRS} pairs: both deltas straight "
                 f"from `topk_ids`, no alignment kernels; `{CANONICAL_KERNEL_RUN}`, {run.label}): "

@@ -113,7 +113,7 @@ def load_peers(path: str | Path | None = None) -> pd.DataFrame:
     f = Path(path) if path is not None else KERNELS_DIR / PEERS_BASE
     if not f.exists():
         raise FileNotFoundError(f"no carried figures at {f}")
-    return pd.read_csv(f)
+    return schemas.read_csv(f, "kernel_peers")
 
 
 def versus_peers(run: BaseRun | None = None, peers: pd.DataFrame | None = None) -> pd.DataFrame:

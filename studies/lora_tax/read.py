@@ -54,12 +54,10 @@ def superseded(path=None) -> pd.DataFrame:
     """data/lora_tax/superseded.csv: (session, cells glob over regime/shape/tokens/setting/mode, why), the sessions'
     cells recorded on a path the library no longer runs (a tuned choice: a data file, each entry with its reason)."""
     p = Path(path) if path is not None else SUPERSEDED
-    if not p.exists():
+    if not p.exists() and not p.with_name(p.stem + ".meta.json").exists():  # none written (its seal would say)
         return pd.DataFrame(columns=["session", "cells", "why"])
-    t = pd.read_csv(p, dtype=str)
-    if list(t.columns) != ["session", "cells", "why"] or t.isna().any().any():
-        raise ValueError(f"{p}: needs the columns session, cells, why, every field filled; got {list(t.columns)}")
-    return t
+    t = schemas.read_csv(p, "lora_tax_superseded", dtype=str)  # its seal (superseded.meta.json), every field filled
+    return t[["session", "cells", "why"]]
 
 
 def mark_superseded(df: pd.DataFrame, sup: pd.DataFrame) -> pd.DataFrame:

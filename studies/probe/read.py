@@ -9,23 +9,21 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import pandas as pd
 
 from lora_moe_lab.instruments.analysers import host_lead as H
 from lora_moe_lab.instruments.analysers import production_runs as PR
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA, catalog
 
 LEAN_TASK = "default_C16384"  # the same quantity the probe measures: 64 x 2048 tokens, C=16384, no adapter
 
 
 def _probe_files():
-    try:
-        return catalog("probe.sessions")
-    except (KeyError, FileNotFoundError):
-        return []
+    """The catalog's probe sessions (an entry that matches nothing is an error, not an empty list)."""
+    return catalog("probe.sessions")
 
 
 def points() -> pd.DataFrame:
@@ -41,7 +39,7 @@ def points() -> pd.DataFrame:
                              sync_forward_ms=r["forward_median_ms"], syncs_per_forward=r["syncs_per_forward"],
                              gpu=s.meta.get("gpu", "not recorded"), commit=s.meta.get("commit", ""),
                              date=s.meta.get("date", "")))
-    probes = [pd.read_csv(p) for p in _probe_files()]
+    probes = [schemas.read_csv(p, "probe") for p in _probe_files()]
     for f in probes:  # the probe records its layers and guard sites per layer: n syncs per forward
         f["syncs_per_forward"] = f["guard_sites"] * f["layers"]
     frames = [pd.DataFrame(rows)] + probes
@@ -53,7 +51,7 @@ def points() -> pd.DataFrame:
 def hosts() -> dict[str, str]:
     out = {}
     for p in _probe_files():
-        meta = json.loads(p.with_name(p.name.replace(".csv", ".meta.json")).read_text())
+        meta = schemas.read_json(p.with_name(p.name.replace(".csv", ".meta.json")))
         out[meta["params"]["session"]] = H.host_label(meta)
     return out
 

@@ -3,10 +3,9 @@ production's (`signature`), the TP=1 / TP=2 recording (`production`) and the REA
 (`lab-headline`), from data/production/ through `instruments.analysers.production_runs`."""
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA, label, normalize_meta
 from studies._render import _ci
 
@@ -219,9 +218,9 @@ def production_block() -> str | None:
     files = sorted((DATA / "production").glob("*.summary.csv"))
     if not files:
         return None
-    d = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    d = pd.concat([schemas.read_csv(f, "prefill_summary") for f in files], ignore_index=True)
     meta_file = files[0].with_name(files[0].name.replace(".summary.csv", ".meta.json"))
-    meta = normalize_meta(json.loads(meta_file.read_text()))
+    meta = normalize_meta(schemas.read_json(meta_file))
     reps = int(d.reps.min())
     lines = [f"The first recording (`data/production/*.csv`, {label(meta)}; the only TP=2 measurement): "
              f"{int(d.layers.iloc[0])} layers, {int(d.requests.iloc[0])} requests × {int(d.input_len.iloc[0])} tokens "

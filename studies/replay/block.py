@@ -2,10 +2,7 @@
 against the unprofiled measurements (data/replay/validation.csv)."""
 from __future__ import annotations
 
-import json
-
-import pandas as pd
-
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA, label, normalize_meta
 
 
@@ -15,8 +12,8 @@ def replay_block() -> str | None:
     f = DATA / "replay" / "validation.csv"
     if not f.exists():
         return None
-    d = pd.read_csv(f)
-    meta = normalize_meta(json.loads(f.with_suffix(".meta.json").read_text()))
+    d = schemas.read_csv(f, "replay_validation")
+    meta = normalize_meta(schemas.read_json(f.with_suffix(".meta.json")))
     titles = {"dec": "decoder", "moe": "MoE model"}
     cfg = {"default_C16384": "own regime, C=16384", "default_C8192": "own regime, C=8192",
            "prodlike_C16384": "production-like, C=16384", "tp1_mix_C16384": "TP=1, adapters mix, C=16384",

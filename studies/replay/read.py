@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import catalog
 
 
 def validation() -> pd.DataFrame:
-    return pd.read_csv(catalog("replay.validation"), dtype={"config": str})
+    return schemas.read_csv(catalog("replay.validation"), "replay_validation", dtype={"config": str})
 
 
 def simulator_vs_replay() -> pd.DataFrame:
-    return pd.read_csv(catalog("replay.simulator_vs_replay"), dtype={"config": str})
+    return schemas.read_csv(catalog("replay.simulator_vs_replay"), "replay_vs_simulator", dtype={"config": str})

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lora_moe_lab.instruments.analysers import production_runs, recordings, stats
+from lora_moe_lab.instruments.analysers import production_runs, recordings, schemas, stats
 from lora_moe_lab.instruments.recorders import tables
 from lora_moe_lab.provenance import DATA, metadata
 from lora_moe_lab.sim import replay as R
@@ -90,7 +90,7 @@ def first_measured() -> tuple[dict, dict]:
     and config -> forwards per prefill (requests x input_len / chunk)."""
     out, steps = {}, {}
     for cfg, (f, tp, mode, _) in FIRST.items():
-        s = pd.read_csv(PROD / f"{f}.summary.csv")
+        s = schemas.read_csv(PROD / f"{f}.summary.csv", "prefill_summary")
         s = s[(s["adapters"] == mode) & (s["tp"] == tp)]
         for r in s.itertuples():
             out[(cfg, r.guard)] = [(r.forward_median_ms, r.forward_median_ms_lo, r.forward_median_ms_hi)]

@@ -2,8 +2,7 @@
 data/setup/setup_time.json."""
 from __future__ import annotations
 
-import json
-
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA
 
 
@@ -11,7 +10,7 @@ def setup_block() -> str | None:
     f = DATA / "setup" / "setup_time.json"
     if not f.exists():
         return None
-    d = json.loads(f.read_text())
+    d = schemas.read_json(f)
     return (f"Set-up time, measured by `python3 studies/setup/record.py` (a fresh clone and `make venv` with "
             f"pip's cache off, {d['runs']} runs on this {d['cores']}-core CI-sized machine, commit {d['commit']}): "
             f"median {d['median_s']:.0f} s (min {d['min_s']:.0f}, max {d['max_s']:.0f}). It installs torch, triton, "

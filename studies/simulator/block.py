@@ -2,7 +2,7 @@
 (`simulator`) and its check against the decoder measured at TP=2 (`simulator-check`)."""
 from __future__ import annotations
 
-import pandas as pd
+from lora_moe_lab.instruments.analysers import schemas
 
 from lora_moe_lab.provenance import DATA
 
@@ -30,7 +30,7 @@ def simulator_check_block() -> str | None:
     f = DATA / "production" / "tp2_C16384_gs1.summary.csv"
     if not f.exists() or not (DATA / "simulator" / "simulator_fit.json").exists():
         return None
-    m = pd.read_csv(f).set_index("guard").loc["sync"]
+    m = schemas.read_csv(f, "prefill_summary").set_index("guard").loc["sync"]
     params = sim.load_calibration().params
     x = sim.extrapolate(params, preset=rank_shape(2), tp=2, chunks=(int(m.chunk),), active=0.0,
                         guards=("sync", "cpu_flag"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.instruments.analysers.production_runs import Session
 from lora_moe_lab.provenance import catalog
 from lora_moe_lab.sim import tp_emulation as E
@@ -19,9 +20,9 @@ def sessions() -> dict[str, Session]:
 
 def validation() -> pd.DataFrame:
     """TP=2 emulated vs measured, as summarized (recompute: E.tp2_validation(sessions()))."""
-    return pd.read_csv(catalog("tp_emulation.folder") / "validation.csv")
+    return schemas.read_csv(catalog("tp_emulation.folder") / "validation.csv", "tp_validation")
 
 
 def prediction() -> pd.DataFrame:
     """The fix at TP=4, as summarized (recompute: E.tp4_prediction(sessions()))."""
-    return pd.read_csv(catalog("tp_emulation.folder") / "prediction.csv")
+    return schemas.read_csv(catalog("tp_emulation.folder") / "prediction.csv", "tp_prediction")

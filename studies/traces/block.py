@@ -2,21 +2,18 @@
 forward, from the profiler traces' summary in data/traces/."""
 from __future__ import annotations
 
-import json
-
-import pandas as pd
-
+from lora_moe_lab.instruments.analysers import schemas
 from lora_moe_lab.provenance import DATA, label, normalize_meta
 
 
 def traces_block() -> str:
-    d = pd.read_csv(DATA / "traces" / "traces_summary.csv")
-    meta = normalize_meta(json.loads((DATA / "traces" / "traces_summary.meta.json").read_text()))
+    d = schemas.read_csv(DATA / "traces" / "traces_summary.csv", "traces_summary")
+    meta = normalize_meta(schemas.read_json(DATA / "traces" / "traces_summary.meta.json"))
     e = d[d["mode"] == "eager"].set_index(["guard", "M"])  # the columns are per forward already
     g = d[d["mode"] == "graph"].set_index(["guard", "M"])
     per = e["n_syncs"]
     tmeta = DATA / "traces" / "qwen3-30b-a3b_sync_eager_M16.meta.json"
-    layers = json.loads(tmeta.read_text())["params"]["num_layers"]
+    layers = schemas.read_json(tmeta)["params"]["num_layers"]
     others = [k for k in e.index.get_level_values("guard").unique() if k != "sync"]
     after_others = e.loc[others, "idle_after_sync_ns"].max()
     lines = [f"Per forward, from the profiler traces in `data/traces/` ({label(meta)}): {layers} layers of "

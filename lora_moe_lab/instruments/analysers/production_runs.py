@@ -75,7 +75,7 @@ def load_session(d: str | Path, name: str | None = None) -> Session:
                    _cat(d.glob("*.signature.csv"), "production_signature"),
                    _cat(d.glob("*.syncs.csv"), "production_syncs"),
                    meta,
-                   pd.read_csv(d / "clocks.csv") if (d / "clocks.csv").is_file() else None)
+                   schemas.read_csv(d / "clocks.csv", "clocks") if (d / "clocks.csv").is_file() else None)
 
 
 def load_sessions(paths=None, prefix: str = "") -> dict[str, Session]:

@@ -32,8 +32,8 @@ a caller's own file elsewhere may have no metadata yet (its schema is still chec
 a seal that disagrees (rows or hash: a cut, an appended or an edited recording), metadata that seals other files
 but not this one ("sealed for another file": another session's meta.json), and a partial seal (an entry that is
 not an object, or lacks rows or sha256). Files that are not tables (FILE_KINDS: the profiler traces, the catalog)
-are sealed the same way with {"bytes", "sha256"}. The seal is checked before the schema, so a damaged file is reported as
-damaged, not as whatever row the damage made invalid.
+are sealed the same way with {"bytes", "sha256"}. The seal is checked before the schema, so a damaged file is
+reported as damaged, not as whatever row the damage made invalid.
 """
 from __future__ import annotations
 

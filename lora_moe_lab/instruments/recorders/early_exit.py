@@ -15,7 +15,6 @@ says so. Exit codes (written by the kernel when asked, see kernels/fused_moe_lor
 from __future__ import annotations
 
 import glob
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from ...kernels.empty import empty_kernel
 from ...kernels.fused_moe_lora import lora_delta, lora_launch_plan
 from ...ops.reference import exit_codes, ref_lora_delta
 from ...provenance import catalog, normalize_meta
+from ..analysers import schemas
 from .timing import time_graph
 
 EXIT_SHORT = exits.short("fused_moe_lora_kernel")  # the one table (kernels/exits.py)
@@ -197,7 +197,7 @@ def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.D
     frames = []
     for p in sorted(glob.glob(str(d / "*kernels.csv"))):
         name = Path(p).name
-        df = pd.read_csv(p)
+        df = schemas.read_csv(p, "kernel_recording")  # its seal and schema: RecordingError naming it
         if "section" not in df.columns:
             continue
         dis = df[df["section"] == "disabled"]
@@ -215,10 +215,7 @@ def recorded_disabled_launches(data_dir: Path | str | None = None) -> tuple[pd.D
     meta = {}
     mp = d / "kernels.meta.json"
     if mp.exists():
-        try:
-            meta = json.loads(mp.read_text())
-        except (OSError, ValueError):
-            meta = {}
+        meta = schemas.read_json(mp)  # a damaged metadata file is an error naming it, not an empty label
     meta = normalize_meta(meta)
     if not frames:
         return None, meta
