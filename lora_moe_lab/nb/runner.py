@@ -353,15 +353,39 @@ def start_lab(port: int, token: str | None = None, *, env: dict | None = None, t
     return proc, info, token
 
 
+def stop_lab(proc, grace: float = 10.0) -> None:
+    """Stop JupyterLab: SIGTERM (it shuts its kernels down and exits), SIGKILL after `grace` seconds."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def lab(port: int, token: str | None = None) -> int:
     """`make lab`: start JupyterLab, print the URL of the port it bound (read from its runtime info) once it
-    listens, and wait for it; returns its exit status."""
+    listens, and wait for it; returns its exit status. SIGTERM or SIGINT to this launcher stops JupyterLab too
+    (a launcher killed alone would leave the server serving with the token it printed), then exits 128 + the
+    signal's number."""
+    import signal
+
     proc, info, token = start_lab(port, token)
-    print(f"JupyterLab: {lab_url(info, token)}", flush=True)
+
+    def on_signal(signum, _frame):  # unwinds the wait below; `finally` stops the server (not here: this handler
+        raise SystemExit(128 + signum)  # may run inside proc.wait(), which holds the lock a second wait needs)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        print(f"JupyterLab: {lab_url(info, token)}", flush=True)
         return proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reaches Jupyter too (same process group): let it shut down
-        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        stop_lab(proc)  # whatever ended the wait: the server does not outlive its launcher
 
 
 def run_all(nbs: list[Path], out: Path, kind: str, keep_going: bool = False, on_each=None) -> list[dict]:

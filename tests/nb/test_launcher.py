@@ -118,3 +118,41 @@ def test_real_start_prints_the_bound_port_and_keeps_the_token_out_of_argv(tmp_pa
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_launcher_stops_jupyterlab_too(sig, monkeypatch, capsys):
+    # the launcher with a stand-in server (a sleeping child), signalled while it waits on the server: both end,
+    # never the launcher alone (which would leave the server serving with the token it printed)
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    signum = getattr(signal, sig)
+    child = subprocess.Popen(["sleep", "60"])
+    monkeypatch.setattr(runner, "start_lab", lambda port, token=None: (child, {"port": port}, "t"))
+    monkeypatch.setattr(runner, "lab_url", lambda info, token: "http://127.0.0.1/")
+
+    class NotHandled(Exception):
+        pass
+
+    def fallback(*_):  # reached only if the launcher installed no handler of its own
+        raise NotHandled(sig)
+
+    old = signal.signal(signum, fallback)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signum))
+    try:
+        timer.start()
+        with pytest.raises(SystemExit) as e:
+            runner.lab(8888)
+    finally:
+        timer.cancel()
+        signal.signal(signum, old)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+            pytest.fail(f"{sig}: the launcher stopped but its server (pid {child.pid}) kept running")
+    assert e.value.code == 128 + signum
+    assert signal.getsignal(signum) is old or signal.getsignal(signum) == old  # the launcher's handler removed

@@ -160,7 +160,7 @@ def read_done(path: Path, spec: "SweepSpec | None" = None) -> set[tuple]:
                                                    "write to a new file") from None
     settings = {} if spec is None else {"seed": spec.seed, "device": spec.device, "warmup": spec.warmup,
                                         "reps": spec.reps}
-    df = tables.check_resumable(path, COLUMNS, settings)
+    df = tables.check_resumable(path, COLUMNS, settings, meta_path=_meta_path(path))
     if df is None:
         return set()
     return {row_key(row) for row in df.to_dict("records") if not row.get("error")}
@@ -206,14 +206,22 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, resume: bool = False, 
     CSV as a DataFrame. With resume=True rows whose key is already in `out` (without error) are
     skipped. A row that raises is written with its error message and the sweep goes on; rows with
     an error are measured again on resume. `on_row(row, i)` runs after each row is written.
-    `max_seconds` stops starting new rows after that much time (the rows so far are kept).
+    `max_seconds` stops starting new rows after that much time (the rows so far are kept). Another process
+    writing `out` is refused (tables.OutputLockedError naming its pid); a resume verifies the table's seal first.
     """
-    import pandas as pd
-
     from . import tables
 
     spec = spec.resolved()
     out = Path(out)
+    with tables.holding(out):  # one writer per output: a second is refused with this one's pid
+        return _run_sweep(spec, out, resume, overwrite, progress, on_row, build, max_seconds)
+
+
+def _run_sweep(spec, out: Path, resume, overwrite, progress, on_row, build, max_seconds):
+    import pandas as pd
+
+    from . import tables
+
     if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
         raise FileExistsError(f"{out} exists: pass resume=True (--resume) to continue it or overwrite=True")
     if overwrite and out.exists():
@@ -553,6 +561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = cpu_summary_note(clean(df))
         if note:
             print(note)
+        failed = (df["error"].notna() & df["error"].astype(str).str.strip().ne("")) if "error" in df else df.index < 0
+        if failed.any():
+            first = df.loc[failed, "error"].iloc[0]
+            print(f"{int(failed.sum())} of {len(df)} rows failed (their errors are in {a.out}'s error column; "
+                  f"the first: {first}); --resume measures them again", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -704,6 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     guard_sites=gs, **costs.as_key()) for gs in a.guard_sites for c in a.chunk]
     plan: dict = {}
     try:
+        if writer:
+            tables.lock_output(out)  # one writer per --out: a second run is refused with this one's pid
         if out.exists() and out.stat().st_size > 0:
             tables.check_header(out, TABLE_COLUMNS)  # a file of another kind: refused even with --overwrite
             if a.resume:

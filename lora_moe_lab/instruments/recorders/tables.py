@@ -9,6 +9,7 @@ recorders that append) and the checks a resume makes before it trusts a table.
     claim(path, overwrite=, columns=, settings=)  # before any work: refuse a foreign / other-settings / existing table
     write_table(path, rows, columns, meta=)  # a whole table (temp + rename), then its metadata, then its seal
     seal_files(folder)                       # the seals of a session folder's CSVs (its meta["files"])
+    lock_output(path)                        # an exclusive lock on <path>.lock for this process (claim takes it)
 
 The rules, each an error naming the file and the row or column (all `TableError`, a ValueError):
 
@@ -21,10 +22,18 @@ The rules, each an error naming the file and the row or column (all `TableError`
   anywhere else, a foreign header or a table made with other settings is refused.
 * A table made with other settings (seed, dtype, device, warm-up, repetitions: the `settings`
   columns) is refused on resume: its rows and the new ones could not be told apart by their key.
+* A resume verifies the table's seal before it appends (after dropping a cut last row): a table edited, cut or
+  grown since its last seal is refused, never resealed with the edit in it.
+* One writer per output: `lock_output` (taken by `claim` and by the recorders that append) holds
+  `fcntl.flock` on `<out>.lock` for the life of the process; a second writer is refused with the holder's pid
+  (OutputLockedError). The lock file stays (removing it would race a writer that has just opened it).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
+import hashlib
 import io
 import json
 import os
@@ -61,6 +70,88 @@ class SettingsMismatchError(TableError):
 
 class DuplicateKeyError(TableError):
     """Two rows of a table share their key."""
+
+
+class OutputLockedError(TableError):
+    """Another process is writing this output (it holds <out>.lock)."""
+
+
+_HELD: dict[str, int] = {}  # lock file -> the descriptor holding it (this process)
+
+
+def lock_output(path) -> Path:
+    """Take the exclusive lock of the output `path` (`fcntl.flock` on `<path>.lock`, the holder's pid written in
+    it) for the rest of this process; taken again by the same process it is a no-op. OutputLockedError naming the
+    holder's pid when another process writes this output. Returns the lock file."""
+    p = Path(path)
+    lk = p.with_name(p.name + ".lock")
+    key = str(lk.resolve())
+    if key in _HELD:
+        return lk
+    lk.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lk, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise OutputLockedError(p, f"another writer (pid {holder}) is writing it (it holds {lk.name}): wait for it "
+                                   "to finish, or choose another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+    return lk
+
+
+@contextlib.contextmanager
+def holding(path):
+    """lock_output(path) for the block; released after it unless this process held it already."""
+    p = Path(path)
+    held = str(p.with_name(p.name + ".lock").resolve()) in _HELD
+    lock_output(p)
+    try:
+        yield p
+    finally:
+        if not held:
+            unlock_output(p)
+
+
+def unlock_output(path) -> None:
+    """Release the lock `lock_output(path)` took (a process that exits releases it anyway)."""
+    p = Path(path)
+    fd = _HELD.pop(str(p.with_name(p.name + ".lock").resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def verify_seal(path, meta_path=None) -> None:
+    """Before an append: the table agrees with its seal in its metadata (`meta_path`, else the sibling
+    <name>.meta.json), where that holds one; an edited, cut or grown table is refused (schemas.RecordingError,
+    naming the file), never resealed with the change in it. One whole row past the seal is accepted when the sealed
+    rows before it still hash to the seal: a run stopped between a row's write and its seal (append_rows writes one
+    row, then seals)."""
+    try:
+        from ..analysers import schemas
+    except ImportError:  # pandera missing: no seals were written either
+        return
+    p = Path(path)
+    mp = Path(meta_path) if meta_path is not None else sibling_meta(p)
+    if not p.exists() or not mp.is_file():
+        return
+    m = schemas.read_json(mp)
+    if isinstance(m, dict) and "files" not in m and not any(k in m for k in ("rows", "sha256")):
+        return  # metadata written before seals
+    data = p.read_bytes()
+    sealed = int(schemas.seal_of(p, mp, m)["rows"])
+    text = data.decode("utf-8", errors="replace")
+    recs = list(_split_records(text))
+    if len(recs) - 1 == sealed + 1:  # one row past the seal: the sealed prefix must still be what was sealed
+        prefix = text[:recs[sealed][2]].encode()
+        if schemas.seal_of(p, mp, m)["sha256"] == hashlib.sha256(prefix).hexdigest():
+            print(f"{p}: row {sealed + 1} was written after the last seal (a run stopped between the row and its "
+                  "seal): its rows before it agree with the seal; kept", file=sys.stderr)
+            return
+    schemas.check_seal(p, data, meta=mp, sealed=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,14 +452,16 @@ def keep_rows(path, columns: Sequence[str], keep: Sequence[bool], *, why: str = 
 
 
 def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object], *, key: Sequence[str] = (),
-                    drop_cut: bool = True):
+                    drop_cut: bool = True, meta_path=None):
     """Verify that the table at `path` can be resumed by a run with these `settings` (column -> value):
-    the header is `columns`, the tail is whole (a cut last row is dropped, atomically, when `drop_cut`;
-    else CutRowError), every settings column holds this run's value only, and (with `key`) no two rows
-    share a key. Returns the rows as a DataFrame of strings (None when there is no table yet)."""
+    it is this process's to write (lock_output), the header is `columns`, the tail is whole (a cut last row is
+    dropped, atomically, when `drop_cut`; else CutRowError), the rest agrees with its seal (verify_seal: in
+    `meta_path`, else the sibling metadata), every settings column holds this run's value only, and (with `key`)
+    no two rows share a key. Returns the rows as a DataFrame of strings (None when there is no table yet)."""
     import pandas as pd
 
     p = Path(path)
+    lock_output(p)
     s = scan(p)
     if not s.exists:
         return None
@@ -379,6 +472,7 @@ def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object]
         s = drop_cut_row(p, s)
         if not s.exists:
             return None
+    verify_seal(p, meta_path)
     df = pd.DataFrame(s.rows, columns=s.header, dtype=object)
     for col, want in settings.items():
         if col not in df.columns:
@@ -439,6 +533,7 @@ def claim(path, *, overwrite: bool = False, columns: Sequence[str] | None = None
     rows were made with other `settings`: column -> value) or TableExistsError (the same kind and settings:
     a recording is made once; --overwrite makes it again)."""
     p = Path(path)
+    lock_output(p)  # one writer per output, from here to the end of the process
     if overwrite or not p.exists() or p.stat().st_size == 0:
         return
     s = scan(p) if p.is_file() else Scan(p)
@@ -455,6 +550,7 @@ def claim_session(folder, overwrite: bool) -> None:
     """Before any work: a session folder that holds tables already is refused (a session is recorded once: its
     meta.json would describe another run's rows); `overwrite` (--overwrite) removes them first."""
     work = Path(folder)
+    lock_output(work)  # <folder>.lock: one writer per session folder
     old = sorted(work.glob("*.csv")) if work.is_dir() else []
     if old and not overwrite:
         raise TableExistsError(work, f"this session's folder holds {len(old)} table(s) already ({old[0].name}, "

@@ -48,6 +48,14 @@ def cut_inside_median(path):
     return fields[i]
 
 
+def sealed_before_the_cut(path):
+    """The seal as the appender leaves it when a write is cut: of the rows before the cut one."""
+    data = path.read_bytes()
+    path.write_bytes(data[:data.rfind(b"\n") + 1])
+    tables.seal(path, tables.sibling_meta(path))
+    path.write_bytes(data)
+
+
 # ---------------------------------------------------------------------------------------------
 # tables: the appender and the checks
 def test_append_creates_file_at_first_row_only(tmp_path):
@@ -133,6 +141,7 @@ def test_harness_leaves_no_empty_csv(tmp_path):
 def test_sweep_resume_drops_a_cut_row_and_measures_it_again(sweep_csv, tmp_path, capsys):
     out = copy_sweep(sweep_csv, tmp_path)
     cut_inside_median(out)
+    sealed_before_the_cut(out)
     with pytest.raises(tables.CutRowError, match=f"{out}: row 4 is cut"):
         tables.check_tail(out)
     df = run_sweep(SweepSpec(**TINY), out, resume=True, progress=False)
@@ -272,6 +281,7 @@ def test_prefill_resume_finishes_an_unfinished_repetition(tmp_path, capsys):
     assert P.main(argv) == 0
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:-1]) + lines[-1][:7])  # rep 2 half done, its last row cut
+    sealed_before_the_cut(out)
     assert P.main([*argv, "--resume"]) == 0
     err = capsys.readouterr().err
     assert "was cut" in err and "repetitions left unfinished" in err
@@ -290,3 +300,86 @@ def test_prefill_resume_refuses_other_guards(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         P.main(argv)
     assert e.value.code == 2 and f"{out}: row" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# writers that cannot collide: one writer per output, a resume that verifies, failed rows that are not exit 0
+def _hold_lock(path):
+    """Another process holding the output's lock (it prints its pid once it holds it)."""
+    import subprocess
+    import sys
+
+    # the lock's protocol (tables.lock_output), without importing the package: flock on <out>.lock, the pid in it
+    code = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1] + '.lock', os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, f'{os.getpid()}\\n'.encode())\n"
+            "print('held', flush=True)\ntime.sleep(60)\n")
+    h = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert h.stdout.readline().strip() == "held"
+    return h
+
+
+@pytest.mark.parametrize("writer", ["sweep", "prefill", "claim"])
+def test_a_second_writer_on_one_output_is_refused_naming_the_holder(writer, tmp_path, capsys):
+    out = tmp_path / "o.csv"
+    h = _hold_lock(out)
+    try:
+        if writer == "sweep":
+            with pytest.raises(tables.OutputLockedError, match=rf"{out}: another writer \(pid {h.pid}\)"):
+                run_sweep(SweepSpec(**TINY), out, progress=False)
+        elif writer == "prefill":
+            with pytest.raises(SystemExit):
+                P.main([*PREFILL, "--out", str(out)])
+            assert f"another writer (pid {h.pid})" in capsys.readouterr().err
+        else:
+            with pytest.raises(tables.OutputLockedError, match=f"pid {h.pid}"):
+                tables.claim(out)
+        assert not out.exists()
+    finally:
+        h.kill()
+        h.wait()
+    with tables.holding(out):  # the holder gone: the lock is free again (and released after the block)
+        pass
+    assert str(out.with_name("o.csv.lock").resolve()) not in tables._HELD
+
+
+def test_resume_onto_an_edited_table_is_refused_not_resealed(sweep_csv, tmp_path):
+    from lora_moe_lab.instruments.analysers.schemas import RecordingError
+
+    out = copy_sweep(sweep_csv, tmp_path)
+    df = pd.read_csv(out)
+    df.loc[1, "median_us"] = df.loc[1, "median_us"] * 0.5  # one value edited by hand, the rows kept
+    df.to_csv(out, index=False)
+    before = out.read_bytes()
+    with pytest.raises(RecordingError, match=rf"{out}: meta: content hash differs"):
+        run_sweep(SweepSpec(**TINY), out, resume=True, progress=False)
+    assert out.read_bytes() == before
+
+
+def test_resume_keeps_a_whole_row_written_after_the_last_seal(sweep_csv, tmp_path, capsys):
+    out = copy_sweep(sweep_csv, tmp_path)
+    data = out.read_bytes()
+    out.write_bytes(data[:data.rstrip(b"\n").rfind(b"\n") + 1])  # the seal of 3 rows, then the 4th row written
+    tables.seal(out, tables.sibling_meta(out))
+    out.write_bytes(data)
+    df = run_sweep(SweepSpec(**TINY), out, resume=True, progress=False)
+    assert "row 4 was written after the last seal" in capsys.readouterr().err and len(df) == 4
+
+
+def test_a_sweep_with_failed_rows_exits_non_zero_and_says_how_many(tmp_path, capsys, monkeypatch):
+    def oom(lab, p, **kw):
+        if p["guard"] == "sync":
+            raise RuntimeError("CUDA out of memory (made up)")
+        return real(lab, p, **kw)
+
+    def real(lab, p, **kw):  # a measured row, without building a model
+        return dict(warmup=0, reps=2, median_us=1.0, p10_us=1.0, p90_us=1.0, mean_us=1.0, wall_median_us=1.0,
+                    timer="wall", syncs_per_forward=0, error="")
+
+    monkeypatch.setattr(bench, "measure", oom)
+    monkeypatch.setattr(bench.LabCache, "get", lambda self, **kw: None)
+    out = tmp_path / "s.csv"
+    spec = ["--preset", "tiny", "--tokens", "8", "--guards", "sync", "cpu_flag", "--active", "0.5", "--warmup", "0",
+            "--reps", "2", "--device", "cpu", "--requests", "4", "--backend", "torch", "--no-progress"]
+    assert bench.main(["sweep", "--out", str(out), *spec]) == 1
+    err = capsys.readouterr().err
+    assert f"1 of 2 rows failed (their errors are in {out}'s error column" in err and "out of memory" in err
