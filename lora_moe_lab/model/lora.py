@@ -43,6 +43,10 @@ class AdapterWeightsError(ValueError):
 
 
 LORA_TENSORS = ("gate_up_a", "gate_up_b", "down_a", "down_b")  # the names load_weights takes and errors name
+# the load-time overflow probe (AdapterPool._check_written): run where the pool's dtype tops out below this (float16)
+NARROW_RANGE, PROBE_ROWS = 1e6, 16
+DELTA_PARTS = ("gate delta", "up delta", "SiLU(gate) x up of the deltas", "down delta")
+INT32_MAX = 2**31 - 1  # the batch's token offsets and the per-token mapping are int32 on the device
 
 
 def _first_bad(t: torch.Tensor):
@@ -281,21 +285,53 @@ class AdapterPool:
         return w.gate_up_a[:, slot], w.gate_up_b[:, slot], w.down_a[slot], w.down_b[slot]
 
     def _check_written(self, name: str, rank: int, scaling: float, slot: int) -> None:
-        """The slot as written must be finite: a finite scaling folded into B can still overflow the pool's dtype
-        (float16 above 65504). One host read per load (every layer's flags stacked), never in a forward. Refused:
-        the slot is zeroed again (as it was: it was free) and AdapterWeightsError names the first bad tensor."""
+        """The slot as written must be finite, and so must what it computes: a finite scaling folded into B can
+        overflow the pool's dtype (float16 above 65504) in the weights, or, with finite weights, in the delta's
+        outputs (float16 at scaling 64 gives inf, then NaN rows). The outputs are probed on PROBE_ROWS unit-scale
+        input rows (seeded) per layer, in float32, where the dtype's range is narrow (`_delta_peaks`). One host read
+        per load (every flag and peak stacked), never in a forward. Refused: the slot is zeroed again (as it was: it
+        was free) and AdapterWeightsError names the first bad tensor or layer."""
         flags = torch.stack([torch.isfinite(t).all() for w in self.layers for t in self._slot_tensors(w, slot)])
-        if bool(flags.all()):
+        top = torch.finfo(self.dtype).max
+        peaks = self._delta_peaks(slot) if top < NARROW_RANGE else None
+        both = torch.cat([flags.float(), peaks.flatten()]) if peaks is not None else flags.float()
+        host = both.cpu()  # the one read
+        ok = bool(host[:len(flags)].all())
+        over = None if peaks is None else (host[len(flags):].view(peaks.shape) > top).nonzero()
+        if ok and (over is None or not len(over)):
             return
-        j = int((~flags).nonzero()[0, 0])
-        layer, k = divmod(j, len(LORA_TENSORS))
         for w in self.layers:
             for t in self._slot_tensors(w, slot):
                 t.zero_()
             w.refresh_packed()
-        raise AdapterWeightsError(f"adapter {name!r} (rank {rank}): {LORA_TENSORS[k]} of layer {layer} is not finite "
-                                  f"in {self.dtype} after folding scaling={scaling:g} into B: refused, slot {slot} "
-                                  "left empty")
+        if not ok:
+            j = int((host[:len(flags)] == 0).nonzero()[0, 0])
+            layer, k = divmod(j, len(LORA_TENSORS))
+            raise AdapterWeightsError(f"adapter {name!r} (rank {rank}): {LORA_TENSORS[k]} of layer {layer} is not "
+                                      f"finite in {self.dtype} after folding scaling={scaling:g} into B: refused, "
+                                      f"slot {slot} left empty")
+        layer, part = (int(v) for v in over[0])
+        peak = float(host[len(flags):].view(peaks.shape)[layer, part])
+        raise AdapterWeightsError(f"adapter {name!r} (rank {rank}): at scaling={scaling:g} its {DELTA_PARTS[part]} "
+                                  f"reaches {peak:.3g} in layer {layer} on unit-scale inputs, past {self.dtype}'s "
+                                  f"largest finite value {top:g}: its rows would overflow to inf and NaN; lower the "
+                                  f"scaling or use bfloat16: refused, slot {slot} left empty")
+
+    def _delta_peaks(self, slot: int) -> torch.Tensor:
+        """(layers, 4) float32: the largest |value| of the adapter's gate delta, up delta, their product through
+        SiLU and the down delta of it, on PROBE_ROWS seeded unit-normal input rows (what the delta computes on
+        inputs of the scale the model's normalised activations have)."""
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        out = []
+        for w in self.layers:
+            gu_a, gu_b, d_a, d_b = (t.float() for t in self._slot_tensors(w, slot))
+            x = torch.randn(PROBE_ROWS, gu_a.shape[-1], generator=gen, device=self.device)
+            g = torch.einsum("enr,eir->eni", torch.einsum("nk,erk->enr", x, gu_a[0]), gu_b[0])
+            u = torch.einsum("enr,eir->eni", torch.einsum("nk,erk->enr", x, gu_a[1]), gu_b[1])
+            h = torch.nn.functional.silu(g) * u
+            d = torch.einsum("enr,ekr->enk", torch.einsum("eni,eri->enr", h, d_a), d_b)
+            out.append(torch.stack([t.abs().amax() for t in (g, u, h, d)]))
+        return torch.nan_to_num(torch.stack(out), nan=float("inf"))
 
     def _register(self, name: str, rank: int, slot: int) -> int:
         self.slot_names[slot], self.slot_ranks[slot] = name, rank
@@ -406,9 +442,15 @@ class LoRABatchInfo:
                              f"one each per request")
         if not adapters:
             raise ValueError("a batch needs at least one request")
-        for c in token_counts:
+        for i, c in enumerate(token_counts):
             if not isinstance(c, int) or isinstance(c, bool) or c < 0:
                 raise ValueError(f"token counts must be non-negative ints, got {c!r}")
+            if c > INT32_MAX:
+                raise ValueError(f"token_counts[{i}] = {c} is past int32 ({INT32_MAX}): the batch's offsets are int32 "
+                                 "on the device")
+        if sum(token_counts) > INT32_MAX:
+            raise ValueError(f"token_counts sum to {sum(token_counts)} tokens, past int32 ({INT32_MAX}): the batch's "
+                             "offsets are int32 on the device; split it into smaller batches")
         slots = [-1 if a is None else pool.slot_of(a) for a in adapters]  # KeyError names an unknown adapter
         generations = tuple((s, pool.slot_names[s], pool.slot_generations[s]) for s in sorted(set(slots)) if s >= 0)
         indptr = [0]

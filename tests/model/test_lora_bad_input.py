@@ -3,7 +3,8 @@
 * A rank above the pool's maximum: the adapter, its rank and the pool's max are named (`load`, `load_weights`).
 * NaN or inf weights: given ones are refused before anything is written, naming the adapter, the tensor, the layer
   and the first bad element; weights that overflow the pool's dtype once the scaling is folded into B are refused
-  after the write and the slot is zeroed again.
+  after the write and the slot is zeroed again; so are finite weights whose delta overflows float16 (scaling 64).
+* Token counts past int32 (the batch's device offsets) are named.
 * A batch whose adapter was unloaded mid-run: the next eager forward of a batch built before raises StaleBatchError
   naming the adapter and the slot; a batch built after names the adapter and the slot it was unloaded from.
 * A LoRAInfo asking for a rank above the slots' padded rank is refused (the kernels would read past A and B).
@@ -179,3 +180,32 @@ def test_lora_info_refuses_a_rank_past_the_slots(rank):
     with pytest.raises(ValueError, match=r"max_lora_rank must be an int in \[0, 8\]"):
         LoRAInfo(pool.layers[0], t, rank)
     assert LoRAInfo(pool.layers[0], t, 8).max_lora_rank == 8 and LoRAInfo(pool.layers[0], t, 0).max_lora_rank == 0
+
+
+@pytest.mark.parametrize("how", ["load", "load_weights"])
+def test_finite_weights_whose_delta_overflows_float16_are_refused_and_the_slot_left_empty(how):
+    # float16 at scaling 64: every weight finite, but the delta's rows reach inf and then NaN in a forward
+    pool = _pool(dtype=torch.float16)
+    pool.load("ok", rank=4)
+    before = _state(pool)
+    with pytest.raises(AdapterWeightsError, match=r"adapter 'loud' \(rank 4\): at scaling=64 its .*delta.* in layer "
+                                                  r"\d on unit-scale inputs, past torch.float16's largest finite "
+                                                  r"value 65504.*slot 1 left empty"):
+        if how == "load":
+            pool.load("loud", rank=4, scaling=64.0)
+        else:
+            pool.load_weights("loud", {k: v * 10 for k, v in _weights().items()}, scaling=64.0)
+    _unchanged(pool, before)
+    assert pool.load("fine", rank=4, scaling=4.0) == 1  # a scaling whose rows stay finite loads; the slot was free
+
+
+def test_the_overflow_probe_leaves_wide_dtypes_alone():
+    assert _pool(dtype=torch.bfloat16).load("loud", rank=4, scaling=64.0) == 0  # bfloat16 holds it
+
+
+@pytest.mark.parametrize("counts,what", [([2**31], r"token_counts\[0\] = 2147483648 is past int32"),
+                                         ([2**30, 2**30], r"token_counts sum to 2147483648 tokens, past int32")])
+def test_token_counts_past_int32_are_named(counts, what):
+    pool = _pool()
+    with pytest.raises(ValueError, match=what):
+        LoRABatchInfo.build(pool, [None] * len(counts), counts)
