@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ["tests/instruments/analysers/test_recording_corpus.py", "tests/model/test_identity_and_params.py",
          "tests/nb/test_bad_parameters.py", "tests/instruments/recorders/test_write_faults.py",
          "tests/nb/test_launcher.py", "tests/test_record_cli_faults.py",
-         "tests/instruments/recorders/test_study_writes.py", "tests/model/test_lora_bad_input.py"]
+         "tests/instruments/recorders/test_study_writes.py", "tests/model/test_lora_bad_input.py",
+         "tests/instruments/analysers/test_read_path_corpus.py"]
 WHERE = re.compile(r"(/|\\|\.(csv|json|ipynb|py|log|gz|yaml|txt)\b|\brow\b|\brows?\s+\d|\bline\s+\d|"
                    r"\bheader\b|\bmeta\b|"
                    r"--[a-z][a-z-]+|\b[a-z_][a-z0-9_]*\s*=|\b[a-z_][a-z0-9_]*\s+must\b|['\"`][\w.-]+['\"`]|"

@@ -391,7 +391,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
           what="Nsight Compute's counters of the LoRA kernels, own rank against padded (studies/lora_tax)"),
     _kind("own_rank", dict(session=_str(), regime=_str(pa.Check.isin(_REGIMES)), shape=_str(), tokens=_int(POS),
                            pool_max_rank=_int(POS), mode=_str(pa.Check.isin(_LORA_MODES)), ranks=_str(), mix=_str(),
-                           setting=_str(), n=_int(NONNEG), own_ms=_num(POS), padded_ms=_num(POS), speedup=_num(POS),
+                           setting=_str(), n=_int(NONNEG), own_ms=_num(POS, nullable=False), padded_ms=_num(POS, nullable=False), speedup=_num(POS),
                            lo=_num(POS), hi=_num(POS), wins=_bool(), ratio_own=_num(POS), ratio_padded=_num(POS)),
           unique=["session", "regime", "shape", "tokens", "pool_max_rank", "mode", "ranks", "mix"],
           what="each adapter read at its own rank against the pool's padded rank (studies/lora_tax)"),
@@ -460,6 +460,7 @@ def _first_failure(err: SchemaErrors | SchemaError, df: pd.DataFrame) -> tuple:
         r = rows.iloc[0]
         col = r["column"]
         val = df.iloc[int(r["_pos"])].get(col) if isinstance(col, str) and col in df.columns else r["failure_case"]
+        val = val.item() if isinstance(val, np.generic) else val  # -5.0, not np.float64(-5.0)
         check = str(r["check"])
         if check.startswith("coerce_dtype") or check.startswith("dtype"):
             what = f"column {col!r}: {val!r} is not a number"

@@ -56,6 +56,13 @@ CORPUS = {
     "tp_prediction": ("tp_emulation/prediction.csv", "sessions", "metric"),
     "tp_validation": ("tp_emulation/validation.csv", "measured", "point"),
     "traces_summary": ("traces/traces_summary.csv", "n_forwards", "file"),
+    "lora_tax": ("lora_tax/lora_tax.csv", "t_lora_floor_ms", "regime"),
+    "lora_tax_reps": ("lora_tax/lora_tax_reps.csv", "ms", "arm"),
+    "lora_tax_base_floor": ("lora_tax/base_floor.csv", "floor_us", "op"),
+    "lora_tax_base_layer": ("lora_tax/base_layer.csv", "us", "part"),
+    "lora_tax_host": ("lora_tax/lora_tax_host.csv", "off_us_per_layer", "device"),
+    "lora_tax_ncu": ("lora_tax/lora_tax_ncu.csv", "duration_us", "kernel"),
+    "own_rank": ("lora_tax/own_rank.csv", "own_ms", "session"),
 }
 FOREIGN = {"guards": "hidden_syncs/hidden_syncs_s1.csv", "kernel_tidy": "hidden_syncs/hidden_syncs_s1.csv"}
 # tables with no unique key (samples that may repeat; a trace name in two sessions' folders): the seal catches it
