@@ -22,7 +22,7 @@ ALLOWED = {
     ("lora_moe_lab/provenance.py", "_check_catalog_seal"): "the catalog's seal (metadata), read by the catalog's "
                                                            "checked reader",
     ("lora_moe_lab/instruments/recorders/tables.py", "read_meta"): "a writer's metadata, errors named (TableError)",
-    ("lora_moe_lab/instruments/recorders/bench.py", "run_sweep"): "the sweep it just wrote (its own output)",
+    ("lora_moe_lab/instruments/recorders/bench.py", "_run_sweep"): "the sweep it just wrote (its own output)",
     ("lora_moe_lab/instruments/recorders/bench.py", "load_sweep"): "a sweep a user hands (never data/); older "
                                                                    "column names renamed before use",
     ("lora_moe_lab/instruments/recorders/bench.py", "lost_table"): "the header only (nrows=0) of a user's sweep",
