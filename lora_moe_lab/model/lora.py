@@ -446,10 +446,10 @@ class LoRABatchInfo:
             if not isinstance(c, int) or isinstance(c, bool) or c < 0:
                 raise ValueError(f"token counts must be non-negative ints, got {c!r}")
             if c > INT32_MAX:
-                raise ValueError(f"token_counts[{i}] = {c} is past int32 ({INT32_MAX}): the batch's offsets are int32 "
-                                 "on the device")
+                raise ValueError(f"token_counts={c} (request {i}) is past int32 ({INT32_MAX}): the batch's offsets "
+                                 "are int32 on the device")
         if sum(token_counts) > INT32_MAX:
-            raise ValueError(f"token_counts sum to {sum(token_counts)} tokens, past int32 ({INT32_MAX}): the batch's "
+            raise ValueError(f"token_counts sum to tokens={sum(token_counts)}, past int32 ({INT32_MAX}): the batch's "
                              "offsets are int32 on the device; split it into smaller batches")
         slots = [-1 if a is None else pool.slot_of(a) for a in adapters]  # KeyError names an unknown adapter
         generations = tuple((s, pool.slot_names[s], pool.slot_generations[s]) for s in sorted(set(slots)) if s >= 0)

@@ -376,7 +376,8 @@ def test_a_sweep_with_failed_rows_exits_non_zero_and_says_how_many(tmp_path, cap
                     timer="wall", syncs_per_forward=0, error="")
 
     monkeypatch.setattr(bench, "measure", oom)
-    monkeypatch.setattr(bench.LabCache, "get", lambda self, **kw: None)
+    lab = type("Lab", (), {"shape": type("Shape", (), {"num_layers": 2})()})()  # what the sweep reads of a lab
+    monkeypatch.setattr(bench.LabCache, "get", lambda self, **kw: lab)
     out = tmp_path / "s.csv"
     spec = ["--preset", "tiny", "--tokens", "8", "--guards", "sync", "cpu_flag", "--active", "0.5", "--warmup", "0",
             "--reps", "2", "--device", "cpu", "--requests", "4", "--backend", "torch", "--no-progress"]
