@@ -233,7 +233,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                    shared=_int(NONNEG), programs_per_sm=_int(NONNEG, nullable=True)),
           unique=["preset", "op", "M", "arm", "tile"], unique_except=(("arm", ("early",)),), meta="section",
           what="compiled kernels' registers, stack, shared memory (studies/kernels/resources.py)"),
-    _kind("kernel_recording", dict(section=_str(), preset=_str(nullable=True), op=_str(nullable=True),
+    _kind("kernel_recording", dict(section=_str(), preset=_str(nullable=True), op=_str(nullable=True, required=False),
                                    M=_int(POS, nullable=True, required=False), time_us=_num(POS, required=False),
                                    rel_err=_num(NONNEG, required=False)),
           unique=["section", "preset", "op", "dtype", "M", "config"], unique_except=_KERNEL_EXEMPT,

@@ -124,7 +124,7 @@ def unlock_output(path) -> None:
         os.close(fd)
 
 
-def verify_seal(path, meta_path=None) -> None:
+def verify_seal(path, meta_path=None, *, dropped_cut: bool = False) -> None:
     """Before an append: the table agrees with its seal in its metadata (`meta_path`, else the sibling
     <name>.meta.json), where that holds one; an edited, cut or grown table is refused (schemas.RecordingError,
     naming the file), never resealed with the change in it. One whole row past the seal is accepted when the sealed
@@ -145,6 +145,10 @@ def verify_seal(path, meta_path=None) -> None:
     sealed = int(schemas.seal_of(p, mp, m)["rows"])
     text = data.decode("utf-8", errors="replace")
     recs = list(_split_records(text))
+    if dropped_cut and len(recs) - 1 == sealed - 1:  # the sealed last row was cut (the disk lost its end) and dropped
+        print(f"{p}: its last sealed row (row {sealed}) was cut and is measured again; the seal cannot vouch for the "
+              "rows before it", file=sys.stderr)
+        return
     if len(recs) - 1 == sealed + 1:  # one row past the seal: the sealed prefix must still be what was sealed
         prefix = text[:recs[sealed][2]].encode()
         if schemas.seal_of(p, mp, m)["sha256"] == hashlib.sha256(prefix).hexdigest():
@@ -472,7 +476,9 @@ def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object]
         s = drop_cut_row(p, s)
         if not s.exists:
             return None
-    verify_seal(p, meta_path)
+        verify_seal(p, meta_path, dropped_cut=True)
+    else:
+        verify_seal(p, meta_path)
     df = pd.DataFrame(s.rows, columns=s.header, dtype=object)
     for col, want in settings.items():
         if col not in df.columns:
