@@ -29,8 +29,6 @@ ALLOWED = {
     ("lora_moe_lab/instruments/recorders/bench.py", "main"): "the CPU note of the sweep it just wrote",
     ("lora_moe_lab/instruments/recorders/prefill.py", "main"): "its own --out on --resume, after "
                                                                "tables.check_resumable",
-    ("lora_moe_lab/instruments/recorders/probe.py", "relation"): "pending: the lead engineer's file (its points.csv "
-                                                                 "is to be read as kind probe_points)",
     ("lora_moe_lab/kernels/*", "*"): "the tile tables, rules and GPU registry: config, not recordings, checked by "
                                       "the kernels' own readers (plan_table.check_table)",
     ("lora_moe_lab/nb/runner.py", "server_info"): "jupyter_server's runtime file (jpserver-<pid>.json)",

@@ -39,9 +39,7 @@ def points() -> pd.DataFrame:
                              sync_forward_ms=r["forward_median_ms"], syncs_per_forward=r["syncs_per_forward"],
                              gpu=s.meta.get("gpu", "not recorded"), commit=s.meta.get("commit", ""),
                              date=s.meta.get("date", "")))
-    # sealed=False: data/probe/ holds probe files recorded without a seal (probe_h100_a.csv); their schema is checked,
-    # a seal they have must agree, and the probe's recorder (instruments/recorders/probe.py) is to seal them
-    probes = [schemas.read_csv(p, "probe", sealed=False) for p in _probe_files()]
+    probes = [schemas.read_csv(p, "probe") for p in _probe_files()]
     for f in probes:  # the probe records its layers and guard sites per layer: n syncs per forward
         f["syncs_per_forward"] = f["guard_sites"] * f["layers"]
     frames = [pd.DataFrame(rows)] + probes

@@ -88,7 +88,8 @@ def relation(path=None, exclude: str | None = None, kind: str = "saving"):
         return None
     if not Path(p).exists():
         return None
-    pts = host_lead.points([pd.read_csv(p)])
+    from ..analysers import schemas
+    pts = host_lead.points([schemas.read_csv(p, "probe_points")])  # sealed, schema and ranges checked
     try:
         return host_lead.fit_saving(pts, exclude=exclude) if kind == "saving" else host_lead.fit(pts, exclude)
     except host_lead.RelationError:
