@@ -142,3 +142,17 @@ def syncs_beyond_guards(reports: list, guard_syncs: int) -> list:
         assert len(guard) == guard_syncs, f"{len(guard)} guard syncs in a forward, expected {guard_syncs}"
         extra += [f"{e.site} {e.kind} ({e.op})" for e in rep.events if e not in guard]
     return extra
+
+
+def catalog_naming(monkeypatch, tmp_path, **entries) -> None:
+    """The data catalog replaced by one that names only `entries` (key -> an absolute path, or a list of them; a key
+    with dots passed as `replay__validation`): a loader's default read must then follow it."""
+    import json
+
+    from lora_moe_lab import provenance
+
+    doc = {k.replace("__", "."): ({"paths": [str(p) for p in v]} if isinstance(v, list) else {"path": str(v)})
+           | {"what": "a test's catalog"} for k, v in entries.items()}
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(provenance, "CATALOG", path)
