@@ -51,6 +51,8 @@ def _setup(name: str) -> Path:
     for f in ("conftest.py", "pyproject.toml"):
         shutil.copy2(ROOT / f, work / f)
     lines = ["[mutmut]", "source_paths=", "    lora_moe_lab/", "only_mutate=", f"    {path}",
+             # torch is not fork-safe once its thread pools run: workers fork from a server that imported nothing
+             "process_isolation=forkserver", "forkserver_warmup=none",
              "timeout_constant=30", "pytest_add_cli_args_test_selection="] + [f"    {t}" for t in tests]
     lines += ["pytest_add_cli_args=", "    -p", "    no:xdist", "    -p", "    no:cacheprovider", ""]
     (work / "setup.cfg").write_text("\n".join(lines))
@@ -60,6 +62,7 @@ def _setup(name: str) -> Path:
 def _mutmut(work: Path, *args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("mutmut")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's package, not the checkout's
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one thread per worker: no pool to deadlock after a fork
     return subprocess.run([str(exe), *args], cwd=work, env=env, capture_output=True, text=True)
 
 
