@@ -34,9 +34,10 @@ MODULES = {
     "lora_batch": ("lora_moe_lab/model/lora.py", "lora_moe_lab.model.lora.x\u01c1LoRABatchInfo\u01c1build__mutmut_*",
                    ["tests/model/test_launch_decisions.py", "tests/model/test_identity_and_params.py"]),
 }
-# mutmut's exit-code classes (mutmut/stats.py)
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", -24: "timeout",
-          24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "killed (memory)"}
+# mutmut 3.8's exit-code classes (mutmut/stats.py: status_by_exit_code; importing it needs mutmut's config in the cwd)
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
+          36: "timeout", 37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+          -11: "segfault", -9: "segfault", 2: "interrupted"}
 
 
 def _setup(name: str) -> Path:
