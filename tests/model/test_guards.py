@@ -97,3 +97,19 @@ def test_unregister_removes_only_that_guard_and_ignores_an_unknown_name(fourth_g
     assert guard_names() == tuple(n for n in before if n != fourth_guard.name)
     with pytest.raises(ValueError, match="unknown guard"):
         get_guard(fourth_guard.name)
+
+
+def test_registration_refuses_what_is_not_a_named_guard():
+    from lora_moe_lab.model.guards import CpuFlagGuard, SyncGuard
+
+    for name in ("", "base"):  # a guard needs a name of its own
+        cls = type("Nameless", (Guard,), {"name": name})
+        with pytest.raises(TypeError, match="register_guard takes a Guard subclass with its own name"):
+            register_guard(cls)
+        assert name not in guard_names()
+    assert register_guard(SyncGuard) is SyncGuard and guard_names()[:3] == ("sync", "cpu_flag", "launch_always")
+    impostor = type("Impostor", (Guard,), {"name": "cpu_flag"})
+    with pytest.raises(ValueError, match=r"a guard named 'cpu_flag' is already registered \(CpuFlagGuard\)"):
+        register_guard(impostor)
+    assert isinstance(get_guard("cpu_flag"), CpuFlagGuard)
+    assert guard_color("no_such_guard") == Guard.color == "#7f7f7f" and guard_color("sync") == "#d62728"
