@@ -32,7 +32,8 @@ MODULES = {
     "guards": ("lora_moe_lab/model/guards.py", None,
                ["tests/model/test_launch_decisions.py", "tests/model/test_guards.py"]),
     "lora_batch": ("lora_moe_lab/model/lora.py", "lora_moe_lab.model.lora.x\u01c1LoRABatchInfo\u01c1build__mutmut_*",
-                   ["tests/model/test_launch_decisions.py", "tests/model/test_identity_and_params.py"]),
+                   ["tests/model/test_launch_decisions.py", "tests/model/test_identity_and_params.py",
+                    "tests/model/test_lora.py"]),
 }
 # mutmut 3.8's exit-code classes (mutmut/stats.py: status_by_exit_code; importing it needs mutmut's config in the cwd)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
@@ -82,6 +83,7 @@ def _commit() -> str:
 
 def run(name: str) -> dict:
     path, pattern, tests = MODULES[name]
+    commit = _commit()  # the code copied now is what is mutated, whatever the checkout does meanwhile
     work = _setup(name)
     cmd = ["run"] + ([pattern] if pattern else [])
     r = _mutmut(work, *cmd)
@@ -99,7 +101,7 @@ def run(name: str) -> dict:
     scored = killed + n["survived"]
     rec = dict(module=name, file=path, mutants=pattern or "every function of the file", tests=tests,
                command=f"python scripts/mutate.py {name}  (mutmut {' '.join(cmd)} in build/mutate/{name})",
-               commit=_commit(), mutmut=_version(), date=datetime.date.today().isoformat(),
+               commit=commit, mutmut=_version(), date=datetime.date.today().isoformat(),
                counts=dict(sorted(n.items())), killed=killed, survived=n["survived"],
                score_pct=round(100 * killed / scored, 1) if scored else None,
                survivors=sorted(k for k, s in status.items() if s == "survived"),

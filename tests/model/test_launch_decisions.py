@@ -111,3 +111,17 @@ def test_rank_zero_pool_launches_only_under_capture(seam):
             got, _ = _run(lab, "inactive", guard, capture, seam)
             n = LAYERS if capture else 0
             assert got == {"after_gate_up": n, "after_down": n}, (guard, capture)
+
+
+def test_debug_check_catches_a_host_flag_that_lies(labs, monkeypatch):
+    """With `debug_check` the host-flag guards compare `has_active_lora` with the device (a sync, debug only): a batch
+    whose flag says inactive while an adapter is in use is an error, not a silently dropped delta."""
+    lab = labs["moe"]
+    monkeypatch.setattr(lab.model, "debug_check", True)
+    batch, tensors = lab.make_batch(["a", None], [3, 2])
+    x = lab.random_input(5)
+    lab.model(x, batch, tensors, guard="cpu_flag")  # the flag is right: passes
+    batch.has_active_lora = False
+    for guard in ("cpu_flag", "launch_always"):
+        with pytest.raises(AssertionError, match="has_active_lora=False but the device says an adapter is active"):
+            lab.model(x, batch, tensors, guard=guard)
