@@ -13,7 +13,7 @@ PORT ?= 8888
 # the measurement in data/setup/setup_time.json (studies/setup/record.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
-.PHONY: test run lab venv clean report gpu-check gpu-probe record
+.PHONY: test run lab venv clean report gpu-check gpu-probe record mutate
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -61,3 +61,10 @@ record: $(STAMP)
 
 clean:
 	rm -rf build .pytest_cache
+
+# Mutation testing of the lesson's core (scripts/mutate.py: mutmut over model/guards.py and the batch's
+# has_active_lora logic); the score per module into data/mutation/. Minutes per module: not part of CI.
+# MUTATE_ARGS: e.g. "guards".
+mutate: $(STAMP)
+	$(BIN)/pip install -q mutmut
+	$(BIN)/python scripts/mutate.py $(MUTATE_ARGS)

@@ -108,3 +108,51 @@ def write_kernel_run(tmp_path, name="run_x"):
     (tmp_path / f"{name}_kernels_expand.meta.json").write_text(json.dumps(dict(gpu="NVIDIA H200", commit="abc1234",
                                                                                date="2026-11-30", copy_gbps=4000.0)))
     return load_kernel_run(name, tmp_path)
+
+
+# --- sync-freedom by the audit's count (instruments/recorders/audit.py) ------------------------------
+GUARD_SYNC_SITE = "lora_moe_lab/model/guards.py"  # where the `sync` guard's designed `.item()` lives
+
+
+def audit_forwards(monkeypatch, model) -> list:
+    """Every later call of `model` audited on its own (`with audit()` around its forward: the CPU count on a CPU,
+    torch's sync debug mode with it on a GPU); returns the list the reports are appended to. The batch building
+    around the forward is not audited (the checked regions cover it)."""
+    from lora_moe_lab.instruments.recorders.audit import audit
+
+    reports, forward = [], model.forward
+
+    def audited(*a, **k):
+        with audit() as rep:
+            out = forward(*a, **k)
+        reports.append(rep)
+        return out
+
+    monkeypatch.setattr(model, "forward", audited)
+    return reports
+
+
+def syncs_beyond_guards(reports: list, guard_syncs: int) -> list:
+    """The audited syncs that are not the designed guard syncs ("site kind" strings, empty when sync-free), after
+    checking that the guard syncs are exactly `guard_syncs` per forward (the `sync` guard: one per guard site)."""
+    assert reports, "no forward was audited"
+    extra = []
+    for rep in reports:
+        guard = [e for e in rep.events if e.site.startswith(GUARD_SYNC_SITE + ":") and e.kind == "item"]
+        assert len(guard) == guard_syncs, f"{len(guard)} guard syncs in a forward, expected {guard_syncs}"
+        extra += [f"{e.site} {e.kind} ({e.op})" for e in rep.events if e not in guard]
+    return extra
+
+
+def catalog_naming(monkeypatch, tmp_path, **entries) -> None:
+    """The data catalog replaced by one that names only `entries` (key -> an absolute path, or a list of them; a key
+    with dots passed as `replay__validation`): a loader's default read must then follow it."""
+    import json
+
+    from lora_moe_lab import provenance
+
+    doc = {k.replace("__", "."): ({"paths": [str(p) for p in v]} if isinstance(v, list) else {"path": str(v)})
+           | {"what": "a test's catalog"} for k, v in entries.items()}
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(provenance, "CATALOG", path)

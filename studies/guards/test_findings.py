@@ -1,6 +1,9 @@
 """The guards recording as recorded: its sessions, the archived file beside them, the catalog's default."""
+import pandas as pd
+
 from lora_moe_lab.instruments.analysers.recordings import load_guards
 from studies.guards import read
+from helpers import catalog_naming
 
 
 def test_the_canonical_recording_is_two_checked_sessions():
@@ -12,9 +15,14 @@ def test_the_canonical_recording_is_two_checked_sessions():
     assert len(ok) and (ok["sessions"] == 2).all() and (ok["lost_lo95_us"] <= ok["lost_us"]).all()
 
 
-def test_load_guards_reads_the_catalogued_sessions_by_default():
-    rec, canon = load_guards(), read.sessions()
-    assert rec.paths == canon.paths and rec.paired().equals(canon.paired())
+def test_load_guards_reads_the_catalogued_sessions_by_default(monkeypatch, tmp_path):
+    rec = load_guards()
+    assert [p.name for p in rec.paths] == ["h200_guards_s1.csv", "h200_guards_s2.csv"]
+    assert len(rec.samples) == sum(len(pd.read_csv(p)) for p in rec.paths)  # every row of both files
+    s2 = rec.paths[1]
+    catalog_naming(monkeypatch, tmp_path, guards=[s2])  # the default follows the catalog, not a path of its own
+    one = load_guards()
+    assert one.paths == [s2] and one.sessions == ["s2"] and len(one.samples) == len(pd.read_csv(s2))
 
 
 def test_the_archived_recording_reads_unchecked_until_asked():

@@ -3,6 +3,7 @@ import numpy as np
 
 from lora_moe_lab.instruments.analysers import production_runs as PR
 from studies.production import read
+from helpers import catalog_naming
 
 
 def test_two_sessions_of_every_task():
@@ -12,9 +13,12 @@ def test_two_sessions_of_every_task():
         assert set(x.summary["task"]) == set(PR.TASK_TITLES) and x.meta["params"]["session"] == name
 
 
-def test_the_default_load_is_the_catalogued_sessions():
-    a, b = PR.load_sessions(), read.sessions()
-    assert list(a) == list(b) and all(a[k].summary.equals(b[k].summary) for k in a)
+def test_the_default_load_is_the_catalogued_sessions(monkeypatch, tmp_path):
+    a = PR.load_sessions()
+    assert list(a) == ["s1", "s2"] and [d.name for d in PR.session_folders()] == ["signature_s1", "signature_s2"]
+    catalog_naming(monkeypatch, tmp_path, production__sessions=PR.session_folders()[1:])  # the default follows it
+    b = PR.load_sessions()
+    assert list(b) == ["s2"] and b["s2"].summary.equals(a["s2"].summary)
 
 
 def test_the_fix_gains_in_every_task_over_both_sessions():

@@ -1,6 +1,8 @@
 """The guard registry: one place to add a guard. A fourth guard registered in a test appears in
 the benchmark CLI's choices, the simulator, the widget's options and the figure colours with no
 other edit; the model runs it and it gives the same output as the other three."""
+import time
+
 import pytest
 import torch
 
@@ -67,3 +69,52 @@ def test_the_model_runs_a_fourth_guard_with_the_same_output(fourth_guard):
     with count_guard_syncs() as c:
         y = lab.model(x, batch, tensors, guard=fourth_guard.name)
     assert c.count == 2 and torch.equal(y, ref)
+
+
+def test_each_sync_guard_sync_is_recorded_with_its_guard_site_and_time():
+    """One SyncEvent per `.item()` of the sync guard: the guard's name, the line of the `.item()` in guards.py, the
+    host time blocked (>= 0), and the process-wide total counts each once. The site is the line that records it,
+    next to the `.item()`."""
+    import inspect
+
+    from lora_moe_lab.model import guards
+
+    line = next(i for i, s in enumerate(inspect.getsourcelines(guards)[0], 1) if "_record(self.name" in s)
+    lab = build_lab("tiny", num_layers=3)
+    lab.pool.load("a", rank=4)
+    batch, tensors = lab.make_batch(["a"], [2])
+    before = guards.total_guard_syncs()
+    x = lab.random_input(2)
+    t0 = time.perf_counter_ns()
+    with guards.guard_sync_events() as events, count_guard_syncs() as c:
+        lab.model(x, batch, tensors, guard="sync")
+    elapsed = time.perf_counter_ns() - t0
+    assert c.count == len(events) == 3 and guards.total_guard_syncs() - before == 3
+    assert {(e.guard, e.site) for e in events} == {("sync", f"guards.py:{line}")}
+    assert all(isinstance(e.blocked_ns, int) and 0 <= e.blocked_ns <= elapsed for e in events)  # inside the forward
+
+
+def test_unregister_removes_only_that_guard_and_ignores_an_unknown_name(fourth_guard):
+    before = guard_names()
+    unregister_guard("no_such_guard")  # nothing to remove: no error
+    assert guard_names() == before
+    unregister_guard(fourth_guard.name)
+    assert guard_names() == tuple(n for n in before if n != fourth_guard.name)
+    with pytest.raises(ValueError, match="unknown guard"):
+        get_guard(fourth_guard.name)
+
+
+def test_registration_refuses_what_is_not_a_named_guard():
+    from lora_moe_lab.model.guards import CpuFlagGuard, SyncGuard
+
+    for name in ("", "base"):  # a guard needs a name of its own
+        cls = type("Nameless", (Guard,), {"name": name})
+        with pytest.raises(TypeError, match="register_guard takes a Guard subclass with its own name"):
+            register_guard(cls)
+        assert name not in guard_names()
+    assert register_guard(SyncGuard) is SyncGuard and guard_names()[:3] == ("sync", "cpu_flag", "launch_always")
+    impostor = type("Impostor", (Guard,), {"name": "cpu_flag"})
+    with pytest.raises(ValueError, match=r"a guard named 'cpu_flag' is already registered \(CpuFlagGuard\)"):
+        register_guard(impostor)
+    assert isinstance(get_guard("cpu_flag"), CpuFlagGuard)
+    assert guard_color("no_such_guard") == Guard.color == "#7f7f7f" and guard_color("sync") == "#d62728"

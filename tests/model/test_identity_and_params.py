@@ -140,7 +140,10 @@ def test_stale_check_ignores_slots_the_batch_does_not_use():
     batch, tensors = lab.make_batch(["a", None], [1, 1])
     lab.pool.unload("b")
     lab.pool.load("c", rank=4)  # slot 1: this batch's requests do not use it
-    lab.model(lab.random_input(2), batch, tensors)
+    x = lab.random_input(2, seed=int(torch.randint(0, 2**31, ()).item()))
+    y = lab.model(x, batch, tensors)  # runs, and applies adapter a as a batch built now does
+    assert torch.equal(y, lab.model(x, *lab.make_batch(["a", None], [1, 1])))
+    assert not torch.equal(y, lab.model(x, *lab.make_batch([None, None], [1, 1])))  # a is applied
 
 
 def test_stale_check_is_skipped_under_capture_mode():
@@ -149,9 +152,16 @@ def test_stale_check_is_skipped_under_capture_mode():
     lab.pool.load("a", rank=4)
     batch, tensors = lab.make_batch(["a", None], [2, 2])
     lab.pool.unload("a")
-    lab.pool.load("b", rank=4)
+    lab.pool.load("b", rank=4)  # slot 0 again, with other weights
+    x = lab.random_input(4, seed=int(torch.randint(0, 2**31, ()).item()))
+    with pytest.raises(StaleBatchError):  # eager: refused
+        lab.model(x, batch, tensors)
     with runtime.capture_mode():
-        lab.model(lab.random_input(4), batch, tensors)
+        y = lab.model(x, batch, tensors)
+    # the slot's current weights (b's) are applied, as a graph replaying on the slot buffers would
+    with runtime.capture_mode():
+        assert torch.equal(y, lab.model(x, *lab.make_batch(["b", None], [2, 2])))
+    assert not torch.equal(y, lab.model(x, *lab.make_batch([None, None], [2, 2])))
 
 
 def test_identity_check_is_host_only(monkeypatch):
@@ -258,10 +268,17 @@ def test_parse_dtype_refuses_non_float(dtype):
         parse_dtype(dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", torch.float64, "auto"])
-def test_builder_takes_float_dtypes(dtype):
+@pytest.mark.parametrize("dtype,want", [("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                                        ("float32", torch.float32), ("float64", torch.float64),
+                                        (torch.float64, torch.float64), ("auto", torch.float32)])  # auto on a CPU: fp32
+def test_builder_takes_float_dtypes(dtype, want):
     lab = build_lab("tiny", num_layers=1, device="cpu", backend="torch", dtype=dtype)
-    assert lab.dtype.is_floating_point
+    lab.pool.load("a", rank=4)
+    assert lab.dtype == lab.model.dtype == want
+    assert {p.dtype for p in lab.model.parameters()} == {want}
+    lw = lab.pool.layers[0]
+    assert {t.dtype for t in (lw.gate_up_a, lw.gate_up_b, lw.down_a, lw.down_b)} == {want}
+    assert lab.random_input(3).dtype == want
 
 
 @pytest.mark.parametrize("guard", ["sometimes", ["sync"], None, 3])

@@ -14,7 +14,7 @@ from lora_moe_lab import runtime
 from lora_moe_lab.instruments.recorders import sync_check as sc
 from lora_moe_lab.instruments.recorders.syncs import HostSyncError, allow_sync
 from lora_moe_lab.model import LoRABatchTensors, build_lab
-from helpers import fake_cuda_debug_mode, fake_sync_op
+from helpers import audit_forwards, fake_cuda_debug_mode, fake_sync_op, syncs_beyond_guards
 
 gpu = pytest.mark.skipif(not runtime.has_cuda(), reason="needs a CUDA GPU")
 
@@ -79,12 +79,47 @@ def test_guard_sync_fails_with_its_site_then_allowlisted(sync_check, lab):
             lab.model(x, batch, tensors, guard="sync")
 
 
-def test_cpu_flag_passes(sync_check, lab):
+def test_cpu_flag_passes(sync_check, lab, monkeypatch):
     lab, batch, tensors, x = lab
     with sync_check() as chk:
         batch, tensors = lab.make_batch(adapters=["a0", None], token_counts=[5, 3])  # the warmed shape
         lab.model(lab.random_input(8, seed=1), batch, tensors, guard="cpu_flag")
     assert chk.report.count == 0 and not chk.allowed
+    # On a CPU the check above sees the guards' own syncs only; the audit sees every call of the forward that would
+    # sync on a GPU (.item(), .tolist(), nonzero, a mask index, ...)
+    reports = audit_forwards(monkeypatch, lab.model)
+    lab.model(lab.random_input(8, seed=2), batch, tensors, guard="cpu_flag")
+    assert syncs_beyond_guards(reports, guard_syncs=0) == []
+
+
+def test_the_audit_sees_the_sync_guard_and_nothing_else(lab, monkeypatch):
+    lab, batch, tensors, x = lab
+    reports = audit_forwards(monkeypatch, lab.model)
+    lab.model(x, batch, tensors, guard="sync")
+    assert syncs_beyond_guards(reports, guard_syncs=lab.shape.num_layers) == []
+
+
+def test_a_hidden_item_in_the_forward_fails_the_audit(sync_check, lab, monkeypatch):
+    """The negative control: a `.item()` planted in the layer's routing is invisible to the guard counter (the
+    region passes on a CPU) but the audit names it, once per layer."""
+    from lora_moe_lab.model.moe import MoELayer
+
+    lab, batch, tensors, x = lab
+    route = MoELayer.route
+
+    def route_and_read(self, *a, **k):
+        topk_w, topk_ids = route(self, *a, **k)
+        topk_ids.max().item()  # HIDDEN-ITEM
+        return topk_w, topk_ids
+
+    monkeypatch.setattr(MoELayer, "route", route_and_read)
+    if not runtime.has_cuda():
+        with sync_check():  # what "sync-free" meant on a CPU before the audit
+            lab.model(x, batch, tensors, guard="cpu_flag")
+    reports = audit_forwards(monkeypatch, lab.model)
+    lab.model(x, batch, tensors, guard="cpu_flag")
+    extra = syncs_beyond_guards(reports, guard_syncs=0)
+    assert len(extra) == lab.shape.num_layers and all(_site("# HIDDEN-ITEM") in e for e in extra), extra
 
 
 def test_unused_entry_is_an_error(sync_check, lab):
