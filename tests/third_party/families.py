@@ -88,7 +88,8 @@ def _config_classes(fam: str) -> list[type]:
     from transformers import PretrainedConfig
 
     root = importlib.import_module(f"transformers.models.{fam}")
-    mods = [m for m in os.listdir(os.path.dirname(root.__file__)) if m.startswith("configuration_") and m.endswith(".py")]
+    mods = [m for m in os.listdir(os.path.dirname(root.__file__))
+            if m.startswith("configuration_") and m.endswith(".py")]
     out = []
     for m in mods:
         mod = importlib.import_module(f"transformers.models.{fam}.{m[:-3]}")
@@ -131,8 +132,10 @@ def build(fam: str, impl: str = "eager", seed: int = 0):
     if not classes:
         raise LookupError(f"no model class for its config classes {[c.__name__ for c in _config_classes(fam)]}")
     # the config that holds the experts itself (a composite model's text config) with a causal LM, first
-    classes.sort(key=lambda c: (not any(f in inspect.signature(c.__init__).parameters or hasattr(c, f)
-                                        for f in EXPERT_FIELDS), _model_class(c.model_type).__name__.find("CausalLM") < 0))
+    def holds_experts(c) -> bool:
+        return any(f in inspect.signature(c.__init__).parameters or hasattr(c, f) for f in EXPERT_FIELDS)
+
+    classes.sort(key=lambda c: (not holds_experts(c), "CausalLM" not in _model_class(c.model_type).__name__))
     cfg_cls = classes[0]
     params = inspect.signature(cfg_cls.__init__).parameters
     over = OVERRIDES.get(fam, {})
