@@ -83,5 +83,10 @@ def test_cannot_build_entries_still_fail(fam):
 
 @pytest.mark.parametrize("fam", BUILDABLE if _ENV == "all" else [])  # the whole corpus only
 def test_family_default_experts_equal_the_independent_count(fam):
-    exp, got, exp_cpu, got_cpu = measure(fam, "grouped_mm")  # float32: ATen's fallback reads its offsets
+    try:
+        exp, got, exp_cpu, got_cpu = measure(fam, "grouped_mm")  # float32: ATen's fallback reads its offsets
+    except ValueError as e:
+        if "does not support setting experts implementation" not in str(e):
+            raise
+        pytest.skip(f"{fam} has one experts implementation (its eager run is the test above): {e}")
     assert got == exp and got_cpu == exp_cpu, (fam, dict(got - exp), dict(exp - got))
