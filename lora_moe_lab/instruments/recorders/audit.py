@@ -279,6 +279,7 @@ def audit(
     focus: str | None = None,
     estimator: Callable | None = None,
     timeout_s: float | None = None,
+    graph_breaks: bool = False,
     **kw,
 ):
     """Audit `fn(*args, **kw)`: `warmup` plain calls, `reps` detection calls, then (on CUDA, with
@@ -291,6 +292,8 @@ def audit(
     `timeout_s`: each call of `fn` that has not returned after that many seconds is stopped, and
     AuditTimeout is raised with the syncs seen so far (`.report`); audit_deadline.py says what cannot be
     stopped (one C call that never returns).
+    `graph_breaks`: also trace one call with torch._dynamo.explain and say, per sync site, whether it breaks
+    a torch.compile(fullgraph=True) graph (`rep.graph_break_table()`; audit_graph.py; costly, off by default).
     An exception of `fn` propagates unchanged (its own traceback, a note added); a failure of the
     audit's own code is an AuditInternalError, never reported as `fn`'s."""
     if fn is None:
@@ -303,6 +306,8 @@ def audit(
             raise AuditError("timeout_s needs a callable: audit(fn, *args, timeout_s=...), not a `with audit()` block")
         return _block(device, warmup, focus)
     timeout_s = _check(fn, warmup, reps, timeout_s)
+    if not isinstance(graph_breaks, bool):
+        raise AuditError(f"graph_breaks must be True or False, got {graph_breaks!r}")
     s = _Session(device, reps, focus, estimator)
 
     def call(what: str):
@@ -330,6 +335,11 @@ def audit(
         except AuditTimeout as e:
             raise _timed_out(s.rep, timeout_s, f"audited call {i + 1}") from e.__cause__
     n_calls = warmup + reps
+    if graph_breaks:
+        from .audit_graph import explain_breaks
+
+        s.rep.graph_breaks = explain_breaks(fn, args, kw, s.sites.rel)
+        n_calls += 1
     if s.rep.device == "cuda" and profile:
         s.profile(lambda: call("profiled call"))
         n_calls += 1

@@ -55,6 +55,7 @@ class AuditReport:
     trace: object = None  # TraceTables of the profiled call (CUDA)
     ranges: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> [(start_ns, end_ns)] in it
     overhead_s: float = math.nan  # audit time beyond the forward's own calls
+    graph_breaks: object = None  # audit_graph.GraphBreaks when audit(graph_breaks=True)
 
     @property
     def timed_on(self) -> str:
@@ -174,8 +175,17 @@ class AuditReport:
                 f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
                 "(replay of the profiled forward)"
             )
+        if self.graph_breaks is not None:
+            lines.append(self.graph_breaks.summary(self))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def graph_break_table(self) -> pd.DataFrame:
+        """Per sync site: kinds, syncs per call, whether it breaks a torch.compile(fullgraph=True) graph
+        and the first reason (needs audit(..., graph_breaks=True))."""
+        if self.graph_breaks is None:
+            raise ValueError("no graph-break view in this report: audit(..., graph_breaks=True)")
+        return self.graph_breaks.table(self)
 
     def __repr__(self):
         return f"AuditReport(device={self.device!r}, syncs_per_call={self.count:g}, sites={dict(self.sites)})"

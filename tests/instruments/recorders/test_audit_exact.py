@@ -200,3 +200,42 @@ def test_every_documented_module_path_has_a_cli():
         tree = ast.parse(path.read_text())
         mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
         assert path.name == "__main__.py" or mains, f"`python -m {m}` has no __main__ block: it would exit 0 silently"
+
+
+# --- the graph-break view ----------------------------------------------------------------------------------
+def _masked_sum(x):
+    y = x * 2  # sync-free
+    z = y[y > 0]  # a data-dependent shape: a sync and a graph break
+    return z.sum().item()  # a host read: a sync and a graph break
+
+
+def test_graph_break_view_maps_breaks_to_sync_sites(monkeypatch):
+    """dynamo's explain faked (its first trace costs seconds on a CPU; the real one: the GPU check's test
+    below): a break whose user stack passes through a sync site marks that site."""
+    import types
+
+    import torch._dynamo as dynamo
+
+    code = _masked_sum.__code__
+    mask, item = code.co_firstlineno + 2, code.co_firstlineno + 3
+    frame = lambda line: types.SimpleNamespace(filename=code.co_filename, lineno=line)
+    fake = types.SimpleNamespace(graph_break_count=3, graph_count=2, break_reasons=[
+        types.SimpleNamespace(reason="Dynamic shape operator\n  more", user_stack=[frame(mask)])])
+    monkeypatch.setattr(dynamo, "explain", lambda fn: lambda *a, **k: fake)
+    rep = audit(_masked_sum, torch.randn(8), warmup=0, graph_breaks=True)
+    t = rep.graph_break_table().set_index("site")
+    site = next(s for s in t.index if s.endswith(f":{mask}"))
+    assert t.loc[site, "breaks_graph"] and t.loc[site, "reason"] == "Dynamic shape operator"
+    assert not t.loc[next(s for s in t.index if s.endswith(f":{item}")), "breaks_graph"]
+    assert "dynamo counted 3 in 2 graph(s) and listed 1, 1 of them at a sync site" in rep.summary()
+    with pytest.raises(ValueError, match="graph_breaks=True"):
+        audit(_masked_sum, torch.randn(8), warmup=0).graph_break_table()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.has_cuda(), reason="the GPU check's machine: dynamo's first trace costs seconds")
+def test_graph_break_view_with_dynamo():
+    rep = audit(_masked_sum, torch.randn(8, device=DEV), warmup=0, profile=False, graph_breaks=True)
+    t = rep.graph_break_table()
+    assert len(t) == 2 and t["breaks_graph"].all(), rep.summary()
+    assert rep.graph_breaks.from_syncs(rep.sites) == len(rep.graph_breaks.breaks) >= 2
