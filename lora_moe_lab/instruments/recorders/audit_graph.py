@@ -41,13 +41,23 @@ class GraphBreaks:
         sites = set(sites)
         return sum(bool(sites.intersection(stack)) for _, stack in self.breaks)
 
+    @property
+    def complete(self) -> bool:
+        """Dynamo listed every break it counted: a site on no listed stack then breaks nothing."""
+        return not self.error and len(self.breaks) >= self.count
+
     def table(self, rep) -> pd.DataFrame:
-        """One row per sync site of the report: its kinds, syncs per call, whether it breaks the graph."""
+        """One row per sync site of the report: its kinds, syncs per call, whether it breaks the graph
+        (True; False; None where dynamo counted breaks it did not list, so a site on no listed stack is
+        not known to be free: it may have run in a frame dynamo gave up on)."""
         rows = []
+        unknown = f"unknown: dynamo counted {self.count} break(s) and listed {len(self.breaks)}"
         for site, n in sorted(rep.sites.items(), key=lambda kv: -kv[1]):
             reasons = self.at(site)
+            brk = True if reasons else (False if self.complete else None)
             rows.append(dict(site=site, kinds=", ".join(sorted({e.kind for e in rep.events if e.site == site})),
-                             count_per_call=n, breaks_graph=bool(reasons), reason=reasons[0] if reasons else ""))
+                             count_per_call=n, breaks_graph=brk,
+                             reason=reasons[0] if reasons else ("" if brk is False else unknown)))
         return pd.DataFrame(rows, columns=["site", "kinds", "count_per_call", "breaks_graph", "reason"])
 
     def summary(self, rep) -> str:
@@ -56,8 +66,8 @@ class GraphBreaks:
         t = self.table(rep)
         return (f"graph breaks (torch.compile, fullgraph=True refuses at the first): dynamo counted {self.count} "
                 f"in {self.graphs} graph(s) and listed {len(self.breaks)}, {self.from_syncs(rep.sites)} of them "
-                f"at a sync site; {int(t['breaks_graph'].sum()) if len(t) else 0} of {len(t)} sync site(s) "
-                "break the graph")
+                f"at a sync site; {int((t['breaks_graph'] == True).sum())} of {len(t)} sync site(s) break the "  # noqa: E712
+                f"graph{'' if self.complete else ', the others unknown (rep.graph_break_table())'}")
 
 
 def explain_breaks(fn, args, kw, rel) -> GraphBreaks:
