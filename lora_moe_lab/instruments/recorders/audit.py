@@ -425,6 +425,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--csv", help="write the table here")
     ap.add_argument("--focus", help="site each sync at its innermost frame in this package (e.g. transformers), "
                     "or 'user' for the caller's own lines (default: the innermost frame outside torch)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="cuda: count on the GPU; cpu: the calls that would sync on one (default: cuda if available)")
     ap.add_argument("--timeout", type=float, default=None, metavar="S",
                     help="stop a call that has not returned after S seconds and print the syncs seen so far")
     return ap
@@ -445,7 +447,7 @@ def main(argv=None, estimator=None, prog: str = "python -m lora_moe_lab.instrume
     args, kw = call_args(factory)
     try:
         rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, focus=a.focus, estimator=estimator,
-                    timeout_s=a.timeout, **kw)
+                    timeout_s=a.timeout, device=a.device, **kw)
     except (FocusError, AuditError) as e:
         return _fail(e, EXIT_BAD_INPUT)
     except AuditTimeout as e:

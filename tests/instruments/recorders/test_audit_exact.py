@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
 DEV = "cuda" if runtime.has_cuda() else "cpu"
 
 
-def _n(fn):
-    return audit(fn, warmup=0, profile=False).count
+def _n(fn):  # the CPU rules, on any machine (a GPU's count: test_gpu_rules_match_the_debug_mode)
+    return audit(fn, warmup=0, profile=False, device="cpu").count
 
 
 # --- exact counts ------------------------------------------------------------------------------------
@@ -124,12 +124,12 @@ def test_timeout_stops_a_pure_python_loop_and_reports_what_it_saw():
 
     t0 = time.perf_counter()
     with pytest.raises(AuditTimeout, match=r"audited call 1 did not return within 0\.2 s") as ei:
-        audit(spins, warmup=0, timeout_s=0.2)
+        audit(spins, warmup=0, timeout_s=0.2, device="cpu")
     assert time.perf_counter() - t0 < 30  # stopped (not a wall-time test: the bound is only "it returned")
     rep = ei.value.report
     assert rep.count > 0 and set(rep.kinds) == {"item"} and f"{len(rep.events)} sync(s) seen so far" in str(ei.value)
     assert torch.overrides._get_current_function_mode() is None
-    assert audit(lambda: x.sum().item(), warmup=1, timeout_s=60).count == 1  # a call that returns: no effect
+    assert audit(lambda: x.sum().item(), warmup=1, timeout_s=60, device="cpu").count == 1  # a call that returns: no effect
     with pytest.raises(AuditTimeout, match="warm-up call 1 .* not watched"):
         audit(lambda: [None for _ in iter(int, 1)], warmup=1, timeout_s=0.1)
 
@@ -167,9 +167,10 @@ def test_module_cli_runs_or_names_its_error(tmp_path, monkeypatch, capsys):
     code, _, err = _run(monkeypatch, capsys, "lora_moe_lab.instruments.recorders.audit")
     assert code == 2 and "callable" in err  # never a silent exit 0
     code, out, err = _run(monkeypatch, capsys, "lora_moe_lab.instruments.recorders.audit", f"{mod}:f", "--warmup", "0",
-                          "--timeout", "60")
+                          "--timeout", "60", "--device", "cpu")
     assert code == 0 and "2 host-device sync(s) per call" in out, err
-    code, out, err = _run(monkeypatch, capsys, "lora_moe_lab.audit", f"{mod}:hang", "--warmup", "0", "--timeout", "0.3")
+    code, out, err = _run(monkeypatch, capsys, "lora_moe_lab.audit", f"{mod}:hang", "--warmup", "0", "--timeout", "0.3",
+                          "--device", "cpu")
     assert code == 3 and "AuditTimeout" in err and "sync(s) per call" in out, err
 
 
@@ -222,7 +223,7 @@ def test_graph_break_view_maps_breaks_to_sync_sites(monkeypatch):
     fake = types.SimpleNamespace(graph_break_count=3, graph_count=2, break_reasons=[
         types.SimpleNamespace(reason="Dynamic shape operator\n  more", user_stack=[frame(mask)])])
     monkeypatch.setattr(dynamo, "explain", lambda fn: lambda *a, **k: fake)
-    rep = audit(_masked_sum, torch.randn(8), warmup=0, graph_breaks=True)
+    rep = audit(_masked_sum, torch.randn(8), warmup=0, graph_breaks=True, device="cpu")
     t = rep.graph_break_table().set_index("site")
     site = next(s for s in t.index if s.endswith(f":{mask}"))
     assert t.loc[site, "breaks_graph"] and t.loc[site, "reason"] == "Dynamic shape operator"
@@ -230,10 +231,10 @@ def test_graph_break_view_maps_breaks_to_sync_sites(monkeypatch):
     assert t.loc[other, "breaks_graph"] is None and "unknown: dynamo counted 3" in t.loc[other, "reason"]
     assert "dynamo counted 3 in 2 graph(s) and listed 1, 1 of them at a sync site" in rep.summary()
     fake.graph_break_count = 1  # every break listed: a site on none of their stacks breaks nothing
-    rep = audit(_masked_sum, torch.randn(8), warmup=0, graph_breaks=True)
+    rep = audit(_masked_sum, torch.randn(8), warmup=0, graph_breaks=True, device="cpu")
     assert rep.graph_break_table().set_index("site").loc[other, "breaks_graph"] == False  # noqa: E712 (numpy bool)
     with pytest.raises(ValueError, match="graph_breaks=True"):
-        audit(_masked_sum, torch.randn(8), warmup=0).graph_break_table()
+        audit(_masked_sum, torch.randn(8), warmup=0, device="cpu").graph_break_table()
 
 
 @pytest.mark.gpu

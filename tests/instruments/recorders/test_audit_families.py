@@ -59,7 +59,7 @@ def measure(fam: str, impl: str = "eager") -> tuple[Counter, Counter, Counter, C
     model, ids, _ = F.build(fam, impl)
     with Oracle(model, ids) as o:
         y = F.forward(model, ids)
-    rep = audit(lambda: F.forward(model, ids), warmup=0, profile=False, focus="transformers")
+    rep = audit(lambda: F.forward(model, ids), warmup=0, profile=False, focus="transformers", device="cpu")
     got = Counter((e.site, "item" if e.kind == "index0d" else e.kind) for e in rep.events)
     assert torch.equal(F.forward(model, ids), y)  # the audit changes no result
     return o.syncs, got, o.cpu_only, Counter(e.site for e in rep.cpu_only)

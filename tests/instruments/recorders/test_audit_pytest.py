@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TESTS = '''
 import pytest, torch
 
-W = torch.randn(4)  # made outside the test: a device tensor to the CPU count
+W = torch.randn(4)  # made outside the test: a device tensor to the CPU count (device="cpu" on any machine)
 
 def forward(x):
     return (W * x).sum()
@@ -24,46 +24,46 @@ def forward(x):
 def guard(x):
     return bool((W > 0).any())  # one sync, intended
 
-@pytest.mark.sync_budget(max_syncs=0)
+@pytest.mark.sync_budget(max_syncs=0, device="cpu")
 def test_sync_free():
     forward(W)
 
-@pytest.mark.sync_budget(max_syncs=0)
+@pytest.mark.sync_budget(max_syncs=0, device="cpu")
 def test_over_budget():
     forward(W).item()
 
-@pytest.mark.sync_budget(max_syncs=1)
+@pytest.mark.sync_budget(max_syncs=1, device="cpu")
 def test_within_budget():
     forward(W).item()
 
-@pytest.mark.sync_budget(max_syncs=0, allow=["test_gate.py:guard"])
+@pytest.mark.sync_budget(max_syncs=0, allow=["test_gate.py:guard"], device="cpu")
 def test_allowed_site():
     forward(W)
     guard(W)
 
-@pytest.mark.sync_budget(max_syncs=0, allow=["test_gate.py:guard"])
+@pytest.mark.sync_budget(max_syncs=0, allow=["test_gate.py:guard"], device="cpu")
 def test_outside_allowlist():
     guard(W)
     W.tolist()
 
-@pytest.mark.sync_budget(allow=["test_gate.py:guard", "test_gate.py:forward"])
+@pytest.mark.sync_budget(allow=["test_gate.py:guard", "test_gate.py:forward"], device="cpu")
 def test_stale_entry():
     guard(W)
 
-@pytest.mark.sync_budget(max_syncs=-1)
+@pytest.mark.sync_budget(max_syncs=-1, device="cpu")
 def test_negative_budget():
     pass
 
-@pytest.mark.sync_budget(allow=["guard"])
+@pytest.mark.sync_budget(allow=["guard"], device="cpu")
 def test_not_a_site():
     pass
 
 def test_fixture(sync_budget):
     W.sum().item()  # outside the block: not counted
-    with sync_budget(max_syncs=1):
+    with sync_budget(max_syncs=1, device="cpu"):
         forward(W).item()
     with pytest.raises(AssertionError, match="2 host-device sync"):
-        with sync_budget(max_syncs=1):
+        with sync_budget(max_syncs=1, device="cpu"):
             forward(W).item()
             W.tolist()
 '''
