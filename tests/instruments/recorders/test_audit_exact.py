@@ -129,7 +129,7 @@ def test_timeout_stops_a_pure_python_loop_and_reports_what_it_saw():
     rep = ei.value.report
     assert rep.count > 0 and set(rep.kinds) == {"item"} and f"{len(rep.events)} sync(s) seen so far" in str(ei.value)
     assert torch.overrides._get_current_function_mode() is None
-    assert audit(lambda: x.sum().item(), warmup=1, timeout_s=60, device="cpu").count == 1  # a call that returns: no effect
+    assert audit(lambda: x.sum().item(), warmup=1, timeout_s=60, device="cpu").count == 1  # returns: no effect
     with pytest.raises(AuditTimeout, match="warm-up call 1 .* not watched"):
         audit(lambda: [None for _ in iter(int, 1)], warmup=1, timeout_s=0.1)
 
