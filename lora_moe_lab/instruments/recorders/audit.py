@@ -27,10 +27,14 @@ GPU idle after each sync (next GPU op start minus the later of the sync's start 
 op that finished before it returned), and the estimator it is handed (`estimator=`; lora_moe_lab.audit
 hands it the replay engine's, sim/sync_savings.py) the forward time saved if that site's syncs were removed.
 
-On a CPU-only machine there is no device: the audit counts and locates the calls that WOULD sync
-on a GPU (on the CPU tensors: host-side metadata kept in CPU tensors is counted too, a known
-false positive), times are marked CPU and nothing is estimated. A non_blocking `copy_` from an
-unpinned tensor counts there (the upload it would be); a `.to(device)` does not (a no-op there).
+On a CPU-only machine (or device="cpu") there is no device: the audit counts and locates the calls
+that WOULD sync on a GPU. Tensors a factory makes without `device=` (and what is computed from them
+only) are host metadata a GPU run keeps on the host: not counted (audit_watch.Watch keeps them by
+identity). An empty copy counts 0 (no bytes, no sync). Times are marked CPU, nothing is estimated.
+
+Failures: the audited code's exceptions pass unchanged (a note names the call); the audit's own are
+AuditInternalError; `timeout_s=` stops a call that has not returned with AuditTimeout and the syncs
+seen so far (audit_deadline.py); `graph_breaks=True` adds the graph-break view (audit_graph.py).
 
 Limits: torch calls only (a C extension that syncs inside is seen on a GPU by the debug mode,
 with the site of the torch call that led to it, or by the profiler, unattributed); one thread.
