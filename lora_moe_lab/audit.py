@@ -5,6 +5,7 @@
     print(rep.summary())
 
     python -m lora_moe_lab.audit mypkg.models:forward --inputs mypkg.models:make_inputs [--focus transformers]
+                                 [--timeout 60] [--csv audit.csv]
 
     %load_ext lora_moe_lab.audit   # in IPython: %sync_audit EXPR and a %%sync_audit cell
 
@@ -14,14 +15,14 @@ both and hands the one to the other, and every import points down.
 """
 from __future__ import annotations
 
-import argparse
-import sys
-
-from .instruments.recorders.audit import AuditError, AuditReport, FocusError, SpecError, call_args, resolve
+from .instruments.recorders.audit import (AuditError, AuditInternalError, AuditReport, AuditTimeout, FocusError,
+                                          NotCallableError, SpecError)
 from .instruments.recorders.audit import audit as _audit
+from .instruments.recorders.audit import main as _cli_main
 from .sim.sync_savings import estimate
 
-__all__ = ["audit", "estimate", "main", "AuditReport", "AuditError", "FocusError"]
+__all__ = ["audit", "estimate", "main", "AuditReport", "AuditError", "FocusError", "AuditTimeout",
+           "AuditInternalError", "NotCallableError", "SpecError"]
 
 
 def audit(fn=None, *args, estimator=estimate, **kw):
@@ -35,37 +36,8 @@ def load_ipython_extension(ip):  # `%load_ext lora_moe_lab.audit`
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m lora_moe_lab.audit",
-        description=(
-            "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
-            "blocked, GPU idle after it and (on a GPU) the replay's estimate of the saving."
-        ),
-    )
-    ap.add_argument("callable", help="module:callable to audit, e.g. mypkg.models:forward")
-    ap.add_argument("--inputs", help="module:factory returning its arguments (tuple, dict or one value)")
-    ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")
-    ap.add_argument("--reps", type=int, default=1, help="audited calls (default 1)")
-    ap.add_argument("--csv", help="write the table here")
-    ap.add_argument("--focus", help="site each sync at its innermost frame in this package (e.g. transformers), "
-                    "or 'user' for the caller's own lines (default: the innermost frame outside torch)")
-    a = ap.parse_args(argv)
-    try:
-        fn = resolve(a.callable)
-        factory = resolve(a.inputs, "inputs") if a.inputs else None
-        args, kw = call_args(factory)
-    except SpecError as e:
-        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    try:
-        rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, focus=a.focus, **kw)
-    except (FocusError, AuditError) as e:
-        print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(rep.summary())
-    if a.csv:
-        rep.table().to_csv(a.csv, index=False)
-    return 0
+    """The audit's command line (instruments/recorders/audit.py), priced by the replay engine on a GPU."""
+    return _cli_main(argv, estimator=estimate, prog="python -m lora_moe_lab.audit")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ lab_layers = 48      # layers of the lab's own MoE forward that the audit is poi
 live_reps = 0        # paired live repetitions per pattern (0 for none, 10 or more for an interval)
 live_warmup = 4      # warm-up pairs discarded before the live repetitions
 hf_tokens = 16       # input length of the tiny transformers Qwen3-MoE audited after the lab's forward
+graph_breaks = True  # which syncs break a torch.compile(fullgraph=True) graph (dynamo traces: ~1 min on a CPU)
 
 # %%
 import inspect
@@ -57,6 +58,8 @@ if patterns != "all" and (not isinstance(patterns, (list, tuple)) or set(pattern
                                  f"'all' or a list from {HS.names()}")
 nbp.check_positive_int("lab_layers", lab_layers)
 nbp.check_positive_int("hf_tokens", hf_tokens)
+if not isinstance(graph_breaks, bool):
+    raise NotebookParameterError(f"bad notebook parameter graph_breaks={graph_breaks!r}: True or False")
 if not isinstance(live_reps, int) or isinstance(live_reps, bool) or not (live_reps == 0 or live_reps >= 10):
     raise NotebookParameterError(f"bad notebook parameter live_reps={live_reps!r}: 0 or an int >= 10")
 if not isinstance(live_warmup, int) or isinstance(live_warmup, bool) or live_warmup < 0:
@@ -178,6 +181,25 @@ print(f"hoisted: {hf_hoisted.kinds.get('tolist', 0):g} .tolist() per forward ({l
 assert hf_hoisted.kinds.get("tolist", 0) == len(experts), "not one .tolist() per layer"
 assert not hf_hoisted.kinds.get("index0d") and not hf_hoisted.kinds.get("shape"), dict(hf_hoisted.kinds)
 assert same, "the hoisted loop's logits differ from the eager loop's"
+
+# %% [markdown]
+# ### Which syncs break a compiled graph
+# The same `.item()` that stops the host is, to `torch.compile`, a value Python needs before the graph
+# can go on, and a `nonzero` is an output whose size the tracer cannot know: each ends the graph, and
+# `fullgraph=True` refuses to compile at the first. `audit(..., graph_breaks=True)` traces the eager
+# forward once with `torch._dynamo.explain` and marks each sync site that some break's stack passes
+# through. Dynamo's own break count and the breaks it lists can differ (a frame it gives up on runs
+# eagerly, its later syncs unseen): both are printed.
+
+# %%
+if graph_breaks:
+    for c in cfgs.values():
+        c._experts_implementation = "eager"
+    hf_graph = audit(fwd, warmup=0, profile=False, focus="transformers", graph_breaks=True)
+    print(hf_graph.graph_breaks.summary(hf_graph))
+    display(hf_graph.graph_break_table())
+else:
+    print("graph_breaks=False: the graph-break view is not traced here")
 
 # %% [markdown]
 # ### The priced rewrite, recorded on the H200
@@ -325,3 +347,8 @@ elif live_reps:
 #   and on a `non_blocking` upload from pageable memory, on any machine.
 # * `audit(forward, *inputs).count == 0` in a test: the CPU run of CI already catches every kind
 #   above except allocator growth (a GPU-only fact); `docs/sync_audit.md` has the details.
+# * In any project that installs this one, `@pytest.mark.sync_budget(max_syncs=0, allow=["file.py:func"])`
+#   on a test (or the `sync_budget` fixture around a block) fails it on more syncs than the budget
+#   outside the allowlist, or on an entry that matched nothing: the audit counts on a CPU, torch's
+#   debug mode on a GPU (`instruments/recorders/audit_pytest.py`). `audit(..., timeout_s=60)` stops a
+#   forward that never returns, with the syncs it saw so far.

@@ -7,6 +7,7 @@
         model(x)
 
     python -m lora_moe_lab.audit mypkg.models:forward --inputs mypkg.models:make_inputs  # priced: lora_moe_lab/audit.py
+    python -m lora_moe_lab.instruments.recorders.audit mypkg.models:forward --timeout 60  # the same, not priced
 
 How it sees a sync. A `TorchFunctionMode` sees every torch call the forward makes (not the calls
 torch makes inside them) and classifies the ones that make the host wait for the GPU (KINDS):
@@ -26,10 +27,14 @@ GPU idle after each sync (next GPU op start minus the later of the sync's start 
 op that finished before it returned), and the estimator it is handed (`estimator=`; lora_moe_lab.audit
 hands it the replay engine's, sim/sync_savings.py) the forward time saved if that site's syncs were removed.
 
-On a CPU-only machine there is no device: the audit counts and locates the calls that WOULD sync
-on a GPU (on the CPU tensors: host-side metadata kept in CPU tensors is counted too, a known
-false positive), times are marked CPU and nothing is estimated. A non_blocking `copy_` from an
-unpinned tensor counts there (the upload it would be); a `.to(device)` does not (a no-op there).
+On a CPU-only machine (or device="cpu") there is no device: the audit counts and locates the calls
+that WOULD sync on a GPU. Tensors a factory makes without `device=` (and what is computed from them
+only) are host metadata a GPU run keeps on the host: not counted (audit_watch.Watch keeps them by
+identity). An empty copy counts 0 (no bytes, no sync). Times are marked CPU, nothing is estimated.
+
+Failures: the audited code's exceptions pass unchanged (a note names the call); the audit's own are
+AuditInternalError; `timeout_s=` stops a call that has not returned with AuditTimeout and the syncs
+seen so far (audit_deadline.py); `graph_breaks=True` adds the graph-break view (audit_graph.py).
 
 Limits: torch calls only (a C extension that syncs inside is seen on a GPU by the debug mode,
 with the site of the torch call that led to it, or by the profiler, unattributed); one thread.
@@ -37,23 +42,23 @@ with the site of the torch call that led to it, or by the profiler, unattributed
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import dataclasses
 import importlib
 import importlib.util
-import math
 import os
 import sys
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Callable
 
-import pandas as pd
 import torch
 
 from . import syncs
-from .audit_watch import DEBUG_MODE_KINDS, KINDS, FocusError, Sites, Watch, classify, debug_mode_hook
+from .audit_deadline import Deadline, Expired, check_timeout
+from .audit_report import NOT_ESTIMATED, AuditReport, SyncEventRecord  # noqa: F401  (re-exported)
+from .audit_watch import KINDS, AuditInternalError, FocusError, Sites, Watch, classify, debug_mode_hook
 
 __all__ = [
     "audit",
@@ -61,191 +66,39 @@ __all__ = [
     "SyncEventRecord",
     "KINDS",
     "AuditError",
+    "NotCallableError",
     "SpecError",
+    "AuditTimeout",
+    "AuditInternalError",
     "NoCudaWork",
     "FocusError",
     "classify",
+    "main",
 ]
-
-NOT_ESTIMATED = "not estimated"
-
 
 class AuditError(ValueError):
     """Bad input to audit(): not a callable, reps or warmup out of range, a focus not installed."""
+
+
+class NotCallableError(AuditError, TypeError):
+    """What audit() was handed to call is not callable."""
 
 
 class SpecError(AuditError):
     """A `module:callable` spec that does not name an importable callable."""
 
 
+class AuditTimeout(TimeoutError):
+    """An audited call that had not returned by its deadline (`timeout_s=`), stopped. `report`: the
+    AuditReport of the syncs seen so far (the calls that finished, and the stopped call's so far)."""
+
+    def __init__(self, msg: str, report: "AuditReport"):
+        super().__init__(msg)
+        self.report = report
+
+
 class NoCudaWork(UserWarning):
     """The audited forward launched no CUDA work on a GPU machine."""
-
-
-# --- results ------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class SyncEventRecord:
-    kind: str
-    op: str
-    site: str  # package-relative file:line of the innermost frame outside torch and the tooling
-    function: str
-    rep: int  # which audited call (0-based)
-    t_ns: int  # perf_counter ns from the call's start
-    blocked_ns: int  # perf_counter around the op
-    called_from: str = ""  # the innermost frame of the user's own code
-    code: str = ""  # the source line at `site`
-
-
-_COLS = ["site", "function", "code", "called_from", "kind", "ops", "count_per_call", "host_blocked_us",
-         "host_blocked_us_per_call", "timed_on", "gpu_idle_after_us", "saving_us", "estimate", "torch_count"]
-
-
-@dataclasses.dataclass
-class AuditReport:
-    """What audit() saw. `events`: every sync of the detection calls; `cpu_only`: checks that only a
-    CPU makes (not counted); `table()`: per line and kind, counts per call, host time blocked, GPU
-    idle after and saving (both per call)."""
-
-    device: str  # "cuda" | "cpu"
-    reps: int
-    events: list = dataclasses.field(default_factory=list)
-    cpu_only: list = dataclasses.field(default_factory=list)
-    call_ms: list = dataclasses.field(default_factory=list)  # wall time of each detection call
-    torch_total: int = 0  # syncs torch's debug mode reported over the detection calls (GPU)
-    mismatch: list = dataclasses.field(default_factory=list)  # predicted more than the debug mode saw
-    focus: str | None = None
-    gpu_idle_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns, one profiled call
-    saving_ns: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> ns or None
-    total_saving_ns: float = math.nan
-    estimate_note: str = ""
-    notes: list = dataclasses.field(default_factory=list)
-    trace: object = None  # TraceTables of the profiled call (CUDA)
-    ranges: dict = dataclasses.field(default_factory=dict)  # (site, kind) -> [(start_ns, end_ns)] in it
-    overhead_s: float = math.nan  # audit time beyond the forward's own calls
-
-    @property
-    def timed_on(self) -> str:
-        return "GPU" if self.device == "cuda" else "CPU"
-
-    @property
-    def count(self) -> float:
-        """Syncs per call (every kind)."""
-        return len(self.events) / self.reps
-
-    @property
-    def debug_mode_count(self) -> float:
-        """Syncs per call of the kinds torch's sync debug mode counts: on a GPU it equals what the
-        debug mode reported (`torch_count`); on a CPU it is what it would report on a GPU."""
-        return sum(e.kind in DEBUG_MODE_KINDS for e in self.events) / self.reps
-
-    @property
-    def torch_count(self) -> float:
-        """Syncs per call torch's own debug mode reported (GPU; NaN on a CPU)."""
-        return self.torch_total / self.reps if self.device == "cuda" else math.nan
-
-    @property
-    def sites(self) -> Counter:
-        """site -> syncs per call (a site that syncs in only some calls gets a fraction)."""
-        c = Counter(e.site for e in self.events)
-        return Counter({k: v / self.reps for k, v in c.items()})
-
-    @property
-    def kinds(self) -> Counter:
-        c = Counter(e.kind for e in self.events)
-        return Counter({k: v / self.reps for k, v in c.items()})
-
-    def table(self, cpu_only: bool = False) -> pd.DataFrame:
-        """One row per (site, function, kind): count per call, host time blocked (median per
-        occurrence and total per call, µs), GPU idle after (per call, µs; NaN on a CPU), the saving
-        if removed (per call, µs; NaN with `estimate` = "not estimated ..." where there is none),
-        `called_from` (the user's lines that led there). Sorted by saving, then GPU idle, then count.
-        `cpu_only=True`: the table of the CPU-only checks instead."""
-        g = defaultdict(list)
-        for e in self.cpu_only if cpu_only else self.events:
-            g[(e.site, e.function, e.kind)].append(e)
-        rows = []
-        for (site, fn, kind), evs in g.items():
-            b = pd.Series([e.blocked_ns for e in evs], dtype=float) / 1e3
-            sv = self.saving_ns.get((site, kind))
-            rows.append(
-                dict(
-                    site=site,
-                    function=fn,
-                    code=evs[0].code,
-                    called_from=", ".join(sorted({e.called_from for e in evs})),
-                    kind=kind,
-                    ops=", ".join(sorted({e.op for e in evs})),
-                    count_per_call=len(evs) / self.reps,
-                    host_blocked_us=float(b.median()),
-                    host_blocked_us_per_call=float(b.sum()) / self.reps,
-                    timed_on=self.timed_on,
-                    gpu_idle_after_us=self.gpu_idle_ns.get((site, kind), math.nan) / 1e3,
-                    saving_us=math.nan if sv is None else sv / 1e3,
-                    estimate="replay" if sv is not None else self._why_not(kind),
-                    torch_count=(
-                        (len(evs) if kind in DEBUG_MODE_KINDS else 0) / self.reps
-                        if self.device == "cuda"
-                        else math.nan
-                    ),
-                )
-            )
-        df = pd.DataFrame(rows, columns=_COLS)
-        if len(df):
-            df = df.sort_values(
-                ["saving_us", "gpu_idle_after_us", "count_per_call", "site"],
-                ascending=[False, False, False, True],
-                na_position="last",
-                kind="stable",
-            ).reset_index(drop=True)
-        return df
-
-    def _why_not(self, kind: str) -> str:
-        if self.device != "cuda":
-            return f"{NOT_ESTIMATED} (CPU: no device)"
-        return (
-            f"{NOT_ESTIMATED} ({self.estimate_note or 'no blocking runtime call of this site in the trace'})"
-        )
-
-    def summary(self, top: int = 10) -> str:
-        t = self.table()
-        head = (
-            f"{self.count:g} host-device sync(s) per call on the {self.timed_on} "
-            f"({len(t)} line/kind row(s), {self.reps} call(s) audited)"
-        )
-        if self.device == "cuda":
-            head += f"; torch's sync debug mode counted {self.torch_count:g}"
-        else:
-            head += "; CPU count: the calls that would sync on a GPU, times are CPU times, nothing estimated"
-        lines = [head]
-        for r in t.head(top).itertuples():
-            cost = (
-                f"; per call, all of them: GPU idle after {r.gpu_idle_after_us:.1f} us, saving {r.saving_us:.1f} us"
-                if self.device == "cuda"
-                else ""
-            )
-            where = "" if r.called_from == r.site else f" <- {r.called_from}"
-            lines.append(
-                f"  {r.count_per_call:7g} x {r.kind:<11} {r.site} ({r.function}: {r.ops}){where}"
-                f" blocked {r.host_blocked_us:.1f} us each [{r.timed_on}]{cost}"
-            )
-        if len(t) > top:
-            lines.append(f"  ... {len(t) - top} more row(s)")
-        if self.cpu_only:
-            c = Counter(e.site for e in self.cpu_only)
-            lines.append(
-                f"left out: {len(self.cpu_only) / self.reps:g} CPU-only check(s) per call that a GPU does not make "
-                f"({', '.join(f'{s} x{n / self.reps:g}' for s, n in c.most_common(3))})"
-            )
-        if self.device == "cuda" and math.isfinite(self.total_saving_ns):
-            lines.append(
-                f"removing every attributed sync saves {self.total_saving_ns / 1e3:.1f} us per call "
-                "(replay of the profiled forward)"
-            )
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def __repr__(self):
-        return f"AuditReport(device={self.device!r}, syncs_per_call={self.count:g}, sites={dict(self.sites)})"
 
 
 # --- explicit synchronize / empty_cache (not torch functions) ------------------------------------
@@ -283,12 +136,24 @@ def _patched_syncs(on_call):
 syncs.tool_file(__file__)  # the interception's frames are never a user's site
 
 
-def _check(fn, warmup, reps):
+def _check(fn, warmup, reps, timeout_s=None):
     if not callable(fn):
-        raise AuditError(f"audit needs a callable (a forward), got {type(fn).__name__}: {fn!r:.80}")
+        raise NotCallableError(f"audit needs a callable (a forward), got {type(fn).__name__}: {fn!r:.80}")
     for n, v, lo in (("warmup", warmup, 0), ("reps", reps, 1)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise AuditError(f"{n} must be an int >= {lo}, got {v!r}")
+    try:
+        return check_timeout(timeout_s)
+    except ValueError as e:
+        raise AuditError(str(e)) from None
+
+
+def _timed_out(rep: "AuditReport", seconds: float, what: str) -> AuditTimeout:
+    kinds = ", ".join(f"{k} {int(v * rep.reps)}" for k, v in rep.kinds.most_common()) or "none"
+    watched = "" if "audited" in what else " (a warm-up call is not watched: warmup=0 watches from the start)"
+    return AuditTimeout(
+        f"the {what} did not return within {seconds:g} s and was stopped; {len(rep.events)} sync(s) seen so far "
+        f"({kinds}){watched}: the exception's .report holds them", rep)
 
 
 def _reraise_note(e: BaseException, what: str) -> None:
@@ -319,6 +184,8 @@ class _Session:
 
     @contextlib.contextmanager
     def detecting(self, i: int):
+        """Watch one call. The syncs seen are taken into the report however the call ends (a stopped
+        call's so far); a failure of the audit's own code is raised as that, whatever the call did."""
         self.cur, self.t_call = i, time.perf_counter_ns()
         cuda = self.rep.device == "cuda"
         w = Watch(self.rep.device, self.sites, watch_alloc=cuda)
@@ -326,13 +193,21 @@ class _Session:
         def on_call(kind, op, frame, t0, t1):
             w._emit(kind, op, self.sites.locate(frame), t0, t1)
 
-        with contextlib.ExitStack() as st:
-            if cuda:
-                st.enter_context(debug_mode_hook(w))
-            st.enter_context(_patched_syncs(on_call))
-            st.enter_context(w)
-            yield
+        try:
+            with contextlib.ExitStack() as st:
+                if cuda:
+                    st.enter_context(debug_mode_hook(w))
+                st.enter_context(_patched_syncs(on_call))
+                st.enter_context(w)
+                yield
+        except BaseException as e:
+            self._take(w)
+            if w.internal is not None and e is not w.internal:
+                raise w.internal  # the forward caught it and raised something else
+            raise
         self._take(w)
+        if w.internal is not None:  # the forward caught it and went on: still the audit's failure
+            raise w.internal
         if w.mismatch:
             self.rep.notes.append(f"the audit predicted more syncs than torch's debug mode saw: {w.mismatch[:3]}")
         self.rep.call_ms.append((time.perf_counter_ns() - self.t_call) / 1e6)
@@ -407,6 +282,8 @@ def audit(
     profile: bool = True,
     focus: str | None = None,
     estimator: Callable | None = None,
+    timeout_s: float | None = None,
+    graph_breaks: bool = False,
     **kw,
 ):
     """Audit `fn(*args, **kw)`: `warmup` plain calls, `reps` detection calls, then (on CUDA, with
@@ -416,36 +293,59 @@ def audit(
     package name ("transformers": its innermost frame there) or "user" (the user's own frame).
     `estimator`: the saving estimator of the profiled call (None: no price; lora_moe_lab.audit.audit passes the
     replay engine's, sim/sync_savings.estimate).
-    An exception of `fn` propagates unchanged (its own traceback, a note added)."""
+    `timeout_s`: each call of `fn` that has not returned after that many seconds is stopped, and
+    AuditTimeout is raised with the syncs seen so far (`.report`); audit_deadline.py says what cannot be
+    stopped (one C call that never returns).
+    `graph_breaks`: also trace one call with torch._dynamo.explain and say, per sync site, whether it breaks
+    a torch.compile(fullgraph=True) graph (`rep.graph_break_table()`; audit_graph.py; costly, off by default).
+    An exception of `fn` propagates unchanged (its own traceback, a note added); a failure of the
+    audit's own code is an AuditInternalError, never reported as `fn`'s."""
     if fn is None:
         if args or kw:
             raise AuditError(
                 "audit() as a context manager takes no arguments for a forward: "
                 "use `with audit() as rep:` or audit(fn, *args)"
             )
+        if timeout_s is not None:
+            raise AuditError("timeout_s needs a callable: audit(fn, *args, timeout_s=...), not a `with audit()` block")
         return _block(device, warmup, focus)
-    _check(fn, warmup, reps)
+    timeout_s = _check(fn, warmup, reps, timeout_s)
+    if not isinstance(graph_breaks, bool):
+        raise AuditError(f"graph_breaks must be True or False, got {graph_breaks!r}")
     s = _Session(device, reps, focus, estimator)
+
+    def call(what: str):
+        try:
+            with Deadline(timeout_s):
+                return fn(*args, **kw)
+        except Expired:
+            raise _timed_out(s.rep, timeout_s, what) from None
+        except (AuditInternalError, AuditTimeout):
+            raise
+        except Exception as e:
+            _reraise_note(e, what)
+            raise
+
     t_start = time.perf_counter()
     plain = []  # the forward's own wall time, from the plain warm-up calls
     for i in range(warmup):
         t0 = time.perf_counter()
-        try:
-            fn(*args, **kw)
-        except Exception as e:
-            _reraise_note(e, f"warm-up call {i + 1}")
-            raise
+        call(f"warm-up call {i + 1}")
         plain.append(time.perf_counter() - t0)
     for i in range(reps):
         try:
             with s.detecting(i):
-                fn(*args, **kw)
-        except Exception as e:
-            _reraise_note(e, f"audited call {i + 1}")
-            raise
+                call(f"audited call {i + 1}")
+        except AuditTimeout as e:
+            raise _timed_out(s.rep, timeout_s, f"audited call {i + 1}") from e.__cause__
     n_calls = warmup + reps
+    if graph_breaks:
+        from .audit_graph import explain_breaks
+
+        s.rep.graph_breaks = explain_breaks(fn, args, kw, s.sites.rel)
+        n_calls += 1
     if s.rep.device == "cuda" and profile:
-        s.profile(lambda: fn(*args, **kw))
+        s.profile(lambda: call("profiled call"))
         n_calls += 1
     # overhead: the audit's wall time beyond the forward's own calls. The warm-up calls are plain calls
     # and count as what they took (a cold process compiles its kernels in the first one: not the
@@ -504,3 +404,67 @@ def call_args(factory) -> tuple[tuple, dict]:
     if isinstance(v, dict):
         return (), v
     return (v,), {}
+
+
+# Exit status of the command line: 0 the report was printed; 2 bad input (a spec that names no callable, a focus
+# package not installed, a count out of range), the named error on stderr; 3 the timeout (the syncs seen so far on
+# stdout); 4 a failure of the audit's own code. An exception of the audited callable (or of its input factory) is
+# its own: Python's traceback, exit status 1.
+EXIT_BAD_INPUT, EXIT_TIMEOUT, EXIT_INTERNAL = 2, 3, 4
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Audit the host-device syncs of a forward: each sync's line, kind, count per call, host time "
+            "blocked, GPU idle after it and (on a GPU, python -m lora_moe_lab.audit) the replay's estimate "
+            "of the saving."
+        ),
+    )
+    ap.add_argument("callable", help="module:callable to audit, e.g. mypkg.models:forward (or path/to/file.py:fn)")
+    ap.add_argument("--inputs", help="module:factory returning its arguments (tuple, dict or one value)")
+    ap.add_argument("--warmup", type=int, default=1, help="plain calls first (default 1)")
+    ap.add_argument("--reps", type=int, default=1, help="audited calls (default 1)")
+    ap.add_argument("--csv", help="write the table here")
+    ap.add_argument("--focus", help="site each sync at its innermost frame in this package (e.g. transformers), "
+                    "or 'user' for the caller's own lines (default: the innermost frame outside torch)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="cuda: count on the GPU; cpu: the calls that would sync on one (default: cuda if available)")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="stop a call that has not returned after S seconds and print the syncs seen so far")
+    return ap
+
+
+def _fail(e: BaseException, code: int) -> int:
+    print(f"audit: {type(e).__name__}: {e}", file=sys.stderr)
+    return code
+
+
+def main(argv=None, estimator=None, prog: str = "python -m lora_moe_lab.instruments.recorders.audit") -> int:
+    a = parser(prog).parse_args(argv)
+    try:
+        fn = resolve(a.callable)
+        factory = resolve(a.inputs, "inputs") if a.inputs else None
+    except AuditError as e:
+        return _fail(e, EXIT_BAD_INPUT)
+    args, kw = call_args(factory)
+    try:
+        rep = audit(fn, *args, warmup=a.warmup, reps=a.reps, focus=a.focus, estimator=estimator,
+                    timeout_s=a.timeout, device=a.device, **kw)
+    except (FocusError, AuditError) as e:
+        return _fail(e, EXIT_BAD_INPUT)
+    except AuditTimeout as e:
+        print(e.report.summary())
+        return _fail(e, EXIT_TIMEOUT)
+    except AuditInternalError as e:
+        return _fail(e, EXIT_INTERNAL)
+    print(rep.summary())
+    if a.csv:
+        rep.table().to_csv(a.csv, index=False)
+        print(f"table: {a.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

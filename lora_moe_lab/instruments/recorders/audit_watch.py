@@ -35,16 +35,16 @@ import sys
 import sysconfig
 import time
 import warnings
-import weakref
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import sync_check, syncs
 
 __all__ = ["KINDS", "DEBUG_MODE_KINDS", "ATEN_SYNCS", "classify", "classify_aten", "Sites", "Watch", "Event",
-           "FocusError"]
+           "FocusError", "AuditInternalError"]
 
 KINDS = {
     "item": ".item() / bool() / int() / float(): reads one device value",
@@ -65,6 +65,11 @@ DEBUG_MODE_KINDS = frozenset({"item", "index0d", "tolist", "d2h", "upload", "sha
 
 class FocusError(ValueError):
     """A `focus=` package that is not installed (or not importable as a package)."""
+
+
+class AuditInternalError(RuntimeError):
+    """The audit's own machinery failed while watching a call (a rule, a site lookup): never the
+    audited code's error. `__cause__` is the original exception."""
 
 
 # --- aten ops that make the host wait on CUDA --------------------------------------------------------
@@ -143,6 +148,8 @@ def _classify_copy_aten(name, args, kwargs):
         dst_type, src_type = args[0].device.type, args[1].device.type
         src = args[1]
     nb = kwargs.get("non_blocking", False) or (name == "copy_" and len(args) > 2 and args[2] is True)
+    if src.numel() == 0:
+        return None  # ATen's copy_ returns before any CUDA call when there is nothing to copy: no sync
     if src_type == "cuda" and dst_type == "cpu" and not nb:
         return "d2h", 1, name
     if src_type == "cpu" and dst_type == "cuda" and not nb:
@@ -188,8 +195,8 @@ def classify(func, args, kwargs, device_type: str) -> tuple[str, str] | None:
     on_dev = first is not None and first.device.type == device_type
     if name in _ITEM:
         return ("item", name) if on_dev else None
-    if name == "tolist":
-        return ("tolist", name) if on_dev else None
+    if name == "tolist" or name in ("cpu", "numpy"):  # a copy to the host: none for 0 elements
+        return ("tolist" if name == "tolist" else "d2h", name) if on_dev and first.numel() else None
     if name in _D2H:
         return ("d2h", name) if on_dev else None
     if name in _SHAPE:
@@ -381,7 +388,13 @@ class Watch:
         self.warns = 0  # sync debug mode warnings seen (GPU): torch's own count of the region
         self.mismatch: list[str] = []
         self.pending = 0  # top-level aten syncs whose debug-mode warnings have not arrived yet
-        self.host_born: weakref.WeakSet = weakref.WeakSet()  # CPU only: tensors a GPU run keeps on the host
+        # CPU only: tensors a GPU run keeps on the host, keyed by identity. A WeakSet would compare a
+        # tensor with `==` on a hash collision: an elementwise op, and `bool()` of its result is a
+        # phantom .item() (0-d) or an error (more than one element) in the audited call.
+        self.host_born = WeakIdKeyDictionary()
+        self.busy = False  # inside the audit's own code: torch calls made there are not the forward's
+        self.internal: AuditInternalError | None = None  # the first failure of the audit's own code
+        self._own = _Own(self)
         self._fm, self._dm = _FunctionSide(self), _DispatchSide(self)
 
     # -- entering / leaving
@@ -412,10 +425,34 @@ class Watch:
         return ev
 
     def is_host(self, t) -> bool:
-        try:
-            return t in self.host_born or (t._base is not None and t._base in self.host_born)
-        except TypeError:
+        if not isinstance(t, torch.Tensor):
             return False
+        return t in self.host_born or (t._base is not None and t._base in self.host_born)
+
+    def own(self, what: str) -> "_Own":
+        """`with w.own("..."):` the audit's own code: its torch calls pass unwatched, and an exception
+        there becomes an AuditInternalError (recorded, so a forward that catches it cannot hide it)."""
+        self._own.what = what
+        return self._own
+
+
+class _Own:
+    __slots__ = ("w", "what", "prev")
+
+    def __init__(self, w: Watch):
+        self.w, self.what, self.prev = w, "", False
+
+    def __enter__(self):
+        self.prev, self.w.busy = self.w.busy, True
+
+    def __exit__(self, et, e, tb):
+        self.w.busy = self.prev
+        if et is None or not issubclass(et, Exception) or isinstance(e, AuditInternalError):
+            return False  # a BaseException (the audit's deadline, KeyboardInterrupt) passes as itself
+        err = AuditInternalError(f"the sync audit's own {self.what} failed ({et.__name__}: {e}); this is a bug "
+                                 "of the audit, not of the audited code")
+        self.w.internal = self.w.internal or err
+        raise err from e
 
 
 class _DispatchSide(TorchDispatchMode):
@@ -426,21 +463,25 @@ class _DispatchSide(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         w = self.w
-        hit = classify_aten(func, args, kwargs, w.dev)
-        if hit is not None and w.dev == "cpu" and isinstance(args[0], torch.Tensor) and w.is_host(args[0]):
-            hit = None  # a host-side metadata tensor: on a GPU it stays on the host, nothing to wait for
+        if w.busy:
+            return func(*args, **kwargs)
+        with w.own("aten rule"):
+            hit = classify_aten(func, args, kwargs, w.dev)
+            if hit is not None and w.dev == "cpu" and w.is_host(args[0]):
+                hit = None  # a host-side metadata tensor: on a GPU it stays on the host, nothing to wait for
         if hit is None:
             return func(*args, **kwargs)
-        kind, n, aten = hit
-        call = w.stack[-1] if w.stack else None
-        if kind == "item" and call is not None and call.name in ("__getitem__", "__setitem__"):
-            kind = "index0d"
-        located = w.sites.locate(sys._getframe(1))
-        rng = None
-        if w.mark:
-            rng = torch.profiler.record_function(f"audit_sync_{len(w.marks)}")
-            w.marks.append((located[0], kind))
-            rng.__enter__()
+        with w.own("site lookup"):
+            kind, n, aten = hit
+            call = w.stack[-1] if w.stack else None
+            if kind == "item" and call is not None and call.name in ("__getitem__", "__setitem__"):
+                kind = "index0d"
+            located = w.sites.locate(sys._getframe(1))
+            rng = None
+            if w.mark:
+                rng = torch.profiler.record_function(f"audit_sync_{len(w.marks)}")
+                w.marks.append((located[0], kind))
+                rng.__enter__()
         warn0, t0 = w.warns, time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
@@ -451,10 +492,11 @@ class _DispatchSide(TorchDispatchMode):
         if call is not None:
             call.preds.append((kind, n, aten, located, t0, t1))
         else:  # outside any Python-level torch call (e.g. torch.ops from a library)
-            for _ in range(n):
-                w._emit(kind, f"aten.{aten}", located, t0, t1, aten=aten)
-            if w.dev == "cuda":
-                w.pending += max(0, n - (w.warns - warn0))
+            with w.own("event record"):
+                for _ in range(n):
+                    w._emit(kind, f"aten.{aten}", located, t0, t1, aten=aten)
+                if w.dev == "cuda":
+                    w.pending += max(0, n - (w.warns - warn0))
         return out
 
 
@@ -466,18 +508,22 @@ class _FunctionSide(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         w = self.w
-        name = getattr(func, "__name__", "") or str(func)
-        call = _Call(name, func, args, kwargs, sys._getframe(1), w.warns)
-        before = torch.cuda.memory_reserved() if w.watch_alloc else 0
+        if w.busy:
+            return func(*args, **kwargs)
+        with w.own("call record"):
+            name = getattr(func, "__name__", "") or str(func)
+            call = _Call(name, func, args, kwargs, sys._getframe(1), w.warns)
+            before = torch.cuda.memory_reserved() if w.watch_alloc else 0
         w.stack.append(call)
         try:
             out = func(*args, **kwargs)
         finally:
             w.stack.pop()
         t1 = time.perf_counter_ns()
-        self._settle(call, out, t1)
-        if w.watch_alloc and torch.cuda.memory_reserved() > before:  # cudaMalloc inside this call
-            w._emit("allocator", f"{name} (reserved memory grew)", w.sites.locate(call.frame), call.t0, t1)
+        with w.own(f"rules for {name}"):
+            self._settle(call, out, t1)
+            if w.watch_alloc and torch.cuda.memory_reserved() > before:  # cudaMalloc inside this call
+                w._emit("allocator", f"{name} (reserved memory grew)", w.sites.locate(call.frame), call.t0, t1)
         return out
 
     def _settle(self, call: _Call, out, t1: int) -> None:
@@ -537,10 +583,13 @@ class _FunctionSide(TorchFunctionMode):
             if dev is None:
                 self._mark_host(out)
             elif name in _NEW_FROM_DATA and not isinstance(args[0] if args else None, torch.Tensor):
-                return "upload", f"torch.{name}(data, device=...)"
+                # 0 bytes (torch.tensor([], device=...)): no copy is issued, no sync
+                return ("upload", f"torch.{name}(data, device=...)") if _numel(out) else None
         elif name == "new_tensor" and ts and not w.is_host(ts[0]):
-            return "upload", "Tensor.new_tensor(data)"
+            return ("upload", "Tensor.new_tensor(data)") if _numel(out) else None
         elif target is not None and ts and w.is_host(ts[0]):
+            if not ts[0].numel():
+                return None  # an empty upload copies nothing
             nb = kwargs.get("non_blocking", False) or any(a is True for a in args[1:])
             if nb and not ts[0].is_pinned():
                 return "pageable", "Tensor.to(device, non_blocking=True) of pageable memory"
@@ -551,10 +600,11 @@ class _FunctionSide(TorchFunctionMode):
 
     def _mark_host(self, out) -> None:
         for t in _tensors(out if isinstance(out, (tuple, list)) else [out]):
-            try:
-                self.w.host_born.add(t)
-            except TypeError:
-                pass
+            self.w.host_born[t] = True
+
+
+def _numel(t) -> int:
+    return t.numel() if isinstance(t, torch.Tensor) else 1
 
 
 class _WarningHook:
