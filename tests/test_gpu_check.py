@@ -14,6 +14,17 @@ import pytest
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stem() -> str:
+    """The log's name at the fake commit on this machine: it names the card (`cpu` without one)."""
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return "gpu_check_abc1234_" + gpu.replace("NVIDIA ", "").replace(" ", "_")
+
+
+STEM = _stem()
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
 gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
@@ -132,21 +143,21 @@ def gpu_check(tmp_path, out, *args):
 def test_three_calls_fill_one_log(tmp_path, fake_gpu_machine):
     """The recipe: each call writes to a fresh folder, given the JSON of the call before with --merge."""
     assert gpu_check(tmp_path, "o1", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
-    first = (tmp_path / "o1" / "gpu_check_abc1234_cpu.log").read_text()
+    first = (tmp_path / "o1" / f"{STEM}.log").read_text()
     assert "NOT THE WHOLE SUITE" in first.splitlines()[-1] and "leave out tests/nb/ " in first.splitlines()[-1]
     assert gpu_check(tmp_path, "o2", "--what", "tests", "--pytest-args", "tests/nb",
-                     "--merge", str(tmp_path / "o1" / "gpu_check_abc1234_cpu.json")) == 0
+                     "--merge", str(tmp_path / "o1" / f"{STEM}.json")) == 0
     assert gpu_check(tmp_path, "o3", "--what", "notebooks",
-                     "--merge", str(tmp_path / "o2" / "gpu_check_abc1234_cpu.json")) == 0
+                     "--merge", str(tmp_path / "o2" / f"{STEM}.json")) == 0
     assert [c[-1] for c in fake_gpu_machine] == ["--ignore=tests/nb", "tests/nb"]
-    doc = json.loads((tmp_path / "o3" / "gpu_check_abc1234_cpu.json").read_text())
+    doc = json.loads((tmp_path / "o3" / f"{STEM}.json").read_text())
     t = doc["tests"]
     assert [p["args"] for p in t["parts"]] == [["--ignore=tests/nb"], ["tests/nb"]]
     assert [(p["passed"], p["skipped"], p["returncode"], p["ran"]["commit"]) for p in t["parts"]] == [
         (2, 1, 0, "abc1234def"), (2, 0, 0, "abc1234def")]
     assert (t["passed"], t["failed"], t["errors"], t["skipped"]) == (4, 0, 0, 1) and not t["incomplete"]
     assert t["coverage"]["whole_suite"] and not t["coverage"]["missing"] and doc["notebooks"]["passed"] == 1
-    text = (tmp_path / "o3" / "gpu_check_abc1234_cpu.log").read_text()
+    text = (tmp_path / "o3" / f"{STEM}.log").read_text()
     assert ("== pytest part 1 of 2 (pytest --ignore=tests/nb): 2 passed" in text
             and "== pytest part 2 of 2 (pytest tests/nb): 2 passed" in text
             and "== pytest, total over the 2 parts (pytest --ignore=tests/nb + pytest tests/nb): 4 passed" in text
@@ -158,16 +169,16 @@ def test_a_part_that_did_not_finish_fails_the_merged_log(tmp_path, fake_gpu_mach
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "--ignore=tests/nb") == 3
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb") == 0  # merged from --out
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "tests/nb/test_lessons.py") == 1
-    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234_cpu.json").read_text())
+    doc = json.loads((tmp_path / "o" / f"{STEM}.json").read_text())
     assert [p["scope"] for p in doc["tests"]["parts"]] == [
         "pytest --ignore=tests/nb", "pytest tests/nb", "pytest tests/nb/test_lessons.py"]
     assert doc["tests"]["incomplete"] and doc["tests"]["coverage"]["in_two_parts"] == ["tests/nb/test_lessons.py"]
-    text = (tmp_path / "o" / "gpu_check_abc1234_cpu.log").read_text()
+    text = (tmp_path / "o" / f"{STEM}.log").read_text()
     assert "DID NOT FINISH (timeout after 480 s)" in text
     assert text.endswith("== 1 FAILED (this log holds only: tests)\n")
     # the same part run again replaces it; a part that runs all of tests/nb replaces both tests/nb parts
     assert gpu_check(tmp_path, "o", "--what", "tests", "--pytest-args", "-x tests/nb") == 0
-    doc = json.loads((tmp_path / "o" / "gpu_check_abc1234_cpu.json").read_text())
+    doc = json.loads((tmp_path / "o" / f"{STEM}.json").read_text())
     assert [p["scope"] for p in doc["tests"]["parts"]] == ["pytest --ignore=tests/nb", "pytest -x tests/nb"]
     assert doc["tests"]["replaced"] == ["pytest tests/nb (by pytest -x tests/nb)",
                                         "pytest tests/nb/test_lessons.py (by pytest -x tests/nb)"]
@@ -179,7 +190,7 @@ def test_refuses_to_merge_another_commit(tmp_path, fake_gpu_machine, capsys):
     assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(prev)) == 2
     said = capsys.readouterr().out
     assert ("refusing to merge" in said and "commit 1111111aaaa" in said and "commit abc1234def" in said
-            and not fake_gpu_machine and not (tmp_path / "o" / "gpu_check_abc1234_cpu.json").exists())
+            and not fake_gpu_machine and not (tmp_path / "o" / f"{STEM}.json").exists())
     assert gpu_check(tmp_path, "o", "--what", "tests", "--merge", str(tmp_path / "none.json")) == 2
     assert "no such file" in capsys.readouterr().out
     ok = dict(commit="abc1234", dirty=False)  # a short GIT_COMMIT of the same commit merges
@@ -230,14 +241,14 @@ def test_a_notebook_run_cut_short_keeps_its_log(tmp_path, fake_gpu_machine, monk
     monkeypatch.setattr(gc, "run_notebooks", cut)
     with pytest.raises(KeyboardInterrupt):
         gpu_check(tmp_path, "o", "--what", "notebooks")
-    text = (tmp_path / "o" / "gpu_check_abc1234_cpu.log").read_text()
+    text = (tmp_path / "o" / f"{STEM}.log").read_text()
     assert "    | M=4096: ok" in text and "NOT RUN YET (counted as failed" in text and "02_kernel_early_exit" in text
     assert text.splitlines()[-1].startswith("== 1 FAILED")
 
 
 def test_notebooks_tar_goes_to_out(tmp_path, fake_gpu_machine):
     assert gpu_check(tmp_path, "o", "--what", "notebooks", "--notebooks-tar") == 0
-    assert (tmp_path / "o" / "gpu_check_abc1234_cpu_notebooks.tar.gz").is_file()
+    assert (tmp_path / "o" / f"{STEM}_notebooks.tar.gz").is_file()
 
 
 def test_run_notebooks_reports_after_each_with_the_rest_pending(tmp_path, monkeypatch):

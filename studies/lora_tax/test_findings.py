@@ -209,7 +209,8 @@ def test_the_host_study_counts_the_launches_each_path_adds(tmp_path):
     got = pd.read_csv(tmp_path / "lora_tax_host.csv")  # no wall time is asserted: only what the run counted
     # on a GPU the study also issues the launches (its `issued` arm), counted the same way
     assert list(got.arm) == ["stubbed"] + (["issued"] if torch.cuda.is_available() else []), list(got.arm)
-    assert (got.launches_on - got.launches_off == added("tiny", 4)).all(), got
+    stubbed = got[got.arm == "stubbed"].iloc[0]  # the launches the lab's Python makes: the plan's, on any machine
+    assert stubbed.launches_on - stubbed.launches_off == added("tiny", 4), got
     host_csv = Path(__file__).resolve().parents[2] / "data" / "lora_tax" / "lora_tax_host.csv"  # the recording
     for _, r in pd.read_csv(host_csv).iterrows():
         assert r.launches_on - r.launches_off == added(r["shape"], r.tokens), (host_csv, r["shape"], r.tokens)

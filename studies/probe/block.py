@@ -76,8 +76,9 @@ def probe_block() -> str | None:
             continue
         m, lo, hi = S.between_runs(g)
         nxt = S.next_run_check(g)
-        lines.append(f"- {name}: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] over {len(g)} sessions; "
-                     f"{sum(r['inside'] for r in nxt)} of {len(nxt)} later sessions inside the interval before them")
+        check = (f"{sum(r['inside'] for r in nxt)} of {len(nxt)} later sessions inside the interval before them"
+                 if nxt else "a fourth session will test it")
+        lines.append(f"- {name}: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] over {len(g)} sessions; {check}")
     lines.append("")
     hw = pts[pts["host_us_per_layer"] > 0]
     if len(hw):

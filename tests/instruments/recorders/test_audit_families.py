@@ -49,7 +49,16 @@ def _one_thread():
 
 def test_every_family_is_run_or_named_with_its_reason():
     assert set(C.BUILDERS) <= set(FAMILIES), "the automatic enumeration misses a family of the hand list"
-    assert set(F.CANNOT_BUILD) <= set(FAMILIES), f"stale CANNOT_BUILD entries: {set(F.CANNOT_BUILD) - set(FAMILIES)}"
+    # a family the list names but this transformers lacks is stale only at the version the project pins (CI's); an
+    # older transformers (a GPU machine's own) lacks the families added since
+    import re
+    from pathlib import Path
+
+    import transformers
+    pinned = re.search(r'"transformers==([^"]+)"', (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    if pinned and transformers.__version__ == pinned.group(1):
+        stale = set(F.CANNOT_BUILD) - set(FAMILIES)
+        assert not stale, f"stale CANNOT_BUILD entries: {stale}"
     assert all(F.CANNOT_BUILD.values()) and set(F.OVERRIDES) <= set(BUILDABLE)
     assert set(_selected()) <= set(BUILDABLE), f"not a buildable family: {set(_selected()) - set(BUILDABLE)}"
 
