@@ -43,30 +43,8 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in FIRST))  # stable
 
 
-# Under CI=true a test may not skip for want of something the project's own install provides (pyproject.toml's
-# test, notebooks and browser extras; .ci/run installs Debian's chromium or fails): green must mean these tests ran.
-REQUIRED = ("transformers", "peft", "ruff", "chromium", "playwright", "jupyterlab", "ipywidgets")
-_MISSING = ("could not import", "no module named", "not installed", "not found")
-
-
-def required_missing(reason: str) -> str | None:
-    """The required dependency a skip reason says is missing, or None."""
-    low = reason.lower()
-    if not any(m in low for m in _MISSING):
-        return None
-    return next((name for name in REQUIRED if name in low), None)
-
-
-def fail_required_skip(report) -> None:
-    """Under CI=true, a report skipped because a required dependency is missing becomes a failure naming it."""
-    if os.environ.get("CI") != "true" or not report.skipped or hasattr(report, "wasxfail"):
-        return
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    name = required_missing(reason)
-    if name is not None:
-        report.outcome = "failed"
-        report.longrepr = (f"CI=true: {name} is required (the project's install provides it) but is missing, and "
-                           f"the test would have skipped: {reason}")
+# A skip for want of a required dependency fails under CI=true (tests/ci_skips.py: imported from tests/).
+from ci_skips import fail_required_skip  # noqa: E402
 
 
 @pytest.hookimpl(wrapper=True)

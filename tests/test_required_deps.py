@@ -1,11 +1,10 @@
 """Under CI=true a skip for want of a dependency the project's own install provides fails instead, naming it
-(the root conftest's report hooks); other skips, xfails and runs outside CI are left alone."""
-import sys
+(tests/ci_skips.py, called by the root conftest's report hooks); other skips, xfails and runs outside CI are left
+alone."""
 from types import SimpleNamespace
 
 import pytest
-
-conftest = sys.modules["conftest"]  # the repository's root conftest, loaded by pytest
+from ci_skips import fail_required_skip  # the function the root conftest's report hooks call
 
 
 def _skipped(reason: str, **kw):
@@ -24,11 +23,11 @@ def _skipped(reason: str, **kw):
 def test_a_required_skip_fails_under_ci(monkeypatch, reason, name):
     monkeypatch.setenv("CI", "true")
     rep = _skipped(reason)
-    conftest.fail_required_skip(rep)
+    fail_required_skip(rep)
     assert rep.outcome == "failed" and f"CI=true: {name} is required" in rep.longrepr and reason in rep.longrepr
     monkeypatch.delenv("CI")
     rep = _skipped(reason)
-    conftest.fail_required_skip(rep)  # outside CI a missing extra still skips
+    fail_required_skip(rep)  # outside CI a missing extra still skips
     assert rep.outcome == "skipped"
 
 
@@ -39,12 +38,12 @@ def test_a_required_skip_fails_under_ci(monkeypatch, reason, name):
 ])
 def test_other_skips_stay_skips_under_ci(monkeypatch, rep):
     monkeypatch.setenv("CI", "true")
-    conftest.fail_required_skip(rep)
+    fail_required_skip(rep)
     assert rep.outcome == "skipped"
 
 
 def test_a_passed_report_is_untouched(monkeypatch):
     monkeypatch.setenv("CI", "true")
     rep = SimpleNamespace(skipped=False, outcome="passed", longrepr=None)
-    conftest.fail_required_skip(rep)
+    fail_required_skip(rep)
     assert rep.outcome == "passed"
