@@ -150,9 +150,12 @@ def catalog_naming(monkeypatch, tmp_path, **entries) -> None:
     import json
 
     from lora_moe_lab import provenance
+    from lora_moe_lab.instruments.analysers import schemas
 
     doc = {k.replace("__", "."): ({"paths": [str(p) for p in v]} if isinstance(v, list) else {"path": str(v)})
            | {"what": "a test's catalog"} for k, v in entries.items()}
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps(doc))
+    # It stands in for data/catalog.json, which must be sealed: sealed as scripts/seal_recordings.py seals that one.
+    schemas.write_seal(path, schemas.file_meta_path(path))
     monkeypatch.setattr(provenance, "CATALOG", path)
