@@ -3,6 +3,8 @@
 The probes are generated from the declarations, so a column added to a kind is probed with no edit here:
     gt(v)           v itself is refused; the next float above v (an integer column: v + 1) passes
     ge(v)           v passes; the next float below v (an integer column: v - 1) is refused
+    lt(v)           v itself is refused; the next float below v (an integer column: v - 1) passes
+    le(v)           v passes; the next float above v (an integer column: v + 1) is refused
     in_range(a, b)  a and b pass; the next float below a and above b (1 + eps for a fraction) are refused
     isin(values)    each value passes; a value outside the set is refused
     an integer      2 passes, 1.5 is refused
@@ -60,6 +62,14 @@ def _probes(col) -> tuple[list, list]:
             v = st["min_value"]
             inside.append(v)
             outside.append(v - 1 if integer else math.nextafter(v, -math.inf))
+        elif c.name == "less_than":
+            v = st["max_value"]
+            inside.append(v - 1 if integer else math.nextafter(v, -math.inf))
+            outside.append(v)
+        elif c.name == "less_than_or_equal_to":
+            v = st["max_value"]
+            inside.append(v)
+            outside.append(v + 1 if integer else math.nextafter(v, math.inf))
         elif c.name == "in_range":
             lo, hi = st["min_value"], st["max_value"]
             assert st["include_min"] and st["include_max"], "an open range: add its probes here"
@@ -130,7 +140,8 @@ def test_the_probes_cover_the_declared_bounds():
 
 
 def _bounds(col) -> str:
-    """A column's declared bounds as short words: "gt 0", "ge 0", "in [0, 1]", "isin [...]", "integer", "nullable"."""
+    """A column's declared bounds as short words: "gt 0", "ge 0", "lt 1", "le 1", "in [0, 1]", "isin [...]",
+    "integer", "nullable"."""
     words = []
     for c in col.checks:
         st = c.statistics
@@ -138,6 +149,10 @@ def _bounds(col) -> str:
             words.append(f"gt {st['min_value']}")
         elif c.name == "greater_than_or_equal_to":
             words.append(f"ge {st['min_value']}")
+        elif c.name == "less_than":
+            words.append(f"lt {st['max_value']}")
+        elif c.name == "less_than_or_equal_to":
+            words.append(f"le {st['max_value']}")
         elif c.name == "in_range":
             words.append(f"in [{st['min_value']}, {st['max_value']}]")
         elif c.name == "isin":
