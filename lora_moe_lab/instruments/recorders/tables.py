@@ -17,12 +17,13 @@ The rules, each an error naming the file and the row or column (all `TableError`
   has measured anything leaves no file behind, so a rerun is never blocked by an empty CSV.
 * Before every append the tail is checked: the file must end with a newline and its last row must
   have every column. A row is never written onto an unterminated line.
-* A resume (`check_resumable`) DROPS a cut last row: the file is rewritten atomically without it and
-  the row is measured again (the cut is reported on stderr, naming the file and row). A damaged row
+* A resume (`check_resumable`) DROPS a cut last row: once every check below has passed, the file is rewritten
+  atomically without it and the row is measured again (the cut is reported on stderr, naming the file and row). A
+  refused resume leaves the file as it found it (its seal still vouches for it, for the next resume). A damaged row
   anywhere else, a foreign header or a table made with other settings is refused.
 * A table made with other settings (seed, dtype, device, warm-up, repetitions: the `settings`
   columns) is refused on resume: its rows and the new ones could not be told apart by their key.
-* A resume verifies the table's seal before it appends (after dropping a cut last row): a table edited, cut or
+* A resume verifies the table's seal before it appends (without a cut last row): a table edited, cut or
   grown since its last seal is refused, never resealed with the edit in it.
 * One writer per output: `lock_output` (taken by `claim` and by the recorders that append) holds
   `fcntl.flock` on `<out>.lock` for the life of the process; a second writer is refused with the holder's pid
@@ -124,12 +125,12 @@ def unlock_output(path) -> None:
         os.close(fd)
 
 
-def verify_seal(path, meta_path=None, *, dropped_cut: bool = False) -> None:
+def verify_seal(path, meta_path=None, *, dropped_cut: bool = False, data: bytes | None = None) -> None:
     """Before an append: the table agrees with its seal in its metadata (`meta_path`, else the sibling
     <name>.meta.json), where that holds one; an edited, cut or grown table is refused (schemas.RecordingError,
     naming the file), never resealed with the change in it. One whole row past the seal is accepted when the sealed
     rows before it still hash to the seal: a run stopped between a row's write and its seal (append_rows writes one
-    row, then seals)."""
+    row, then seals). `data`: the table's bytes to check in place of the file's (a resume's, without a cut row)."""
     try:
         from ..analysers import schemas
     except ImportError:  # pandera missing: no seals were written either
@@ -141,7 +142,7 @@ def verify_seal(path, meta_path=None, *, dropped_cut: bool = False) -> None:
     m = schemas.read_json(mp)
     if isinstance(m, dict) and "files" not in m and not any(k in m for k in ("rows", "sha256")):
         return  # metadata written before seals
-    data = p.read_bytes()
+    data = p.read_bytes() if data is None else data
     sealed = int(schemas.seal_of(p, mp, m)["rows"])
     text = data.decode("utf-8", errors="replace")
     recs = list(_split_records(text))
@@ -470,15 +471,18 @@ def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object]
     if not s.exists:
         return None
     check_header(p, columns, s.header)
-    if s.cut is not None:
+    cut = s.cut is not None
+    if cut:
         if not drop_cut:
             raise CutRowError(p, f"row {s.cut_row} is cut: the file does not end with a whole row")
-        s = drop_cut_row(p, s)
-        if not s.exists:
+        if s.cut_row == 0:  # the header itself was cut: no row to keep, nothing to check
+            drop_cut_row(p, s)
             return None
-        verify_seal(p, meta_path, dropped_cut=True)
-    else:
-        verify_seal(p, meta_path)
+        print(f"{p}: row {s.cut_row} was cut in its write ({s.cut.strip()[:60]!r}): the resume drops it and measures "
+              "it again", file=sys.stderr)
+    # The checks run on the whole rows before anything is rewritten: a refused resume leaves the file and its seal
+    # as they were, so a later resume with the right settings still finds them agreeing.
+    verify_seal(p, meta_path, dropped_cut=cut, data=p.read_bytes()[:s.good_bytes] if cut else None)
     df = pd.DataFrame(s.rows, columns=s.header, dtype=object)
     for col, want in settings.items():
         if col not in df.columns:
@@ -492,6 +496,8 @@ def check_resumable(path, columns: Sequence[str], settings: Mapping[str, object]
                                            "to tell them apart; pass --overwrite or choose another --out")
     if key:
         check_unique(p, df, key)
+    if cut:
+        drop_cut_row(p, s, quiet=True)
     return df
 
 

@@ -151,6 +151,20 @@ def test_sweep_resume_drops_a_cut_row_and_measures_it_again(sweep_csv, tmp_path,
     assert json.loads(tables.sibling_meta(out).read_text())["files"]["s.csv"]["rows"] == 4
 
 
+def test_a_refused_resume_leaves_a_sealed_cut_row_for_the_next_one(sweep_csv, tmp_path, capsys):
+    """The seal covers the row the disk cut (sealed after its write): a resume with other settings is refused and
+    leaves the file as it was, so the resume that follows still finds it agreeing with its seal."""
+    out = copy_sweep(sweep_csv, tmp_path)
+    cut_inside_median(out)
+    cut = out.read_bytes()
+    with pytest.raises(tables.SettingsMismatchError, match="reps="):
+        run_sweep(SweepSpec(**dict(TINY, reps=3)), out, resume=True, progress=False)
+    assert out.read_bytes() == cut and "row 4 was cut" in capsys.readouterr().err
+    df = run_sweep(SweepSpec(**TINY), out, resume=True, progress=False)
+    assert len(df) == 4 and not df.duplicated(KEY_COLUMNS).any() and (df["median_us"] > 0).all()
+    assert json.loads(tables.sibling_meta(out).read_text())["files"]["s.csv"]["rows"] == 4
+
+
 @pytest.mark.parametrize("change,name", [(dict(seed=1), "seed"), (dict(reps=3), "reps"), (dict(warmup=1), "warmup")])
 def test_sweep_resume_refuses_other_settings(sweep_csv, tmp_path, change, name):
     out = copy_sweep(sweep_csv, tmp_path)
