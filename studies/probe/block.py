@@ -77,7 +77,7 @@ def probe_block() -> str | None:
         m, lo, hi = S.between_runs(g)
         nxt = S.next_run_check(g)
         check = (f"{sum(r['inside'] for r in nxt)} of {len(nxt)} later sessions inside the interval before them"
-                 if nxt else "a fourth session will test it")
+                 if nxt else "no later session to test it yet")
         lines.append(f"- {name}: {m:+.1f} % [{lo:+.1f}, {hi:+.1f}] over {len(g)} sessions; {check}")
     lines.append("")
     hw = pts[pts["host_us_per_layer"] > 0]
