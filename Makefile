@@ -13,7 +13,7 @@ PORT ?= 8888
 # the measurement in data/setup/setup_time.json (studies/setup/record.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
-.PHONY: test run lab venv clean report gpu-check gpu-probe record mutate
+.PHONY: test test-all run lab venv clean report gpu-check gpu-probe record mutate
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -33,8 +33,14 @@ endif
 # The suite runs on one pytest-xdist worker per core (at most 8; none on a single core), each worker on one thread
 # (conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; [ $$n -lt 2 ] && n=0; echo $$n)
+# `make test` leaves out the tests marked slow (the largest random differentials, which the GPU check runs on the
+# device); `make test-all` runs them on this machine too.
+PYTEST_ARGS ?= -m "not slow"
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 run: $(STAMP)
 	$(BIN)/python -m lora_moe_lab.nb.runner --out build

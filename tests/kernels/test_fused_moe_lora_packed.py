@@ -85,7 +85,7 @@ ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered", "early_persist
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
-@pytest.mark.parametrize("bm", [16, 32, 64])
+@pytest.mark.parametrize("bm", [16, 32, pytest.param(64, marks=pytest.mark.slow)])  # 64: the GPU check and test-all
 def test_packed_random_blocks_and_ranks(bm, variant):
     """The packed path on fresh random cases per BLOCK_M: many slots per block, a rank below BLOCK_R, rows
     without adapter, a disabled row and an empty slot, gate_up and down, slices that split a tile."""
