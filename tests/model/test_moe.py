@@ -109,7 +109,8 @@ def _random_batch(lab, rng, mode):
 
 
 @pytest.mark.parametrize("mode", ["none", "some", "all"])
-@pytest.mark.parametrize("seed,backend", [(0, "torch"), (1, "torch"), (2, "triton")])
+@pytest.mark.parametrize("seed,backend", [(0, "torch"), (1, "torch"),
+                                          pytest.param(2, "triton", marks=pytest.mark.slow)])  # the GPU check: native
 def test_guards_identical_and_match_reference(mode, seed, backend, device):
     rng = random.Random(seed * 10 + len(mode))
     lab = build_lab("tiny", num_layers=2, max_loras=3, max_rank=8, device=str(device), backend=backend, seed=seed)
