@@ -334,7 +334,8 @@ def _docs(co: Path) -> dict:
                                         *sorted(co.glob("studies/*/README.md")), *sorted(co.glob("data/*/README.md"))]}
 
 
-@pytest.mark.parametrize("damage,check", [pytest.param("half", False, marks=pytest.mark.slow), ("appended_twice", True)])
+@pytest.mark.parametrize("damage,check", [pytest.param("half", False, marks=pytest.mark.slow),
+                                          ("appended_twice", True)])
 def test_renderer_refuses_and_writes_nothing(checkout, damage, check):
     f = checkout / "data" / "guards" / "h200_guards_s1.csv"
     orig = f.read_bytes()
