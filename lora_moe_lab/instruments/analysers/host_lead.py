@@ -70,7 +70,7 @@ def points(frames) -> pd.DataFrame:
     gain (an unstable point) are left out, never guessed."""
     cols = POINT_COLUMNS + FORWARD_COLUMNS
     df = pd.concat([f.reindex(columns=cols) for f in frames], ignore_index=True)
-    df["gpu"] = df["gpu"].fillna("not recorded").astype(str)
+    df["gpu"] = df["gpu"].astype(object).fillna("not recorded").astype(str)  # an all-NaN column is float
     ok = np.isfinite(df["lead_us"].astype(float)) & np.isfinite(df["measured_gain_pct"].astype(float))
     return df[ok].reset_index(drop=True)
 
