@@ -1,6 +1,7 @@
 """What a newcomer reads first holds together: every path the prose names exists, the README points at the
 newest GPU-check log, its Headline stays short and free of session codes, every notebook stays small and
 the executed-notebook index describes each one. Reads text only: no model, no notebook run."""
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -26,9 +27,15 @@ MAX_NOTEBOOK_CELLS = 45
 
 
 def _tracked() -> list[str]:
-    skip = (".git", ".venv", "build", "__pycache__", "node_modules", ".pytest_cache", ".hypothesis")
-    return [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*")
-            if p.is_file() and not any(part in skip for part in p.relative_to(ROOT).parts)]
+    """The checkout's files; the walk never enters the venv, build outputs or git's store (tens of thousands of
+    files a reader never names)."""
+    skip = {".git", ".venv", "build", "__pycache__", "node_modules", ".pytest_cache", ".hypothesis"}
+    out = []
+    for here, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip]
+        rel = Path(here).relative_to(ROOT)
+        out += [(rel / f).as_posix() for f in files]
+    return out
 
 
 TRACKED = _tracked()
