@@ -178,7 +178,7 @@ def plan_file(gpu: str, shape: tuple, picks: dict, decode: dict, old: dict | Non
     old: the file the tuner wrote before (its other shapes kept), else None."""
     _, H, I = shape
     per_op = {op: fill_buckets(picks[op]) for op in plan_table.OPS}
-    keep = old if old and old.get("about", "").startswith(TUNER) else None
+    keep = old if old and str(old.get("about", "")).startswith(TUNER) else None
     raw = {"gpu": gpu,
            "about": f"{TUNER}: the LoRA path per op and token bucket, each entry the fastest of the candidates "
                     f"that matched float64 (the layer's time, CUDA events); `shapes` per tuned layer shape",
@@ -200,13 +200,23 @@ def _tracked(path: Path) -> bool | None:
     return r.returncode == 0
 
 
-def tuner_wrote(path: Path) -> bool:
+def _tuner_file(path: Path) -> dict | None:
+    """The file's JSON where the tuner wrote it (a tile table's `source`, a plan's `about`), else None."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(raw, dict) and (str(raw.get("source", "")).startswith(TUNER)
-                                      or str(raw.get("about", "")).startswith(TUNER))
+        return None
+    ours = isinstance(raw, dict) and any(str(raw.get(k, "")).startswith(TUNER) for k in ("source", "about"))
+    return raw if ours else None
+
+
+def tuner_wrote(path: Path) -> bool:
+    return _tuner_file(path) is not None
+
+
+def tuner_plan(path: Path) -> dict | None:
+    """The plan file the tuner wrote here before (its other shapes are kept), else None."""
+    return _tuner_file(path)
 
 
 def check_writable(path: Path, overwrite: bool) -> None:

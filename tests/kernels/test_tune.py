@@ -134,3 +134,18 @@ def test_one_bucket_tuned_on_the_gpu(tmp_path):
                      gemm_grid={16: [(64, 128, 1, 4, 4), (128, 64, 1, 4, 4)]})
     t = tiles.read(next(tmp_path.glob("*_E128_H2048_I192.json")))
     assert "cuda_events" in t["buckets"]["64"]["why"]["gate_up"]
+
+
+def test_a_second_shape_joins_the_plan_the_tuner_wrote():
+    """Per GPU one plan file: each tuned shape's entries under `shapes`, `ops` the first shape's; untuned buckets
+    take the tuned one below (the first tuned above the smallest)."""
+    def picks(path):
+        return {op: {m: {"path": path, "decided_by": ["t"], "why": f"{path} at {m}"} for m in (4, 64)}
+                for op in plan_table.OPS}
+    decode = {"max_pairs": 8}
+    first = tt.plan_file("G", (2, 32, 16), picks("packed"), decode, None)
+    both = plan_table.check_table(tt.plan_file("G", (2, 64, 32), picks("wide"), decode, first), "merged")
+    assert both.entry("gate_up", 1).path == "packed" and both.entry("gate_up", 8192, 64, 32).path == "wide"
+    assert both.entry("down", 16, 32, 16).path == "packed" and "not tuned at 16: the entry of bucket 4" in \
+        both.entry("down", 16, 32, 16).why
+    assert set(both.shapes) == {(32, 16), (64, 32)}

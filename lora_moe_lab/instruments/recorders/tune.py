@@ -2,11 +2,13 @@
 kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the formats, the state).
 
     python -m lora_moe_lab.instruments.recorders.tune --preset qwen3-30b-a3b [--resume] [--budget-s 540]
+    scripts/gpu_tune.sh                     # both presets, in device calls of 10 minutes
     make tune TUNE_ARGS="--preset qwen3-30b-a3b-tp4 --resume --budget-s 540"
 
 Cells, M outermost: per token bucket M, each base GEMM candidate of gate_up and of down (BLOCK_M, BLOCK_N,
 BLOCK_K, GROUP_M, warps, stages, TMA weight loads), then each LoRA plan candidate of each op (the whole layer with
-rank-16 adapters on every token, the op's entry swapped in). Each candidate runs once and is held against float64
+rank-16 adapters on every token, the op's entry swapped into the default plan: each path plain and every entry that
+plan holds). Each candidate runs once and is held against float64
 (ops/reference.py's grouped references, ops.reference.tolerance) before it is timed; one that raises or misses is
 recorded as failed with its error and never chosen. Timing: CUDA-graph replays between CUDA events (warm-up, then
 --reps >= 10 repetitions; short kernels 8 to a replay), the median. Without a GPU the tuner refuses unless
@@ -22,7 +24,6 @@ is replaced only with --overwrite (refused before any device work).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -65,10 +66,10 @@ def default_timer(dev: torch.device, reps: int):
 
 def needed_bytes(shape: MoEShape, dtype, max_m: int) -> int:
     """What the tuner holds at once: the layer with its adapter pool and wide weights (model/sizing.py), the
-    largest bucket's work space, its float64 reference rows (gate_up's 2I, the activation's I and down's K per pair,
-    and the layer's output) and the context's reserve."""
+    largest bucket's work space, its float64 reference (per pair: gate_up's 2I and its delta's 2I, the activation's
+    I, down's K and its delta's K; the layer's output per token) and the context's reserve."""
     lora = LoRAConfig(max_loras=SLOTS, max_rank=RANK)
-    ref = max_m * shape.top_k * (3 * shape.intermediate + shape.hidden) * 8 + max_m * shape.hidden * 8
+    ref = (max_m * shape.top_k * (5 * shape.intermediate + 2 * shape.hidden) + max_m * shape.hidden) * 8
     return (sizing.layer_bytes(shape, lora, dtype, "triton", decoder=False)
             + sizing.workspace_bytes(shape, max_m, dtype, decoder=False) + ref + sizing.RESERVE_BYTES)
 
@@ -130,7 +131,7 @@ class Tuner:
         for p, kind in ((self.tile_path, "gemm"), (self.plan_path, "plan")):
             if kind in self.what:
                 tt.check_writable(p, overwrite)
-        self.base = plan_table.table_for(dev)
+        self.base = plan_table.load(None)  # the default plan (the candidates' source, the other op's entries)
         self.gemm_c = {M: tt.gemm_candidates(M, k, E, gemm_grid, tma) for M in self.buckets}
         self.plan_c = {op: (plan_cands or {}).get(op) or tt.plan_candidates(op, self.base) for op in plan_table.OPS}
         settings = {"gpu": self.gpu, "preset": shape.name, "shape": [E, H, I, k], "dtype": str(dtype),
@@ -139,7 +140,8 @@ class Tuner:
                     "candidates": tt.fingerprint([[tt.gemm_key(c) for M in self.buckets for c in self.gemm_c[M]],
                                                   {op: [tt.plan_key(r) for r in c] for op, c in self.plan_c.items()}])}
         stem = self.tile_path.stem
-        self.state = tt.State(Path(out) / f"tune_state_{stem}.json", settings, resume)
+        state = Path(out) / f"tune_state_{stem}.json"
+        self.state = tt.State(state, settings, state.exists() if resume == "auto" else resume)
         self.timer = timer or default_timer(dev, reps)
         self.tol = tolerance(dtype, dev)
         self._layer = None
@@ -296,9 +298,7 @@ class Tuner:
             tiles.read(self.tile_path)  # the house's loader, file name against content
             written.append(self.tile_path)
         if "plan" in self.what:
-            old = None
-            if self.plan_path.exists() and tt.tuner_wrote(self.plan_path):
-                old = json.loads(self.plan_path.read_text())
+            old = tt.tuner_plan(self.plan_path)
             decode = {"max_pairs": self.base.decode_max_pairs, "decided_by": [],
                       "why": f"not tuned: the bound of the plan this GPU read ({self.base.source or self.base.gpu})"}
             raw = tt.plan_file(self.gpu, (E, H, I), self.plan_picks(), decode, old)
@@ -341,7 +341,10 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=MIN_GPU_REPS, help=f"timed repetitions (>= {MIN_GPU_REPS} on a GPU)")
     p.add_argument("--dtype", default=None, help="bfloat16 on a GPU (default), float32 under the interpreter")
     p.add_argument("--budget-s", type=float, default=None, help="stop before this many seconds, state saved")
-    p.add_argument("--resume", action="store_true", help="go on from the state under --out")
+    p.add_argument("--resume", action="store_const", const=True, default=False,
+                   help="go on from the state under --out")
+    p.add_argument("--auto-resume", dest="resume", action="store_const", const="auto",
+                   help="go on from the state where there is one, else start")
     p.add_argument("--overwrite", action="store_true", help="replace a table git tracks or the tuner did not write")
     p.add_argument("--allow-cpu", action="store_true", help="run under the Triton interpreter without a GPU")
     a = p.parse_args(argv)
