@@ -39,7 +39,7 @@ from ...kernels.configs import GemmConfig
 from ...kernels.fused_moe import moe_gemm
 from ...model import sizing
 from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from ...model.moe import LoRAHook, MoELayer
+from ...model.moe import LoRAHook, MoELayer, hold_weights_wide
 from ...ops import get_backend
 from ...ops.reference import ref_lora_delta_grouped, ref_moe_gemm_grouped, rel, tolerance
 from ...provenance import git_commit
@@ -177,19 +177,27 @@ class Tuner:
 
     def _cell(self, kind, op, M, key, cand) -> dict:
         cell = {"kind": kind, "op": op, "M": M, "cand": key}
+        step = "run"
         try:
             fn, check = self._gemm(op, M, cand) if kind == "gemm" else self._plan(op, M, cand)
             err = check(fn())
-        except Exception as e:  # a candidate that does not build or run: recorded, never chosen
-            return {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
-        if not err <= self.tol:  # NaN too
-            return {"ok": False, "error": f"relative error {err:.3g} against float64 above {self.tol:g}"}
-        return {"ok": True, "rel_err": err, **self.timer(fn, cell)}
+            if not err <= self.tol:  # NaN too
+                return {"ok": False, "error": f"relative error {err:.3g} against float64 above {self.tol:g}"}
+            step = "timing"
+            return {"ok": True, "rel_err": err, **self.timer(fn, cell)}
+        except Exception as e:  # a candidate that does not build, run or capture: recorded, never chosen
+            return {"ok": False, "error": f"{step}: {type(e).__name__}: {e}"[:400]}
 
     def _inputs(self, M):
         """This M's inputs, drawn once (seeded by M): the layer, x, the down GEMM's input, routing, references."""
-        if self._layer is None:
+        if self._layer is None:  # the layer as the lab holds it: w13 and w2 inside the pool's wide builds
             self._layer = MoELayer(self.shape, self.dtype, self.dev, torch.Generator(device=self.dev).manual_seed(1))
+            self._pool = AdapterPool(self.shape, LoRAConfig(max_loras=SLOTS, max_rank=RANK), num_layers=1,
+                                     dtype=self.dtype, device=self.dev)
+            for s in range(SLOTS):
+                self._pool.load(f"a{s}", rank=RANK, seed=s)
+            self._backend = get_backend("triton", self.dev)
+            hold_weights_wide([self._layer], self._pool, self._backend)
         if getattr(self, "_m", None) != M:
             sh, g = self.shape, torch.Generator(device=self.dev).manual_seed(M)
             x = torch.randn(M, sh.hidden, generator=g, device=self.dev).to(self.dtype)
@@ -213,18 +221,8 @@ class Tuner:
         return (lambda: moe_gemm(x, w, al, k, out, routed_weights=rw, gather=gate_up, config=cfg),
                 lambda y: rel(y, ref))
 
-    def _lora(self):
-        if not hasattr(self, "_pool"):
-            self._pool = AdapterPool(self.shape, LoRAConfig(max_loras=SLOTS, max_rank=RANK), num_layers=1,
-                                     dtype=self.dtype, device=self.dev)
-            for s in range(SLOTS):
-                self._pool.load(f"a{s}", rank=RANK, seed=s)
-            self._backend = get_backend("triton", self.dev)
-        return self._pool, self._backend
-
     def _plan(self, op, M, raw):
-        d = self._inputs(M)
-        pool, backend = self._lora()
+        d, pool, backend = self._inputs(M), self._pool, self._backend
         if "layer" not in self._ref:  # every token on an adapter, the adapters taking turns
             batch = LoRABatchInfo.build(pool, [f"a{i % SLOTS}" for i in range(M)], [1] * M)
             info = LoRAInfo(pool.layers[0], LoRABatchTensors.from_batch(batch, self.dev), RANK)
