@@ -2,8 +2,9 @@
 measuring half (CUDA events, the float64 check, the card's memory) is instruments/recorders/tune.py.
 
     candidates   the base GEMM's tiles per token bucket (BLOCK_M about the rule's, each with the sweep's tiles
-                 of that BLOCK_M, with and without TMA weight loads); the LoRA plan's entries per op (every entry
-                 the GPU's current plan holds, and each path plain)
+                 of that BLOCK_M, with and without TMA weight loads; and the tiles the code takes today: the
+                 rule's and the recorded tables'); the LoRA plan's entries per op (every entry the default plan
+                 holds, and each path plain)
     tables       the house's formats, checked by the house's loaders before a byte is written: tile tables
                  `<GPU>_E<experts>_H<hidden>_I<intermediate>.json` (kernels/tiles.py), the plan
                  `lora_plan_<GPU>.json` (kernels/plan_table.py), each entry with its `why`
@@ -101,11 +102,41 @@ def gemm_candidates(M: int, top_k: int, num_experts: int, tiles_by_bm: dict | No
             for bm in bms for t in grid[bm] for d in w_desc]
 
 
+def known_tiles(M: int, num_experts: int, hidden: int, intermediate: int, top_k: int,
+                table_dir: Path | None = None) -> list[dict]:
+    """The tiles the code takes today at bucket M, as candidates, so the tuner can only match or beat them: the
+    rule's (configs.rule_block_m, rule_gemm_config) and each recorded GPU's tile table entry for this shape and
+    bucket (both ops' tiles, persistent builds and all)."""
+    from .configs import rule_block_m, rule_gemm_config
+
+    bm = rule_block_m(M, top_k, num_experts)
+    rule = rule_gemm_config(bm)
+    out = [{"block_m": bm, "tile": {f: getattr(rule, f) for f in TILE_FIELDS}}]
+    for f in tiles.table_files(table_dir):
+        t = tiles.read(f)
+        e = t["buckets"].get(str(M))
+        if e and (t["num_experts"], t["hidden"], t["intermediate"]) == (num_experts, hidden, intermediate):
+            out += [{"block_m": e["block_m"], "tile": dict(e[op])} for op in plan_table.OPS]
+    return out
+
+
+_FLAGS = (("persistent", "p"), ("flatten", "flat"), ("max_regs", "r"), ("early_loads", "early"), ("sub_m", "sub"))
+
+
 def gemm_key(c: dict) -> str:
-    """A base GEMM candidate as one token: bm64/bn128/bk64/g8/w4/s3[/tma]."""
+    """A base GEMM candidate as one token: bm64/bn128/bk64/g8/w4/s3[/tma][/p2][/flat][/r128][/early][/sub64]."""
     t = c["tile"]
+    flags = "".join(f"/{a}" + ("" if v is True else str(v)) for k, a in _FLAGS if (v := t.get(k)))
     return (f"bm{c['block_m']}/bn{t['block_n']}/bk{t['block_k']}/g{t['group_m']}/w{t['num_warps']}"
-            f"/s{t['num_stages']}" + ("/tma" if t.get("w_desc") else ""))
+            f"/s{t['num_stages']}" + ("/tma" if t.get("w_desc") else "") + flags)
+
+
+def unique(cands: list[dict]) -> list[dict]:
+    """The candidates without repeats (by key), in their first order."""
+    seen = {}
+    for c in cands:
+        seen.setdefault(gemm_key(c), c)
+    return list(seen.values())
 
 
 def raw_entry(e: plan_table.Entry) -> dict:

@@ -149,3 +149,13 @@ def test_a_second_shape_joins_the_plan_the_tuner_wrote():
     assert both.entry("down", 16, 32, 16).path == "packed" and "not tuned at 16: the entry of bucket 4" in \
         both.entry("down", 16, 32, 16).why
     assert set(both.shapes) == {(32, 16), (64, 32)}
+
+
+def test_the_tiles_the_code_takes_today_are_candidates():
+    """The rule's tile and the recorded tables' (persistent builds and all) join the grid, once each, so a tuned
+    table can only match or beat them."""
+    k, E = 8, 128
+    known = tt.known_tiles(8192, E, 2048, 192, k)
+    keys = [tt.gemm_key(c) for c in tt.unique(tt.gemm_candidates(8192, k, E) + known + known)]
+    assert len(keys) == len(set(keys)) and {tt.gemm_key(c) for c in known} <= set(keys)
+    assert any("/p2/" in key for key in keys)  # the H200 TP=4 table's persistent down tile at 8192

@@ -6,13 +6,13 @@ kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the for
     make tune TUNE_ARGS="--preset qwen3-30b-a3b-tp4 --resume --budget-s 540"
 
 Cells, M outermost: per token bucket M, each base GEMM candidate of gate_up and of down (BLOCK_M, BLOCK_N,
-BLOCK_K, GROUP_M, warps, stages, TMA weight loads), then each LoRA plan candidate of each op (the whole layer with
-rank-16 adapters on every token, the op's entry swapped into the default plan: each path plain and every entry that
-plan holds). Each candidate runs once and is held against float64
-(ops/reference.py's grouped references, ops.reference.tolerance) before it is timed; one that raises or misses is
-recorded as failed with its error and never chosen. Timing: CUDA-graph replays between CUDA events (warm-up, then
---reps >= 10 repetitions; short kernels 8 to a replay), the median. Without a GPU the tuner refuses unless
---allow-cpu (the Triton interpreter, wall-clock times: tests and dry runs only).
+BLOCK_K, GROUP_M, warps, stages, TMA weight loads; and the tiles the code takes today, persistent builds and all),
+then each LoRA plan candidate of each op (the whole layer with rank-16 adapters on every token, the op's entry
+swapped into the default plan: each path plain and every entry that plan holds). Each candidate runs once and is
+held against float64 (ops/reference.py's grouped references, ops.reference.tolerance) before it is timed; one that
+raises or misses is recorded as failed with its error and never chosen. Timing: CUDA-graph replays between CUDA
+events (warm-up, then --reps >= 10 repetitions; short kernels 8 to a replay), the median. Without a GPU the tuner
+refuses unless --allow-cpu (the Triton interpreter, wall-clock times: tests and dry runs only).
 
 Every finished cell goes to the state file under --out at once; --resume goes on from it, --budget-s stops before
 a cell that the longest cell so far says would pass the budget (exit 3, the state saved). When every cell is done
@@ -132,7 +132,9 @@ class Tuner:
             if kind in self.what:
                 tt.check_writable(p, overwrite)
         self.base = plan_table.load(None)  # the default plan (the candidates' source, the other op's entries)
-        self.gemm_c = {M: tt.gemm_candidates(M, k, E, gemm_grid, tma) for M in self.buckets}
+        self.gemm_c = {M: tt.unique(tt.gemm_candidates(M, k, E, gemm_grid, tma)
+                                    + ([] if gemm_grid else tt.known_tiles(M, E, H, I, k)))
+                       for M in self.buckets}
         self.plan_c = {op: (plan_cands or {}).get(op) or tt.plan_candidates(op, self.base) for op in plan_table.OPS}
         settings = {"gpu": self.gpu, "preset": shape.name, "shape": [E, H, I, k], "dtype": str(dtype),
                     "commit": self.commit, "buckets": list(self.buckets), "reps": reps, "what": list(self.what),
