@@ -8,11 +8,13 @@ kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the for
 Cells, M outermost: per token bucket M, each base GEMM candidate of gate_up and of down (BLOCK_M, BLOCK_N,
 BLOCK_K, GROUP_M, warps, stages, TMA weight loads; and the tiles the code takes today, persistent builds and all),
 then each LoRA plan candidate of each op (the whole layer with rank-16 adapters on every token, the op's entry
-swapped into the default plan: each path plain and every entry that plan holds). Each candidate runs once and is
-held against float64 (ops/reference.py's grouped references, ops.reference.tolerance) before it is timed; one that
-raises or misses is recorded as failed with its error and never chosen. Timing: CUDA-graph replays between CUDA
-events (warm-up, then --reps >= 10 repetitions; short kernels 8 to a replay), the median. Without a GPU the tuner
-refuses unless --allow-cpu (the Triton interpreter, wall-clock times: tests and dry runs only).
+swapped into the default plan: each path plain and every entry that plan holds; the base GEMMs on the tiles this
+GPU read when the process started, so a plan tuned after the tile table is in place is tuned against it). Each
+candidate runs once and is held against float64 (ops/reference.py's grouped references, ops.reference.tolerance)
+before it is timed; one that raises or misses is recorded as failed with its error and never chosen. Timing:
+CUDA-graph replays between CUDA events (warm-up, then --reps >= 10 repetitions; short kernels 8 to a replay), the
+median. Without a GPU the tuner refuses unless --allow-cpu (the Triton interpreter, wall-clock times: tests and dry
+runs only).
 
 Every finished cell goes to the state file under --out at once; --resume goes on from it, --budget-s stops before
 a cell that the longest cell so far says would pass the budget (exit 3, the state saved). When every cell is done
