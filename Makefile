@@ -13,7 +13,7 @@ PORT ?= 8888
 # the measurement in data/setup/setup_time.json (studies/setup/record.py)
 SETUP_S := $(shell $(PY) -c "import json; print(round(json.load(open('data/setup/setup_time.json'))['median_s']))" 2>/dev/null || echo 80)
 
-.PHONY: test test-all run lab venv clean report gpu-check gpu-probe record mutate
+.PHONY: test test-all run lab venv clean report gpu-check gpu-probe record mutate tune
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,12 @@ gpu-check:
 # from it, then measured; about two minutes on an H200. PROBE_ARGS: e.g. "--out build/probe.csv".
 gpu-probe:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m lora_moe_lab.instruments.recorders.probe $(PROBE_ARGS)
+
+# The tuner (lora_moe_lab/instruments/recorders/tune.py): this GPU's tile table and LoRA plan for one layer shape,
+# written to lora_moe_lab/kernels/tile_tables/ (--tables DIR elsewhere). TUNE_ARGS: e.g. "--preset
+# qwen3-30b-a3b-tp4 --resume --budget-s 540"; scripts/gpu_tune.sh runs both presets in 10-minute calls.
+tune:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m lora_moe_lab.instruments.recorders.tune $(TUNE_ARGS)
 
 # Every recording and the device it needs (scripts/record.py); `make record SECTION=kernels` runs one.
 record: $(STAMP)
