@@ -20,6 +20,7 @@ tail's own spread, and says so; it refuses (UnstableWarmup) when no stable tail 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -55,17 +56,23 @@ def median_ci(x: Sequence[float], conf: float = 0.95) -> tuple[float, float, flo
         raise ValueError(f"conf must be in (0.5, 1), got {conf!r}")
     a = np.sort(_arr(x, "median_ci"))
     n = len(a)
-    from scipy.stats import binom
-
-    k_best = None
-    for k in range(1, n // 2 + 1):  # 1-based order statistic
-        cover = binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5)
-        if cover >= conf:
-            k_best = k
+    k_best = _median_ci_rank(n, conf)
     if k_best is None:
         raise TooFewRepetitions(f"{n} repetitions give no {conf:.0%} order-statistic interval of the median "
                                 f"(needs n >= 6 at 95 %)")
     return float(np.median(a)), float(a[k_best - 1]), float(a[n - k_best])
+
+
+@functools.lru_cache(maxsize=None)
+def _median_ci_rank(n: int, conf: float) -> int | None:
+    """The largest 1-based k with P(k <= B(n, 1/2) <= n-k) >= conf (None: no such k): a function of n and conf
+    only, so the readers' thousands of intervals compute it once per n."""
+    from scipy.stats import binom
+
+    k = np.arange(1, n // 2 + 1)
+    cover = binom.cdf(n - k, n, 0.5) - binom.cdf(k - 1, n, 0.5)
+    ok = k[cover >= conf]
+    return int(ok.max()) if len(ok) else None
 
 
 # Statistics of paired samples, vectorised over the resamples (axis -1 holds the repetitions):
