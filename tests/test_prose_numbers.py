@@ -22,16 +22,19 @@ STRUCTURAL = {
     r"TP=[1248]|tp[1248]": "a tensor-parallel degree",
     r"H[12]00s?|80GB|HBM3|sm_90|L2|A100": "a GPU's name",
     r"[Qq]wen3[A-Za-z0-9.-]*|Qwen3\.5-35B(-A3B)?": "a model's name",
-    r"(b?f|fp|float|int|tf|bfloat)(16|32|64|8)(/b?f16)?|non-bf16": "a dtype",
-    r"s[1-9]|python3|0-d|1-d|2-d|[23]D|2-core|W1S|O\(1\)": "a session label, a program, a tensor's rank, a name",
+    r"((b?f|fp|float|int|tf|bfloat)(16|32|64|8)/?)+|non-bf16": "a dtype",
+    r"s[1-9]|[a-z]+_s\d+[a-z]?|python3|0-d|1-d|2-d|[23]D|2-core|W1S|O\(1\)|top-\d|p50|tp[14]-[a-z]+|tp1_[a-z]+":
+        "a session label, a block or file's name, a program, a tensor's rank",
     r"[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*|[0-9a-f]*[0-9][0-9a-f]*[a-f][0-9a-f]*": "a commit (7+ hex digits)",
     r"\d{4}-\d{2}-\d{2}": "a recording's date",
     r"([\w.-]+/)?[\w.-]+#\d+": "a pull request, quoted beside its repository",
     r"\d+\.\d+\.\d+": "a version",
-    r"\de-\d+": "a tolerance the tests use (ops/reference.py)",
+    r"\de-\d+(-level)?": "a tolerance the tests use (ops/reference.py)",
+    r"10,000": "the bootstrap's resamples (instruments/analysers/stats.py)",
+    r"(19|20)\d\d|1/n": "a cited paper's year; a share written as a fraction",
     r"[-−]1": "the sentinel -1 (no adapter, no slot)",
 }
-# A line quoting a pull request (owner/repo#N, sglang#N) may quote that source's own figures beside it: an
+# A paragraph quoting a pull request (owner/repo#N, sglang#N) may quote that source's own figures beside it: an
 # external constant, not the lab's measurement.
 EXTERNAL = re.compile(r"[\w.-]+#\d{3,}")
 _ALLOWED = re.compile("|".join(f"(?:{p})" for p in STRUCTURAL))
@@ -39,7 +42,7 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 _BLOCK = re.compile(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", re.S)
 _FENCE = re.compile(r"^ *(```|~~~).*?^ *\1", re.S | re.M)
-_SCRUB = [_BLOCK, _FENCE, re.compile(r"<!--.*?-->", re.S), re.compile(r"`[^`\n]*`"), re.compile(r"\]\([^)\n]*\)"),
+_SCRUB = [_BLOCK, _FENCE, re.compile(r"<!--.*?-->", re.S), re.compile(r"<a [^>]*></a>"), re.compile(r"`[^`]+`"), re.compile(r"\]\([^)\n]*\)"),
           re.compile(r"https?://\S+"), re.compile(r"^#{1,6} .*$", re.M), re.compile(r"^ *\d+\. ", re.M)]
 _TOKEN = re.compile(r"[^\s]*\d[^\s]*")
 _RANGE = re.compile(r"(?<=\d)[–-](?=[+−-]?\d)")  # 1–4, 2.5–97.5: each end is a figure
@@ -76,15 +79,22 @@ def prose_files() -> list[Path]:
 
 
 def _allowed(tok: str) -> bool:
-    t = tok.strip(_TRIM).removesuffix("×").removesuffix("%").strip(_TRIM).lstrip("~±")
+    t = tok.strip(_TRIM).removesuffix("'s").removesuffix("×").removesuffix("%").strip(_TRIM).lstrip("~±")
     return not t or bool(_ALLOWED.fullmatch(t)) or bool(_COMMIT.fullmatch(t) and not t.isdigit())
 
 
 def stray_figures(text: str) -> list[tuple[int, str]]:
     """(line, token) of every number outside a block that no STRUCTURAL pattern allows."""
     found = []
-    for i, (raw, line) in enumerate(zip(text.splitlines(), scrub(text).splitlines()), 1):
-        if EXTERNAL.search(raw):
+    raws, cited, para = text.splitlines(), set(), []
+    for i, raw in enumerate(raws + [""], 1):  # the paragraphs (runs of non-blank lines) that cite a source
+        if raw.strip():
+            para.append(i)
+        else:
+            cited |= set(para) if any(EXTERNAL.search(raws[j - 1]) for j in para) else set()
+            para = []
+    for i, line in enumerate(scrub(text).splitlines(), 1):
+        if i in cited:
             continue
         for tok in _TOKEN.findall(line):
             if not all(_allowed(part) for part in ([tok] if _allowed(tok) else _RANGE.split(tok))):
