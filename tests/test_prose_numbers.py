@@ -42,7 +42,8 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 _BLOCK = re.compile(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", re.S)
 _FENCE = re.compile(r"^ *(```|~~~).*?^ *\1", re.S | re.M)
-_SCRUB = [_BLOCK, _FENCE, re.compile(r"<!--.*?-->", re.S), re.compile(r"<a [^>]*></a>"), re.compile(r"`[^`]+`"), re.compile(r"\]\([^)\n]*\)"),
+_SCRUB = [_BLOCK, _FENCE, re.compile(r"<!--.*?-->", re.S), re.compile(r"<a [^>]*></a>"),
+           re.compile(r"`[^`]+`"), re.compile(r"\]\([^)\n]*\)"),
           re.compile(r"https?://\S+"), re.compile(r"^#{1,6} .*$", re.M), re.compile(r"^ *\d+\. ", re.M)]
 _TOKEN = re.compile(r"[^\s]*\d[^\s]*")
 _RANGE = re.compile(r"(?<=\d)[–-](?=[+−-]?\d)")  # 1–4, 2.5–97.5: each end is a figure
