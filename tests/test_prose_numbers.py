@@ -15,7 +15,7 @@ _POW2 = "|".join(str(2 ** k) for k in range(1, 17))
 STRUCTURAL = {
     r"[0-9]|10": "a small count or ordinal: steps, parts, notebooks, sessions named by count",
     r"0[1-7]": "a notebook's number (notebooks/NN_*.ipynb)",
-    rf"(M|C|N|K|BM|BN|BK)?=?({_POW2})(-[a-z]+)?": "a power of two: a shape, tile, rank or token count chosen",
+    rf"(M|C|N|K|BM|BN|BK)?=?(rank-)?({_POW2})(-[a-z]+)?": "a power of two: a shape, tile, rank or token count chosen",
     r"48(-layer)?|260|260/48|5\.42|128|top-8|24": "the model's structure: 48 layers, 128 experts, top-8 routing; "
                                                     "production's 260 guard sites; the smallest card, 24 GB",
     r"95|2\.5|97\.5|2\.5-97\.5|100": "the interval's level and its percentiles; a percentage's 100",
@@ -42,7 +42,8 @@ _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 _BLOCK = re.compile(r"<!-- begin:([\w-]+) -->.*?<!-- end:\1 -->", re.S)
 _FENCE = re.compile(r"^ *(```|~~~).*?^ *\1", re.S | re.M)
-_SCRUB = [_BLOCK, _FENCE, re.compile(r"<!--.*?-->", re.S), re.compile(r"<a [^>]*></a>"),
+_INDENTED = re.compile(r"(?<=\n\n)(?: {4}.*(?:\n|$))+")  # an indented code block after a blank line
+_SCRUB = [_BLOCK, _FENCE, _INDENTED, re.compile(r"<!--.*?-->", re.S), re.compile(r"<a [^>]*></a>"),
            re.compile(r"`[^`]+`"), re.compile(r"\]\([^)\n]*\)"),
           re.compile(r"https?://\S+"), re.compile(r"^#{1,6} .*$", re.M), re.compile(r"^ *\d+\. ", re.M)]
 _TOKEN = re.compile(r"[^\s]*\d[^\s]*")
