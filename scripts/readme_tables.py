@@ -119,7 +119,8 @@ def pending_note(name: str) -> str:
 
 
 def render(text: str) -> str:
-    for name in list(BLOCKS) + [n for n in BLOCK_DATA if n not in BLOCKS]:
+    marked = re.findall(r"<!-- begin:([\w-]+) -->", text)  # a marker no study generates gets the pending note
+    for name in dict.fromkeys(list(BLOCKS) + [n for n in BLOCK_DATA if n not in BLOCKS] + marked):
         pat = re.compile(rf"(<!-- begin:{name} -->)(.*?)(<!-- end:{name} -->)", re.S)
         m = pat.search(text)
         if not m:
