@@ -40,7 +40,7 @@ from ..config import LoRAConfig, check_dtype, check_int, get_shape
 from ..ops import Backend, get_backend
 from .attention import Attention, positions, rope_cos_sin
 from .guards import Guard, get_guard
-from .lab import Lab, finite_check, size_build
+from .lab import Lab, check_finite_flag, finite_check, size_build
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from . import init
 from .moe import LoRAHook, MiniMoEModel, MoELayer, PoolHolder, check_skew
@@ -158,7 +158,7 @@ class DecoderModel(PoolHolder, torch.nn.Module):
                 check_finite: bool = False):
         """The decoder's output (M, hidden). check_finite=True: each layer's output is checked for NaN/inf as it
         is made (one sync a layer; model/lab.py: finite_check), the first a NonFiniteOutputError; off, no sync."""
-        if check_finite:
+        if check_finite_flag(check_finite):
             with finite_check(self, x):
                 return self.forward(x, batch, tensors, guard)
         g = get_guard(guard)

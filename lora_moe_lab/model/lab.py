@@ -45,12 +45,19 @@ class Lab:
                 check_finite: bool = False) -> torch.Tensor:
         """`self.model(x, batch, tensors, guard)`; with check_finite=True every layer's output is checked as it
         is made, and the first NaN or inf is a NonFiniteOutputError naming the layer and row (see finite_check)."""
-        with finite_check(self.model, x) if check_finite else nullcontext():
+        with finite_check(self.model, x) if check_finite_flag(check_finite) else nullcontext():
             return self.model(x, batch, tensors, guard=guard)
 
 
 class NonFiniteOutputError(FloatingPointError):
     """A forward made NaN or inf: names the first layer whose output holds one, and its first bad row (token)."""
+
+
+def check_finite_flag(check_finite) -> bool:
+    """check_finite as given, refused by name unless a bool (a string such as "no" would be truthy)."""
+    if not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite must be True or False, got {check_finite!r}")
+    return check_finite
 
 
 def _first_bad_row(t: torch.Tensor) -> int | None:

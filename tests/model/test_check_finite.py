@@ -55,6 +55,13 @@ def test_a_non_finite_input_is_named_before_layer_zero():
         lab.forward(x, batch, tensors, check_finite=True)
 
 
+@pytest.mark.parametrize("kind", list(BUILDS))
+def test_a_check_finite_that_is_not_a_bool_is_named(kind):
+    lab, batch, tensors, x = _lab(kind, layers=1)
+    with pytest.raises(ValueError, match="check_finite must be True or False, got 'no'"):
+        lab.forward(x, batch, tensors, check_finite="no")
+
+
 def test_the_default_forward_adds_no_sync():
     lab, batch, tensors, x = _lab("moe")
     checked = lab.forward(x, batch, tensors, check_finite=True)
