@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _POW2 = "|".join(str(2 ** k) for k in range(1, 17))
 # token pattern (the whole token must match) -> why it is not a measurement
 STRUCTURAL = {
-    r"[0-9]|10": "a small count or ordinal: steps, parts, notebooks, sessions named by count",
+    r"([0-9]|10)(-[a-z]+)?": "a small count or ordinal (steps, parts, sessions), a limit such as a 10-minute call",
     r"0[1-7]": "a notebook's number (notebooks/NN_*.ipynb)",
     rf"(M|C|N|K|BM|BN|BK)?=?(rank-)?({_POW2})(-[a-z]+)?": "a power of two: a shape, tile, rank or token count chosen",
     r"48(-layer)?|260|260/48|5\.42|128|top-8|24|768|192|w13|w2": "the model's structure: 48 layers, 128 experts, "
