@@ -205,4 +205,5 @@ def _share_floor_clause() -> str:
 
 BLOCKS = {"kernels": kernels_block, "kernels-base": kernels_base_block,
           "kernels-base-headline": kernels_base_headline_block, "kernels-floors": kernels_floors_block,
-          "kernels-packed": kernels_packed_block, "kernels-fold-headline": kernels_fold_headline_block}
+          "kernels-packed": kernels_packed_block, "kernels-fold-headline": kernels_fold_headline_block,
+          "kernels-share": _share_floor_clause}
