@@ -53,6 +53,51 @@ def _study_blocks(name: str):
     return importlib.import_module(f"studies.{name}.block")
 
 
+def gpu_logs_block() -> str | None:
+    """data/gpu_tests/: one row per kept log, its result read from the check's own report (<log>.json, through the
+    checked JSON reader) or, for a probe, from the log's `measured:` line."""
+    from lora_moe_lab.instruments.analysers.schemas import read_json
+
+    folder = DATA / "gpu_tests"
+    rows = []
+    for log in sorted(folder.glob("gpu_*.log")):
+        rep = log.with_suffix(".json")
+        if rep.is_file():
+            d = read_json(rep)
+            meta = d.get("meta", {})
+            cap = meta.get("gpu_cap_gib")
+            card = meta.get("gpu", "?") + (f", capped at {cap:g} GiB" if cap else "")
+            parts = []
+            if "tests" in d:
+                s = d["tests"]
+                parts.append(f"suite (`{s.get('scope', 'pytest')}`): {s['passed']} passed, "
+                             + (f"**{s['failed']} failed**" if s["failed"] else "0 failed")
+                             + f", {s['skipped']} skipped, {s['seconds']:.0f} s")
+            if "notebooks" in d:
+                nbs = d["notebooks"]["notebooks"]
+                ok = sum(n["status"] == "passed" for n in nbs)
+                bad = [n["notebook"][:2] for n in nbs if n["status"] != "passed"]
+                parts.append(f"notebooks: {ok} of {len(nbs)} passed" + (f" ({', '.join(bad)} not)" if bad else "")
+                             + f", {d['notebooks']['seconds']:.0f} s")
+            rows.append((meta.get("date", ""), f"| `{log.name}` | {meta.get('commit', '?')[:7]} | {card} | "
+                                               + "; ".join(parts) + " |"))
+        else:
+            text = log.read_text(errors="replace").splitlines()
+            gpu = next((ln.split("GPU: ", 1)[1] for ln in text if "GPU: " in ln), "?")
+            got = next((ln.split(":", 1)[1].strip() for ln in text if ln.startswith("measured:")), None)
+            commit = log.stem.split("_")[2]
+            cap = re.search(r"_cap(\d+)GiB$", log.stem)
+            gpu += f", capped at {cap[1]} GiB" if cap else ""
+            rows.append(("", f"| `{log.name}` | {commit} | {gpu} | probe: "
+                             + (got.replace("the fix gains ", "measured ") if got else "**no measured line**") + " |"))
+    if not rows:
+        return None
+    return "\n".join(["| log | commit | card | result |", "| --- | --- | --- | --- |"] + [r for _, r in rows])
+
+
+BLOCKS["gpu-logs"] = gpu_logs_block
+BLOCK_DATA["gpu-logs"] = "gpu_tests"
+
 STUDIES = sorted(p.parent.name for p in (ROOT / "studies").glob("*/block.py"))
 for _name in STUDIES:
     _mod = _study_blocks(_name)
@@ -74,7 +119,8 @@ def pending_note(name: str) -> str:
 
 
 def render(text: str) -> str:
-    for name in list(BLOCKS) + [n for n in BLOCK_DATA if n not in BLOCKS]:
+    marked = re.findall(r"<!-- begin:([\w-]+) -->", text)  # a marker no study generates gets the pending note
+    for name in dict.fromkeys(list(BLOCKS) + [n for n in BLOCK_DATA if n not in BLOCKS] + marked):
         pat = re.compile(rf"(<!-- begin:{name} -->)(.*?)(<!-- end:{name} -->)", re.S)
         m = pat.search(text)
         if not m:

@@ -194,11 +194,11 @@ def test_the_paired_slowdown_and_the_ratio_of_medians_are_the_recordings():
     p = load_guards().paired("sync", "cpu_flag")
     row = p[(p.active == 0) & (p.preset == "qwen3-30b-a3b") & (p.tokens == 1024)].iloc[0]
     slowdown, ratio = f"{1 + row.lost_us / row.t_baseline_us:.2f}", f"{row.ratio:.2f}"
-    readme, glossary = (" ".join(_text(ROOT / f).split()) for f in ("README.md", "docs/glossary.md"))
-    assert f"{ratio} there against {slowdown} here at qwen3-30b-a3b, M=1024" in readme
-    assert f"({slowdown} against {ratio} at qwen3-30b-a3b, M=1024)" in glossary
+    readme = " ".join(_text(ROOT / "README.md").split())
+    assert f"{ratio} there against {slowdown}" not in readme  # no figure by hand (tests/test_prose_numbers.py)
     guards_row = _results_row("qwen3-30b-a3b", "1024")
-    assert guards_row[4].startswith(f"{ratio}x ["), guards_row  # the guards table's ratio of medians
+    assert guards_row[4].startswith(f"{ratio}x ["), guards_row  # the take: the mean of the sessions' ratios
+    assert "each session's [ratio of medians](docs/glossary.md#ratio-of-medians), averaged over the sessions" in readme
 
 
 def test_the_readme_figure_draws_the_paired_slowdown_by_that_name():
@@ -232,10 +232,8 @@ def test_the_slot_ordered_shrink_bytes_are_the_counters():
     c = c[c.session.isin(["ord_n1", "ord_n2"])]
     slot, expert = c[c.arm.str.endswith("_slot")], c[c.arm.str.endswith("_expert")]
     b = slot.dram_bytes_over_floor
-    text = " ".join(_text(ROOT / "studies" / "kernels" / "README.md").split())
-    assert (f"DRAM bytes {expert.dram_bytes_over_floor.median():.2f} → {b.median():.2f}× the floor (medians of "
-            f"`ord_n1`, `ord_n2` × two routings; the four launches {b.min():.2f}–{b.max():.2f}×)") in text
-    # the package's docstring and plan cite the same medians
+    assert b.median() < expert.dram_bytes_over_floor.median()  # studies/kernels/README.md: "down toward the floor"
+    # the package's docstring and plan cite the medians
     packed = _text(ROOT / "lora_moe_lab" / "kernels" / "fused_moe_lora_packed.py")
     assert f"{expert.dram_bytes_over_floor.median():.2f} -> {b.median():.2f}x the floor" in " ".join(packed.split())
 
@@ -244,21 +242,6 @@ def _results_row(*labels: str) -> list[str]:
     head = "| " + " | ".join(labels) + " |"
     row = next(line for line in _text(ROOT / "docs" / "results.md").splitlines() if line.startswith(head))
     return [c.strip() for c in row.strip("|").split("|")]
-
-
-def test_the_glossary_states_the_regimes_leads_as_the_recordings_do():
-    import pandas as pd
-
-    glossary = " ".join(_text(ROOT / "docs" / "glossary.md").split())
-    lean, prodlike = _results_row("lab, own regime, C=16384"), _results_row("lab, production-like regime, C=16384")
-    blocked_mean, blocked_median = lean[4].split(" / ")
-    assert f"{blocked_median} against {lean[5]} µs at the same two lean-host sessions" in glossary
-    pl_mean, pl_median = prodlike[4].split(" / ")
-    assert f"a mean of {pl_mean} µs, a median of {pl_median} µs ({prodlike[5]} µs of queued GPU work" in glossary
-    pts = pd.read_csv(ROOT / "data" / "probe" / "points.csv")
-    lead = pts[pts.host_us_per_layer == 0].lead_us
-    assert (f"block the host {lead.min():.0f}–{lead.max():.0f} µs (the probe's lead, medians of the {len(lead)} "
-            "sessions") in glossary
 
 
 def test_the_gpu_tests_readme_says_which_logs_it_keeps():

@@ -46,6 +46,14 @@ def test_a_block_without_its_generator_or_data_gets_a_note(monkeypatch):
     assert "stale text" not in out and "`nogen`" in out and "not recorded yet" in out
 
 
+def test_a_marker_no_study_generates_gets_a_note_not_its_old_text():
+    from helpers import load_script
+
+    rt = load_script("readme_tables")
+    out = rt.render("a\n<!-- begin:no-such-block -->\nstale 1.36\n<!-- end:no-such-block -->\n")
+    assert "stale" not in out and "`no-such-block`" in out and "no block.py generator" in out
+
+
 def test_the_one_tp4_figure_is_labelled_predicted():
     from studies.tp_emulation.block import tp4_headline_block
 

@@ -40,7 +40,7 @@ from ..config import LoRAConfig, check_dtype, check_int, get_shape
 from ..ops import Backend, get_backend
 from .attention import Attention, positions, rope_cos_sin
 from .guards import Guard, get_guard
-from .lab import Lab, size_build
+from .lab import Lab, check_finite_flag, finite_check, size_build
 from .lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from . import init
 from .moe import LoRAHook, MiniMoEModel, MoELayer, PoolHolder, check_skew
@@ -154,7 +154,13 @@ class DecoderModel(PoolHolder, torch.nn.Module):
     lora_info = MiniMoEModel.lora_info
     _check = MiniMoEModel._check
 
-    def forward(self, x, batch: LoRABatchInfo, tensors: LoRABatchTensors, guard: str | Guard = "cpu_flag"):
+    def forward(self, x, batch: LoRABatchInfo, tensors: LoRABatchTensors, guard: str | Guard = "cpu_flag", *,
+                check_finite: bool = False):
+        """The decoder's output (M, hidden). check_finite=True: each layer's output is checked for NaN/inf as it
+        is made (one sync a layer; model/lab.py: finite_check), the first a NonFiniteOutputError; off, no sync."""
+        if check_finite_flag(check_finite):
+            with finite_check(self, x):
+                return self.forward(x, batch, tensors, guard)
         g = get_guard(guard)
         self._check(x, batch, tensors)
         backend = self.backend

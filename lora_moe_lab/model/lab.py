@@ -5,10 +5,12 @@ one model cache that sweeps, widgets and scripts share.
     lab.pool.load("a", rank=8)
     batch, tensors = lab.make_batch(["a", None], [3, 5])
     y = lab.model(lab.random_input(8), batch, tensors, guard="cpu_flag")
+    y = lab.forward(lab.random_input(8), batch, tensors, check_finite=True)  # the same; NaN or inf: a named error
 """
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,61 @@ class Lab:
         check_int("seed", seed)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         return torch.randn(num_tokens, self.shape.hidden, generator=gen, device=self.device).to(self.dtype)
+
+    def forward(self, x, batch: LoRABatchInfo, tensors: LoRABatchTensors, guard="cpu_flag", *,
+                check_finite: bool = False) -> torch.Tensor:
+        """`self.model(x, batch, tensors, guard)`; with check_finite=True every layer's output is checked as it
+        is made, and the first NaN or inf is a NonFiniteOutputError naming the layer and row (see finite_check)."""
+        with finite_check(self.model, x) if check_finite_flag(check_finite) else nullcontext():
+            return self.model(x, batch, tensors, guard=guard)
+
+
+class NonFiniteOutputError(FloatingPointError):
+    """A forward made NaN or inf: names the first layer whose output holds one, and its first bad row (token)."""
+
+
+def check_finite_flag(check_finite) -> bool:
+    """check_finite as given, refused by name unless a bool (a string such as "no" would be truthy)."""
+    if not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite must be True or False, got {check_finite!r}")
+    return check_finite
+
+
+def _first_bad_row(t: torch.Tensor) -> int | None:
+    bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None  # bool(): the host-device sync
+
+
+@contextmanager
+def finite_check(model: torch.nn.Module, x: torch.Tensor):
+    """Check the input x and each of `model.layers`' outputs for NaN/inf as the forward makes them. Opt-in: each
+    check copies a flag to the host, one host-device sync per layer, so the default forward never runs it (and
+    a CUDA graph cannot capture it)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError("check_finite=True syncs once per layer and cannot run under CUDA graph capture: "
+                         "check an eager forward instead")
+    row = _first_bad_row(x) if isinstance(x, torch.Tensor) and x.dim() > 0 else None  # the model's _check names a bad x
+    if row is not None:
+        raise NonFiniteOutputError(f"the forward's input x is not finite at row {row} (of {x.shape[0]}): NaN or inf "
+                                   "before layer 0")
+
+    def check_layer(i: int):
+        def hook(mod, args, out):
+            row = _first_bad_row(out)
+            if row is not None:
+                n = int((~torch.isfinite(out)).sum())
+                raise NonFiniteOutputError(f"layer {i} ({type(mod).__name__}) made NaN or inf: first at row {row} "
+                                           f"(token {row} of {out.shape[0]}), {n} non-finite values in its output "
+                                           f"(an adapter's scaling or weights, or the input, may overflow "
+                                           f"{out.dtype})")
+        return hook
+
+    handles = [layer.register_forward_hook(check_layer(i)) for i, layer in enumerate(model.layers)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def build_lab(preset: str | MoEShape = "tiny", num_layers: int | None = None, max_loras: int = 4,

@@ -1,6 +1,6 @@
 """The simulator: a host/device queue model of a forward (engine), its costs from the model's own
 step list (cost), fitted to recorded GPU data (fit), pushed to the production setting (production),
-calibrated on the canonical recording and kept where the catalog's "simulator" says (calibration).
+calibrated on the archived guards recording and kept where the catalog's "simulator" says (calibration).
 
     from lora_moe_lab import sim
     sim.simulate_forward("qwen3-30b-a3b", 128, "sync", layers=48, timeline=True)

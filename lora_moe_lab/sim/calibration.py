@@ -105,7 +105,8 @@ def load_calibration(folder: str | Path | None = None) -> Calibration:
     path = folder / FILES["fit"]
     doc = schemas.read_json(path)
     if "recording" not in doc or "fitted_names" not in doc:
-        raise ValueError(f"{path} predates the canonical recording: run scripts/validate_simulator.py")
+        raise ValueError(f"{path} is of an older format (no recording or fitted names): re-run "
+                         "studies/simulator/record.py")
     f = FitResult(CostModel(**doc["fitted"]), doc["rms_log_error"], doc["rows"], tuple(doc["fitted_names"]),
                   doc["sources"], tuple(doc["at_bound"]))
     val = doc["validation"]
@@ -137,8 +138,8 @@ def readme_block(folder: str | Path | None = None) -> str:
     h = cal.headline()
     other = [c for c in s["chunks"] if c != HEADLINE_CHUNK]
     return "\n".join([
-        f"The host/device queue model (`lora_moe_lab.sim`) fitted to the canonical recording ({cal.label}) by "
-        f"`scripts/validate_simulator.py`, into `{where}/`: {f.rows} points, rms log error "
+        f"The host/device queue model (`lora_moe_lab.sim`) fitted to the archived guards recording ({cal.label}) by "
+        f"`studies/simulator/record.py`, into `{where}/`: {f.rows} points, rms log error "
         f"{f.rms_log_error:.2f}. Host: {p.launch_us:.1f} µs per eager launch, {p.triton_extra_us:.0f} µs more per "
         f"Triton launch, {p.sync_us:.1f} µs after each sync; device: {p.kernel_us:.2f} µs per kernel, "
         f"{p.tflops:.0f} TFLOP/s, {p.tbps:.2f} TB/s.{bound}", "",

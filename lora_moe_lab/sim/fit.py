@@ -1,6 +1,6 @@
 """Fit the cost model to recorded GPU data, and check it: predict / fit / validate (in-sample) /
 holdout (points the fit did not see) against sweep rows (instruments/recorders/bench.py's schema, or the
-canonical recording's `as_sweep()`) and recorded traces."""
+archived guards recording's `as_sweep()`) and recorded traces."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -46,7 +46,7 @@ def predict(df: pd.DataFrame, params: CostModel = CostModel()) -> pd.DataFrame:
 
 def trace_rows(traces: Iterable) -> pd.DataFrame:
     """Sweep-like rows from recorded traces (paths or TraceTables with the labels that
-    scripts/gpu_traces.py stores: preset, num_layers, guard, mode, M, adapters, max_rank, dtype),
+    studies/traces/record.py stores: preset, num_layers, guard, mode, M, adapters, max_rank, dtype),
     one per trace: median over its forwards of (end of the last GPU op - start of the forward on the
     host), the quantity bench.py times with CUDA events. Also the measured kernels per forward
     beside the model's count (`model_kernels`), a check of DEFAULT_LAUNCHES."""

@@ -173,7 +173,7 @@ def scale_model_report(sweep: pd.DataFrame | None = None, *, traces: Iterable | 
     """Everything notebook 05 shows, from recorded data in one call: the fit, predictions beside
     measurements, the per-guard validation table, the production-shape extrapolation, its
     comparison with the production figures, and the sync overhead that would explain production's
-    stall per sync. (The canonical recording goes through sim/calibration.py instead.)"""
+    stall per sync. (The archived guards recording goes through sim/calibration.py instead.)"""
     f = fit(sweep, traces=traces, init=init)
     rows = sweep
     if traces is not None:

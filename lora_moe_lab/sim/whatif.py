@@ -8,7 +8,7 @@ unprofiled measurement of the predicted configuration beside each prediction whe
     guard_predictions(4096, layers=48)          the validated model per guard at a traced M (notebook 04)
     simulator_vs_replay()                       the queue simulator beside the replay on the same points
 
-The recipe is scripts/validate_replay.py's: the source trace's steady forward (forward 1); the 8-layer
+The recipe is studies/replay/record.py's: the source trace's steady forward (forward 1); the 8-layer
 MoE traces tiled to 48 layers; the source's host factor (the profiler slows the host) read from
 data/replay/validation.csv (`alpha`), never refitted here; a chunked prefill of 64 x 2048 tokens
 from an idle GPU for the decoder, one forward from an idle GPU for the MoE model. The pass rule is
@@ -48,14 +48,14 @@ __all__ = [
 ]
 
 TOL = 0.05
-SPIN_NS = 500_000  # as scripts/validate_replay.py: longer host gaps are the engine's busy-wait
+SPIN_NS = 500_000  # as studies/replay/record.py: longer host gaps are the engine's busy-wait
 # the recordings it reads, by catalog name (data/catalog.json): the validation, the decoder's and the MoE model's traces
 VALIDATION = "replay.validation"
 DEC_TRACES = "production.signature_traces"
 MOE_TRACES = "traces.moe"
 _DEC = re.compile(r"qwen3-30b-a3b_L48_tp1_C(\d+)_gs5\.41667_(h[\d.]+_f0_o70_)?none_(\w+?)_rank0\.json\.gz$")
 _MOE = re.compile(r"(qwen3-30b-a3b)_(sync|cpu_flag|launch_always)_(eager|graph)_M(\d+)\.json\.gz$")
-# the other configuration a guard template comes from (validate_replay.py's DEC_OTHER / MOE_OTHER)
+# the other configuration a guard template comes from (studies/replay/record.py's DEC_OTHER / MOE_OTHER)
 OTHER = {
     "default_C16384": "default_C8192",
     "default_C8192": "default_C16384",

@@ -355,10 +355,10 @@ print(f"M = {int(small.tokens.iloc[0])} ({', '.join(reg)}: eager over graph repl
 
 # %% [markdown]
 # **Where the lesson holds, and its scope.** The cell above (and, for the `tiny` preset, the live check)
-# reads the threshold over **every recorded preset and adapter mix**, half the requests active included: qwen3-30b-a3b-tp4 at M=1024 with half
-# active has an interval reaching below zero, so here the threshold is M=4096. The guards table of
-# `docs/results.md` reads the points with **no adapter active** only, where every interval lies above
-# zero from M=1024. Both are true; they read different points.
+# reads the threshold over **every recorded preset and adapter mix**, half the requests active included. The
+# guards table of `docs/results.md` gives both thresholds: the one over the points with **no adapter active**
+# only is lower, since a half-active point's interval reaches below zero at a larger M. Both are true; they
+# read different points.
 
 # %% [markdown]
 # ## For scale: what production reported

@@ -133,7 +133,7 @@ items_all
 # With the debug buffer `exit_codes` the programs first write one code per (slot, block) from the
 # metadata alone (0 = the block is real work). We run the same layer for several adapter patterns
 # and compare every code with the host's computation (`host_exit_codes`, same order of checks),
-# and the work-item count with the host's. The buffer starts filled with −7, so a cell that no
+# and the work-item count with the host's. The buffer starts filled with `-7`, so a cell that no
 # program wrote would show.
 
 # %%

@@ -19,8 +19,8 @@
 # held out within ±5 % or the measurement's interval: `data/replay/validation.csv`, notebook 05): at each
 # token count with a profiled forward (M=16 and 4096 of `qwen3-30b-a3b`, half the requests on an
 # adapter, rank 16), per guard. Elsewhere the panel says there is no prediction: the replay predicts
-# only from a recorded trace, and the earlier queue simulator, which drew curves at every M, agrees
-# with the replay at 2 of 20 points (`data/replay/simulator_vs_replay.csv`), so it is not drawn.
+# only from a recorded trace, and the earlier queue simulator, which drew curves at every M, rarely agrees
+# with the replay (`data/replay/simulator_vs_replay.csv`), so it is not drawn.
 # **Without a GPU** the panel shows those predictions and the canonical H200 recording
 # (`data/guards/h200_guards_s1.csv` and `data/guards/h200_guards_s2.csv`, two device sessions pooled by
 # `load_guards()`) — it says which numbers come from where. Moving a control redraws

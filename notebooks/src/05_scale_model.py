@@ -151,7 +151,7 @@ pd.DataFrame(rows)[["transform", "target", "predicted_ms", "measured_ms", "measu
 # agrees with the replay (±5 %) only where the table says so; elsewhere this lab's figures come
 # from the replay. Why it misses: it has the MoE blocks only (no attention, no collectives), so the
 # decoder's forward is about a third short; it has one fitted host cost per launch for every op and
-# size, so at M=16, where the host sets the time, it is 25-30 % slow; it takes whole syncs per layer;
+# size, so at M=16, where the host sets the time, it is slow (the replay block of `docs/results.md`); it takes whole syncs per layer;
 # it has no engine host work and no earlier batch queued (the production-like regime: not simulated).
 
 # %%

@@ -9,7 +9,8 @@
 # C tokens, one forward per chunk. Adapters are loaded, but in the measured traffic **no request
 # used one**. The old guard asked the GPU "is any adapter active?" (`.any().item()`) at every
 # LoRA call site: **260** host-device syncs per forward. Removing it (the host flag
-# `has_active_lora`, guard `cpu_flag`) gave **+14.4 %** input throughput and **−12.6 %** TTFT.
+# `has_active_lora`, guard `cpu_flag`) gave **+14.4 %** input throughput and **−12.6 %** TTFT
+# (sgl-project/sglang#25531).
 #
 # **What production's trace measured** (sgl-project/sglang#25531): ~100 ms per forward of time in
 # `cudaStreamSynchronize`, ~70 ms of it in the first sync ("it drains the entire pending GPU
@@ -26,8 +27,8 @@
 # * `launch_always` — no host check: the LoRA kernels are launched and exit early on the GPU.
 #
 # Two regimes: **the lab's own** (a lean host) and a **production-like** one (`EngineCosts`: an
-# engine's host work per layer, calibrated so the later syncs block the host ~116 µs, and 70 ms of
-# an earlier batch queued on the GPU before each forward, as an overlap scheduler leaves it).
+# engine's host work per layer, calibrated so the later syncs block the host as long as production's, and
+# production's first-sync backlog (`sim/production.py`) of an earlier batch queued on the GPU before each forward, as an overlap scheduler leaves it).
 # Each recording was made in separate device sessions; the reader's figure is their mean with the union of
 # their 95 % intervals (the *union over sessions*). These terms, and C (the prefill chunk: tokens per
 # forward), are defined in `docs/glossary.md`.
@@ -89,7 +90,7 @@ print("production's signature (host time blocked in the syncs):", {k: round(v, 3
 # ## Production's signature beside the lab's
 # `data/production/signature_<session>/` (`studies/production/record.py`, `python scripts/record.py production`, one device session each):
 # TP=1, 48 layers, 64 requests × 2048 tokens, 260 syncs per forward, no adapter in use, `sync`
-# against `cpu_flag`, 13 interleaved repetitions after a warm-up prefill, checked for drift.
+# against `cpu_flag`, interleaved repetitions after a warm-up prefill, checked for drift.
 # Host-blocked figures are unprofiled (perf_counter around each `.item()`); the lead (GPU work
 # queued when a sync starts) and the GPU idle come from profiled steady forwards (forwards 1 and 2
 # of three issued back to back): for the shape only, because a profiler slows the host.
@@ -153,7 +154,7 @@ if SESSIONS:
 # Each session's figure carries its own paired-bootstrap 95 % interval; with two sessions the
 # reader's figure is their mean with the union of the two intervals (`stats.between_sessions`),
 # flagged where the intervals do not overlap. The production-like regime's throughput is also
-# given without the earlier batch's GPU time (70 ms per forward that are not this prefill's work).
+# given without the earlier batch's GPU time (per forward, not this prefill's work).
 
 # %%
 if SESSIONS:
@@ -192,7 +193,7 @@ else:
 # ## Throughput and TTFT: the fix against each guard, beside production
 # The bars are the change that switching from a guard to `cpu_flag` brings (paired per
 # repetition; whiskers: the 2.5–97.5 percentile range of the repetitions). For `sync` in adapter
-# mode `none` this is production's comparison: +14.4 % input throughput, −12.6 % TTFT. The lab's
+# mode `none` this is production's comparison (sgl-project/sglang#25531): +14.4 % input throughput, −12.6 % TTFT. The lab's
 # TP=4 figure is the prediction of the section "TP=4, predicted" below.
 
 # %%
@@ -336,8 +337,8 @@ else:
 # %% [markdown]
 # ### History: the earlier TP=4 extrapolation (retired)
 # Before the emulation, TP=4 was reached by scaling each measured TP size's `cpu_flag` forward F and
-# time lost per sync s by the queue model's ratios (`lora_moe_lab.sim.tp`). The queue model agrees
-# with the replay at 2 of 20 points (`data/replay/simulator_vs_replay.csv`), so these rows are kept
+# time lost per sync s by the queue model's ratios (`lora_moe_lab.sim.tp`). The queue model rarely agrees
+# with the replay (`data/replay/simulator_vs_replay.csv`), so these rows are kept
 # only as history: **extrapolated, not a lab figure**.
 
 # %%

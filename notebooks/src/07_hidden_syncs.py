@@ -209,7 +209,7 @@ else:
 # measured one (eager against hoisted, paired, with its 95 % interval) per model, recorded on an H200.
 # The price reads the original forward only: one profiled call, its host scaled to the original's own
 # unprofiled time in the measurement's window (a shared host's speed drifts within a minute); the
-# canonical sessions (the last two) land within ±15 % of the measured saving. Read as recorded; nothing
+# canonical sessions (the last two) come nearest the measured saving (`priced.csv`). Read as recorded; nothing
 # here is computed on this machine.
 
 # %%

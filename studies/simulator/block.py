@@ -13,8 +13,7 @@ def simulator_block() -> str | None:
         return None
     from lora_moe_lab import sim
 
-    text = (sim.readme_block(d).replace("scripts/validate_simulator.py", "studies/simulator/record.py")
-            .replace("fitted to the canonical recording", "fitted to the archived guards recording"))
+    text = sim.readme_block(d)
     # the per-guard table is notebook 05's; the one TP=4 figure is the tp4 block's prediction
     paras = [p for p in text.split("\n\n") if not p.startswith(("Extrapolated to production", "| guard"))]
     paras[0] = paras[0].split(" Host: ")[0].rstrip(".") + "; its fitted costs: notebook 05."
