@@ -11,7 +11,6 @@ block belongs to the same expert, so the whole tile is one dense matmul against 
 weights: the gather happens on the activation side only. Padding rows carry the sentinel id
 num_pairs and are masked out of loads and stores.
 """
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -46,74 +45,9 @@ def block_pairs(sorted_ids_ptr, pid_m, num_pairs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L):
-    """Each pair's LoRA row and whether its adapter is live: three dependent gathers (the row, then its slot
-    and enabled flag), loaded before the base GEMM's K loop so that their latency passes under the MMAs
-    instead of once per tile after them. lrow -1 and live False for padding rows and tokens without a row; a row
-    past the L rows is never live (and never read past the end of lora_ids). Returns (lrow, slot, live); slot -1
-    where the pair has no row (kernels/fused_moe_lora_packed.py's shrink reads it too)."""
-    lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
-    has = valid & (lrow >= 0) & (lrow < L)
-    lid = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
-    en = tl.load(enabled_ptr + lrow, mask=has, other=0)
-    return lrow, lid, has & (lid >= 0) & (en != 0)
-
-
-@triton.jit
-def _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L, NS,
-                   stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr,
-                   STRADDLE: tl.constexpr, FOLD_DESC: tl.constexpr):
-    """The LoRA expand as extra K iterations of the base GEMM: for each LoRA row l with a live adapter
-    that some pair of this tile uses, acc += t_l @ B[p, slot(l), expert].T, one dot of depth BLOCK_R,
-    where t_l is the shrink of the pairs of row l (the other pairs masked to 0: their loads move no
-    bytes). A row no live pair of the tile uses costs a reduction, no load, no MMA; with every adapter
-    disabled the tile is the plain GEMM plus one reduction (its metadata loads were issued before the K
-    loop). Pairs without a live adapter get exact zeros added (0 * finite B), so their output is the plain
-    GEMM's bit for bit. lrow, live: from `_folded_rows`, loaded before the K loop.
-
-    t holds the shrink in the alignment's order (row pid_m * BLOCK_M + m: the tile's rows are one dense
-    box). FOLD_DESC: t and B come through TMA descriptors (t as (EM, P * BLOCK_R), B as (P*S*E*NS, R)),
-    so no (BLOCK_M, BLOCK_R) or (BLOCK_R, BLOCK_N) tensor of 64-bit addresses is live beside the
-    accumulator; rows of other LoRA rows, other slices and columns past R are zeroed after the load."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < R
-    p_n = offs_n // NS  # the slice (gate / up) of each column
-    p0 = (pid_n * BLOCK_N) // NS  # the tile's first column's slice
-    if tl.max(live.to(tl.int32), 0) > 0:  # one reduction; a tile without a live adapter ends here
-        for l in range(0, L):
-            here = live & (lrow == l)  # the pairs of row l, if its adapter is live
-            if tl.max(here.to(tl.int32), 0) > 0:
-                slot = tl.maximum(tl.load(lora_ids_ptr + l), 0).to(tl.int64)
-                b_base = b_ptr + slot * stride_bs + expert * stride_be
-                for q in tl.static_range(2 if STRADDLE else 1):  # a tile across the gate/up boundary: both slices
-                    p = p0 + q
-                    cols = n_ok & (p_n == p)
-                    if FOLD_DESC:
-                        t_box = t_desc.load([(pid_m * BLOCK_M).to(tl.int32), (p * BLOCK_R).to(tl.int32)])
-                        tt = tl.where((here & (p < P))[:, None], t_box, 0.0).to(t_box.dtype)
-                        # B's rows of (slice p, slot, expert) start at this row of the (P*S*E*NS, R) view; a tile
-                        # across the slice boundary reads the neighbours' rows too, and they are masked out.
-                        b_row = ((p * stride_bp + slot * stride_bs + expert * stride_be) // stride_bn
-                                 + pid_n * BLOCK_N - p * NS)
-                        b_box = b_desc.load([b_row.to(tl.int32), 0]).T  # (BLOCK_R, BLOCK_N) = B.T
-                        bt = tl.where(cols[None, :], b_box, 0.0).to(b_box.dtype)
-                    else:
-                        tt = tl.load(t_ptr + offs_m[:, None] * stride_tm + p * stride_tp + offs_r[None, :],
-                                     mask=here[:, None] & (p < P), other=0.0)
-                        b_ptrs = (b_base + p * stride_bp + (offs_n - p * NS)[None, :] * stride_bn
-                                  + offs_r[:, None] * stride_br)
-                        bt = tl.load(b_ptrs, mask=r_ok[:, None] & cols[None, :], other=0.0)  # (BLOCK_R, BLOCK_N) = B.T
-                    acc = tl.dot(tt, bt, acc)
-    return acc
-
-
-@triton.jit
 def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc, bp_desc, N, NS,
                    stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
-                   STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr,
-                   UNROLL: tl.constexpr, U_PTR: tl.constexpr, eu, eb, EARLY: tl.constexpr):
+                   STRADDLE: tl.constexpr, PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr):
     """The packed LoRA expand (kernels/fused_moe_lora_packed.py): more K iterations of the base GEMM, no per-row
     logic. u (EM, P * PACK_C) holds each pair's shrink in the columns of its slice and its adapter's slot (zeros
     elsewhere, and in every real row without a live adapter), in the alignment's order, so the tile's rows are one
@@ -123,8 +57,9 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
     over every slot). A tile inside one slice reads that slice's columns; one across the gate/up boundary
     (STRADDLE) reads both, and the zeros of B_packed keep each column to its own slice. PACK_DESC: both operands
     through TMA descriptors, straight into shared memory (pointer loads would stage the (EXPAND_K, BLOCK_N) tile
-    through registers beside the accumulator). EARLY: eu, eb are the first step's operands of the first slice,
-    loaded before the K loop (`_packed_first`)."""
+    through registers beside the accumulator). The expand builds the studies tried and no plan takes (guarded steps
+    without a loop, an L2 prefetch, u by pointers beside B's TMA copy, the first step before the K loop) live in
+    studies/kernels/tried/fused_moe_switches.py."""
     lo = (blk_lo // EXPAND_K) * EXPAND_K
     hi = blk_hi
     if STRADDLE:
@@ -135,45 +70,20 @@ def _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_p
     offs_c = tl.arange(0, EXPAND_K)
     for q in tl.static_range(P if STRADDLE else 1):
         base = (p0 + q) * PACK_C
-        if UNROLL:
-            # No loop: PACK_C / EXPAND_K guarded steps. A second loop inside a persistent tile loop stops Triton from
-            # flattening the two (FuseNestedLoops wants the K loop alone), and the flattened loop is where the plain
-            # GEMM's next tile loads while this one drains. Rejected on the H200: the flattened loop pipelines these
-            # loads too and spills (studies/kernels/README.md, "The expand's waits").
-            for j in tl.static_range(PACK_C // EXPAND_K):
-                c0 = base + lo + j * EXPAND_K
-                if c0 < base + hi:
-                    acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr,
-                                       u_desc, bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N,
-                                       PACK_DESC, U_PTR)
-        else:
-            start = base + lo
-            if EARLY and q == 0:
-                if lo < hi:
-                    # Columns past the block's last slot to zero (u's are zero already): a select the compiler
-                    # cannot drop, so eu and eb stay in registers across the K loop. Copied into shared memory at
-                    # their load instead, they would wait for their data there, before the loop's first copies.
-                    in_u = (start + offs_c)[None, :] < base + hi
-                    in_b = (start + offs_c)[:, None] < base + hi
-                    acc = tl.dot(tl.where(in_u, eu, 0.0).to(eu.dtype), tl.where(in_b, eb, 0.0).to(eb.dtype), acc)
-                start += EXPAND_K
-            # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
-            for c0 in tl.range(start, base + hi, EXPAND_K, num_stages=1):
-                acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc,
-                                   bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC, U_PTR)
+        # not pipelined: its buffers then fit beside (and reuse) the K loop's in shared memory
+        for c0 in tl.range(base + lo, base + hi, EXPAND_K, num_stages=1):
+            acc = _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc,
+                               bp_desc, N, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, PACK_DESC)
     return acc
 
 
 @triton.jit
 def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u_ptr, bp_ptr, u_desc, bp_desc, N,
                  stride_um, stride_pe, stride_pn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PACK_DESC: tl.constexpr, U_PTR: tl.constexpr):
+                 PACK_DESC: tl.constexpr):
     """One expand step: acc += u[tile rows, c0 : c0 + EXPAND_K] @ B_packed[tile columns, c0 : c0 + EXPAND_K].T."""
-    if PACK_DESC:
-        if U_PTR:  # u's rows by pointer loads: issued before B's TMA copy, so the two round trips overlap
-            ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :])
-        else:  # each TMA copy is waited for before the next is issued (ncu source view, studies/kernels/README.md)
-            ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
+    if PACK_DESC:  # each TMA copy is waited for before the next is issued (ncu source view, studies/kernels/README.md)
+        ut = u_desc.load([(pid_m * BLOCK_M).to(tl.int32), c0])
         bt = bp_desc.load([(expert * N + pid_n * BLOCK_N).to(tl.int32), c0]).T
     else:
         ut = tl.load(u_ptr + offs_u[:, None] * stride_um + (c0 + offs_c)[None, :], mask=valid[:, None], other=0.0)
@@ -182,62 +92,7 @@ def _packed_step(acc, c0, valid, expert, offs_n, offs_u, offs_c, pid_m, pid_n, u
     return tl.dot(ut, bt, acc)
 
 
-@triton.jit
-def _packed_first(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe, stride_pn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STRADDLE: tl.constexpr, PACK_C: tl.constexpr,
-                  EXPAND_K: tl.constexpr):
-    """Before the K loop: the expand's first step (the first slice's EXPAND_K columns from the block's first slot),
-    u's (BLOCK_M, EXPAND_K) and B_packed's (EXPAND_K, BLOCK_N) tiles, by pointer loads. A load does not block until
-    its registers are read, so both round trips pass under the K loop's MMAs; the price is their registers, held
-    across the loop. Their addresses wait only for blk, loaded beside the expert id the K loop waits for anyway.
-    Nothing is read where the block has no live slot (zeros: the expand then skips the step)."""
-    if STRADDLE:
-        p0 = 0
-    else:
-        p0 = (pid_n * BLOCK_N) // NS
-    c0 = p0 * PACK_C + (blk_lo // EXPAND_K) * EXPAND_K
-    on = blk_hi > blk_lo
-    offs_c = tl.arange(0, EXPAND_K)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    eu = tl.load(u_ptr + rows[:, None] * stride_um + (c0 + offs_c)[None, :], mask=on, other=0.0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    eb = tl.load(bp_ptr + expert * stride_pe + offs_n[None, :].to(tl.int64) * stride_pn + (c0 + offs_c)[:, None],
-                 mask=(offs_n < N)[None, :] & on, other=0.0)
-    return eu, eb
-
-
-@triton.jit
-def _l2_prefetch(ptrs, mask):
-    """prefetch.global.L2 of each pointer's line where mask: the line's DRAM read starts now and nothing waits for
-    it; a later load of the line is an L2 hit. (PTX: not run by Triton's CPU interpreter; launchers turn it off.)"""
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _packed_prefetch(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe, stride_pn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STRADDLE: tl.constexpr, PACK_C: tl.constexpr):
-    """Before the K loop: the expand's u rows and B_packed rows, the first 128 columns of the block's range, into L2
-    (two 128-byte lines per row), so the expand's loads after the loop wait for L2, not for DRAM."""
-    if STRADDLE:
-        p0 = 0
-    else:
-        p0 = (pid_n * BLOCK_N) // NS
-    c0 = p0 * PACK_C + (blk_lo // 64) * 64
-    on = blk_hi > blk_lo
-    rows_u = u_ptr + (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64) * stride_um + c0
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_b = bp_ptr + expert * stride_pe + offs_n.to(tl.int64) * stride_pn + c0
-    for h in tl.static_range(2):
-        more = on & (blk_lo // 64 * 64 + h * 64 < blk_hi)
-        _l2_prefetch(rows_u + h * 64, tl.full((BLOCK_M,), 0, tl.int1) | more)
-        _l2_prefetch(rows_b + h * 64, (offs_n < N) & more)
-
-
-# num_pairs / num_blocks depend on the number of tokens M. They are excluded from Triton's integer
-# specialisation (divisible-by-16, equal-to-1) so that one compiled binary serves every M: a warm-up
-# at any M then covers all M, and CUDA-graph capture never triggers a compile.
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "L"])
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def fused_moe_kernel(
     x_ptr,  # (rows, K): activations, rows = M (GATHER) or M*top_k
     w_ptr,  # (E, N, K): expert weights, one (N, K) matrix per expert
@@ -254,13 +109,7 @@ def fused_moe_kernel(
     stride_we, stride_wn, stride_wk,
     stride_om, stride_on,
     w_desc,  # TMA descriptor of w viewed as (E * N, K), block (BLOCK_N, BLOCK_K); read only when W_DESC
-    # ---- the folded LoRA expand (read only when LORA; the tried rows build, studies/kernels/tried/) ----
-    t_ptr,  # (EM, P, BLOCK_R) the shrink of each pair with a live adapter, in the alignment's order
-    b_ptr,  # (P, S, E, NS, R) LoRA B, scaling folded in; N = P * NS
-    mapping_ptr, lora_ids_ptr, enabled_ptr,  # (M,) LoRA row per token; (L,) weight slot / enabled per row
-    R, L, NS,
-    stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br,
-    t_desc, b_desc,  # TMA descriptors of t (EM, P * BLOCK_R) and B (P*S*E*NS, R); read only when FOLD_DESC
+    NS,  # the columns of one slice (gate / up: N = P * NS)
     # ---- the packed LoRA expand (read only when PACKED; kernels/fused_moe_lora_packed.py) ----
     u_ptr,  # (EM, P * PACK_C): each pair's shrink in its slice's and slot's columns, in the alignment's order
     blk_ptr,  # (alignment blocks, 2) int32: the columns [lo, hi) of the slots each block's live pairs use
@@ -270,12 +119,10 @@ def fused_moe_kernel(
     tail_ptr,  # (1,) int32: the columns past K every tile walks (read only when TAIL)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GATHER: tl.constexpr, HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
-    LORA: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, P: tl.constexpr = 1, STRADDLE: tl.constexpr = False,
-    FOLD_DESC: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
+    P: tl.constexpr = 1, STRADDLE: tl.constexpr = False, PERSIST: tl.constexpr = False, FLATTEN: tl.constexpr = False,
     EARLY_LOADS: tl.constexpr = False, SUB: tl.constexpr = 1,
     PACKED: tl.constexpr = False, PACK_C: tl.constexpr = 16, EXPAND_K: tl.constexpr = 16,
-    PACK_DESC: tl.constexpr = False, EXPAND_UNROLL: tl.constexpr = False, EXPAND_PREFETCH: tl.constexpr = False,
-    EXPAND_U_PTR: tl.constexpr = False, EXPAND_EARLY: tl.constexpr = False,
+    PACK_DESC: tl.constexpr = False,
     TAIL: tl.constexpr = False, TAIL_J: tl.constexpr = 0, TAIL_BLK: tl.constexpr = False, TAIL_WIN: tl.constexpr = 0,
 ):
     # TAIL (`Tail`, the wide LoRA build, kernels/fused_moe_lora_packed.py): x's and w's rows go on past K, the
@@ -320,12 +167,10 @@ def fused_moe_kernel(
             # expert -1 (a block no expert of this rank owns): every row masked, nothing stored
             _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, tl.maximum(expert, 0),
                        expert >= 0, N, K, num_pairs, top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
-                       stride_om, stride_on, w_desc, t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
-                       stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                       stride_om, stride_on, w_desc, NS,
                        u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
-                       BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, False, BLOCK_R, P,
-                       STRADDLE, FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL,
-                       EXPAND_PREFETCH, EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
+                       BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, P, STRADDLE, EARLY_LOADS,
+                       PACKED, PACK_C, EXPAND_K, PACK_DESC, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
     else:
         # One program per tile. Program id -> (token block, N tile), grouped so that GROUP_M consecutive
         # token blocks sweep the same N tiles together; neighbouring blocks usually share an expert, so
@@ -342,27 +187,20 @@ def fused_moe_kernel(
             if tl.min(tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)), 0) >= num_pairs:
                 return
         _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, True, N, K, num_pairs,
-                   top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
-                   t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS, stride_tm, stride_tp, stride_bp,
-                   stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+                   top_k, stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc, NS,
                    u_ptr, blk_ptr + (pid_m // SUB) * 2, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, LORA, BLOCK_R, P, STRADDLE,
-                   FOLD_DESC, EARLY_LOADS, PACKED, PACK_C, EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_PREFETCH,
-                   EXPAND_U_PTR, EXPAND_EARLY, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
+                   BLOCK_M, BLOCK_N, BLOCK_K, GATHER, HAS_RW, EVEN_K, EVEN_N, W_DESC, P, STRADDLE, EARLY_LOADS,
+                   PACKED, PACK_C, EXPAND_K, PACK_DESC, kb, TAIL_J, TAIL_BLK, TAIL_WIN)
 
 
 @triton.jit
 def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expert, owned, N, K, num_pairs, top_k,
-               stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc,
-               t_ptr, b_ptr, mapping_ptr, lora_ids_ptr, enabled_ptr, R, L, NS,
-               stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc, b_desc,
+               stride_xm, stride_xk, stride_we, stride_wn, stride_wk, stride_om, stride_on, w_desc, NS,
                u_ptr, blk, bp_ptr, stride_um, stride_pe, stride_pn, u_desc, bp_desc,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER: tl.constexpr,
                HAS_RW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, W_DESC: tl.constexpr,
-               LORA: tl.constexpr, BLOCK_R: tl.constexpr, P: tl.constexpr, STRADDLE: tl.constexpr,
-               FOLD_DESC: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr, PACK_C: tl.constexpr,
-               EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, EXPAND_UNROLL: tl.constexpr,
-               EXPAND_PREFETCH: tl.constexpr, EXPAND_U_PTR: tl.constexpr, EXPAND_EARLY: tl.constexpr, kb,
+               P: tl.constexpr, STRADDLE: tl.constexpr, EARLY_LOADS: tl.constexpr, PACKED: tl.constexpr,
+               PACK_C: tl.constexpr, EXPAND_K: tl.constexpr, PACK_DESC: tl.constexpr, kb,
                TAIL_J: tl.constexpr, TAIL_BLK: tl.constexpr, TAIL_WIN: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile of token block pid_m (all of one expert); `owned` False masks
     every row (a block of expert -1 in the persistent loop); blk: this tile's block's entry of blk_ptr (PACKED);
@@ -391,19 +229,9 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
     if EARLY_LOADS:
         if HAS_RW:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
-        if LORA:
-            lrow, _, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
     if PACKED:  # the block's slot columns: two scalars, loaded before the K loop so their latency hides under it
         blk_lo = tl.load(blk)
         blk_hi = tl.load(blk + 1)
-        if EXPAND_PREFETCH:
-            _packed_prefetch(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe,
-                             stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C)
-        if EXPAND_EARLY:
-            eu, eb = _packed_first(blk_lo, blk_hi, expert, pid_m, pid_n, u_ptr, bp_ptr, N, NS, stride_um, stride_pe,
-                                   stride_pn, BLOCK_M, BLOCK_N, STRADDLE, PACK_C, EXPAND_K)
-        else:
-            eu, eb = 0, 0
     if TAIL_J > 0:
         jump = (pair % top_k) * TAIL_J  # from column kb of the token's row to column kb of its pair's tail
     else:
@@ -448,16 +276,10 @@ def _gemm_tile(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, rw_ptr, pid_m, pid_n, expe
         if TAIL_BLK or TAIL_WIN > 0:
             w_ptrs += tl.where(k0 + BLOCK_K == kb, t_lo, 0)
 
-    if LORA:
-        if not EARLY_LOADS:
-            lrow, _, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
-        acc = _folded_expand(acc, lrow, live, expert, offs_n, n_ok, pid_m, pid_n, t_ptr, b_ptr, lora_ids_ptr, R, L,
-                             NS, stride_tm, stride_tp, stride_bp, stride_bs, stride_be, stride_bn, stride_br, t_desc,
-                             b_desc, BLOCK_M, BLOCK_N, BLOCK_R, P, STRADDLE, FOLD_DESC)
     if PACKED:
         acc = _packed_expand(acc, valid, expert, offs_n, pid_m, pid_n, blk_lo, blk_hi, u_ptr, bp_ptr, u_desc,
                              bp_desc, N, NS, stride_um, stride_pe, stride_pn, BLOCK_M, BLOCK_N, P, STRADDLE, PACK_C,
-                             EXPAND_K, PACK_DESC, EXPAND_UNROLL, EXPAND_U_PTR, eu, eb, EXPAND_EARLY)
+                             EXPAND_K, PACK_DESC)
     if HAS_RW:
         if not EARLY_LOADS:
             rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
@@ -529,28 +351,6 @@ def _tma_device(t) -> bool:
     return runtime.interpreter() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
 
-class Folded(NamedTuple):
-    """The folded LoRA expand's operands (studies/kernels/tried/fused_moe_lora_folded.py checks and builds them):
-    t (EM, P, BLOCK_R) the shrink in the alignment's order, lora_b (P, S, E, N/P, R), the (M,) token ->
-    LoRA row mapping and the (L,) weight slot / enabled of each row; desc: read t and B through TMA
-    descriptors where they allow it (`fold_tma_ok`)."""
-    t: torch.Tensor
-    lora_b: torch.Tensor
-    mapping: torch.Tensor
-    lora_ids: torch.Tensor
-    enabled: torch.Tensor
-    desc: bool = False
-
-
-def fold_tma_ok(t, b) -> bool:
-    """Whether the folded expand may read t (EM, P, BLOCK_R) and B (P, S, E, NS, R) through TMA: both
-    contiguous at 16-byte aligned bases, B's rows (R elements) a 16-byte multiple, 32-bit coordinates;
-    on compute capability 9 or newer, or the interpreter."""
-    return _tma_device(t) and (t.is_contiguous() and b.is_contiguous() and t.data_ptr() % 16 == 0
-                               and b.data_ptr() % 16 == 0 and (b.shape[4] * b.element_size()) % 16 == 0
-                               and b.numel() // b.shape[4] < 2 ** 31 and t.shape[0] < 2 ** 31)
-
-
 def packed_tma_ok(bp) -> bool:
     """Whether B_packed (E, N, P * C) can be read through TMA: 16-byte aligned base, 32-bit row coordinates."""
     return bp.data_ptr() % 16 == 0 and bp.shape[0] * bp.shape[1] < 2 ** 31
@@ -580,21 +380,15 @@ class Packed(NamedTuple):
     blk: torch.Tensor
     b_packed: torch.Tensor
     expand_k: int
-    unroll: bool = False  # the expand as guarded steps, no loop (EXPAND_UNROLL)
-    prefetch: bool = False  # its operands' first lines into L2 before the K loop (EXPAND_PREFETCH; GPU only)
-    u_ptr: bool = False  # u by pointer loads, B through TMA: the two loads in flight together (EXPAND_U_PTR)
-    early: bool = False  # the first step's u and B tiles loaded before the K loop, by pointers (EXPAND_EARLY)
 
 
 def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, config: GemmConfig | None = None,
-             lora: Folded | None = None, packed: Packed | None = None, tail: Tail | None = None):
+             packed: Packed | None = None, tail: Tail | None = None):
     """out[pair] = x[row] @ w[expert(pair)].T (* routed weight), row = pair // top_k if gather else pair.
 
     x: (M, K) or (M*top_k, K); w: (E, N, K); align: Alignment with S=1; out: (M*top_k, N), fully written.
-    lora (`Folded`, from `moe_gemm_lora_folded` only): each pair's LoRA expand added before the scaling;
-    the folded GEMM always runs a program per tile at the alignment's BLOCK_M (config.persistent and config.sub_m
-    apply to the plain GEMM only). packed (`Packed`, from `moe_gemm_lora_packed` only): the packed expand added
-    before the scaling; it runs on the plain GEMM's tile table as it is (persistent grids and sub-blocks included).
+    packed (`Packed`, from `moe_gemm_lora_packed` only): the packed expand added before the scaling; it runs on the
+    plain GEMM's tile table as it is (persistent grids and sub-blocks included).
     tail (`Tail`, from `moe_gemm_lora_wide` only): x's and w's rows go on for tail.c columns (the adapters'), which
     the K loop walks when any adapter is live (with tail.blk: only the columns of the slots in the tile's block, of
     the tile's slice); the plain GEMM's kernel, tile table and loop otherwise.
@@ -602,12 +396,8 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K, w.shape[0])
-    if config is None and lora is not None and cfg.max_regs:
-        # A table's register cap is the plain GEMM's (e.g. 128 for 2 programs/SM at TP=4 gate_up); the folded
-        # build holds the expand's tiles too and does not compile under it (ptxas asks for >= 154): drop it.
-        cfg = replace(cfg, max_regs=0)
-    # sub_m (plain GEMM only): the kernel's tile takes sub_m of the alignment's bm rows, SUB sub-blocks per block
-    sub_m = cfg.sub_m if cfg.sub_m and lora is None else bm
+    # sub_m: the kernel's tile takes sub_m of the alignment's bm rows, SUB sub-blocks per block
+    sub_m = cfg.sub_m if cfg.sub_m else bm
     if bm % sub_m:
         raise ValueError(f"moe_gemm: config.sub_m={cfg.sub_m} must divide the alignment's block_m={bm}")
     SUB = bm // sub_m
@@ -616,13 +406,13 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     # sub-blocks past its first may be padding only (they return at once), so all SUB of each are launched.
     nb_launch = min(align.expert_ids.shape[1], num_pairs) * SUB
     tiles = nb_launch * cdiv(N, cfg.block_n)
-    # persistent (plain GEMM only): a static grid of programs per SM that loop over the busy tiles
-    persist = bool(cfg.persistent) and lora is None
+    # persistent: a static grid of programs per SM that loop over the busy tiles
+    persist = bool(cfg.persistent)
     grid = (min(tiles, num_sms(x.device) * cfg.persistent) if persist else tiles,)
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
-    tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None, gather, top_k)
+    tail_c, tail_kw = _check_tail(tail, x, w, K, packed is not None, gather, top_k)
     if (tail_kw.get("TAIL_J") or tail_kw.get("TAIL_BLK") or tail_kw.get("TAIL_WIN")) and K % cfg.block_k:
         raise ValueError(f"moe_gemm: a tail with a jump (gathered rows), per-block columns or a window needs K={K} "
                          f"to be a multiple of the tile's BLOCK_K={cfg.block_k}: the row pointers jump to the pair's "
@@ -635,26 +425,13 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
                          "columns past K + C, which the TMA copy fills with zeros")
     use_desc = cfg.w_desc and tma_ok(w)
     w_desc = rows_desc(w, [cfg.block_n, cfg.block_k], K + tail_c) if use_desc else w
-    if lora is None:  # dummy pointers and strides, never read
-        fold, fold_ints, fold_descs, fold_kw = (out,) * 5, (0,) * 10, (out, out), {}
-    else:
-        b, t = lora.lora_b, lora.t
-        P, R, L, BR = b.shape[0], b.shape[4], lora.lora_ids.shape[0], t.shape[2]
-        fold = (t, b, lora.mapping, lora.lora_ids, lora.enabled)
-        fold_ints = (R, L, N // P, t.stride(0), t.stride(1), *b.stride())
-        desc = lora.desc and fold_tma_ok(t, b)
-        fold_descs = ((TensorDescriptor.from_tensor(t.view(t.shape[0], P * BR), [bm, BR]),
-                       TensorDescriptor.from_tensor(b.view(-1, R), [cfg.block_n, BR])) if desc else (out, out))
-        fold_kw = dict(LORA=True, BLOCK_R=BR, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, FOLD_DESC=desc)
+    ns, pack_kw = 0, {}  # NS: the slice width (gate / up), read by the packed expand and a tail's block columns
     if packed is None:
-        pack, pack_ints = (out,) * 3, (0,) * 3 + (out, out)
+        pack, pack_ints = (out,) * 3, (0,) * 3 + (out, out)  # dummy pointers and strides, never read
         if tail is not None and tail.blk is not None:  # the per-block slot columns, as the packed expand reads them
             pack = (out, tail.blk, out)
-            fold_ints = (0, 0, N // tail.slices) + fold_ints[3:]
-            fold_kw = dict(P=tail.slices, PACK_C=tail_c // tail.slices)
+            ns, pack_kw = N // tail.slices, dict(P=tail.slices, PACK_C=tail_c // tail.slices)
     else:
-        if lora is not None:
-            raise ValueError("moe_gemm: pass lora (the folded expand) or packed, not both")
         u, bp, ek = packed.u, packed.b_packed, packed.expand_k
         P, C = u.shape[1], u.shape[2]
         pdesc = _tma_device(u) and u.is_contiguous() and bp.is_contiguous() and packed_tma_ok(bp)
@@ -662,22 +439,20 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
         descs = ((TensorDescriptor.from_tensor(u2, [sub_m, ek]), TensorDescriptor.from_tensor(bp2, [cfg.block_n, ek]))
                  if pdesc else (out, out))
         pack, pack_ints = (u2, packed.blk, bp), (u2.stride(0), bp.stride(0), bp.stride(1)) + descs
-        fold_ints = (0, 0, N // P) + fold_ints[3:]  # NS: the slice width (gate / up)
-        fold_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
-                       PACK_DESC=pdesc, EXPAND_UNROLL=bool(packed.unroll),
-                       EXPAND_PREFETCH=bool(packed.prefetch) and not runtime.interpreter(),  # inline PTX
-                       EXPAND_U_PTR=bool(packed.u_ptr), EXPAND_EARLY=bool(packed.early))
+        ns = N // P
+        pack_kw = dict(PACKED=True, P=P, STRADDLE=P == 2 and (N // P) % cfg.block_n != 0, PACK_C=C, EXPAND_K=ek,
+                       PACK_DESC=pdesc)
     fused_moe_kernel[grid](
         x, w, out, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded, rw,
         N, K, num_pairs, nb_launch, top_k,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc,
-        *fold, *fold_ints, *fold_descs, *pack, *pack_ints, tail.cols if tail is not None else out,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1), w_desc, ns,
+        *pack, *pack_ints, tail.cols if tail is not None else out,
         BLOCK_M=sub_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SUB=SUB,
         GATHER=bool(gather), HAS_RW=routed_weights is not None,
         EVEN_K=cfg.even and K % cfg.block_k == 0 and tail_c % cfg.block_k == 0,
         EVEN_N=cfg.even and N % cfg.block_n == 0, W_DESC=use_desc,
         PERSIST=persist, FLATTEN=persist and cfg.flatten, EARLY_LOADS=cfg.early_loads,
-        num_warps=cfg.num_warps, num_stages=stages, **fold_kw, **tail_kw, **reg_cap(cfg.max_regs),
+        num_warps=cfg.num_warps, num_stages=stages, **pack_kw, **tail_kw, **reg_cap(cfg.max_regs),
     )
     return out
 
@@ -688,7 +463,7 @@ def _check_tail(tail, x, w, K, other, gather, top_k):
     if tail is None:
         return 0, {}
     if other:
-        raise ValueError("moe_gemm: tail (the wide build) excludes lora and packed")
+        raise ValueError("moe_gemm: tail (the wide build) excludes packed")
     c, jump = int(tail.c), int(tail.jump)
     if c <= 0:
         raise ValueError(f"moe_gemm: tail.c must be a positive number of columns, got {tail.c!r}")

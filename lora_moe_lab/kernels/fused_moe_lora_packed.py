@@ -37,11 +37,24 @@ import triton.language as tl
 from .align import slot_major_order
 from .common import check_tensor, pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import Packed, Tail, _folded_rows, block_pairs, check_gemm_inputs, moe_gemm, tail_columns
+from .fused_moe import Packed, Tail, block_pairs, check_gemm_inputs, moe_gemm, tail_columns
 
-# moe_gemm_lora_packed(expand=...): see fused_moe.Packed
-EXPAND_OPTIONS = frozenset({"unroll", "prefetch", "depth", "u_ptr", "early", "tile"})
-LAST_PACKED_LAUNCH: dict = {}  # the last launch's shrink grid and expand depth (benchmarks, notebooks, tests)
+# moe_gemm_lora_packed(expand=...): the expand dot's depth and the GEMM's tile (the expand builds no plan takes:
+# studies/kernels/tried/packed_switches.py)
+EXPAND_OPTIONS = frozenset({"depth", "tile"})
+
+
+@triton.jit
+def lora_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L):
+    """Each pair's LoRA row, its weight slot and whether its adapter is live: three dependent gathers (the row, then
+    its slot and enabled flag). lrow -1 and live False for padding rows and tokens without a row; a row past the L
+    rows is never live (and never read past the end of lora_ids). Returns (lrow, slot, live); slot -1 where the pair
+    has no row."""
+    lrow = tl.load(mapping_ptr + pair // top_k, mask=valid, other=-1)
+    has = valid & (lrow >= 0) & (lrow < L)
+    lid = tl.load(lora_ids_ptr + lrow, mask=has, other=-1)
+    en = tl.load(enabled_ptr + lrow, mask=has, other=0)
+    return lrow, lid, has & (lid >= 0) & (en != 0)
 
 
 @triton.jit
@@ -68,8 +81,8 @@ def packed_shrink_kernel(
     stride_xm, stride_xk, stride_ap, stride_as, stride_ae, stride_ar, stride_ak, stride_um, stride_up,
     stride_uj, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, S_POW2: tl.constexpr,
     GATHER: tl.constexpr, L_POW2: tl.constexpr, SUB: tl.constexpr = 1, SLOT_W: tl.constexpr = 0,
-    P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, X_KEEP: tl.constexpr = False,
-    U_PAIR: tl.constexpr = False, ORDERED: tl.constexpr = False, TAIL_WIN: tl.constexpr = 0,
+    P_ALL: tl.constexpr = 1, ROW_PTRS: tl.constexpr = False, U_PAIR: tl.constexpr = False,
+    ORDERED: tl.constexpr = False, TAIL_WIN: tl.constexpr = 0,
 ):
     # SUB: each alignment block (SUB * BLOCK_M rows, one expert) is SUB programs of BLOCK_M rows (a smaller
     # accumulator and tile: more programs in flight per SM); the block's first program writes the block's range.
@@ -110,7 +123,7 @@ def packed_shrink_kernel(
         row = tok
     else:
         row = pair
-    _, slot, live = _folded_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
+    _, slot, live = lora_rows(pair, valid, top_k, mapping_ptr, lora_ids_ptr, enabled_ptr, L)
     live = live & (slot < S) & (expert >= 0)  # expert -1: a block no rank's expert owns
     n_live = tl.sum(live.to(tl.int32), 0)
     if SUB == 1:
@@ -118,7 +131,7 @@ def packed_shrink_kernel(
     else:  # the range covers the whole alignment block: its first program reads every row's slot (TAIL_WIN: each
         # program, for the block's window)
         pair_b, valid_b = block_pairs(sorted_ids_ptr, pid_m, num_pairs, SUB * BLOCK_M)
-        _, blk_slot, blk_live = _folded_rows(pair_b, valid_b & (writer | (TAIL_WIN > 0)), top_k, mapping_ptr,
+        _, blk_slot, blk_live = lora_rows(pair_b, valid_b & (writer | (TAIL_WIN > 0)), top_k, mapping_ptr,
                                              lora_ids_ptr, enabled_ptr, L)
         blk_live = blk_live & (blk_slot < S) & (expert >= 0)
     any_b = tl.sum(blk_live.to(tl.int32), 0) > 0
@@ -186,12 +199,8 @@ def packed_shrink_kernel(
             if ROW_PTRS:
                 x_ptrs = x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xk
                 a_ptrs = a_cols[None, :] + (k0 + offs_k)[:, None] * stride_ak
-            # x rows come back for each of a token's top_k experts: X_KEEP asks L2 to keep them (evict_last) and to
-            # stream A and u, each used once (evict_first); ncu saw the L2 hit rate unchanged (H200)
-            xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0,
-                         eviction_policy="evict_last" if X_KEEP else "")  # rows of other windows: no bytes
-            at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0,
-                         eviction_policy="evict_first" if X_KEEP else "")  # (BLOCK_K, CW): A.T tiles side by side
+            xt = tl.load(x_ptrs, mask=row_w[:, None] & k_ok[None, :], other=0.0)  # rows of other windows: no bytes
+            at = tl.load(a_ptrs, mask=k_ok[:, None] & use_c[None, :], other=0.0)  # (BLOCK_K, CW): A.T tiles
             t = tl.dot(xt, at, t)
             if not ROW_PTRS:
                 x_ptrs += BLOCK_K * stride_xk
@@ -200,8 +209,7 @@ def packed_shrink_kernel(
         # same way). Every real row is written, zeros where the pair has no live adapter in the window's slots: the
         # GEMM masks nothing per row.
         up, u_ok = _u_tile(u_ptr, rows, c_p, offs_c, w0, stride_up, W * BLOCK_R, BLOCK_R, shift)
-        tl.store(up, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None] & u_ok,
-                 eviction_policy="evict_first" if X_KEEP else "")
+        tl.store(up, tl.where(hit, t, 0.0).to(u_ptr.dtype.element_ty), mask=valid[:, None] & u_ok)
 
 
 def check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids, adapter_enabled,
@@ -248,7 +256,7 @@ def pack_lora_b(lora_b: torch.Tensor, block_rank: int | None = None) -> torch.Te
 def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, *,
                        gather=True, block_k: int = 64, num_warps: int = 4, num_stages: int = 3, sub_m: int = 0,
                        slot_window: int = 0, both_slices: bool = False, row_ptrs: bool = False,
-                       x_keep: bool = False, max_regs: int = 0, u_pair: bool = False, tail_cols=None,
+                       max_regs: int = 0, u_pair: bool = False, tail_cols=None,
                        slot_order: bool = False, block_order=None, tail_win: int = 0):
     """u[i, p] and blk for the pairs of the alignment (see the module doc); inputs as `moe_gemm_lora_packed`.
     sub_m: rows per program when fewer than the alignment's BLOCK_M (a power of two dividing it; 0: all of them).
@@ -256,19 +264,17 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
     first and last live slot are computed (the others get zeros), so on the alignment ordered by LoRA row (one or two
     slots per block) a window of 1 computes about the rank columns each pair needs instead of every slot's.
     both_slices: gate_up's two slices from one x tile (x read once) instead of one program per slice.
-    row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). x_keep: x loaded evict_last,
-    A and u evict_first (meant to keep x rows, read once per expert of a token, in L2; the counters saw no change on
-    the H200). max_regs: a register cap per thread (ptxas maxnreg: 128 fits four programs of 4 warps per
-    SM; a dot over every slot needs more). u_pair: u's rows are the pairs' (u (M, top_k, P, C), any strides with unit
-    columns: the wide build's columns past K of the down GEMM's x rows, or of gate_up's token rows), every real row
-    written, and tail_cols ((1,) int32) the columns the wide GEMM walks: P * C, or 0 when no adapter is live.
-    slot_order: the programs take the alignment's blocks slot by slot (`align.slot_major_order`, one more launch:
-    gate_up's x rows, read once per expert of a token, come back from DRAM less often). block_order: that order, or
-    any int32 permutation of the blocks, given (the same result either way, bit for bit: each block is computed as
-    without it). tail_win (u_pair, one slice): each pair's u is written shifted to its block's window (from its first
-    live slot's column, kept inside C, where its live slots lie within tail_win columns; else unshifted) and
-    tail_cols is tail_win when every block fits, C when one does not (the GEMM's window: `Tail.win`), 0 when nothing
-    is live."""
+    row_ptrs: the pointer tiles rebuilt from 1-D bases each K step (fewer registers). max_regs: a register cap per
+    thread (ptxas maxnreg: 128 fits four programs of 4 warps per SM; a dot over every slot needs more). u_pair: u's
+    rows are the pairs' (u (M, top_k, P, C), any strides with unit columns: the wide build's columns past K of the
+    down GEMM's x rows, or of gate_up's token rows), every real row written, and tail_cols ((1,) int32) the columns
+    the wide GEMM walks: P * C, or 0 when no adapter is live. slot_order: the programs take the alignment's blocks
+    slot by slot (`align.slot_major_order`, one more launch: gate_up's x rows, read once per expert of a token, come
+    back from DRAM less often). block_order: that order, or any int32 permutation of the blocks, given (the same
+    result either way, bit for bit: each block is computed as without it). tail_win (u_pair, one slice): each pair's
+    u is written shifted to its block's window (from its first live slot's column, kept inside C, where its live
+    slots lie within tail_win columns; else unshifted) and tail_cols is tail_win when every block fits, C when one
+    does not (the GEMM's window: `Tail.win`), 0 when nothing is live."""
     if u_pair and tail_cols is None:
         raise ValueError("lora_shrink_packed: u_pair needs tail_cols, the (1,) int32 the wide GEMM reads")
     P, S, E, R, K = lora_a.shape
@@ -307,14 +313,11 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
         K, R, S, L, num_pairs, top_k, x.stride(0), x.stride(1), *lora_a.stride(), u.stride(0), u.stride(-2),
         u.stride(1) if u_pair else 0,
         BLOCK_M=rows, BLOCK_K=bk, BLOCK_R=br, S_POW2=pow2(S), GATHER=bool(gather), L_POW2=pow2(L), SUB=bm // rows,
-        SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), X_KEEP=bool(x_keep), U_PAIR=bool(u_pair),
+        SLOT_W=win, P_ALL=p_all, ROW_PTRS=bool(row_ptrs), U_PAIR=bool(u_pair),
         ORDERED=block_order is not None, TAIL_WIN=int(tail_win),
         num_warps=num_warps,
         num_stages=stages, **reg_cap(max_regs),
     )
-    LAST_PACKED_LAUNCH.update(shrink_programs=nb_launch * (bm // rows) * (P // p_all), BLOCK_M=bm, BLOCK_K=bk,
-                              BLOCK_R=br, PACK_C=u.shape[-1], shrink_stages=stages, shrink_rows=rows,
-                              shrink_window=win, shrink_slices=p_all)
     return u
 
 
@@ -331,12 +334,9 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     buffer for u. per_slot: one expand dot of depth BLOCK_R per slot in the block's range instead of one over all C
     columns (pays where the alignment is ordered by LoRA row, `moe_align(order_by=)`: few slots per block).
     shrink: the shrink's options (`lora_shrink_packed`'s keywords: sub_m, slot_window, both_slices, ...).
-    expand: the GEMM's expand options, `unroll` (guarded steps instead of a loop), `prefetch` (its operands'
-    first lines into L2 before the K loop; the GPU only), `depth` (the columns of one expand dot, a power of two
-    from BLOCK_R to C: e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C) and `u_ptr` (u by
-    pointer loads beside B's TMA copy, so the two are in flight together) and `early` (the first step's operands
-    loaded before the K loop, by pointers; not with `unroll`) and `tile` (GemmConfig fields replaced in the GEMM's
-    tile, `config` else the table's: e.g. dict(persistent=0, flatten=False), a program per tile)."""
+    expand: the GEMM's expand options, `depth` (the columns of one expand dot, a power of two from BLOCK_R to C:
+    e.g. two slots per dot with per_slot; default BLOCK_R per slot, else C) and `tile` (GemmConfig fields replaced in
+    the GEMM's tile, `config` else the table's: e.g. dict(persistent=0, flatten=False), a program per tile)."""
     expand = dict(expand or {})
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
@@ -366,9 +366,6 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     if ek < br or ek > C or ek & (ek - 1):
         raise ValueError(f"moe_gemm_lora_packed: expand depth must be a power of two from BLOCK_R={br} to C={C}, "
                          f"got {ek}")
-    if expand.get("early") and expand.get("unroll"):
-        raise ValueError("moe_gemm_lora_packed: expand options `early` and `unroll` exclude each other (`early` "
-                         "loads the first step of the expand's loop, `unroll` has no loop)")
     if expand.get("tile"):
         cfg = config or gemm_config(num_pairs // top_k, bm, N, K, E)
         try:
@@ -380,9 +377,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
     moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, ek, bool(expand.get("unroll")), bool(expand.get("prefetch")),
-                           bool(expand.get("u_ptr")), bool(expand.get("early"))))
-    LAST_PACKED_LAUNCH.update(expand_k=ek, tile=config)  # tile: None = the plain GEMM's table tile
+             packed=Packed(u, blk, b_packed, ek))
     return out
 
 

@@ -61,8 +61,7 @@ SHRINK = {"block_k": BLOCK, "num_warps": WARPS, "num_stages": STAGES, "sub_m": B
           "slot_window": Bound(1, 64, pow2=True, off=True), "both_slices": FLAG, "row_ptrs": FLAG,
           "max_regs": MAX_REGS, "slot_order": FLAG}
 # the packed GEMM's expand options; `tile` is a partial TILE
-EXPAND = {"unroll": FLAG, "prefetch": FLAG, "depth": Bound(16, 1024, pow2=True), "u_ptr": FLAG, "early": FLAG,
-          "tile": None}
+EXPAND = {"depth": Bound(16, 1024, pow2=True), "tile": None}
 
 
 def check_fields(values, bounds: dict, file, entry: str, what: str) -> None:

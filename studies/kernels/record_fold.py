@@ -86,7 +86,7 @@ from lora_moe_lab.kernels import configs
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import GemmConfig, block_r, lora_block_m, lora_down_config, moe_block_m
 from lora_moe_lab.kernels.common import pow2
-from lora_moe_lab.kernels.fused_moe import Folded, Packed, Tail, moe_gemm
+from lora_moe_lab.kernels.fused_moe import Packed, Tail, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
 from lora_moe_lab.kernels.fused_moe_lora_packed import (lora_shrink_packed, moe_gemm_lora_packed, moe_gemm_lora_wide,
                                                         pack_lora_b, wide_columns, wide_weights, x_wide_columns)
@@ -99,6 +99,15 @@ from lora_moe_lab.ops.reference import rel, tolerance
 
 from studies.kernels import plan_views, tidy
 from studies.kernels.tried.fused_moe_lora_folded import lora_shrink, moe_gemm_lora_folded
+from studies.kernels.tried.fused_moe_switches import Folded, PackedSwitches, moe_gemm_switches
+from studies.kernels.tried.packed_switches import lora_shrink_packed_switches, moe_gemm_lora_packed_switches
+
+TRIED_EXPAND = ("unroll", "prefetch", "u_ptr", "early")  # the expand options only the study's copy takes
+
+
+def _tried(shrink=None, expand=None) -> bool:
+    """Whether the options name a build only the study's copies run (tried/packed_switches.py)."""
+    return bool((shrink or {}).get("x_keep")) or any((expand or {}).get(o) for o in TRIED_EXPAND)
 
 S, RANK, BF = kc.S, kc.RANK, kc.BF
 KERNEL_M = (1, 16, 128, 1024, 4096, 8192, 16384)  # the sizes of the peers' carried figures
@@ -260,10 +269,10 @@ def _packed_case(rng, g, dev, i):
     expand = dict(unroll=rng.random() < 0.5, prefetch=rng.random() < 0.5, depth=rng.choice((0, 2 * block_r(R))),
                   u_ptr=rng.random() < 0.5)
     expand["early"] = not expand["unroll"] and rng.random() < 0.5  # the first step loaded before the K loop
-    moe_gemm_lora_packed(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"], routed_weights=rw,
-                         gather=gather, config=cfg, shrink_out=u, per_slot=slot,
-                         shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast, x_keep=fast,
-                                     max_regs=cap), expand=expand)
+    moe_gemm_lora_packed_switches(x, w, al, k, out, c["a"], c["b"], c["mapping"], c["lids"], c["en"],
+                                  routed_weights=rw, gather=gather, config=cfg, shrink_out=u, per_slot=slot,
+                                  shrink=dict(sub_m=sub, slot_window=win, both_slices=both, row_ptrs=fast,
+                                              x_keep=fast, max_regs=cap), expand=expand)
     return _verdict(out, base, c["ref"], c["live"])
 
 
@@ -383,8 +392,8 @@ def kernels(preset, dev, gen, reps):
                                      config=cfg)
 
             def gemm_off(s, rows=False, cfg=None):  # rows: the layer's build (ordered alignment, pointer expand)
-                moe_gemm(s[X], w, s["al_ord" if rows else "al"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         lora=Folded(s["t"], b, s["slot"], lids, off, not rows), config=cfg)
+                moe_gemm_switches(s[X], w, s["al_ord" if rows else "al"], k, s[O], routed_weights=s["rw_op"],
+                                  gather=gu, lora=Folded(s["t"], b, s["slot"], lids, off, not rows), config=cfg)
 
             early = replace(configs.gemm_config(M, bm, n_op, k_op, E), early_loads=True)  # gathers before the K loop
 
@@ -627,12 +636,13 @@ def window(preset, dev, gen, reps):
                 s["blk"] = torch.zeros(s["al"].expert_ids.shape[1], 2, dtype=torch.int32, device=dev)
 
             def shr(s, al, opts):
-                lora_shrink_packed(s[X], a, s[al], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu, **opts)
+                run = lora_shrink_packed_switches if _tried(shrink=opts) else lora_shrink_packed
+                run(s[X], a, s[al], k, s["slot"], lids, on, s["u"], s["blk"], gather=gu, **opts)
 
             def pk(s, slot, opts):
-                moe_gemm_lora_packed(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, on,
-                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
-                                     per_slot=slot, shrink=opts)
+                run = moe_gemm_lora_packed_switches if _tried(shrink=opts) else moe_gemm_lora_packed
+                run(s[X], w, s["al_ord" if slot else "al"], k, s[O], a, b, s["slot"], lids, on,
+                    routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"], per_slot=slot, shrink=opts)
 
             # down has one slice: its "both" shrink builds would repeat the others
             builds = {nm: v for nm, v in WINDOW_SHRINKS.items() if gu or not v[1].get("both_slices")}
@@ -705,15 +715,18 @@ def expand(preset, dev, gen, reps):
                 return replace(table, **opts["tile"]) if "tile" in opts else None
 
             def gemm(s, opts, off=False):
-                moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], routed_weights=s["rw_op"], gather=gu,
-                         config=tile(opts),
-                         packed=Packed(s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br),
-                                       **{o: bool(opts.get(o)) for o in ("unroll", "prefetch", "u_ptr", "early")}))
+                ops = (s["u_g"], s["blk0" if off else "blk"], bp, opts.get("depth", br))
+                kw = dict(routed_weights=s["rw_op"], gather=gu, config=tile(opts))
+                if _tried(expand=opts):
+                    moe_gemm_switches(s[X], w, s["al" if off else "al_ord"], k, s[O], **kw,
+                                      packed=PackedSwitches(*ops, *(bool(opts.get(o)) for o in TRIED_EXPAND)))
+                else:
+                    moe_gemm(s[X], w, s["al" if off else "al_ord"], k, s[O], **kw, packed=Packed(*ops))
 
             def path(s, opts):
-                moe_gemm_lora_packed(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on,
-                                     routed_weights=s["rw_op"], gather=gu, b_packed=bp, shrink_out=s["u"],
-                                     per_slot=True, expand=opts)
+                run = moe_gemm_lora_packed_switches if _tried(expand=opts) else moe_gemm_lora_packed
+                run(s[X], w, s["al_ord"], k, s[O], a, b, s["slot"], lids, on, routed_weights=s["rw_op"], gather=gu,
+                    b_packed=bp, shrink_out=s["u"], per_slot=True, expand=opts)
 
             base = (lambda s, al="al": moe_gemm(s[X], w, s[al], k, s[O], routed_weights=s["rw_op"], gather=gu))
             arms = {"base": base, "base_ordered": lambda s: base(s, "al_ord"),

@@ -107,7 +107,7 @@ def _routing(M, E, k):
 def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, rank=32):
     """The base GEMM of `preset` (bf16) at token count M with tile cfg, compiled through moe_gemm; returns
     Triton's CompiledKernel. folded "ptr" or "tma": the GEMM with the LoRA expand in its K loop instead
-    (kernels/fused_moe_lora_folded.py; "ptr" = pointer loads, the layer's build), `slots` adapters of `rank`;
+    (studies/kernels/tried/fused_moe_lora_folded.py; "ptr" = pointer loads), `slots` adapters of `rank`;
     "packed" or "packed_slot": the packed expand (kernels/fused_moe_lora_packed.py), one dot over every slot or one
     per slot."""
     E, k, N, K = _shapes(preset, op)
@@ -116,7 +116,7 @@ def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, 
     out = torch.empty(M * k, N, dtype=torch.bfloat16)
     rw = torch.rand(M, k) if op == "down" else None
     al = moe_align(_routing(M, E, k), E, bm)
-    lora = packed = None
+    packed = None
     if folded in ("packed", "packed_slot"):  # kernels/fused_moe_lora_packed.py: all slots' columns, or per slot
         P, br = (2 if op == "gate_up" else 1), block_r(rank)
         u = torch.empty(al.sorted_token_ids.shape[1], P, slots * br, dtype=torch.bfloat16)
@@ -127,11 +127,15 @@ def compile_gemm(preset, op, bm, cfg: GemmConfig, M=8192, folded=None, slots=4, 
         P = 2 if op == "gate_up" else 1
         t = torch.empty(al.sorted_token_ids.shape[1], P, block_r(rank), dtype=torch.bfloat16)
         b = torch.empty(P, slots, E, N // P, rank, dtype=torch.bfloat16)
-        lora = fused_moe.Folded(t, b, torch.zeros(M, dtype=torch.int32), torch.arange(slots, dtype=torch.int32),
-                                torch.ones(slots, dtype=torch.int32), folded == "tma")
+        from studies.kernels.tried import fused_moe_switches as sw  # the folded build's kernel (the study's copy)
+        lora = sw.Folded(t, b, torch.zeros(M, dtype=torch.int32), torch.arange(slots, dtype=torch.int32),
+                         torch.ones(slots, dtype=torch.int32), folded == "tma")
+        # the folded build: the study's copy of the kernel; the library's checks it calls are patched too
+        with _compile_only(fused_moe, "fused_moe_kernel"), _compile_only(sw, "fused_moe_switches_kernel") as cap:
+            sw.moe_gemm_switches(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, lora=lora)
+        return cap.compiled
     with _compile_only(fused_moe, "fused_moe_kernel") as cap:
-        fused_moe.moe_gemm(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, lora=lora,
-                           packed=packed)
+        fused_moe.moe_gemm(x, w, al, k, out, routed_weights=rw, gather=op == "gate_up", config=cfg, packed=packed)
     return cap.compiled
 
 

@@ -1,7 +1,7 @@
 """The base GEMM with the LoRA delta inside, packed (kernels/fused_moe_lora_packed.py: the packed shrink, then the
 base GEMM with the adapters' columns as extra K iterations), against float64: out = base (+ delta for pairs of
-tokens with a live adapter) (* routed weight). The tried builds (epilogue, folded rows) are tested beside their code
-in studies/kernels/tried/.
+tokens with a live adapter) (* routed weight). The tried builds (epilogue, folded rows, the expand and shrink options
+no plan takes) are tested beside their code in studies/kernels/tried/.
 
 Interpreter on CPU (tiny shapes, fp32 < 1e-5, fp16 < 2e-2), unchanged on CUDA (bf16 added). `out`
 starts NaN-poisoned (every row must be written); rows of pairs without a live adapter must equal
@@ -16,13 +16,29 @@ from lora_gemm_cases import FUSED_CASES, DEV, DTYPES, I32, make_case, run_fused
 from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.common import pow2
 from lora_moe_lab.kernels.configs import GemmConfig, block_r
-from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH, moe_gemm_lora_packed
+from lora_moe_lab.kernels import fused_moe, fused_moe_lora_packed as fmp
+from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed, moe_gemm_lora_packed
 
 # packed: one expand dot over every slot's columns; per slot: one per slot in the block's range; on a persistent
 # grid of sub-blocks (the plain GEMM's tile table applies to the packed GEMM as it is)
 IMPLS = {"packed": moe_gemm_lora_packed, "packed_slot": functools.partial(moe_gemm_lora_packed, per_slot=True),
          "packed_persist": functools.partial(moe_gemm_lora_packed, config=GemmConfig(
              16, 32, 4, 4, 2, persistent=1, flatten=True, sub_m=16, early_loads=True))}
+
+
+class LaunchSpy:
+    """Stands in for a @triton.jit kernel of a module (monkeypatch): records each launch's grid and keywords, then
+    launches the kernel."""
+
+    def __init__(self, monkeypatch, module, name):
+        self.kernel, self.launches = getattr(module, name), []
+        monkeypatch.setattr(module, name, self)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((grid, kw))
+            return self.kernel[grid](*args, **kw)
+        return launch
 
 
 def packed_u(c, P, dtype):
@@ -47,11 +63,12 @@ def test_packed_matches_reference(case, dtype, impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_packed_nothing_live_is_the_plain_gemm(impl):
+def test_packed_nothing_live_is_the_plain_gemm(impl, monkeypatch):
+    gemm = LaunchSpy(monkeypatch, fused_moe, "fused_moe_kernel")
     c = make_case(3, 4, 32, 16, 4, 2, 2, 2, 8, 2, mapping=[0, -1, 1, 1], enabled=[0, 0])
     codes = run_packed(c, torch.float32, 4, 2, 2, 16, impl=IMPLS[impl])
     assert (codes != 0).all()
-    assert LAST_PACKED_LAUNCH["PACK_C"] == 2 * 16  # S_POW2 * BLOCK_R
+    assert gemm.launches[-1][1]["PACK_C"] == 2 * 16  # S_POW2 * BLOCK_R
 
 
 PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unordered": dict(per_slot=True),
@@ -64,24 +81,16 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
                    # the shrink one slot (two slots) per dot, both slices from one x tile; on the ordered alignment
                    # (few slots per block) and on the plain one (every slot: every window computed)
                    "win1_both_ordered": dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True)),
-                   "win1_both": dict(shrink=dict(slot_window=1, both_slices=True, row_ptrs=True, x_keep=True)),
+                   "win1_both": dict(shrink=dict(slot_window=1, both_slices=True, row_ptrs=True)),
                    "win2_sub": dict(shrink=dict(slot_window=2, sub_m=16, row_ptrs=True)),
-                   # the expand as guarded steps, no loop: over every slot, per slot in a flattened persistent loop
-                   # (the L2 prefetch is inline PTX: the interpreter runs without it, the GPU differential with it)
-                   "unroll_all": dict(expand=dict(unroll=True, prefetch=True)),
-                   # two slots of BLOCK_R 16 per dot; u by pointer loads beside B's TMA copy
-                   "depth2_ordered": dict(per_slot=True, expand=dict(depth=32, u_ptr=True)),
-                   # the first step's operands loaded before the K loop: per slot in a persistent loop, and two
-                   # slots per dot over both slices of a tile that splits them
-                   "early_persist": dict(per_slot=True, expand=dict(early=True),
-                                         config=GemmConfig(16, 32, 4, 4, 2, persistent=2, sub_m=16)),
-                   "early_d2": dict(expand=dict(early=True, depth=32)),
+                   # two slots of BLOCK_R 16 per dot: on the ordered alignment, and over both slices of a tile
+                   # that splits them
+                   "depth2_ordered": dict(per_slot=True, expand=dict(depth=32)),
+                   "depth2": dict(expand=dict(depth=32)),
                    # the GEMM's tile through the expand option: the config's fields replaced (a flattened grid)
                    "tile_persist": dict(per_slot=True, config=GemmConfig(16, 32, 4, 4, 2),
-                                        expand=dict(tile=dict(persistent=2, flatten=True))),
-                   "unroll_persist": dict(per_slot=True, expand=dict(unroll=True),
-                                          config=GemmConfig(16, 32, 4, 4, 2, persistent=2, flatten=True, sub_m=16))}
-ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered", "early_persist")
+                                        expand=dict(tile=dict(persistent=2, flatten=True)))}
+ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered")
 
 
 @pytest.mark.parametrize("variant", PACKED_VARIANTS)
@@ -112,9 +121,10 @@ def test_packed_unknown_expand_option_is_an_error():
     with pytest.raises(ValueError, match="expand tile \\{'persist': 0\\} names a field GemmConfig does not have"):
         moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
                              torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(tile=dict(persist=0)))
-    with pytest.raises(ValueError, match="`early` and `unroll` exclude each other"):
-        moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
-                             torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand=dict(early=True, unroll=True))
+    for tried in ("unroll", "prefetch", "u_ptr", "early"):  # studies/kernels/tried/packed_switches.py's, no plan's
+        with pytest.raises(ValueError, match=f"unknown expand options \\['{tried}'\\]"):
+            moe_gemm_lora_packed(x, torch.randn(4, 16, 16, device=DEV), moe_align(ids, 4, 16), 2,
+                                 torch.empty(4, 16, device=DEV), a, b, m, lid, en, expand={tried: True})
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -147,7 +157,6 @@ def test_packed_live_adapters_but_no_live_pair_is_the_plain_gemm(variant):
 def test_packed_shrink_with_nothing_live_writes_empty_ranges_only():
     """Every adapter disabled: every shrink program writes its block's empty range and ends before its block's
     metadata, so u stays as it was (the GEMM reads no column of it)."""
-    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
     c = make_case(5, 6, 32, 16, 4, 2, 2, 2, 8, 2, enabled=[0, 0])
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     al = moe_align(d["ids"], 4, 16)
@@ -159,11 +168,11 @@ def test_packed_shrink_with_nothing_live_writes_empty_ranges_only():
 
 
 @pytest.mark.parametrize("bm", [32, 64])
-def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
+def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm, monkeypatch):
     """sub_m: each alignment block as several programs of 16 rows; the block ranges equal the whole-block shrink's,
     u has the same rows written (u starts NaN: every row the GEMM may read) with the same values (to fp32
     rounding: the interpreter's matmul may sum a 16-row tile in another order than a 32-row one)."""
-    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
+    shrink = LaunchSpy(monkeypatch, fmp, "packed_shrink_kernel")
     c = make_case(bm, 40, 32, 16, 4, 3, 4, 4, 16, 2, lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     al = moe_align(d["ids"], 4, bm)
@@ -173,7 +182,7 @@ def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
         blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
         lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, sub_m=sub)
         got.append((u.cpu(), blk.cpu()))
-    assert LAST_PACKED_LAUNCH["shrink_rows"] == 16
+    assert shrink.launches[-1][1]["BLOCK_M"] == 16
     assert torch.equal(got[0][1], got[1][1]) and (got[1][1] != -7).any()
     (u0, _), (u1, _) = got
     assert torch.equal(u0.isnan(), u1.isnan()) and (~u0.isnan()).any()
@@ -184,23 +193,23 @@ def test_packed_shrink_sub_blocks_write_what_whole_blocks_write(bm):
 
 @pytest.mark.parametrize("window,both,sub,fast", [(1, True, 0, False), (1, False, 16, True), (2, True, 16, False),
                                                   (4, True, 0, True), (1, True, 0, True)])
-def test_packed_shrink_windows_write_what_one_dot_writes(window, both, sub, fast):
+def test_packed_shrink_windows_write_what_one_dot_writes(window, both, sub, fast, monkeypatch):
     """slot_window / both_slices: u and the block ranges as the one-dot shrink's, on the ordered alignment and the
-    plain one, with the pointer tiles rebuilt per step and the cache hints or not (u starts NaN: every row the GEMM
-    may read is written; values to fp32 rounding)."""
-    from lora_moe_lab.kernels.fused_moe_lora_packed import lora_shrink_packed
+    plain one, with the pointer tiles rebuilt per step or not (u starts NaN: every row the GEMM may read is written;
+    values to fp32 rounding)."""
+    shrink = LaunchSpy(monkeypatch, fmp, "packed_shrink_kernel")
     c = make_case(11, 40, 32, 16, 4, 3, 4, 4, 16, 2, lora_ids=[0, 3, -1, 1], enabled=[1, 1, 1, 0])
     d = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in c.items()}
     for order in (None, d["mapping"]):
         al = moe_align(d["ids"], 4, 32, order_by=order)
         got = []
-        for kw in ({}, dict(slot_window=window, both_slices=both, sub_m=sub, row_ptrs=fast, x_keep=fast)):
+        for kw in ({}, dict(slot_window=window, both_slices=both, sub_m=sub, row_ptrs=fast)):
             u = torch.full((al.sorted_token_ids.shape[1], 2, 4 * 16), float("nan"), device=DEV)
             blk = torch.full((al.expert_ids.shape[1], 2), -7, dtype=torch.int32, device=DEV)
             lora_shrink_packed(d["x"], d["a"], al, 3, d["mapping"], d["lora_ids"], d["enabled"], u, blk, **kw)
             got.append((u.cpu(), blk.cpu()))
-        assert LAST_PACKED_LAUNCH["shrink_window"] == window and LAST_PACKED_LAUNCH["shrink_slices"] == (2 if both
-                                                                                                       else 1)
+        grid, kw = shrink.launches[-1]
+        assert kw["SLOT_W"] == window and kw["P_ALL"] == (2 if both else 1) and grid[1] == 2 // kw["P_ALL"]
         (u0, b0), (u1, b1) = got
         assert torch.equal(b0, b1) and (b1 != -7).any()
         assert torch.equal(u0.isnan(), u1.isnan()) and (~u0.isnan()).any()

@@ -99,6 +99,9 @@ def test_tile_values_out_of_bounds_are_named(tile, match):
      "expand depth must be a power of two from 16 to 1024"),
     (lambda r: r["ops"]["down"]["8192"].update(shrink={"slot_windows": 1}), "down bucket 8192",
      "shrink: no option \\['slot_windows'\\]"),
+    # the expand builds the studies tried (studies/kernels/tried/packed_switches.py): no plan takes them
+    (lambda r: r["ops"]["down"]["4096"].update(expand={"early": True}), "down bucket 4096",
+     "expand: no option \\['early'\\]"),
     (lambda r: r["options"]["W1S"]["options"].update(sub_m=24), "option set 'W1S'", "sub_m must be 0 \\(off\\)"),
     (lambda r: r["options"]["W1S"]["options"].update(x_keep=True), "option set 'W1S'", "are neither the shrink's"),
     (lambda r: r["ops"]["gate_up"]["128"].update(path="fused"), "gate_up bucket 128", "path must be one of"),

@@ -107,27 +107,42 @@ def test_folding_orders_the_alignment_by_lora_row(per_slot, device, monkeypatch)
     _check_model(lab, x, y, tensors, device)
 
 
+def _spy(monkeypatch, module, name) -> list:
+    """Each launch of `module`'s kernel `name` as (grid, keywords), recorded before it launches."""
+    kernel, seen = getattr(module, name), []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (seen.append((grid, kw)), kernel[grid](*a, **kw))[1]
+
+    monkeypatch.setattr(module, name, Spy())
+    return seen
+
+
 def test_packed_layer_takes_the_shrink_and_expand_tables(device, monkeypatch):
-    """Where the plan gives the packed build options (here one slot per shrink dot, both slices per program, x kept
-    in L2; two slots per expand dot) and the layer shape's entry a tile (the down GEMM on a persistent grid of 2
-    programs per SM), the packed layer's shrink and expand run with them and the forward still matches the
-    reference."""
+    """Where the plan gives the packed build options (here one slot per shrink dot, both slices per program; two
+    slots per expand dot) and the layer shape's entry a tile (the down GEMM on a persistent grid of 2 programs per
+    SM), the packed layer's shrink and expand run with them and the forward still matches the reference."""
     from lora_moe_lab.config import get_shape
-    from lora_moe_lab.kernels.fused_moe_lora_packed import LAST_PACKED_LAUNCH
+    from lora_moe_lab.kernels import fused_moe, fused_moe_lora_packed
     sh = get_shape("tiny")
-    opts = dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True, row_ptrs=True, x_keep=True),
-                expand=dict(depth=32))
+    opts = dict(per_slot=True, shrink=dict(slot_window=1, both_slices=True, row_ptrs=True), expand=dict(depth=32))
     tile = {b: dict(expand=plan.Options.of(dict(tile=dict(persistent=2)))) for b in ALL}
     _use(monkeypatch, 0, gate_up=_entries("gate_up", True, **opts), down=_entries("down", True, **opts),
          shapes={(sh.hidden, sh.intermediate): {"down": tile}})
     lab = _lab(device)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     x = lab.random_input(batch.num_tokens, seed=4)
-    LAST_PACKED_LAUNCH.clear()
+    shrinks = _spy(monkeypatch, fused_moe_lora_packed, "packed_shrink_kernel")
+    gemms = _spy(monkeypatch, fused_moe, "fused_moe_kernel")
     lab.model.routing_log = []
     y = lab.model(x, batch, tensors, guard="launch_always")
-    assert LAST_PACKED_LAUNCH["shrink_window"] == 1 and LAST_PACKED_LAUNCH["expand_k"] == 32
-    assert LAST_PACKED_LAUNCH["tile"].persistent == 2  # the last packed launch: layer 2's down GEMM
+    # two layers, gate_up then down: one slot per dot, both of gate_up's slices in one program
+    assert [(kw["SLOT_W"], kw["P_ALL"]) for _, kw in shrinks] == [(1, 2), (1, 1)] * 2
+    packed = [kw for _, kw in gemms if kw.get("PACKED")]
+    assert len(packed) == 4 and all(kw["EXPAND_K"] == 32 for kw in packed)
+    # the down GEMMs (every second packed launch) on the shape's persistent tile, gate_up's on the table's
+    assert [kw["PERSIST"] for kw in packed] == [False, True, False, True]
     _check_model(lab, x, y, tensors, device)
 
 

@@ -1,5 +1,5 @@
 """The LoRA path folded into the base GEMM: a small shrink kernel, then the base GEMM whose K loop
-gets the expand as extra iterations (`fused_moe_kernel` with LORA; kernels/fused_moe.py).
+gets the expand as extra iterations (the base GEMM with LORA: the study's copy of it, tried/fused_moe_switches.py).
 
     t[pair, p]  = x[row(pair)] @ A[p, slot, expert].T                   (this file: one launch)
     out[pair]   = (x[row] @ w[expert].T + sum_p t[pair, p] @ B[p, slot, expert].T) (* routed weight)
@@ -36,8 +36,9 @@ import triton.language as tl
 
 from lora_moe_lab.kernels.common import pow2, stages_for
 from lora_moe_lab.kernels.configs import GemmConfig, block_r
-from lora_moe_lab.kernels.fused_moe import Folded, block_pairs, fold_tma_ok, moe_gemm
+from lora_moe_lab.kernels.fused_moe import block_pairs, moe_gemm
 from lora_moe_lab.kernels.fused_moe_lora_packed import check_lora_gemm_inputs
+from studies.kernels.tried.fused_moe_switches import Folded, fold_tma_ok, moe_gemm_switches
 
 LAST_FOLDED_LAUNCH: dict = {}  # the last launch's shrink grid and tiles (benchmarks, notebooks)
 
@@ -171,7 +172,7 @@ def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     writes `out`; pairs without a live adapter get the plain GEMM's output bit for bit.
     shrink_out: an optional (EM, P, BLOCK_R) buffer for the intermediate, in the alignment's order (else one is
     allocated). fold_desc: the GEMM reads the intermediate and B through TMA descriptors where they allow it
-    (`fused_moe.fold_tma_ok`). Off by default: on the H200 (data/kernels/fold_s2) the TMA build was 1.01-2.06x
+    (`fused_moe_switches.fold_tma_ok`). Off by default: on the H200 (data/kernels/fold_s2) the TMA build was 1.01-2.06x
     slower than pointer loads at all 28 points, with 12-21 % more instructions and about as many registers.
     shrink_per_row: the shrink loops over the LoRA rows present in each block (`lora_shrink(per_row=)`), for
     an alignment ordered by LoRA row (`moe_align(order_by=token_lora_mapping)`)."""
@@ -190,7 +191,7 @@ def moe_gemm_lora_folded(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
         t = shrink_out
     lora_shrink(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, t, gather=gather,
                 per_row=shrink_per_row)
-    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             lora=Folded(t, lora_b, token_lora_mapping, lora_ids, adapter_enabled, fold_desc))
+    moe_gemm_switches(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
+                      lora=Folded(t, lora_b, token_lora_mapping, lora_ids, adapter_enabled, fold_desc))
     LAST_FOLDED_LAUNCH.update(fold_desc=fold_desc and fold_tma_ok(t, lora_b))
     return out
