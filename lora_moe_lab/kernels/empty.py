@@ -2,7 +2,7 @@
 yardstick for what an all-disabled LoRA launch costs.
 
 `empty_kernel` takes one pointer (the one-program floor). `empty_args_kernel` takes the aligned
-LoRA kernel's 11 pointers and 23 integers (kernels/fused_moe_lora.py), so a benchmark can launch it
+LoRA kernel's 12 pointers and 23 integers (kernels/fused_moe_lora.py), so a benchmark can launch it
 with the very grid and arguments of a LoRA launch: the fair reference for an all-disabled launch
 (the decode kernel has its own, `lora_delta_decode(..., empty=True)`). `flag_exit_kernel` adds the
 one device load that any exit decided from device data needs."""
@@ -16,7 +16,7 @@ def empty_kernel(x_ptr):
 
 
 @triton.jit
-def empty_args_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10,
+def empty_args_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11,
                       i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17, i18, i19,
                       i20, i21, i22):
     pass

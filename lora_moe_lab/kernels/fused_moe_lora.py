@@ -298,7 +298,6 @@ def _expand_store(t0, t1, bt0, o0, bt1, o1, rw, o_rows, n, n_ok, valid, N, strid
 # Launcher
 # --------------------------------------------------------------------------------------------
 _OCCUPANCY: dict = {}  # compiled-kernel key -> programs of it that fit on one SM at once
-LAST_LORA_LAUNCH: dict = {}  # grid and tiles of the last lora_delta launch (benchmarks, notebooks)
 _RESOURCES: dict = {}  # compiled-kernel key -> registers per thread and shared memory bytes (GPU only)
 
 
@@ -375,8 +374,6 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
         _OCCUPANCY[key] = occupancy(compiled, cfg.num_warps, dev, cfg.programs_per_sm)
         _RESOURCES[key] = dict(regs=getattr(compiled, "n_regs", None),
                                shared=getattr(compiled.metadata, "shared", None))
-    LAST_LORA_LAUNCH.update(grid=grid[0], programs_per_sm=pps, stages=stages, block_m=bm, config=cfg,
-                            **_RESOURCES.get(key, {}))
     return out
 
 
@@ -412,7 +409,8 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
     The grid is persistent: `programs` programs loop over work items (slot, token block, N share):
     at most `work_items_max` of them, the live slots' busy blocks; each program takes every
     `programs`-th item. `programs_per_sm` is the config's cap until the first launch of this
-    variant has measured what fits on an SM (then that)."""
+    variant has measured what fits on an SM (then that); `regs` and `shared` (registers per thread, shared memory
+    bytes) are the compiled variant's once a launch on a GPU has compiled it, else None."""
     P, S, E, R, K = lora_a.shape
     N = lora_b.shape[3]
     num_pairs = x.shape[0] * top_k if gather else x.shape[0]
@@ -425,4 +423,5 @@ def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_wei
                 EM=align.sorted_token_ids.shape[1], blocks_per_slot=nb, N=N, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
                 split_n=p["split"], rank_r=R, BLOCK_R=p["br"], num_warps=c.num_warps, num_stages=p["stages"],
                 prefetch=c.prefetch, max_regs=c.max_regs, expand_stages=c.expand_stages,
-                programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True)
+                programs=p["grid"][0], programs_per_sm=p["pps"], work_items_max=p["max_items"], persistent=True,
+                regs=_RESOURCES.get(p["key"], {}).get("regs"), shared=_RESOURCES.get(p["key"], {}).get("shared"))

@@ -148,9 +148,6 @@ def _decode_pair(x_ptr, a_ptr, b_ptr, out_ptr, rw_ptr, pair, tok, p, pid_n, slot
         tl.store(o_base + n * stride_on, (o.to(tl.float32) + d).to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-LAST_DECODE_LAUNCH: dict = {}  # grid and tiles of the last decode launch (benchmarks, notebooks)
-
-
 def _check_decode_inputs(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids, adapter_enabled, out,
                          routed_weights, gather, num_live_pairs, exit_codes, lora_ranks=None):
     check_tensor("x", x, 2, FLOAT_DTYPES)
@@ -223,7 +220,6 @@ def lora_delta_decode(x, lora_a, lora_b, topk_ids, token_lora_mapping, lora_ids,
         WRITE_EXIT=exit_codes is not None, EMPTY=bool(empty), HAS_RANKS=lora_ranks is not None,
         R16=R % 16 == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    LAST_DECODE_LAUNCH.update(plan)
     return out
 
 

@@ -30,7 +30,7 @@ from lora_moe_lab.kernels.common import cdiv
 from lora_moe_lab.kernels.configs import LoRAKernelConfig, lora_block_m, lora_config, moe_block_m
 from lora_moe_lab.kernels.empty import empty_kernel
 from lora_moe_lab.kernels.fused_moe import moe_gemm
-from lora_moe_lab.kernels.fused_moe_lora import LAST_LORA_LAUNCH, lora_delta
+from lora_moe_lab.kernels.fused_moe_lora import lora_delta, lora_launch_plan
 from lora_moe_lab.ops.reference import ref_lora_delta_grouped as ref_lora
 from lora_moe_lab.ops.reference import ref_moe_gemm_grouped as ref_gemm
 from lora_moe_lab.ops.reference import rel, tolerance
@@ -202,9 +202,8 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
                     dtype="bfloat16", M=M, config=cfg_str(bm, cfg), time_us=t_rot,
                     bytes=nbytes, used_adapter_experts=used, gbps=nbytes / (t_rot * 1e-6) / 1e9,
                     copy_gbps=copy_gbps, bw_frac=nbytes / (t_rot * 1e-6) / 1e9 / copy_gbps)
-            r.update(grid=LAST_LORA_LAUNCH.get("grid"),
-                     programs_per_sm=LAST_LORA_LAUNCH.get("programs_per_sm"),
-                     stages=LAST_LORA_LAUNCH.get("stages"))
+            lp = lora_launch_plan(sets[0]["x"], a, b, aligns[bm][0], k, config=cfg)  # what those launches ran
+            r.update(grid=lp["programs"], programs_per_sm=lp["programs_per_sm"], stages=lp["num_stages"])
             if i == 0:
                 # Same op on one input set repeated (weights hot in L2 at small M): for reference.
                 r["time_us_hot"] = graph_time_us([fns[0]], inner=16, reps=15)
@@ -219,7 +218,7 @@ def time_lora(preset, dev, gen, copy_gbps, sweep, deadline):
         t_off = graph_time_us([lambda: lora_delta(s0["x"], a, b, al, lora_ids, off, k, s0["out"])],
                               inner=32, reps=15)
         t_empty = graph_time_us([lambda: empty_kernel[(1,)](x1)], inner=32, reps=15)
-        nprog = LAST_LORA_LAUNCH.get("grid")
+        nprog = lora_launch_plan(s0["x"], a, b, al, k)["programs"]
         row(section="disabled", preset=preset, op="lora_delta_gate_up_all_disabled", dtype="bfloat16", M=M,
             config=cfg_str(bm0, cfg0), programs=nprog, time_us=t_off, empty_kernel_us=t_empty, ratio=t_off / t_empty)
         log(f"lora {preset} M={M}: {ROWS_by(preset, M)['time_us']:.1f} us, "

@@ -87,11 +87,15 @@ def time_down(preset, dev, gen, copy_gbps, deadline):
                            for s, a_ in zip(sets, aligns[bm])]
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
+                s0 = sets[0]  # what those launches ran
+                lp = (fused_moe_lora.lora_launch_plan(s0["x"], a13, b13, aligns[bm][0], k, config=cfg) if P == 2 else
+                      fused_moe_lora.lora_launch_plan(s0["act"], a2, b2, aligns[bm][0], k, gather=False,
+                                                      routed_weights=s0["rw"], config=cfg))
                 row(section="down" if op == "down" else "gate_up_bw", preset=preset, M=M, op=op,
                     config=cfg_str(bm, cfg),
                     table=i == 0, down_table=op == "down" and cfg == new and bm == bm0, time_us=t, bytes=nbytes,
                     gbps=gbps, bw_frac=gbps / copy_gbps,
-                    grid=fused_moe_lora.LAST_LORA_LAUNCH.get("grid"))
+                    grid=lp["programs"])
             best = min((r for r in ROWS if r.get("op") == op and r["preset"] == preset and r["M"] == M
                         and r["section"] in ("down", "gate_up_bw")), key=lambda r: r["time_us"])
             log(f"{op} {preset} M={M}: table {ROWS_by(preset, M, op)['time_us']:.1f} us, best {best['time_us']:.1f} us "

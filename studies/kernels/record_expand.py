@@ -58,7 +58,7 @@ from lora_moe_lab.kernels.align import moe_align
 from lora_moe_lab.kernels.configs import lora_block_m, lora_config, lora_down_config
 from lora_moe_lab.kernels.empty import flag_exit_kernel
 from lora_moe_lab.kernels.fused_moe_lora import lora_delta
-from lora_moe_lab.kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
+from lora_moe_lab.kernels.lora_decode import decode_launch_plan, lora_delta_decode
 from lora_moe_lab.model.graphs import GraphForward
 from lora_moe_lab.model.lora import LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from lora_moe_lab.model.moe import LoRAHook
@@ -168,6 +168,15 @@ def run_delta(op, s, w, al, ids_s, en, k, cfg, out=None):
         return lora_delta(s["x"], a13, b13, al, ids_s, en, k, s["inter"] if out is None else out, config=cfg)
     return lora_delta(s["act"], a2, b2, al, ids_s, en, k, s["down"] if out is None else out, routed_weights=s["rw"],
                       gather=False, config=cfg)
+
+
+def delta_launch(op, s, w, al, k, cfg) -> dict:
+    """What `run_delta` launches (fused_moe_lora.lora_launch_plan): its grid, and its registers and shared memory
+    once a launch has compiled it."""
+    a13, b13, a2, b2 = w
+    if op == "gate_up":
+        return fused_moe_lora.lora_launch_plan(s["x"], a13, b13, al, k, config=cfg)
+    return fused_moe_lora.lora_launch_plan(s["act"], a2, b2, al, k, gather=False, routed_weights=s["rw"], config=cfg)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,12 +321,11 @@ def sweep(preset, dev, gen, copy_gbps, deadline, which="regs"):
                        for s, a_ in zip(sets, aligns[bm])]
                 t = graph_time_us(fns, inner=4 if M <= 1024 else 1, reps=15)
                 gbps = nbytes / (t * 1e-6) / 1e9
+                lp = delta_launch(op, sets[0], w, aligns[bm][0], k, cfg)
                 row(section="sweep", preset=preset, M=M, op=op, config=cfg_str(bm, cfg), table=i == 0,
                     prefetch=cfg.prefetch,
                     time_us=t, bytes=nbytes, gbps=gbps, bw_frac=gbps / copy_gbps,
-                    grid=fused_moe_lora.LAST_LORA_LAUNCH["grid"],
-                    regs=fused_moe_lora.LAST_LORA_LAUNCH.get("regs"),
-                    shared=fused_moe_lora.LAST_LORA_LAUNCH.get("shared"))
+                    grid=lp["programs"], regs=lp["regs"], shared=lp["shared"])
             rs = [r for r in ROWS
                   if r["section"] == "sweep" and r["preset"] == preset and r["M"] == M and r["op"] == op]
             best = min(rs, key=lambda r: r["time_us"])
@@ -352,8 +360,8 @@ def down_paired(preset, dev, gen, copy_gbps, deadline, which="balance", reps=15)
         for bm, cfg in arms:
             body = [lambda s=s, a_=a_, c=cfg: run_delta("down", s, w, a_, ids_s, on, k, c) for s, a_ in zip(sets, al)]
             body[0]()
-            grids[cfg_str(bm, cfg)] = (fused_moe_lora.LAST_LORA_LAUNCH["grid"],
-                                       fused_moe_lora.LAST_LORA_LAUNCH.get("regs"))
+            lp = delta_launch("down", sets[0], w, al[0], k, cfg)
+            grids[cfg_str(bm, cfg)] = (lp["programs"], lp["regs"])
             fns[cfg_str(bm, cfg)] = GraphForward(lambda b=body: [f() for f in b], warmup=3).replay
         got = time_interleaved(fns, reps=reps)
         samples = {a: [x / n_sets for x in tm.samples_us] for a, tm in got.items()}
@@ -396,11 +404,11 @@ def floor(preset, dev, gen, deadline):
                                   empty=empty)
             t = dict(decode_off_us=graph_time_us([lambda: dec(off)], inner=32),
                      decode_empty_us=graph_time_us([lambda: dec(on, True)], inner=32))
-            g = LAST_DECODE_LAUNCH["programs"]
+            g = decode_launch_plan(s["ids"].numel(), a.shape[0], b.shape[3], a.shape[4], a.shape[3])["programs"]
             t["decode_flag_us"] = graph_time_us([lambda: flag_exit_kernel[(g,)](flag, sink)], inner=32)
             t["aligned_off_us"] = graph_time_us([lambda: lora_delta(xin, a, b, al, ids_s, off, k, out,
                                                                     routed_weights=rw, gather=gather)], inner=32)
-            ga = fused_moe_lora.LAST_LORA_LAUNCH["grid"]
+            ga = fused_moe_lora.lora_launch_plan(xin, a, b, al, k, gather=gather, routed_weights=rw)["programs"]
             t["aligned_empty_us"] = graph_time_us([lambda: kc.aligned_empty(xin, a, b, al, ids_s, on, k, out,
                                                                              routed_weights=rw, gather=gather)],
                                                   inner=32)

@@ -1,6 +1,6 @@
 """The library's kernels keep only the compile-time switches a plan can take (the builds the studies tried and no
 plan takes live in studies/kernels/tried/), read from the source: the base GEMM's constexpr parameters, counted, and
-no new module-global record of the last launch in the package."""
+no module-global record of the last launch anywhere in the package."""
 import ast
 import re
 from pathlib import Path
@@ -26,13 +26,26 @@ def test_the_base_gemm_has_at_most_23_switches():
     assert "X_KEEP" not in constexprs(PKG / "kernels" / "fused_moe_lora_packed.py", "packed_shrink_kernel")
 
 
-# The module-global records of a last launch the library still keeps (their readers: the kernel recorders in
-# instruments/recorders/kernel_cases.py and studies/kernels/record*.py). The list only shrinks.
-LAST_LAUNCH_RECORDS = {"kernels/fused_moe_lora.py: LAST_LORA_LAUNCH", "kernels/lora_decode.py: LAST_DECODE_LAUNCH"}
+def test_no_module_global_records_a_launch():
+    """A launch's grid and tiles are read from its arguments (fused_moe_lora.lora_launch_plan,
+    lora_decode.decode_launch_plan) or from the launch itself, never from a module's record of the last one."""
+    found = [f"{p.relative_to(PKG)}: {m.group(1)}" for p in PKG.rglob("*.py")
+             for m in re.finditer(r"^(LAST_\w+)\s*[:=]", p.read_text(), re.M)]
+    assert not found, found
 
 
-def test_no_new_module_global_records_a_launch():
-    found = {f"{p.relative_to(PKG)}: {m.group(1)}" for p in PKG.rglob("*.py")
-             for m in re.finditer(r"^(LAST_\w+)\s*[:=]", p.read_text(), re.M)}
-    assert found <= LAST_LAUNCH_RECORDS, sorted(found - LAST_LAUNCH_RECORDS)
-    assert not any("packed" in f for f in found)  # the packed build's launches: read from its arguments
+def runtime_params(path: Path, kernel: str) -> list[str]:
+    """The parameters of `kernel` in `path` that are not tl.constexpr (what a launch passes positionally)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == kernel:
+            args = node.args.posonlyargs + node.args.args
+            return [a.arg for a in args if a.annotation is None or ast.unparse(a.annotation) != "tl.constexpr"]
+    raise AssertionError(f"{path.name} has no function {kernel}")
+
+
+def test_the_empty_reference_takes_the_lora_kernels_arguments():
+    """kernels/empty.py's empty_args_kernel is launched with the aligned LoRA kernel's very arguments (the
+    recorders' all-disabled reference, instruments/recorders/kernel_cases.py: aligned_empty)."""
+    lora = runtime_params(PKG / "kernels" / "fused_moe_lora.py", "fused_moe_lora_kernel")
+    assert len(runtime_params(PKG / "kernels" / "empty.py", "empty_args_kernel")) == len(lora)
+

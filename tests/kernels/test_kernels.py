@@ -460,11 +460,19 @@ def test_contradictory_configs_are_named_errors():
         LoRAKernelConfig(block_n=32, block_k=32, prefetch=2, expand_stages=3)
 
 
-def test_launch_plan_matches_the_launch():
+def test_launch_plan_matches_the_launch(monkeypatch):
     c = make_lora_case(3, 9, 32, 48, 6, 2, 3, 16, 2)
     plan = fused_moe_lora.lora_launch_plan(c["x"], c["a"], c["b"], c["align"], c["top_k"])
+    kernel, grids = fused_moe_lora.fused_moe_lora_kernel, []
+
+    class Spy:  # the launch's own grid, recorded as it launches
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(fused_moe_lora, "fused_moe_lora_kernel", Spy())
     run_lora_case(c)
-    assert plan["programs"] == fused_moe_lora.LAST_LORA_LAUNCH["grid"]
+    assert [g[0] for g in grids] == [plan["programs"]]
     assert 1 <= plan["programs"] <= plan["work_items_max"] and plan["BLOCK_R"] == 16 and plan["persistent"]
 
 

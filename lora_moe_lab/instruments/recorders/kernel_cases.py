@@ -21,7 +21,7 @@ from ...kernels.align import moe_align
 from ...kernels.configs import DecodeConfig, lora_block_m
 from ...kernels.empty import empty_args_kernel
 from ...kernels.fused_moe_lora import lora_delta
-from ...kernels.lora_decode import LAST_DECODE_LAUNCH, lora_delta_decode
+from ...kernels.lora_decode import decode_launch_plan, lora_delta_decode
 from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from ...model.moe import LoRAHook, MoELayer
 from ...ops import get_backend
@@ -349,9 +349,9 @@ def time_paths(preset, dev, gen, deadline):
                                          for s, a_ in zip(sets, al)], inner=2)
         t["decode"] = graph_time_us([lambda s=s: dec(s) for s in sets], inner=2)
         t["decode_gate_up"] = graph_time_us([lambda s=s: dec(s, ("gu",)) for s in sets], inner=2)
-        plan13 = dict(LAST_DECODE_LAUNCH)
+        plan13 = decode_launch_plan(M * k, a13.shape[0], b13.shape[3], a13.shape[4], a13.shape[3])  # what dec ran
         t["decode_down"] = graph_time_us([lambda s=s: dec(s, ("down",)) for s in sets], inner=2)
-        plan2 = dict(LAST_DECODE_LAUNCH)
+        plan2 = decode_launch_plan(M * k, a2.shape[0], b2.shape[3], a2.shape[4], a2.shape[3])
         row(section="path", preset=preset, M=M, pairs=M * k, block_m=bm, **t, ratio=t["decode"] / t["today"],
             decode_cfg_gate_up=f"{plan13['config']} programs={plan13['programs']}",
             decode_cfg_down=f"{plan2['config']} programs={plan2['programs']}")
@@ -368,7 +368,9 @@ def time_paths(preset, dev, gen, deadline):
                                                       routed_weights=s0["rw"], gather=False)], inner=32)
         row(section="disabled", preset=preset, M=M, op="lora_down", decode_off_us=t_doff, decode_empty_us=t_demp,
             decode_ratio=t_doff / t_demp, aligned_off_us=t_aoff, aligned_empty_us=t_aemp, aligned_ratio=t_aoff / t_aemp,
-            decode_programs=LAST_DECODE_LAUNCH["programs"], aligned_programs=fused_moe_lora.LAST_LORA_LAUNCH["grid"])
+            decode_programs=plan2["programs"],
+            aligned_programs=fused_moe_lora.lora_launch_plan(s0["act"], a2, b2, al[0], k, gather=False,
+                                                             routed_weights=s0["rw"])["programs"])
         log(f"  disabled M={M}: decode {t_doff:.2f} vs same-grid empty {t_demp:.2f} us; aligned {t_aoff:.2f} vs "
             f"{t_aemp:.2f} us")
         if M in (1, 8):  # other decode tiles/splits (split is a run-time argument: no new compile)
@@ -385,7 +387,8 @@ def time_paths(preset, dev, gen, deadline):
                     tt = graph_time_us([lambda s=s: dec(s, ("gu",) if p_ == 2 else ("down",), **kw) for s in sets],
                                        inner=2, reps=15)
                     row(section="decode_tile", preset=preset, M=M, op=op, config=str(c), table=c == base,
-                        programs=LAST_DECODE_LAUNCH["programs"], time_us=tt)
+                        programs=decode_launch_plan(M * k, p_, I if p_ == 2 else K, K if p_ == 2 else I, RANK,
+                                                    c)["programs"], time_us=tt)
                 best = min((r for r in ROWS if r["section"] == "decode_tile" and r["preset"] == preset and r["M"] == M
                             and r["op"] == op), key=lambda r: r["time_us"])
                 log(f"  decode tiles {op} M={M}: table {t['decode_' + op]:.1f} us, best {best['time_us']:.1f} "
