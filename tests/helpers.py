@@ -159,3 +159,24 @@ def catalog_naming(monkeypatch, tmp_path, **entries) -> None:
     # It stands in for data/catalog.json, which must be sealed: sealed as scripts/seal_recordings.py seals that one.
     schemas.write_seal(path, schemas.file_meta_path(path))
     monkeypatch.setattr(provenance, "CATALOG", path)
+
+
+def covering(*dims, splice=()):
+    """Parameter sets for `pytest.mark.parametrize("a,b,...", covering(A, B, ...))` over the product of A, B, ...:
+    `make test` runs a covering set, the k-th case taking each list's k-th value (wrapping), so that every value of
+    every list runs at least once; the rest of the product is marked slow (the GPU check runs it natively, `make
+    test-all` here). For the kernels' tests under the interpreter, where one case costs seconds of CPU. The values
+    of the lists at the positions in `splice` are tuples of several arguments, spliced in place."""
+    import itertools
+
+    import pytest
+
+    dims = [list(d) for d in dims]
+    cover = {tuple(k % len(d) for d in dims) for k in range(max(len(d) for d in dims))}
+    def values(idx):
+        out = []
+        for j, (d, i) in enumerate(zip(dims, idx)):
+            out += list(d[i]) if j in splice else [d[i]]
+        return out
+    return [pytest.param(*values(idx), marks=() if idx in cover else pytest.mark.slow)
+            for idx in itertools.product(*(range(len(d)) for d in dims))]

@@ -364,6 +364,7 @@ def test_ncu_parse_names_the_shrink_kernel(tmp_path):
     assert [float(r["duration_us"]) for r in rows] == [1.0, 3.0]
 
 
+@pytest.mark.slow  # a tried build the plan never returns: `make test-all` (its kernels' own tests run in `make test`)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU interpreter's; on a GPU the "
                     "recording itself runs (studies/kernels/record_fold.py)")
 def test_fold_dry_check_finds_no_failure(tmp_path, monkeypatch):
@@ -775,10 +776,10 @@ def test_differentials_split_over_processes_run_the_same_cases(monkeypatch, tmp_
     monkeypatch.setattr(harness, "ROWS", [])
     monkeypatch.setattr(kc, "ROWS", harness.ROWS)
     dev = torch.device("cpu")
-    whole = kc.differential(dev, 6, seed=5)
-    parts = [kc.differential(dev, 6, seed=5, shard=(j, 2)) for j in range(2)]
+    whole = kc.differential(dev, 4, seed=5)
+    parts = [kc.differential(dev, 4, seed=5, shard=(j, 2)) for j in range(2)]
     merged = dif.merge("decode", parts)
-    assert (merged["cases"], merged["failures"]) == (6, 0) == (whole["cases"], whole["failures"])
+    assert (merged["cases"], merged["failures"]) == (4, 0) == (whole["cases"], whole["failures"])
     assert json.loads(merged["worst"]) == json.loads(whole["worst"])
     dif.main(["--out", str(tmp_path), "--cases", "4", "--jobs", "2", "--which", "decode"])
     got = list(csv.DictReader(open(tmp_path / "differentials.csv")))

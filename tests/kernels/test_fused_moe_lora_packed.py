@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+from helpers import covering
 from lora_gemm_cases import FUSED_CASES, DEV, DTYPES, I32, make_case, run_fused
 
 from lora_moe_lab.kernels.align import moe_align
@@ -52,9 +53,7 @@ def run_packed(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora_packed, order
     return run_fused(c, dtype, E, top_k, P, N, bm=bm, impl=impl, order=order, shrink_out=packed_u(c, P, dtype))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize("case,dtype,impl", covering(FUSED_CASES, DTYPES, IMPLS))
 def test_packed_matches_reference(case, dtype, impl):
     M, K, N, E, top_k, S, L, R, P, extra = case
     codes = run_packed(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P,
@@ -93,8 +92,8 @@ PACKED_VARIANTS = {"all": {}, "slot_ordered": dict(per_slot=True), "slot_unorder
 ORDERED = ("slot_ordered", "win1_both_ordered", "depth2_ordered")
 
 
-@pytest.mark.parametrize("variant", PACKED_VARIANTS)
-@pytest.mark.parametrize("bm", [16, 32, pytest.param(64, marks=pytest.mark.slow)])  # 64: the GPU check and test-all
+@pytest.mark.parametrize("bm,variant", covering([16, 32], PACKED_VARIANTS)  # 64: the GPU check and test-all
+                         + [pytest.param(64, v, marks=pytest.mark.slow) for v in PACKED_VARIANTS])
 def test_packed_random_blocks_and_ranks(bm, variant):
     """The packed path on fresh random cases per BLOCK_M: many slots per block, a rank below BLOCK_R, rows
     without adapter, a disabled row and an empty slot, gate_up and down, slices that split a tile."""

@@ -9,6 +9,7 @@ at all with no adapter live); rows of pairs without a live adapter must equal th
 """
 import pytest
 import torch
+from helpers import covering
 from lora_gemm_cases import check_against_float64, make_case
 
 from lora_moe_lab import runtime
@@ -60,9 +61,7 @@ def run_wide(c, dtype, E, top_k, N, bm=16, config=None, shrink=None, order=False
     return codes, x_wide
 
 
-@pytest.mark.parametrize("shrink", SHRINKS)
-@pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,tile,shrink", covering(DTYPES, TILES, SHRINKS))
 def test_wide_matches_reference(dtype, tile, shrink):
     """Fresh random down cases: several slots per block, a rank below BLOCK_R, rows without adapter, a disabled row
     and an empty slot, routed weights, K and N not multiples of the tile."""
@@ -81,9 +80,7 @@ def test_wide_matches_reference(dtype, tile, shrink):
 GATE_UP_SHRINKS = dict(SHRINKS, w1s=dict(slot_window=1, both_slices=True, sub_m=16))
 
 
-@pytest.mark.parametrize("shrink", GATE_UP_SHRINKS)
-@pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,tile,shrink", covering(DTYPES, TILES, GATE_UP_SHRINKS))
 def test_wide_gate_up_matches_reference(dtype, tile, shrink):
     """gate_up: x's rows are tokens, each of a token's top_k pairs has its own u past K, two slices (a tile across
     the gate/up boundary where N/2 is not a multiple of BLOCK_N). K a multiple of every tile's BLOCK_K (the pointers
@@ -102,10 +99,8 @@ def test_wide_gate_up_matches_reference(dtype, tile, shrink):
         assert not torch.isnan(x_wide).any(), "a pair's u columns were not written"
 
 
-@pytest.mark.parametrize("op", ["gate_up", "down"])
-@pytest.mark.parametrize("shrink", ["dense", "w1s"])
-@pytest.mark.parametrize("tile", ["ppt", "desc", "persist_sub"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,tile,shrink,op", covering(DTYPES, ["ppt", "desc", "persist_sub"], ["dense", "w1s"],
+                                                          ["gate_up", "down"]))
 def test_wide_per_block_matches_reference(dtype, tile, shrink, op):
     """per_block: each tile walks only its block's slot columns of its own slice (BLOCK_K 32 over BLOCK_R 16: a
     range rounded out to whole steps takes a neighbouring slot's zeros), on the base alignment (every slot in a
@@ -129,9 +124,7 @@ WIN_TILES = {"desc": TILES["desc"], "ppt_desc": GemmConfig(32, 32, 4, 4, 2, w_de
                                             early_loads=True)}
 
 
-@pytest.mark.parametrize("slots", ["adjacent", "spread"])
-@pytest.mark.parametrize("tile", WIN_TILES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,tile,slots", covering(DTYPES, WIN_TILES, ["adjacent", "spread"]))
 def test_wide_window_matches_reference(dtype, tile, slots):
     """The down GEMM's window (`window=32`: two slots of BLOCK_R 16, one BLOCK_K step of 32, against C = 64): on the
     ordered alignment with slots 2 and 3 in use every block fits a window (from column 32: a tile that started at 0

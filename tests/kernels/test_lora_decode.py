@@ -6,7 +6,7 @@ adds into them) and must come back finite and equal to base + delta.
 """
 import pytest
 import torch
-from helpers import rel_err
+from helpers import covering, rel_err
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lora_gemm_cases import I32, make_case
@@ -85,9 +85,7 @@ def test_all_disabled_and_empty_leave_out_untouched():
     assert torch.equal(out.cpu(), c["out0"])  # the timing reference: same grid, body compiled out
 
 
-@pytest.mark.parametrize("R", [64, 20])
-@pytest.mark.parametrize("kernel", ["decode", "aligned"])
-@pytest.mark.parametrize("gather", [True, False])
+@pytest.mark.parametrize("gather,kernel,R", covering([True, False], ["decode", "aligned"], [64, 20]))
 def test_own_ranks_read_only_each_adapters_rows(gather, kernel, R):
     """With lora_ranks (the batch's rank per row) a program of the decode kernel, or a work item of the aligned one,
     reads only its adapter's rank of the stacks. On stacks zero-padded past each slot's rank (as the pool keeps

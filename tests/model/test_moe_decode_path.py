@@ -5,7 +5,7 @@ the adapters' columns as extra K iterations) or the wide one (those columns in t
 float64 model's output; the choice reads static shapes only. Each test plans from its own table (`_use`)."""
 import pytest
 import torch
-from helpers import fp32_tol, rel_err
+from helpers import covering, fp32_tol, rel_err
 
 from lora_moe_lab.kernels import configs, plan
 from lora_moe_lab.model.lab import build_lab
@@ -43,10 +43,10 @@ def _use(monkeypatch, bound=0, gate_up=None, down=None, shapes=None):
     return t
 
 
-@pytest.mark.parametrize("bound,folded", [
+@pytest.mark.parametrize("bound,folded,build", covering([
     (0, ()), (10 ** 6, ()),  # 0: always aligned; huge: always the decode path
-    (0, ("gate_up", "down")), (0, ("gate_up",)), (0, ("down",)), (10 ** 6, ("down",)), (10 ** 6, ("gate_up",))])
-@pytest.mark.parametrize("build", ["packed", "wide"])
+    (0, ("gate_up", "down")), (0, ("gate_up",)), (0, ("down",)), (10 ** 6, ("down",)), (10 ** 6, ("gate_up",))],
+    ["packed", "wide"], splice=(0,)))
 def test_both_paths_match_the_reference(bound, folded, build, device, monkeypatch):
     if build == "wide" and not folded:
         pytest.skip("the fold's build matters only where an op folds")

@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+from helpers import covering
 from lora_gemm_cases import FUSED_CASES, DEV, DTYPES, I32, make_case, run_fused
 
 from lora_moe_lab.kernels.align import moe_align
@@ -40,9 +41,7 @@ def run_tried(c, dtype, E, top_k, P, N, bm=16, impl=moe_gemm_lora, order=False):
                      shrink_out=folded_t(c, P, dtype) if folded else None)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", FUSED_CASES)
+@pytest.mark.parametrize("case,dtype,impl", covering(FUSED_CASES, DTYPES, IMPLS))
 def test_fused_epilogue_matches_reference(case, dtype, impl):
     M, K, N, E, top_k, S, L, R, P, extra = case
     codes = run_tried(make_case(M * 7 + N, M, K, N, E, top_k, S, L, R, P, dtype=dtype, **extra), dtype, E, top_k, P,
@@ -67,8 +66,7 @@ FOLD_VARIANTS = {"desc": dict(fold_desc=True), "ptr": dict(fold_desc=False),
                  "rows_early": dict(shrink_per_row=True, config=GemmConfig(32, 32, 4, 4, 1, early_loads=True))}
 
 
-@pytest.mark.parametrize("variant", FOLD_VARIANTS)
-@pytest.mark.parametrize("bm", [16, 32, 64])
+@pytest.mark.parametrize("bm,variant", covering([16, 32, 64], FOLD_VARIANTS))
 def test_folded_random_blocks_and_ranks(bm, variant):
     """The folded path on fresh random cases per BLOCK_M: many LoRA rows per block, a rank below BLOCK_R,
     rows without adapter, a disabled row and an empty slot, gate_up and down."""
