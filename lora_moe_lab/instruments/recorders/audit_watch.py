@@ -142,12 +142,12 @@ def _classify_copy_aten(name, args, kwargs):
             return None
         dst_type = torch.device(dev).type
         src_type = src.device.type
-    else:  # copy_(self=dst, src)
-        if len(args) < 2 or not isinstance(args[1], torch.Tensor):
+    else:  # copy_(self=dst, src, non_blocking); _copy_from(self=src, dst, non_blocking); ..._and_resize(src, dst)
+        if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
             return None
-        dst_type, src_type = args[0].device.type, args[1].device.type
-        src = args[1]
-    nb = kwargs.get("non_blocking", False) or (name == "copy_" and len(args) > 2 and args[2] is True)
+        src, dst = (args[1], args[0]) if name == "copy_" else (args[0], args[1])
+        dst_type, src_type = dst.device.type, src.device.type
+    nb = kwargs.get("non_blocking", False) or (name in ("copy_", "_copy_from") and len(args) > 2 and args[2] is True)
     if src.numel() == 0:
         return None  # ATen's copy_ returns before any CUDA call when there is nothing to copy: no sync
     if src_type == "cuda" and dst_type == "cpu" and not nb:
