@@ -8,9 +8,14 @@ version and every survivor by name (`mutmut show <name>` in build/mutate/<module
     python scripts/mutate.py --list           # the modules, their tests and mutant filters
 
 mutmut 3 works on a copy (mutants/ beside a setup.cfg): each module runs in its own scratch folder,
-build/mutate/<module>/, holding a copy of the package and the tests. Not part of CI (minutes per module).
-A timed-out mutant (mutmut's CPU limit: 15 x the tests' own time + timeout_constant) counts as killed in the
-score, as mutmut counts it, and is listed apart.
+build/mutate/<module>/, holding a copy of the package and the tests, with one worker (`--max-children 1`; run it
+under `nice -n 10` on a shared machine). Not part of CI (minutes per module).
+
+The score: killed / (killed + survived - equivalent). A timed-out mutant (mutmut's CPU limit: 15 x the tests' own
+time + timeout_constant) counts as killed, as mutmut counts it, and is listed apart. A survivor that no test can
+tell from the original (an equivalent mutant: the same behaviour by another route, or a change only mutmut's own
+call path hides) is listed with its reason in data/mutation/equivalent.json ({module: {mutant: reason}}), copied
+into the module's JSON and left out of the denominator; an entry that is no longer a survivor is reported stale.
 """
 from __future__ import annotations
 
@@ -27,14 +32,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "mutation"
 
-# module -> (file mutated, mutant-name filter (fnmatch, None: every function of the file), the tests that cover it)
+# module -> (file mutated, mutant-name filters (fnmatch; none: every function of the file), the tests that cover it)
+_P = "lora_moe_lab.kernels.plan.x_"
+_W = "lora_moe_lab.instruments.recorders.audit_watch.x_"
+_S = "lora_moe_lab.instruments.analysers.schemas.x_"
 MODULES = {
-    "guards": ("lora_moe_lab/model/guards.py", None,
+    "guards": ("lora_moe_lab/model/guards.py", [],
                ["tests/model/test_launch_decisions.py", "tests/model/test_guards.py"]),
-    "lora_batch": ("lora_moe_lab/model/lora.py", "lora_moe_lab.model.lora.x\u01c1LoRABatchInfo\u01c1build__mutmut_*",
+    "lora_batch": ("lora_moe_lab/model/lora.py", ["lora_moe_lab.model.lora.x\u01c1LoRABatchInfo\u01c1build__mutmut_*"],
                    ["tests/model/test_launch_decisions.py", "tests/model/test_identity_and_params.py",
                     "tests/model/test_lora.py"]),
+    # the host-side launch decisions of the LoRA paths: which path, blocks, columns and window, from static shapes
+    "plan": ("lora_moe_lab/kernels/plan.py", [_P + f + "__mutmut_*" for f in ("torch_block_m", "wide_columns", "plan",
+                                                                             "_window")],
+             ["tests/kernels/test_plan_decisions.py"]),
+    # the audit's rules: which call would sync on a GPU, with which kind and count (audit_watch's rule table)
+    "audit_rules": ("lora_moe_lab/instruments/recorders/audit_watch.py",
+                    [_W + f + "__mutmut_*" for f in ("_is_mask", "classify_aten", "_classify_copy_aten", "_tensors",
+                                                     "_bool_index", "_list_index", "classify", "_classify_copy")],
+                    ["tests/instruments/recorders/test_audit_rules.py",
+                     "tests/instruments/recorders/test_audit_classify.py"]),
+    # the schema checks: the first failing row and column, the unique key, the seal
+    "schemas": ("lora_moe_lab/instruments/analysers/schemas.py",
+                [_S + f + "__mutmut_*" for f in ("_at_most", "_first_failure", "_unique_failure", "validate",
+                                                 "_key_for", "_rows", "_seal_keys", "_seal_in", "seal_of",
+                                                 "check_seal")],
+                ["tests/instruments/analysers/test_schema_bounds.py",
+                 "tests/instruments/analysers/test_schema_checks.py"]),
 }
+EQUIVALENT = OUT / "equivalent.json"
 # mutmut 3.8's exit-code classes (mutmut/stats.py: status_by_exit_code; importing it needs mutmut's config in the cwd)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
           36: "timeout", 37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
@@ -81,30 +107,44 @@ def _commit() -> str:
     return r.stdout.strip() + ("+uncommitted" if dirty else "")
 
 
+def _equivalent(name: str) -> dict:
+    if not EQUIVALENT.is_file():
+        return {}
+    return json.loads(EQUIVALENT.read_text()).get(name, {})
+
+
 def run(name: str) -> dict:
-    path, pattern, tests = MODULES[name]
+    path, patterns, tests = MODULES[name]
     commit = _commit()  # the code copied now is what is mutated, whatever the checkout does meanwhile
     work = _setup(name)
-    cmd = ["run"] + ([pattern] if pattern else [])
+    cmd = ["run", "--max-children", "1"] + list(patterns)
     r = _mutmut(work, *cmd)
     meta = work / "mutants" / (path + ".meta")
     if not meta.is_file():
         raise SystemExit(f"mutmut wrote no results for {path}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     codes = json.loads(meta.read_text())["exit_code_by_key"]
-    if pattern:
+    if patterns:
         import fnmatch
 
-        codes = {k: v for k, v in codes.items() if fnmatch.fnmatch(k, pattern)}
+        codes = {k: v for k, v in codes.items() if any(fnmatch.fnmatch(k, p) for p in patterns)}
     status = {k: ("not run" if v is None else STATUS.get(v, f"suspicious (exit {v})")) for k, v in codes.items()}
+    if status and set(status.values()) == {"not run"}:
+        raise SystemExit(f"mutmut ran no mutant of {path} (its clean test run failed?):\n{r.stdout[-3000:]}")
     n = Counter(status.values())
     killed = n["killed"] + n["timeout"]
-    scored = killed + n["survived"]
-    rec = dict(module=name, file=path, mutants=pattern or "every function of the file", tests=tests,
-               command=f"python scripts/mutate.py {name}  (mutmut {' '.join(cmd)} in build/mutate/{name})",
+    survivors = sorted(k for k, s in status.items() if s == "survived")
+    listed = _equivalent(name)
+    equivalent = {k: listed[k] for k in survivors if k in listed}
+    scored = killed + n["survived"] - len(equivalent)
+    rec = dict(module=name, file=path, mutants=patterns or "every function of the file", tests=tests,
+               command=f"nice -n 10 python scripts/mutate.py {name}  (mutmut {' '.join(cmd)} in build/mutate/{name})",
                commit=commit, mutmut=_version(), date=datetime.date.today().isoformat(),
-               counts=dict(sorted(n.items())), killed=killed, survived=n["survived"],
+               score_rule="killed / (killed + survived - equivalent); a timeout counts as killed",
+               counts=dict(sorted(n.items())), killed=killed, survived=n["survived"], equivalent_n=len(equivalent),
                score_pct=round(100 * killed / scored, 1) if scored else None,
-               survivors=sorted(k for k, s in status.items() if s == "survived"),
+               survivors=[k for k in survivors if k not in equivalent],
+               equivalent=equivalent,
+               stale_equivalent=sorted(k for k in listed if k not in equivalent),
                timeouts=sorted(k for k, s in status.items() if s == "timeout"),
                not_covered=sorted(k for k, s in status.items() if s == "no tests"))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -121,8 +161,8 @@ def main(argv=None) -> int:
     if bad:
         p.error(f"unknown module(s) {bad}: choose from {', '.join(MODULES)}")
     if a.list:
-        for k, (path, pattern, tests) in MODULES.items():
-            print(f"{k}: {path} [{pattern or 'every function'}] <- {', '.join(tests)}")
+        for k, (path, patterns, tests) in MODULES.items():
+            print(f"{k}: {path} [{', '.join(patterns) or 'every function'}] <- {', '.join(tests)}")
         return 0
     try:
         _version()
@@ -131,7 +171,8 @@ def main(argv=None) -> int:
         return 2
     for name in a.modules or list(MODULES):
         rec = run(name)
-        print(f"{name}: {rec['score_pct']} % killed ({rec['killed']} killed, {rec['survived']} survived; "
+        print(f"{name}: {rec['score_pct']} % killed ({rec['killed']} killed, {rec['survived']} survived, "
+              f"{rec['equivalent_n']} of them equivalent; "
               f"{rec['counts']}) -> data/mutation/{name}.json")
     return 0
 

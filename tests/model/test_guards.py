@@ -1,6 +1,8 @@
 """The guard registry: one place to add a guard. A fourth guard registered in a test appears in
 the benchmark CLI's choices, the simulator, the widget's options and the figure colours with no
 other edit; the model runs it and it gives the same output as the other three."""
+import os
+import re
 import time
 
 import pytest
@@ -90,7 +92,11 @@ def test_each_sync_guard_sync_is_recorded_with_its_guard_site_and_time():
         lab.model(x, batch, tensors, guard="sync")
     elapsed = time.perf_counter_ns() - t0
     assert c.count == len(events) == 3 and guards.total_guard_syncs() - before == 3
-    assert {(e.guard, e.site) for e in events} == {("sync", f"guards.py:{line}")}
+    site = f"guards.py:{line}"
+    if "MUTANT_UNDER_TEST" in os.environ:  # mutmut calls each function through its trampoline: one more frame
+        site = next(iter({e.site for e in events}))
+        assert re.fullmatch(r"trampoline\.py:\d+", site), site
+    assert {(e.guard, e.site) for e in events} == {("sync", site)}
     assert all(isinstance(e.blocked_ns, int) and 0 <= e.blocked_ns <= elapsed for e in events)  # inside the forward
 
 
