@@ -491,7 +491,7 @@ def _unique_failure(df: pd.DataFrame, unique, exempt=()) -> tuple | None:
             dup &= ~df[col].isin(list(values)).to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        key = dict(zip(cols, df.iloc[i][cols].tolist()))
+        key = {c: v.item() if isinstance(v, np.generic) else v for c, v in zip(cols, df.iloc[i][cols].tolist())}
         return i + 1, f"duplicate key {key} (unique {cols}): a row written twice?"
     return None
 
