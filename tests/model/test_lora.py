@@ -128,3 +128,41 @@ def test_model_bad_input_named_errors(name, fn, exc, msg):
 def test_cuda_requested_without_gpu_is_clear():
     with pytest.raises(ValueError, match="no CUDA GPU"):
         build_lab("tiny", device="cuda")
+
+
+# ---- the batch's host metadata, field by field (LoRABatchInfo.build) ---------------------------------------
+def test_build_fills_every_field_from_the_lists(pool):
+    pool.load("c", rank=2)
+    pool.unload("a")  # slot 0 empty, b in 1, c in 2
+    b = LoRABatchInfo.build(pool, ["c", None, "b", "c"], [1, 4, 0, 2])
+    assert (b.adapters, b.token_counts, b.req_slots, b.seg_indptr) == (["c", None, "b", "c"], [1, 4, 0, 2],
+                                                                      [2, -1, 1, 2], [0, 1, 5, 5, 7])
+    assert (b.adapter_enabled, b.lora_ids, b.lora_ranks) == ([0, 0, 1], [-1, 1, 2], [0, 8, 2])  # b has no tokens
+    assert b.has_active_lora is True and b.num_tokens == 7 and b.num_active == 1 and b.pool_id == pool.pool_id
+    assert b.slot_generations == tuple((s, pool.slot_names[s], pool.slot_generations[s]) for s in (1, 2))
+    assert LoRABatchInfo.build(pool, [None], [3]).slot_generations == ()
+    c = LoRABatchInfo.build(pool, ["c", None, "b", "c"], [1, 4, 0, 2], rows=2)  # compacted: the used adapter only
+    assert (c.req_slots, c.adapter_enabled, c.lora_ids, c.lora_ranks) == ([0, -1, -1, 0], [1, 0], [2, -1], [2, 0])
+    assert c.seg_indptr == b.seg_indptr and c.slot_generations == b.slot_generations and c.has_active_lora
+
+
+def test_build_refuses_each_bad_list_by_name(pool):
+    bad = [(([], []), "a batch needs at least one request"),
+           ((["a"], []), "1 adapter entries but 0 token counts: one each per request"),
+           ((["a", None], [1]), "2 adapter entries but 1 token counts: one each per request"),
+           (([None], [True]), "token counts must be non-negative ints, got True"),
+           (([None], [1.0]), "token counts must be non-negative ints, got 1.0"),
+           (([None, None], [2, -1]), "token counts must be non-negative ints, got -1"),
+           (([None, None], [0, 0]), "a batch needs at least one token"),
+           (([None, None], [1, 2**31]), "token_counts=2147483648 (request 1) is past int32 (2147483647): the "
+                                        "batch's offsets are int32 on the device"),
+           (([None, None], [2**31 - 1, 1]), "token_counts sum to tokens=2147483648, past int32 (2147483647): the "
+                                            "batch's offsets are int32 on the device; split it into smaller batches")]
+    for (adapters, counts), what in bad:
+        with pytest.raises(ValueError) as e:
+            LoRABatchInfo.build(pool, adapters, counts)
+        assert str(e.value) == what, (adapters, counts)
+    assert LoRABatchInfo.build(pool, [None, None], [2**31 - 2, 1]).num_tokens == 2**31 - 1  # int32's largest
+    assert LoRABatchInfo.build(pool, [None, "a"], [2**31 - 1, 0]).num_tokens == 2**31 - 1
+    with pytest.raises(ValueError, match=r"rows must be an int in \[1, max_loras=3\], got 4"):
+        LoRABatchInfo.build(pool, ["a"], [1], rows=4)
