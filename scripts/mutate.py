@@ -6,6 +6,7 @@ version and every survivor by name (`mutmut show <name>` in build/mutate/<module
     python scripts/mutate.py                  # every module below
     python scripts/mutate.py guards           # one
     python scripts/mutate.py --list           # the modules, their tests and mutant filters
+    python scripts/mutate.py --again guards   # after a test change: re-run the last run's survivors only
 
 mutmut 3 works on a copy (mutants/ beside a setup.cfg): each module runs in its own scratch folder,
 build/mutate/<module>/, holding a copy of the package and the tests, with one worker (`--max-children 1`; run it
@@ -79,8 +80,10 @@ def _setup(name: str) -> Path:
     for f in ("conftest.py", "pyproject.toml"):
         shutil.copy2(ROOT / f, work / f)
     lines = ["[mutmut]", "source_paths=", "    lora_moe_lab/", "only_mutate=", f"    {path}",
-             # torch is not fork-safe once its thread pools run: workers fork from a server that imported nothing
-             "process_isolation=forkserver", "forkserver_warmup=none",
+             # torch is not fork-safe once its thread pools run: workers fork from a server that has collected the
+             # tests (imports, no test run; one thread per pool, OMP_NUM_THREADS=1), not from mutmut's own process
+             # (it ran the tests for its stats). A hung worker would read as a timeout: the timeouts are listed.
+             "process_isolation=forkserver", "forkserver_warmup=collect",
              "timeout_constant=30", "pytest_add_cli_args_test_selection="] + [f"    {t}" for t in tests]
     lines += ["pytest_add_cli_args=", "    -p", "    no:xdist", "    -p", "    no:cacheprovider", ""]
     (work / "setup.cfg").write_text("\n".join(lines))
@@ -113,12 +116,7 @@ def _equivalent(name: str) -> dict:
     return json.loads(EQUIVALENT.read_text()).get(name, {})
 
 
-def run(name: str) -> dict:
-    path, patterns, tests = MODULES[name]
-    commit = _commit()  # the code copied now is what is mutated, whatever the checkout does meanwhile
-    work = _setup(name)
-    cmd = ["run", "--max-children", "1"] + list(patterns)
-    r = _mutmut(work, *cmd)
+def _statuses(work: Path, path: str, patterns, r) -> dict:
     meta = work / "mutants" / (path + ".meta")
     if not meta.is_file():
         raise SystemExit(f"mutmut wrote no results for {path}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -130,23 +128,54 @@ def run(name: str) -> dict:
     status = {k: ("not run" if v is None else STATUS.get(v, f"suspicious (exit {v})")) for k, v in codes.items()}
     if status and set(status.values()) == {"not run"}:
         raise SystemExit(f"mutmut ran no mutant of {path} (its clean test run failed?):\n{r.stdout[-3000:]}")
+    return status
+
+
+def run(name: str, again: bool = False) -> dict:
+    """Every mutant of the module; `again`: only the last run's survivors, equivalents and uncovered mutants, against
+    the tests as they are now (the code mutated unchanged: a mutant killed before stays killed), merged into it."""
+    path, patterns, tests = MODULES[name]
+    commit = _commit()  # the code copied now is what is mutated, whatever the checkout does meanwhile
+    prev = json.loads((OUT / f"{name}.json").read_text()) if again else None
+    if again:
+        redo = sorted(set(prev["survivors"]) | set(prev["equivalent"]) | set(prev["not_covered"]))
+        if not redo:
+            return prev
+        before = {k: "survived" for k in list(prev["survivors"]) + list(prev["equivalent"])}
+        before.update({k: "no tests" for k in prev["not_covered"]})
+        patterns_run = redo
+    else:
+        patterns_run = list(patterns)
+    work = _setup(name)
+    cmd = ["run", "--max-children", "1"] + patterns_run
+    r = _mutmut(work, *cmd)
+    status = _statuses(work, path, patterns_run if again else patterns, r)
     n = Counter(status.values())
+    timeouts = sorted(k for k, s in status.items() if s == "timeout")
+    if again:
+        n = Counter(prev["counts"]) - Counter(before.values()) + n
+        timeouts = sorted(set(prev["timeouts"]) | set(timeouts))
     killed = n["killed"] + n["timeout"]
     survivors = sorted(k for k, s in status.items() if s == "survived")
     listed = _equivalent(name)
     equivalent = {k: listed[k] for k in survivors if k in listed}
     scored = killed + n["survived"] - len(equivalent)
     rec = dict(module=name, file=path, mutants=patterns or "every function of the file", tests=tests,
-               command=f"nice -n 10 python scripts/mutate.py {name}  (mutmut {' '.join(cmd)} in build/mutate/{name})",
-               commit=commit, mutmut=_version(), date=datetime.date.today().isoformat(),
+               command=f"nice -n 10 python scripts/mutate.py {name}  (mutmut {' '.join(cmd[:3])} "
+                       f"{'<the filters above>' if patterns else ''} in build/mutate/{name})",
+               commit=prev["commit"] if again else commit, mutmut=_version(), date=datetime.date.today().isoformat(),
                score_rule="killed / (killed + survived - equivalent); a timeout counts as killed",
                counts=dict(sorted(n.items())), killed=killed, survived=n["survived"], equivalent_n=len(equivalent),
                score_pct=round(100 * killed / scored, 1) if scored else None,
                survivors=[k for k in survivors if k not in equivalent],
                equivalent=equivalent,
                stale_equivalent=sorted(k for k in listed if k not in equivalent),
-               timeouts=sorted(k for k, s in status.items() if s == "timeout"),
+               timeouts=timeouts,
                not_covered=sorted(k for k, s in status.items() if s == "no tests"))
+    if again:
+        rec["rerun"] = dict(commit=commit, mutants=len(redo), command=f"nice -n 10 python scripts/mutate.py --again "
+                            f"{name}  (mutmut run --max-children 1 <the last run's survivors, equivalents and "
+                            "uncovered mutants>)", why="the tests changed after the full run, the code did not")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     return rec
@@ -156,6 +185,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("modules", nargs="*", help=f"of {', '.join(MODULES)} (default: every one)")
     p.add_argument("--list", action="store_true", help="list the modules and exit")
+    p.add_argument("--again", action="store_true",
+                   help="re-run only the last run's survivors, equivalents and uncovered mutants (tests changed)")
     a = p.parse_args(argv)
     bad = [m for m in a.modules if m not in MODULES]
     if bad:
@@ -170,7 +201,7 @@ def main(argv=None) -> int:
         print("mutmut is not installed: pip install mutmut", file=sys.stderr)
         return 2
     for name in a.modules or list(MODULES):
-        rec = run(name)
+        rec = run(name, a.again)
         print(f"{name}: {rec['score_pct']} % killed ({rec['killed']} killed, {rec['survived']} survived, "
               f"{rec['equivalent_n']} of them equivalent; "
               f"{rec['counts']}) -> data/mutation/{name}.json")

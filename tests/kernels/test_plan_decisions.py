@@ -133,6 +133,7 @@ def test_wide_down_window_two_slots_where_the_tile_allows(rules, monkeypatch):
     _table(monkeypatch, down=plan.Entry("wide", window=True))
     p = plan.plan("down", 100, SHAPE, lora=DIMS)
     assert (p.path, p.window, p.columns) == ("wide", 2 * br, plan.wide_columns("down", DIMS))
+    assert type(p.window) is int and type(p.columns) is int  # a kernel's constexpr: 32, not 32.0
     assert rules.asked[-1] == (100, _bm(100), N_OF["down"], K_OF["down"], SHAPE.num_experts)
     for change, why in ((dict(w_desc=False), "no TMA"), (dict(block_k=64), "window 32 not a tile step"),
                         (dict(block_k=24), "K 32 not a tile step")):
