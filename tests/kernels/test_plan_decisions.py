@@ -36,12 +36,19 @@ def rules(monkeypatch):
 
 
 def _table(monkeypatch, gate_up=None, down=None, **shapes):
-    """The stand-in table: these entries at every bucket (None: separate), the decode bound BOUND."""
+    """The stand-in table: these entries at every bucket (None: separate), the decode bound BOUND. Returns the list
+    of the devices the plan asks it for."""
     e = {"gate_up": gate_up or plan.Entry(), "down": down or plan.Entry()}
     t = plan.table_for().but(decode_max_pairs=BOUND, ops={op: dict.fromkeys(plan.BUCKETS, e[op]) for op in e},
                              shapes=shapes)
-    monkeypatch.setattr(plan, "table_for", lambda device=None: t)
-    return t
+    asked_for = []  # the devices the plan asked the table of
+
+    def table_for(device=None):
+        asked_for.append(device)
+        return t
+
+    monkeypatch.setattr(plan, "table_for", table_for)
+    return asked_for
 
 
 def _bm(M):
@@ -130,10 +137,16 @@ def test_wide_runs_packed_beside_another_hook_or_on_an_uneven_k_step(rules, monk
 
 def test_wide_down_window_two_slots_where_the_tile_allows(rules, monkeypatch):
     br = configs.block_r(DIMS.rank)  # 16; three slots -> 4 slot columns: C = 64, the window 32
-    _table(monkeypatch, down=plan.Entry("wide", window=True))
-    p = plan.plan("down", 100, SHAPE, lora=DIMS)
-    assert (p.path, p.window, p.columns) == ("wide", 2 * br, plan.wide_columns("down", DIMS))
+    e = plan.Entry("wide", per_slot=True, shrink=plan.Options.of({"s": 1}), window=True, decided_by=("r",))
+    asked_for = _table(monkeypatch, down=e)
+    p = plan.plan("down", 100, SHAPE, "the device", lora=DIMS)
+    assert p == plan.LoRAPlan("down", "wide", _bm(100), True, shrink=e.shrink, window=2 * br,
+                              columns=plan.wide_columns("down", DIMS), decided_by=("r",))
+    assert asked_for == ["the device"]  # the device's own table
     assert type(p.window) is int and type(p.columns) is int  # a kernel's constexpr: 32, not 32.0
+    rules.tile.block_k = 32  # the window is one tile step: still taken
+    assert plan.plan("down", 100, SHAPE, lora=DIMS).window == 2 * br
+    rules.tile.block_k = 16
     assert rules.asked[-1] == (100, _bm(100), N_OF["down"], K_OF["down"], SHAPE.num_experts)
     for change, why in ((dict(w_desc=False), "no TMA"), (dict(block_k=64), "window 32 not a tile step"),
                         (dict(block_k=24), "K 32 not a tile step")):
