@@ -74,9 +74,9 @@ record: $(STAMP)
 clean:
 	rm -rf build .pytest_cache
 
-# Mutation testing of the lesson's core (scripts/mutate.py: mutmut over model/guards.py and the batch's
-# has_active_lora logic); the score per module into data/mutation/. Minutes per module: not part of CI.
-# MUTATE_ARGS: e.g. "guards".
+# Mutation testing of the lesson's core (scripts/mutate.py: mutmut over the guards, the batch's metadata, the LoRA
+# plan's decisions, the audit's rules and the schema checks); the score per module into data/mutation/. Minutes per
+# module, one worker: not part of CI. MUTATE_ARGS: e.g. "guards", or "--again guards" after a test change.
 mutate: $(STAMP)
-	$(BIN)/pip install -q mutmut
-	$(BIN)/python scripts/mutate.py $(MUTATE_ARGS)
+	$(BIN)/pip install -q mutmut==3.8.1
+	nice -n 10 $(BIN)/python scripts/mutate.py $(MUTATE_ARGS)
