@@ -7,7 +7,6 @@ import ast
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -122,10 +121,8 @@ def test_timeout_stops_a_pure_python_loop_and_reports_what_it_saw():
             except Exception:  # the deadline is no Exception: this does not swallow it
                 pass
 
-    t0 = time.perf_counter()
     with pytest.raises(AuditTimeout, match=r"audited call 1 did not return within 0\.2 s") as ei:
-        audit(spins, warmup=0, timeout_s=0.2, device="cpu")
-    assert time.perf_counter() - t0 < 30  # stopped (not a wall-time test: the bound is only "it returned")
+        audit(spins, warmup=0, timeout_s=0.2, device="cpu")  # returning at all is the stop: the loop never ends
     rep = ei.value.report
     assert rep.count > 0 and set(rep.kinds) == {"item"} and f"{len(rep.events)} sync(s) seen so far" in str(ei.value)
     assert torch.overrides._get_current_function_mode() is None
