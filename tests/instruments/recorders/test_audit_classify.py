@@ -70,6 +70,7 @@ def test_repeat_interleave_counts_tensor_repeats_without_output_size():
     assert classify_aten(op, (v["x"], v["ids"]), {"output_size": 12}, "cpu") is None
     assert classify_aten(op, (v["x"], v["ids"]), {"output_size": None}, "cpu") == shape
     assert classify_aten(op, (v["x"], v["one"]), {}, "cpu") is None  # one repeat: its size is known
+    assert classify_aten(op, (v["x"][:2], v["ids"][:2]), {}, "cpu") == shape  # two are a sum
     assert classify_aten(op, (v["one"],), {}, "cpu") is None
     assert classify_aten(op, (v["x"], v["ids"]), {}, "cuda") is None  # repeats on the host
     assert classify_aten(op, (_on_cuda(v["x"]), v["ids"]), {}, "cuda") is None  # self on the device, repeats not
@@ -214,6 +215,7 @@ def test_repeat_interleave_without_output_size():
     assert classify(f, (v["x"],), {"repeats": v["ids"]}, "cpu") == shape
     assert classify(f, (v["x"], 2), {}, "cpu") is None
     assert classify(f, (v["x"], v["one"]), {}, "cpu") is None
+    assert classify(f, (v["x"][:2], v["ids"][:2]), {}, "cpu") == shape
     assert classify(f, (v["x"], v["ids"]), {"output_size": 12}, "cpu") is None
     assert classify(f, (v["x"], v["ids"]), {"output_size": None}, "cpu") == shape
     assert classify(f, (v["x"], v["ids"]), {}, "cuda") is None
