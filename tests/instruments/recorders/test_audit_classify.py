@@ -172,6 +172,8 @@ def test_reading_a_value_or_copying_to_the_host():
     assert classify(T.item, ((s,),), {}, "cpu") == ("item", "item")  # the first tensor of a nested argument
     assert classify(T.item, (), {}, "cpu") is None and classify(T.item, (1.0,), {}, "cpu") is None
     assert classify(T.add, (x, x), {}, "cpu") is None
+    assert classify(object(), (x,), {}, "cpu") is None  # a callable without a name: no rule
+    assert classify(T.item, (1.0, s), {}, "cpu") is None  # the first argument places the call, not a later one
 
 
 def test_data_dependent_shapes():
