@@ -186,6 +186,7 @@ def test_data_dependent_shapes():
     assert classify(torch.where, (), {"condition": v["mask"]}, "cpu") is None  # no positional tensor to place it
     assert classify(torch.where, (v["mask"], v["x"], 0.0), {}, "cpu") is None
     assert classify(torch.where, (v["mask"],), {"input": v["x"]}, "cpu") is None
+    assert classify(torch.where, (v["mask"], v["x"]), {"other": 0.0}, "cpu") is None  # three arguments in all
     assert classify(torch.where, (v["mask"],), {}, "cuda") is None
 
 
