@@ -53,11 +53,11 @@ MODULES = {
                                                      "_bool_index", "_list_index", "classify", "_classify_copy")],
                     ["tests/instruments/recorders/test_audit_rules.py",
                      "tests/instruments/recorders/test_audit_classify.py"]),
-    # the schema checks: the first failing row and column, the unique key, the seal
+    # the schema checks: the order of the refusals, the unique key, the seal (_first_failure's wording of a failed
+    # check is left to the damage corpora: 154 mutants at 20 s and more each)
     "schemas": ("lora_moe_lab/instruments/analysers/schemas.py",
-                [_S + f + "__mutmut_*" for f in ("_at_most", "_first_failure", "_unique_failure", "validate",
-                                                 "_key_for", "_rows", "_seal_keys", "_seal_in", "seal_of",
-                                                 "check_seal")],
+                [_S + f + "__mutmut_*" for f in ("_at_most", "_unique_failure", "validate", "_key_for", "_rows",
+                                                 "_seal_keys", "seal_of", "check_seal")],
                 # (test_schema_bounds.py and the damage corpora cover these too, at 20 s and more per mutant)
                 ["tests/instruments/analysers/test_schema_checks.py"]),
 }
