@@ -214,8 +214,11 @@ def test_check_seal_without_metadata(tmp_path):
     p.write_bytes(b"a\n1\n")
     with pytest.raises(RecordingError) as e:
         S.check_seal(p, p.read_bytes(), "guards")  # its sibling x.meta.json does not exist
-    assert e.value.row == "meta" and e.value.what == ("unsealed: no metadata x.meta.json beside it holds its seal; "
-                                                      "seal it (scripts/seal_recordings.py) or record it again")
+    assert e.value.path == p and e.value.row == "meta" and e.value.what == (
+        "unsealed: no metadata x.meta.json beside it holds its seal; seal it (scripts/seal_recordings.py) or record "
+        "it again")
+    with pytest.raises(RecordingError, match="unsealed: no metadata meta.json beside it"):
+        S.check_seal(p, p.read_bytes(), "clocks")  # a session's kind: the folder's meta.json, by the kind
     assert S.check_seal(p, p.read_bytes(), "guards", sealed=False) is None  # a caller's own file
     (tmp_path / "x.meta.json").write_text('{"gpu": "H100"}')  # metadata written before seals
     assert S.check_seal(p, p.read_bytes(), "guards", sealed=False) is None
