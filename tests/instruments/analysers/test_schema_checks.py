@@ -183,16 +183,18 @@ def test_check_seal_refuses_a_cut_an_append_and_an_edit(tmp_path):
     assert S.check_seal(p, data, meta=mp) is None
     with pytest.raises(RecordingError) as e:
         S.check_seal(p, b"a,b\n1,2\n", meta=mp)
-    assert e.value.row == 2 and e.value.what == "1 data rows, but its seal in m.json says 2: cut since it was sealed"
+    assert e.value.path == p and e.value.row == 2
+    assert e.value.what == "1 data rows, but its seal in m.json says 2: cut since it was sealed"
     with pytest.raises(RecordingError) as e:
         S.check_seal(p, data + b"5,6\n7,8\n", meta=mp)
-    assert e.value.row == 3 and e.value.what == ("4 data rows, but its seal in m.json says 2: rows appended since it "
-                                                 "was sealed")
+    assert e.value.path == p and e.value.row == 3
+    assert e.value.what == "4 data rows, but its seal in m.json says 2: rows appended since it was sealed"
     with pytest.raises(RecordingError) as e:
         S.check_seal(p, b"a,b\n1,2\n3,5\n", meta=mp)
     digest = S._hash(data)[:12]
-    assert e.value.row == "meta" and e.value.what == (f"content hash differs from its seal in m.json (sha256 "
-                                                      f"{digest}...): the file changed since it was sealed")
+    assert e.value.path == p and e.value.row == "meta"
+    assert e.value.what == (f"content hash differs from its seal in m.json (sha256 {digest}...): the file changed "
+                            "since it was sealed")
 
 
 def test_check_seal_of_a_file_that_is_not_a_table_counts_bytes(tmp_path):
@@ -203,8 +205,8 @@ def test_check_seal_of_a_file_that_is_not_a_table_counts_bytes(tmp_path):
     for cut, word in ((data[:-1], "cut"), (data + b" ", "grown")):
         with pytest.raises(RecordingError) as e:
             S.check_seal(p, cut, meta=mp)
-        assert e.value.row == "meta" and e.value.what == (f"{len(cut)} bytes, but its seal in m.json says {len(data)}: "
-                                                          f"{word} since it was sealed")
+        assert e.value.path == p and e.value.row == "meta"
+        assert e.value.what == f"{len(cut)} bytes, but its seal in m.json says {len(data)}: {word} since it was sealed"
     with pytest.raises(RecordingError, match="content hash differs"):
         S.check_seal(p, data.replace(b"[", b"{"), meta=mp)
 
