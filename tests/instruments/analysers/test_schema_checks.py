@@ -232,8 +232,9 @@ def test_check_seal_without_metadata(tmp_path):
     (tmp_path / "x.meta.json").write_text('{"sha256": "x"}')  # a partial seal: refused even unsealed
     with pytest.raises(RecordingError, match="partly sealed"):
         S.check_seal(p, p.read_bytes(), "guards", sealed=False)
-    (tmp_path / "x.meta.json").write_text('{"bytes": 3}')
-    with pytest.raises(RecordingError, match="partly sealed"):
-        S.check_seal(p, p.read_bytes(), "guards", sealed=False)
+    for partial in ('{"bytes": 3}', '{"rows": 1}'):
+        (tmp_path / "x.meta.json").write_text(partial)
+        with pytest.raises(RecordingError, match="partly sealed"):
+            S.check_seal(p, p.read_bytes(), "guards", sealed=False)
     S.write_seal(p, kind="guards")  # into its sibling, found by the kind
     assert S.check_seal(p, p.read_bytes(), "guards") is None
