@@ -48,6 +48,29 @@ def test_the_header_is_checked_before_the_rows():
     S.validate(_guards().drop(columns=["session"], errors="ignore"), "guards", "g.csv")  # optional: may be absent
     e = _refused(_guards().iloc[:0], "no data rows: an empty guards recording")
     assert e.row == 1
+    bare = S.Kind("bare", S.KINDS["guards"].schema)  # a kind that does not say what it holds
+    with pytest.raises(RecordingError, match=r"^g.csv: header: missing column\(s\) \['us'\]: not a bare recording "
+                                             r"\(see schemas.KINDS\)$"):
+        S.validate(_guards().drop(columns=["us"]), bare, "g.csv")
+
+
+def test_a_column_named_index_is_a_column_like_any_other():
+    df = _guards(3).assign(index=[7, 8, 9])
+    S.validate(df, "guards", "g.csv")
+    df.loc[1, "us"] = 0.0
+    assert _refused(df).row == 2
+
+
+def test_rows_exempt_from_the_key_do_not_win_over_a_bad_row():
+    """A kind's unique_except rows (a check run twice) are no duplicate, before a bad row or in a valid frame."""
+    schema = S.pa.DataFrameSchema({"a": S.pa.Column(int), "s": S.pa.Column(str), "v": S.pa.Column(float, S.POS)})
+    k = S.Kind("checked", schema, unique=("a",), unique_except=(("s", ("check",)),))
+    df = pd.DataFrame(dict(a=[1, 1, 2], s=["check", "check", "x"], v=[1.0, 2.0, 3.0]))
+    S.validate(df, k, "c.csv")
+    df.loc[2, "v"] = -1.0
+    with pytest.raises(RecordingError) as e:
+        S.validate(df, k, "c.csv")
+    assert e.value.row == 3 and "'v'" in e.value.what
 
 
 def test_the_first_bad_row_is_named_by_its_position_not_its_index():
@@ -143,6 +166,10 @@ HASH = "0" * 64
     ({"note": 1}, "unsealed: m.json holds no seal for x.csv; seal it (scripts/seal_recordings.py) or record it again"),
     ({"files": {"x.csv": [1]}}, "partly sealed: its seal in m.json is a list, not {rows, sha256}"),
     ({"files": {"x.csv": {"rows": 1}}}, "partly sealed: its seal in m.json lacks sha256"),
+    ({"files": {"x.csv": {}}}, "partly sealed: its seal in m.json lacks rows, sha256"),
+    ({"rows": 1}, "partly sealed: its seal in m.json lacks sha256"),
+    ({"files": {f"{c}.csv": {} for c in "edcba"}}, "sealed for another file: m.json seals a.csv, b.csv, c.csv, d.csv, "
+                                                   "not x.csv (the metadata of another recording or session?)"),
     ({"sha256": HASH}, "partly sealed: its seal in m.json lacks rows"),
     ({"rows": 1, "sha256": "0" * 63}, "partly sealed: its seal in m.json has sha256 '" + "0" * 63 + "', not 64 hex "
                                       "digits"),
