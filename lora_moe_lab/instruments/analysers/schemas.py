@@ -491,7 +491,8 @@ def _unique_failure(df: pd.DataFrame, unique, exempt=()) -> tuple | None:
             dup &= ~df[col].isin(list(values)).to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        key = {c: v.item() if isinstance(v, np.generic) else v for c, v in zip(cols, df.iloc[i][cols].tolist())}
+        row = {c: df[c].iloc[i] for c in cols}  # column by column: a row across int and float columns is all float
+        key = {c: v.item() if isinstance(v, np.generic) else v for c, v in row.items()}
         return i + 1, f"duplicate key {key} (unique {cols}): a row written twice?"
     return None
 
