@@ -61,6 +61,18 @@ def test_a_column_named_index_is_a_column_like_any_other():
     assert _refused(df).row == 2
 
 
+def test_a_duplicated_key_wins_over_a_failure_of_the_whole_header():
+    schema = S.pa.DataFrameSchema({"a": S.pa.Column(int), "v": S.pa.Column(float)}, strict=True)
+    k = S.Kind("strict", schema, unique=("a",))
+    df = pd.DataFrame(dict(a=[1, 2, 2], v=[1.0, 2.0, 3.0], extra=0))  # a column the schema refuses, a repeated key
+    with pytest.raises(RecordingError) as e:
+        S.validate(df, k, "s.csv")
+    assert e.value.row == 3 and e.value.what.startswith("duplicate key {'a': 2}")
+    with pytest.raises(RecordingError) as e:
+        S.validate(df.drop_duplicates("a"), k, "s.csv")
+    assert e.value.row == "header" and "extra" in e.value.what
+
+
 def test_rows_exempt_from_the_key_do_not_win_over_a_bad_row():
     """A kind's unique_except rows (a check run twice) are no duplicate, before a bad row or in a valid frame."""
     schema = S.pa.DataFrameSchema({"a": S.pa.Column(int), "s": S.pa.Column(str), "v": S.pa.Column(float, S.POS)})
