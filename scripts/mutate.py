@@ -30,7 +30,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from lora_moe_lab.instruments.analysers.schemas import read_json  # data/ is read through the checked reader
+
 ROOT = Path(__file__).resolve().parents[1]
+
 OUT = ROOT / "data" / "mutation"
 
 # module -> (file mutated, mutant-name filters (fnmatch; none: every function of the file), the tests that cover it)
@@ -113,7 +116,7 @@ def _commit() -> str:
 def _equivalent(name: str) -> dict:
     if not EQUIVALENT.is_file():
         return {}
-    return json.loads(EQUIVALENT.read_text()).get(name, {})
+    return read_json(EQUIVALENT).get(name, {})
 
 
 def _statuses(work: Path, path: str, patterns, r) -> dict:
@@ -136,7 +139,7 @@ def run(name: str, again: bool = False) -> dict:
     the tests as they are now (the code mutated unchanged: a mutant killed before stays killed), merged into it."""
     path, patterns, tests = MODULES[name]
     commit = _commit()  # the code copied now is what is mutated, whatever the checkout does meanwhile
-    prev = json.loads((OUT / f"{name}.json").read_text()) if again else None
+    prev = read_json(OUT / f"{name}.json") if again else None
     if again:
         redo = sorted(set(prev["survivors"]) | set(prev["equivalent"]) | set(prev["not_covered"]))
         if not redo:
