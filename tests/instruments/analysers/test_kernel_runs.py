@@ -33,6 +33,7 @@ def test_the_committed_final_run_loads():
     assert (sf["floor_share"] < sf["lora_share"]).all()  # no measurement below its byte floor
 
 
+@pytest.mark.slow  # the study's tried expand builds: `make test-all` (the library's builds are tested in make test)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the recording runs 1000")
 def test_random_delta_differential_covers_every_expand_build(monkeypatch):
     # studies/kernels/record_expand.py --sections random: every build of the expand loop (Triton's pipeliner, the hand
