@@ -766,7 +766,7 @@ def test_the_folded_gemm_halves_tp4_gate_ups_programs_per_sm():
     assert regs.loc["folded", "regs"] == 142 and regs.loc["folded", "programs_per_sm"] == 1
 
 
-@pytest.mark.slow  # the study's runner spawning its workers: `make test-all` (the kernels' differentials run in make test)
+@pytest.mark.slow  # the study's runner spawning its workers: `make test-all` (the kernels' differentials: make test)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's check; on a GPU the runner runs 1000 each")
 def test_differentials_split_over_processes_run_the_same_cases(monkeypatch, tmp_path):
     # studies/kernels/differentials.py: case i comes from its own seed, so two shards run exactly the one process's
