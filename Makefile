@@ -20,14 +20,12 @@ $(STAMP): pyproject.toml
 ifeq ($(HAS_CUDA_TORCH),1)
 	@echo "set-up: creating $(VENV) on this machine's CUDA torch; pip installs the test and notebook tools and the browser test's driver (quietly, under $(SETUP_S) s)"
 	$(PY) -m venv --system-site-packages $(VENV)
-	$(BIN)/pip install -q --no-compile -e '.[test,notebooks,browser]'
+	$(BIN)/pip install -q -e '.[test,notebooks,browser]'
 else
 	@echo "set-up: creating $(VENV); pip installs the CPU wheels of torch and triton, the test and notebook tools and the browser test's driver, quietly: about $(SETUP_S) s on a 2-core machine (data/setup/setup_time.json)"
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e '.[torch,test,notebooks,browser]'
+	$(BIN)/pip install -q -e '.[torch,test,notebooks,browser]'
 endif
-	@echo "set-up: compiling the installed packages to bytecode on every core (pip compiles on one)"
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true  # a file that cannot compile is skipped, as pip skips it
 	@echo "set-up: registering the notebook kernel"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
