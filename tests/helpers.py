@@ -1,6 +1,7 @@
 """Helpers the tests share (imported as `from helpers import ...`: tests/ is on the path)."""
 import os
 
+import pytest
 import torch
 
 from lora_moe_lab.ops.reference import rel, tolerance
@@ -180,3 +181,14 @@ def covering(*dims, splice=()):
         return out
     return [pytest.param(*values(idx), marks=() if idx in cover else pytest.mark.slow)
             for idx in itertools.product(*(range(len(d)) for d in dims))]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module's tests (the transformers corpora: a model built per case, where thread
+    start-up costs more than the work), restored after. Import it and use it autouse: `pytestmark =
+    pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

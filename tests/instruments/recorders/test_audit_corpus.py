@@ -33,19 +33,15 @@ from lora_moe_lab.instruments.recorders.audit import FocusError, audit
 
 transformers = pytest.importorskip("transformers")
 from tests.third_party import corpus as C  # noqa: E402
+from helpers import one_thread  # noqa: E402,F401  (the fixture, used below)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 DEV = "cuda" if runtime.has_cuda() else "cpu"
 THIS = "tests/instruments/recorders/test_audit_corpus.py"
 EAGER = list(C.BUILDERS)
 DEFAULT = [n for n in C.BUILDERS if n != "dbrx"]  # DBRX has the per-expert loop only
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # --- the independent derivation ---------------------------------------------------------------------

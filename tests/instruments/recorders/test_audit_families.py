@@ -23,6 +23,9 @@ transformers = pytest.importorskip("transformers")
 from tests.third_party import corpus as C  # noqa: E402
 from tests.third_party import families as F  # noqa: E402
 from tests.third_party.oracle import Oracle  # noqa: E402
+from helpers import one_thread  # noqa: E402,F401  (the fixture, used below)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROTATION = 2
 FAMILIES = F.families()
@@ -38,13 +41,6 @@ def _selected() -> list[str]:
     start = datetime.datetime.now(datetime.timezone.utc).date().toordinal() * ROTATION % max(len(BUILDABLE), 1)
     return [BUILDABLE[(start + i) % len(BUILDABLE)] for i in range(min(ROTATION, len(BUILDABLE)))]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_every_family_is_run_or_named_with_its_reason():
