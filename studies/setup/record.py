@@ -1,5 +1,5 @@
 """Time a new user's set-up: a fresh clone of this checkout, then `make venv` (what the first
-`make run` or `make test` does) with pip's cache off, as on a machine that never installed it.
+`make run` or `make test` does) with pip's and uv's caches off, as on a machine that never installed it.
 
     python3 studies/setup/record.py --runs 3      -> data/setup/setup_time.json
 
@@ -26,7 +26,7 @@ def one_run() -> float:
         t0 = time.perf_counter()
         subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
         subprocess.run(["make", "venv"], cwd=repo, check=True, capture_output=True,
-                       env=dict(os.environ, PIP_NO_CACHE_DIR="1"))
+                       env=dict(os.environ, PIP_NO_CACHE_DIR="1", UV_NO_CACHE="1"))
         return time.perf_counter() - t0
 
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()  # plain git: this runs before any venv exists
     secs = [one_run() for _ in range(a.runs)]
-    doc = dict(what="fresh clone + make venv, pip cache off", runs=a.runs, seconds=[round(s, 1) for s in secs],
+    doc = dict(what="fresh clone + make venv, pip and uv caches off", runs=a.runs, seconds=[round(s, 1) for s in secs],
                median_s=round(statistics.median(secs), 1), min_s=round(min(secs), 1), max_s=round(max(secs), 1),
                cores=os.cpu_count(), python=platform.python_version(), commit=commit,
                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
