@@ -19,7 +19,7 @@ if not _HAS_CUDA and os.environ.get("TRITON_INTERPRET") is None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 # The caching allocator keeps freed blocks for reuse only at their own size. A lab build frees each base weight as
-# it moves into its wider LoRA build (model/moe.py: hold_weights_wide), so on an 80 GB card the freed blocks pile
+# it moves into its wider LoRA build (model/moe.py: hold_weights), so on an 80 GB card the freed blocks pile
 # up (11 GiB reserved but unallocated at 48 layers) until an allocation fails. Expandable segments map physical
 # pages into one growing virtual range instead, and a freed range is reused at any size. The allocator reads this
 # when CUDA starts (`is_available` above starts no allocator), so it is set here, before any allocation, unless

@@ -38,6 +38,7 @@ OUT = ROOT / "data" / "mutation"
 
 # module -> (file mutated, mutant-name filters (fnmatch; none: every function of the file), the tests that cover it)
 _P = "lora_moe_lab.kernels.plan.x_"
+_R = "lora_moe_lab.kernels.paths."
 _W = "lora_moe_lab.instruments.recorders.audit_watch.x_"
 _S = "lora_moe_lab.instruments.analysers.schemas.x_"
 MODULES = {
@@ -47,9 +48,17 @@ MODULES = {
                    ["tests/model/test_launch_decisions.py", "tests/model/test_identity_and_params.py",
                     "tests/model/test_lora.py"]),
     # the host-side launch decisions of the LoRA paths: which path, blocks, columns and window, from static shapes
-    "plan": ("lora_moe_lab/kernels/plan.py", [_P + f + "__mutmut_*" for f in ("torch_block_m", "wide_columns", "plan",
-                                                                             "_window")],
+    # (the plan asks the entry's path; each path's rule lives in its module, kernels/paths/)
+    "plan": ("lora_moe_lab/kernels/plan.py", [_P + f + "__mutmut_*" for f in ("torch_block_m", "plan")],
              ["tests/kernels/test_plan_decisions.py"]),
+    "plan_separate": ("lora_moe_lab/kernels/paths/separate.py",
+                      [_R + "separate.x\u01c1SeparatePath\u01c1rule__mutmut_*"],
+                      ["tests/kernels/test_plan_decisions.py"]),
+    "plan_packed": ("lora_moe_lab/kernels/paths/packed.py", [_R + "packed.x\u01c1PackedPath\u01c1rule__mutmut_*"],
+                    ["tests/kernels/test_plan_decisions.py"]),
+    "plan_wide": ("lora_moe_lab/kernels/paths/wide.py",
+                  [_R + "wide.x_" + f + "__mutmut_*" for f in ("wide_columns", "_window")]
+                  + [_R + "wide.x\u01c1WidePath\u01c1rule__mutmut_*"], ["tests/kernels/test_plan_decisions.py"]),
     # the audit's rules: which call would sync on a GPU, with which kind and count (audit_watch's rule table)
     "audit_rules": ("lora_moe_lab/instruments/recorders/audit_watch.py",
                     [_W + f + "__mutmut_*" for f in ("_is_mask", "classify_aten", "_classify_copy_aten", "_tensors",

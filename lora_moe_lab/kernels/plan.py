@@ -2,25 +2,19 @@
 which options, and the alignment's block sizes. One question, `plan(op, M, shape, device)`, answered from static
 shapes only (never a device read: capture-safe) and from data: the device's table (kernels/plan_table.py:
 kernels/tile_tables/lora_plan_<GPU>.json, else the closest recorded GPU's, or lora_plan_default.json without a GPU),
-each entry naming the recordings that decided it. The paths:
+each entry naming the recordings that decided it. Each path the plan can return is one module of kernels/paths/
+(its rule, weights, launches, warm-up and exits): an entry names a path, and that path's `rule` makes the op's plan
+(it may hand over: separate to decode at decode sizes, wide to packed where the wide build cannot run).
 
-    separate  the base GEMM, then the delta as its own kernels: without alignment (`decode`) up to the table's
-              decode bound of (token, k) pairs, else over a per-adapter alignment (`lora_block_m`, `config`)
-    packed    the packed shrink, then the base GEMM with the adapters' columns as extra K iterations
-              (kernels/fused_moe_lora_packed.py: `moe_gemm_lora_packed`)
-    wide      those columns in the GEMM's own x and w (`moe_gemm_lora_wide`); `columns` past K in the op's input rows
-
-Only a layer's first hook runs a path inside the base GEMM (`fuse`), and the wide builds need it to be the only hook
-(`alone`: they write the adapters' columns into the layer's buffers) and gate_up's to step its tile evenly over K;
-elsewhere a wide entry runs packed. The torch backend has no fused kernels: its plan is always separate, its blocks
-sized by its own rule. `override(table)` swaps the table (recordings, tests)."""
+Only a layer's first hook runs a path inside the base GEMM (`fuse`); a fused entry of another hook runs separate. The
+torch backend has no fused kernels: its plan is always separate, its blocks sized by its own rule. `override(table)`
+swaps the table (recordings, tests)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import configs
-from .common import pow2
 from .plan_table import (BUCKETS, DEFAULT_FILE, OPS, TABLE_DIR, Entry, Options, PlanTable, check_table,  # noqa: F401
                          entries, file_name, gemm_shape, load, override, table_for)
 
@@ -57,8 +51,9 @@ class LoRAPlan:
 
     @property
     def fused(self) -> bool:
-        """The delta runs inside the base GEMM (no separate kernels, no LoRA alignment)."""
-        return self.path in ("packed", "wide")
+        """The delta runs inside the base GEMM (no separate kernels, no LoRA alignment): the path's `fused`."""
+        from .paths import get
+        return get(self.path).fused
 
     @property
     def shrink_options(self) -> dict:
@@ -81,19 +76,13 @@ def torch_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
 
 
-def wide_columns(op: str, lora: LoRADims) -> int:
-    """C: the op's adapter columns per pair in the wide build (every slice's and slot's BLOCK_R side by side, the
-    slots rounded up to a power of two; as kernels/fused_moe_lora_packed.py: wide_columns lays them)."""
-    return (2 if op == "gate_up" else 1) * pow2(lora.slots) * configs.block_r(lora.rank)
-
-
 def plan(op: str, M: int, shape, device=None, *, lora: LoRADims | None = None, backend: str = "triton",
          fuse: bool = True, alone: bool = True) -> LoRAPlan:
     """Op `op` of a layer of `shape` (config.MoEShape) at M tokens on `device`: its LoRA path and options.
     lora: the hook's static LoRA shapes (None: no LoRA work, the plan gives the alignment only); backend: the
     backend's name; fuse: the hook may run its delta inside the base GEMM (a layer's first hook only); alone: it is
     the layer's only hook (the wide builds need that). Static shapes only: capture-safe."""
-    N, K = gemm_shape(op, shape)
+    gemm_shape(op, shape)  # the op's check
     k, E, H, I = shape.top_k, shape.num_experts, shape.hidden, shape.intermediate
     if backend == "torch":
         bm = torch_block_m(M, k, E)
@@ -101,35 +90,10 @@ def plan(op: str, M: int, shape, device=None, *, lora: LoRADims | None = None, b
     bm = configs.moe_block_m(M, k, E, H, I)
     if lora is None:
         return LoRAPlan(op, "none", bm)
+    from . import paths  # every path module, registered (kernels/paths/)
     table = table_for(device)
-    b = configs.token_bucket(M)
-    e = table.entry(op, b, H, I)
-    if fuse and e.folds:
-        path = e.path
-        if path == "wide" and not alone:
-            path = "packed"
-        if path == "wide" and op == "gate_up" and K % configs.gemm_config(M, bm, N, K, E).block_k:
-            path = "packed"  # its row pointers jump to each pair's tail between two K steps
-        if path == "packed":
-            return LoRAPlan(op, "packed", bm, e.per_slot, shrink=e.shrink, expand=e.expand, decided_by=e.decided_by)
-        C = wide_columns(op, lora)
-        if op == "gate_up":
-            shrink = e.wide_shrink if e.wide_shrink is not None else e.shrink
-            return LoRAPlan(op, "wide", bm, e.per_slot, shrink=shrink, columns=k * C, decided_by=e.decided_by)
-        return LoRAPlan(op, "wide", bm, e.per_slot, shrink=e.shrink, window=_window(e, M, bm, N, K, E, C, lora.slots),
-                        columns=C, decided_by=e.decided_by)
-    if M * k <= table.decode_max_pairs:
-        return LoRAPlan(op, "decode", bm)
-    lbm = configs.lora_block_m(M, k, E, lora.rows)
-    cfg = configs.lora_down_config(M, k, E, lora.rows, lbm, N, K) if op == "down" else None
-    return LoRAPlan(op, "separate", bm, lora_block_m=lbm, config=cfg, decided_by=e.decided_by if not e.folds else ())
-
-
-def _window(e: Entry, M, bm, N, K, E, C, slots) -> int:
-    """The wide down GEMM's columns per tile: two slots' (2 * BLOCK_R) where the entry takes the window, the tile
-    reads w through TMA and steps evenly over K and the window, and the window is narrower than all C; else 0."""
-    br = C // pow2(slots)
-    if not e.window or 2 * br >= C:
-        return 0
-    cfg = configs.gemm_config(M, bm, N, K, E)
-    return 2 * br if cfg.w_desc and K % cfg.block_k == 0 and (2 * br) % cfg.block_k == 0 else 0
+    e = table.entry(op, configs.token_bucket(M), H, I)
+    path = paths.get(e.path)
+    if path.fused and not fuse:
+        path = paths.get("separate")
+    return path.rule(paths.Question(op, M, shape, e, lora, table, bm, alone, device))

@@ -5,12 +5,13 @@
 
 the GPU named as kernels/tiles.py names it. A file holds the decode bound ((token, k) pairs up to which a separate
 delta runs without alignment), named option sets, per op ("gate_up", "down") and token bucket (M rounded up to a
-power of two, every bucket listed) an entry: the path ("separate", "packed" or "wide") and its options (per_slot,
-shrink, wide_shrink, expand, window), and per layer shape (H<hidden>_I<intermediate>) the entries' fields that
-differ. Each entry names the recordings that decided it (`decided_by`, studies/kernels/README.md) and what they
-measured (`why`). Read and checked once per process (the bounds: kernels/table_checks.py); `override` swaps the
-table (recordings, tests). A file may instead name the GPU whose plan it `follows` (lora_plan_default.json: the
-H200's); a GPU without a file follows the closest recorded GPU (kernels/gpus.py)."""
+power of two, every bucket listed) an entry: the path (a registered path's name, kernels/paths/: "separate",
+"packed", "wide") and its options (per_slot, shrink, wide_shrink, expand, window), and per layer shape
+(H<hidden>_I<intermediate>) the entries' fields that differ. Each entry names the recordings that decided it
+(`decided_by`, studies/kernels/README.md) and what they measured (`why`). Read and checked once per process (the
+bounds: kernels/table_checks.py); `override` swaps the table (recordings, tests). A file may instead name the GPU
+whose plan it `follows` (lora_plan_default.json: the H200's); a GPU without a file follows the closest recorded GPU
+(kernels/gpus.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,14 @@ from .table_checks import TableError
 
 TABLE_DIR = tiles.TABLE_DIR
 OPS = ("gate_up", "down")
-PATHS = ("separate", "packed", "wide")
+
+
+def table_paths() -> tuple:
+    """The paths an entry may name: the registered paths' (kernels/paths/, each module registers its own)."""
+    from .paths.registry import table_paths as registered
+    from . import paths  # noqa: F401  (imports every path module, each registering itself)
+    return registered()
+
 BUCKETS = tuple(2 ** i for i in range(15))  # every token bucket (configs.token_bucket caps at 16384)
 ENTRY_KEYS = frozenset({"path", "per_slot", "shrink", "wide_shrink", "expand", "window", "decided_by", "why"})
 
@@ -64,7 +72,9 @@ class Entry:
 
     @property
     def folds(self) -> bool:
-        return self.path in ("packed", "wide")
+        """The entry's path runs inside the base GEMM (kernels/paths/: the path's `fused`)."""
+        from .paths import get
+        return get(self.path).fused
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,8 +144,8 @@ def _entry_fields(raw: dict, op: str, file, entry: str, options: dict, partial: 
     out = {}
     for k, v in raw.items():
         if k == "path":
-            if v not in PATHS:
-                raise TableError(file, entry, f"path must be one of {PATHS}, got {v!r}")
+            if v not in table_paths():
+                raise TableError(file, entry, f"path must be one of {table_paths()}, got {v!r}")
         elif k in ("per_slot", "window"):
             if not isinstance(v, bool):
                 raise TableError(file, entry, f"{k} must be true or false, got {v!r}")

@@ -160,7 +160,7 @@ def plan_key(raw: dict) -> str:
 def plan_candidates(op: str, table: plan_table.PlanTable) -> list[dict]:
     """The op's candidates: each path plain, then every distinct entry the table holds for the op (at every
     bucket, with each of its layer shapes' changes), in a fixed order."""
-    seen = {plan_key(r): r for r in ({"path": p} for p in plan_table.PATHS)}
+    seen = {plan_key(r): r for r in ({"path": p} for p in plan_table.table_paths())}
     for shape in [(None, None), *sorted(table.shapes)]:
         for b in plan_table.BUCKETS:
             r = raw_entry(table.entry(op, b, *shape))

@@ -75,50 +75,23 @@ class LayerLoRAWeights:
     gate_up_b: torch.Tensor  # (2, S, E, I, r)   scaling already folded in
     down_a: torch.Tensor  # (S, E, r, I)
     down_b: torch.Tensor  # (S, E, K, r)          scaling already folded in
-    # B of every slot side by side per output column, for the packed fold (kernels/fused_moe_lora_packed.py):
-    # built at first use, outside any graph (the layer's warm-up), then rewritten in place by every load and
-    # unload, so a captured graph that reads it sees the new adapter as it does the stacks
-    packed: dict = field(default_factory=dict, repr=False)
-    # the wide builds (kernels/fused_moe_lora_packed.py, `moe_gemm_lora_wide`) per op: (E, N, K + C), the layer's base
-    # weight and then the op's B_packed, refreshed with `packed`. On the Triton backend the model stores its weights
-    # there when the pool is attached (`hold_wide`: the layer keeps the view [..., :K], so the weights exist once and
-    # the wide build costs only the C columns, as an engine storing them wide from the start). A weight not held so
-    # (another backend's model, or moved by `.to()`) gets a wide copy at first use, outside any graph.
-    wide: dict = field(default_factory=dict, repr=False)
+    # the LoRA paths' own layouts of these stacks (kernels/paths/: the packed path's B_packed, the wide path's wider
+    # base weights), {key: (tensor, refresh, tag)}: built by the path at first use, outside any graph (the layer's
+    # warm-up), then rewritten in place by every load and unload (`refresh`), so a captured graph that reads one sees
+    # the new adapter as it does the stacks. The pool never knows what they hold.
+    derived: dict = field(default_factory=dict, repr=False)
 
-    def packed_b(self, op: str) -> torch.Tensor:
-        """`pack_lora_b` of gate_up's or down's B, kept and refreshed in place by the pool."""
-        if op not in self.packed:
-            self.packed[op] = self._pack(op)
-        return self.packed[op]
+    def derive(self, key, build, refresh, tag=None) -> torch.Tensor:
+        """The tensor a path keeps under `key`: build() at first use or when `tag` (what it was built from) changed;
+        refresh(t) rewrites it in place after every load and unload, in the order the tensors were first built."""
+        d = self.derived.get(key)
+        if d is None or d[2] != tag:
+            self.derived[key] = d = (build(), refresh, tag)
+        return d[0]
 
-    def _pack(self, op):
-        from ..kernels.fused_moe_lora_packed import pack_lora_b  # the kernels import Triton: only when used
-        return pack_lora_b(self.gate_up_b if op == "gate_up" else self.down_b[None])
-
-    def wide_w(self, op: str, w: torch.Tensor) -> torch.Tensor:
-        """`wide_weights(w, packed_b(op))` for op "gate_up" (w = w13) or "down" (w = w2), kept (per op and weight) and
-        refreshed in place by the pool."""
-        key = (w.data_ptr(), tuple(w.shape))
-        if self.wide.get(op, (None,))[0] != key:
-            from ..kernels.fused_moe_lora_packed import wide_weights
-            self.wide[op] = (key, wide_weights(w, self.packed_b(op)))
-        return self.wide[op][1]
-
-    def hold_wide(self, op: str, w: torch.Tensor) -> torch.Tensor:
-        """The op's base weight w moved into its wide build: returns the view [..., :K] of `wide_w(op, w)`, which the
-        layer holds instead of w (w's own storage is then free once the layer drops it). Already held: the same view.
-        A CUDA graph captured on the old storage is stale, as is one captured on another pool's stacks: hold the
-        weights when the pool is attached, before any capture."""
-        ww = self.wide_w(op, w)
-        self.wide[op] = ((ww.data_ptr(), tuple(w.shape)), ww)  # the key of the view the layer now holds
-        return ww[..., :w.shape[2]]
-
-    def refresh_packed(self) -> None:
-        for op, t in self.packed.items():
-            t.copy_(self._pack(op))
-        for op, (key, ww) in self.wide.items():  # their columns past the base weight's are the op's B_packed
-            ww[..., key[1][2]:].copy_(self.packed[op])
+    def refresh_derived(self) -> None:
+        for t, refresh, _ in list(self.derived.values()):
+            refresh(t)
 
 
 class AdapterPool:
@@ -198,7 +171,7 @@ class AdapterPool:
         K, I = self.shape.hidden, self.shape.intermediate
         for w in self.layers:
             self._fill(w, slot, rank, scaling, K, I, gen)
-            w.refresh_packed()
+            w.refresh_derived()
         self._check_written(name, rank, scaling, slot)
         return self._register(name, rank, slot)
 
@@ -251,7 +224,7 @@ class AdapterPool:
             w.gate_up_b[:, slot].zero_()[..., :rank].copy_(src["gate_up_b"][:, :, lo:lo + Ir] * scaling)
             w.down_a[slot].zero_()[:, :rank].copy_(src["down_a"][:, :, lo:lo + Ir])
             w.down_b[slot].zero_()[..., :rank].copy_(src["down_b"] * scaling)
-            w.refresh_packed()
+            w.refresh_derived()
         self._check_written(name, rank, scaling, slot)
         return self._register(name, rank, slot)
 
@@ -303,7 +276,7 @@ class AdapterPool:
         for w in self.layers:
             for t in self._slot_tensors(w, slot):
                 t.zero_()
-            w.refresh_packed()
+            w.refresh_derived()
         if not ok:
             j = int((host[:len(flags)] == 0).nonzero()[0, 0])
             layer, k = divmod(j, len(LORA_TENSORS))
@@ -358,7 +331,7 @@ class AdapterPool:
         for w in self.layers:
             for t in (w.gate_up_a[:, slot], w.gate_up_b[:, slot], w.down_a[slot], w.down_b[slot]):
                 t.zero_()
-            w.refresh_packed()
+            w.refresh_derived()
         self.slot_names[slot], self.slot_ranks[slot] = None, 0
         self.slot_generations[slot] += 1
         self.unloaded[name] = slot

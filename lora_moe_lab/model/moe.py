@@ -27,6 +27,7 @@ from torch.profiler import record_function
 
 from .. import runtime
 from ..config import MoEShape
+from ..kernels import paths
 from ..kernels.plan import OPS, LoRADims, LoRAPlan, plan
 from ..ops import Backend, get_backend
 from . import init
@@ -78,14 +79,14 @@ def _tail_columns(x, c):
 class LoRAHook:
     """The LoRA work of one layer for one batch, at the layer's two hook points (as SGLang's LoRAHooks):
     `after_gate_up` and `after_down`. Where each op's delta runs is the plan's (kernels/plan.py, asked once per op
-    for the batch: `plans`): "decode" (straight from topk_ids and the per-token row mapping, no alignment),
-    "separate" (over a per-adapter alignment), or inside the base GEMM ("packed", "wide": `gemm` replaces the
-    layer's base GEMM of that op, and the op's hook point has nothing left to do)."""
+    for the batch: `plans`), and how is the path's (kernels/paths/, one module per path): at the hook point
+    ("decode", "separate"), or inside the base GEMM ("packed", "wide": `gemm` replaces the layer's base GEMM of that
+    op, and the op's hook point has nothing left to do)."""
 
     def __init__(self, info: LoRAInfo, backend: Backend, num_experts: int):
         self.info, self.backend, self.E = info, backend, num_experts
-        self.align = None
-        self.topk_ids = None  # set instead of `align` on the decode path
+        self.align = None  # the batch's state a path's `prepare` sets: its alignment, or the routing itself
+        self.topk_ids = None
         self.plan: tuple[LoRAPlan, LoRAPlan] | None = None  # (gate_up, down) of this batch: `plans`
         self._plans: dict = {}
 
@@ -108,70 +109,37 @@ class LoRAHook:
         return self.plan
 
     def gemm(self, p: LoRAPlan, x, w, align, top_k, out, routed_weights=None):
-        """The base GEMM of op `p.op` with this hook's delta inside (`p.path` "packed" or "wide", with the plan's
-        options; no alignment of its own). For the wide build x is the first K columns of a wider buffer: p.columns
-        more (`MoELayer.norm` writes gate_up's input there, silu_and_mul down's)."""
-        i, lw = self.info, self.info.weights
-        gate_up = p.op == "gate_up"
-        a = lw.gate_up_a if gate_up else lw.down_a[None]
-        if p.path == "wide":
-            ww = lw.wide_w(p.op, w)
-            return self.backend.moe_gemm_lora_wide(x, ww[..., :w.shape[2]], align, top_k, out, a, i.token_lora_mapping,
-                                                   i.lora_ids, i.adapter_enabled, routed_weights=routed_weights,
-                                                   gather=gate_up, shrink=p.shrink_options, per_block=gate_up,
-                                                   window=p.window)
-        if p.path != "packed":
-            raise ValueError(f"LoRAHook.gemm runs a plan's packed or wide path, got {p.path!r}")
-        b = lw.gate_up_b if gate_up else lw.down_b[None]
-        return self.backend.moe_gemm_lora_packed(x, w, align, top_k, out, a, b, i.token_lora_mapping, i.lora_ids,
-                                                 i.adapter_enabled, routed_weights=routed_weights, gather=gate_up,
-                                                 b_packed=lw.packed_b(p.op), per_slot=p.order_by_row,
-                                                 shrink=p.shrink_options, expand=p.expand_options)
+        """The base GEMM of op `p.op` with this hook's delta inside (a fused path: the path's `gemm`, with the plan's
+        options; no alignment of its own)."""
+        return paths.get(p.path).gemm(self, p, x, w, align, top_k, out, routed_weights)
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
-        """The separate deltas' alignment for this batch (per adapter, the plan's lora_block_m), or none on the
-        decode path (the deltas then read topk_ids)."""
+        """This batch's state for the deltas that run at the hook points (the first such op's path sets it: an
+        alignment per adapter, or the routing itself on the decode path)."""
         if self.plan is None:
             raise RuntimeError("LoRAHook.prepare: ask the plan first (`plans`, or the layer's forward)")
         p = next(p for p in self.plan if not p.fused)
-        if p.path == "decode":
-            self.align, self.topk_ids = None, topk_ids
-            return
-        S = self.info.lora_ids.shape[0]
-        self.align = self.backend.align(topk_ids, self.E, p.lora_block_m, self.info.token_lora_mapping, S)
-        self.topk_ids = None
+        paths.get(p.path).prepare(self, p, topk_ids)
 
-    def _ranks(self):
+    def ranks(self):
         """The batch's rank per row where the host said to read them (`LoRAInfo.read_own_ranks`), else None."""
         return self.info.lora_ranks if self.info.read_own_ranks else None
 
-    def _delta(self, p: LoRAPlan, x, a, b, out, top_k, **kw):
-        i = self.info
-        if self.topk_ids is not None:
-            # each row's own rank where some adapter sits below the padding: a program reads its adapter's rows
-            self.backend.lora_delta_decode(x, a, b, self.topk_ids, i.token_lora_mapping, i.lora_ids,
-                                           i.adapter_enabled, out, lora_ranks=self._ranks(), **kw)
-        else:
-            self.backend.lora_delta(x, a, b, self.align, i.lora_ids, i.adapter_enabled, top_k, out, plan=p,
-                                    lora_ranks=self._ranks(), **kw)
-
     def after_gate_up(self, x, inter, topk_ids, top_k):
-        """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs separately (and the
-        LoRA alignment, where either op does; a hook whose deltas both ran inside the GEMMs needs none)."""
+        """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs at the hook point (and
+        the batch's state, where either op's does; a hook whose deltas both ran inside the GEMMs needs none)."""
         p13, p2 = self.plan
         if not (p13.fused and p2.fused):
             self.prepare(topk_ids)
         if not p13.fused:
-            w = self.info.weights
-            self._delta(p13, x, w.gate_up_a, w.gate_up_b, inter, top_k, gather=True)
+            paths.get(p13.path).after_gate_up(self, p13, x, inter, topk_ids, top_k)
 
     def after_down(self, act, out, top_k, topk_w):
-        """Hook point 2, after the down GEMM: the down delta (x routed weight) into `out` where it runs
-        separately."""
+        """Hook point 2, after the down GEMM: the down delta (x routed weight) into `out` where it runs at the hook
+        point."""
         p2 = self.plan[1]
         if not p2.fused:
-            w = self.info.weights
-            self._delta(p2, act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
+            paths.get(p2.path).after_down(self, p2, act, out, top_k, topk_w)
 
 
 class MoELayer(torch.nn.Module):
@@ -287,25 +255,26 @@ class MoELayer(torch.nn.Module):
         return backend.moe_sum(out, k, residual)
 
 
-def hold_weights_wide(layers, pool: AdapterPool | None, backend: Backend) -> None:
-    """On the Triton backend, each MoE layer's w13 and w2 moved into the pool's wide builds for them
-    (`LayerLoRAWeights.hold_wide`): the wide path's weights then exist once, not beside a copy (a 48-layer qwen3
-    model's weights are 54 GiB; a copy with a rank-64 pool's columns did not fit in an H200). The base GEMM reads the
-    view [..., :K] (rows K + C apart; kernels/fused_moe.py takes the stride). Other backends never take the wide path:
-    nothing moves. Called when a pool is attached (the models' `pool` setter): graphs captured before are stale."""
-    if pool is None or backend.name != "triton":
+def hold_weights(layers, pool: AdapterPool | None, backend: Backend) -> None:
+    """Each MoE layer's w13 and w2 stored as the LoRA paths store them (a path's `hold`, kernels/paths/: the wide
+    path moves them into the pool's wide builds on the Triton backend, so its weights exist once, not beside a copy;
+    a 48-layer qwen3 model's weights are 54 GiB, and a copy with a rank-64 pool's columns did not fit in an H200). The
+    base GEMM reads the view [..., :K] (rows K + C apart; kernels/fused_moe.py takes the stride). Called when a pool
+    is attached (the models' `pool` setter): graphs captured before are stale."""
+    if pool is None:
         return
     for layer, lw in zip(layers, pool.layers):
         for op, name in (("gate_up", "w13"), ("down", "w2")):
             w = getattr(layer, name)
-            view = lw.hold_wide(op, w)
-            if view.data_ptr() != w.data_ptr():
-                setattr(layer, name, init.frozen(view))
+            for path in paths.PATHS.values():
+                w = path.hold(lw, op, w, backend.name)
+            if w.data_ptr() != getattr(layer, name).data_ptr():
+                setattr(layer, name, init.frozen(w))
 
 
 class PoolHolder:
     """The models' `pool`: attaching one (at build, or swapping it later) holds the MoE layers' weights in its wide
-    builds (`hold_weights_wide`). The subclass lists its MoE layers (`moe_layers`)."""
+    layouts (`hold_weights`). The subclass lists its MoE layers (`moe_layers`)."""
 
     @property
     def pool(self) -> AdapterPool | None:
@@ -315,7 +284,7 @@ class PoolHolder:
     def pool(self, pool: AdapterPool | None) -> None:
         self.__dict__["_pool"] = pool
         if "layers" in self._modules:  # the constructor attaches its pool again once the layers exist
-            hold_weights_wide(self.moe_layers(), pool, self.backend)
+            hold_weights(self.moe_layers(), pool, self.backend)
 
 
 class MiniMoEModel(PoolHolder, torch.nn.Module):

@@ -12,7 +12,7 @@ naming the GiB needed, the GiB free and the count that fits.
 
 The bytes come from one function per part, each beside the code that allocates it: the base layer here
 (`moe_layer_bytes`, `attention_bytes`), the adapter pool (`model/lora.py: pool_layer_bytes`) and each LoRA path's
-own weight layout (`kernels/fused_moe_lora_packed.py: wide_path_bytes`). `tests/model/test_sizing.py` holds them to
+own weight layout (each path's `layer_bytes`, kernels/paths/). `tests/model/test_sizing.py` holds them to
 the bytes a real build allocates, to the byte.
 """
 from __future__ import annotations
@@ -54,9 +54,8 @@ def layer_bytes(shape: MoEShape, lora: LoRAConfig, dtype, backend: str, *, decod
     n = moe_layer_bytes(shape, dt) + pool_layer_bytes(shape, lora, dt)
     if decoder:
         n += attention_bytes(shape, dt)
-    if backend == "triton":  # the wide build holds the layer's weights (model/moe.py: hold_weights_wide)
-        from ..kernels.fused_moe_lora_packed import wide_path_bytes
-        n += wide_path_bytes(shape, lora, dt)
+    from ..kernels import paths  # each path's own layout beside the stacks (the wide build holds the weights)
+    n += sum(p.layer_bytes(shape, lora, dt, backend) for p in paths.PATHS.values())
     return n
 
 

@@ -54,8 +54,8 @@ class Backend(ABC):
                              adapter_enabled, *, routed_weights=None, gather=True, b_packed=None, per_slot=False,
                              shrink=None, expand=None):
         """The GEMM with its LoRA delta (the plan's "packed" path): the packed shrink + the base GEMM with the
-        adapters' columns as extra K iterations (b_packed: the layer's `LayerLoRAWeights.packed_b`; per_slot,
-        shrink, expand: the plan's options); fully writes out."""
+        adapters' columns as extra K iterations (b_packed: the packed path's B_packed, kernels/paths/packed.py;
+        per_slot, shrink, expand: the plan's options); fully writes out."""
         raise NotImplementedError("this backend has no packed LoRA GEMM")
 
     @staticmethod
@@ -63,7 +63,7 @@ class Backend(ABC):
                            adapter_enabled, *, routed_weights=None, gather=False, shrink=None, per_block=False,
                            window=0):
         """The GEMM with its delta (the plan's "wide" path), u and B_packed as columns past K of x and w
-        (`LayerLoRAWeights.wide_w`); fully writes out."""
+        (kernels/paths/wide.py: `wide_w`); fully writes out."""
         raise NotImplementedError("this backend has no wide LoRA GEMM")
 
     @staticmethod

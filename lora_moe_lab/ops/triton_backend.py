@@ -1,10 +1,11 @@
 """Triton backend: the `Backend` interface over the kernels in `kernels/` (each kernel file holds its
-`@triton.jit` kernel and its launcher), plus `warmup`, which compiles every config the launch
-tables and the layer's plan (kernels/plan.py) can pick so that a CUDA-graph capture never compiles.
+`@triton.jit` kernel and its launcher), plus `warmup`, which compiles every config the launch tables and the
+layer's plan (kernels/plan.py) can pick, each LoRA path's builds from its own module (kernels/paths/), so that a
+CUDA-graph capture never compiles.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 
@@ -12,11 +13,11 @@ from .. import runtime  # noqa: F401  (first: TRITON_INTERPRET before the kernel
 from ..config import MoEShape, check_dtype, get_shape
 from ..kernels.activation import silu_and_mul
 from ..kernels.align import moe_align
-from ..kernels.configs import decode_config, gemm_config, lora_block_m, lora_config, lora_down_config
+from ..kernels import paths
+from ..kernels.configs import gemm_config
 from ..kernels.fused_moe import moe_gemm
 from ..kernels.fused_moe_lora import lora_delta as _lora_delta
-from ..kernels.fused_moe_lora_packed import (moe_gemm_lora_packed, moe_gemm_lora_wide, pack_lora_b, wide_columns,
-                                             wide_weights)
+from ..kernels.fused_moe_lora_packed import moe_gemm_lora_packed, moe_gemm_lora_wide
 from ..kernels.lora_decode import lora_delta_decode
 from ..kernels.moe_sum import moe_sum
 from ..kernels.plan import OPS, LoRADims, plan
@@ -94,92 +95,47 @@ def warmup(shape: MoEShape | str, dtype: torch.dtype | str = torch.bfloat16, *, 
     inter, y = rnd(k, 2 * I), rnd(k, K)
     seen = set()
     dims = LoRADims(slots=S, rank=R, rows=S)
+    # what the paths' warm-up jobs launch on (kernels/paths/: each path's `warmup_jobs`)
+    c = SimpleNamespace(shape=shape, device=device, dtype=dtype, dims=dims, K=K, I=I, E=E, k=k, S=S, R=R, x1=x1,
+                        h=h, ids=ids, rw=rw, slot=slot, lora_ids=lora_ids, enabled=enabled, w13=w13, w2=w2, a13=a13,
+                        b13=b13, a2=a2, b2=b2)
     for M in num_tokens:
         # the layer's plan for each op: alone (the wide builds where the plan takes them) and beside a second hook
         # (the packed build where a wide entry falls back to it); both compile
-        wide = {op: plan(op, M, shape, device, lora=dims) for op in OPS}
-        packed = {op: plan(op, M, shape, device, lora=dims, alone=False) for op in OPS}
-        bm_base = wide["gate_up"].block_m
-        bm_lora = lora_block_m(M, k, E, S)
+        c.alone = {op: plan(op, M, shape, device, lora=dims) for op in OPS}
+        c.shared = {op: plan(op, M, shape, device, lora=dims, alone=False) for op in OPS}
+        c.bm_base = bm_base = c.alone["gate_up"].block_m
         al = moe_align(ids, E, bm_base)
+        # where an op runs inside the GEMM on the alignment ordered by LoRA row (the plan's order_by_row), that
+        # alignment is compiled here too, and the fused paths' jobs run on it as the layer does
+        by_row = any(p.order_by_row for p in c.shared.values())
+        c.al_f = moe_align(ids, E, bm_base, order_by=slot) if by_row else al
         jobs = [
             ("gemm13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
-             lambda c, al=al: moe_gemm(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), config=c)),
+             lambda cf, al=al: moe_gemm(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), config=cf)),
             ("gemm2", gemm_config(M, bm_base, K, I, E), bm_base,
-             lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
-                                       routed_weights=rw, gather=False, config=c)),
+             lambda cf, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
+                                        routed_weights=rw, gather=False, config=cf)),
             ("gemm2nw", gemm_config(M, bm_base, K, I, E), bm_base,
-             lambda c, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
-                                       gather=False, config=c)),
+             lambda cf, al=al: moe_gemm(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device),
+                                        gather=False, config=cf)),
         ]
         # the base layer's own kernels: the router (the tile for M; with and without the skew bias; x also as the
         # first K columns of the wide build's buffer, a row stride of its own), SiLU-and-mul (into a plain buffer and
         # into the wide down build's), the top-k sum with and without the residual
         rc = router_config(M, E, K, dtype)
         xs = [x1] + [torch.zeros(1, K + p.columns, dtype=dtype, device=device)[:, :K]
-                     for p in (wide["gate_up"], packed["gate_up"]) if p.columns]
+                     for p in (c.alone["gate_up"], c.shared["gate_up"]) if p.columns]
         outs = [None] + [torch.empty(k, I + p.columns, dtype=dtype, device=device)[:, :I]
-                         for p in (wide["down"], packed["down"]) if p.columns]
-        jobs += [(f"router{b}_s{x.stride(0)}", rc, 0, lambda c, x=x, b=b: route(x, router_w, k, bias if b else None,
-                                                                                config=c))
+                         for p in (c.alone["down"], c.shared["down"]) if p.columns]
+        jobs += [(f"router{b}_s{x.stride(0)}", rc, 0, lambda cf, x=x, b=b: route(x, router_w, k, bias if b else None,
+                                                                                 config=cf))
                  for x in xs for b in (0, 1)]
-        jobs += [(f"silu_s{o.stride(0) if o is not None else I}", None, 0, lambda c, o=o: silu_and_mul(inter, out=o))
+        jobs += [(f"silu_s{o.stride(0) if o is not None else I}", None, 0, lambda cf, o=o: silu_and_mul(inter, out=o))
                  for o in outs]
-        jobs += [("moe_sum", None, 0, lambda c: moe_sum(y, k)), ("moe_sum_res", None, 0, lambda c: moe_sum(y, k, x1))]
-        p13, p2 = packed["gate_up"], packed["down"]
-        # where an op folds on the alignment ordered by LoRA row (the plan's order_by_row), that alignment is
-        # compiled here too, and the folded jobs run on it as the layer does
-        al_f = moe_align(ids, E, bm_base, order_by=slot) if p13.order_by_row or p2.order_by_row else al
-        if p13.fused:
-            jobs.append(("folded13", gemm_config(M, bm_base, 2 * I, K, E), bm_base, lambda c, al=al_f, p=p13: (
-                moe_gemm_lora_packed(x1, w13, al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13, b13,
-                                     slot, lora_ids, enabled, per_slot=p.order_by_row, shrink=p.shrink_options,
-                                     expand=p.expand_options, config=c))))
-        if p2.fused:
-            jobs.append(("folded2", gemm_config(M, bm_base, K, I, E), bm_base, lambda c, al=al_f, p=p2: (
-                moe_gemm_lora_packed(h, w2, al, k, torch.empty(k, K, dtype=dtype, device=device), a2, b2, slot,
-                                     lora_ids, enabled, routed_weights=rw, gather=False, per_slot=p.order_by_row,
-                                     shrink=p.shrink_options, expand=p.expand_options, config=c))))
-        if wide["down"].path == "wide":  # the wide build: x and w with the adapters' C columns past K
-            C = wide_columns(a2)
-            hw, w2w = torch.zeros(k, I + C, dtype=dtype, device=device), wide_weights(w2, pack_lora_b(b2))
-            p = wide["down"]  # its window, where it runs
-            jobs.append((f"wide2_w{p.window}", gemm_config(M, bm_base, K, I, E), bm_base,
-                         lambda c, al=al_f, p=p: moe_gemm_lora_wide(
-                             hw[:, :I], w2w[..., :I], al, k, torch.empty(k, K, dtype=dtype, device=device), a2, slot,
-                             lora_ids, enabled, routed_weights=rw, shrink=p.shrink_options, config=c,
-                             window=p.window)))
-        if wide["gate_up"].path == "wide":  # gate_up per block: top_k tails a row
-            C13 = wide_columns(a13)
-            xw, w13w = torch.zeros(1, K + k * C13, dtype=dtype, device=device), wide_weights(w13, pack_lora_b(b13))
-            jobs.append(("wide13", gemm_config(M, bm_base, 2 * I, K, E), bm_base,
-                         lambda c, al=al_f, p=wide["gate_up"]: moe_gemm_lora_wide(
-                             xw[:, :K], w13w[..., :K], al, k, torch.empty(k, 2 * I, dtype=dtype, device=device), a13,
-                             slot, lora_ids, enabled, gather=True, shrink=p.shrink_options, per_block=True,
-                             config=c)))
-        for bm in (bm_lora, bm_base):  # the layer may align LoRA with either size
-            al_l = moe_align(ids, E, bm, slot, S)
-            jobs += [
-                ("lora13", lora_config(M, k, E, S, bm, I, K), bm,
-                 lambda c, al=al_l: lora_delta(x1, a13, b13, al, lora_ids, enabled, k,
-                                               torch.zeros(k, 2 * I, dtype=dtype, device=device), config=c)),
-                ("lora2", lora_down_config(M, k, E, S, bm, K, I), bm,
-                 lambda c, al=al_l: lora_delta(h, a2, b2, al, lora_ids, enabled, k,
-                                               torch.zeros(k, K, dtype=dtype, device=device),
-                                               routed_weights=rw, gather=False, config=c)),
-            ]
-        if plan("down", M, shape, device, lora=dims, fuse=False).path == "decode":  # the decode path: the tile
-            # the table picks for M (split_n is a run-time argument, so configs differing only in it share one
-            # binary; the key drops it)
-            c13, c2 = decode_config(M * k, 2, I, K, R), decode_config(M * k, 1, K, I, R)
-            jobs += [
-                ("decode13", replace(c13, split_n=1), 0, lambda c, c13=c13: lora_delta_decode(
-                    x1, a13, b13, ids, slot, lora_ids, enabled, torch.zeros(k, 2 * I, dtype=dtype, device=device),
-                    config=c13)),
-                ("decode2", replace(c2, split_n=1), 0, lambda c, c2=c2: lora_delta_decode(
-                    h, a2, b2, ids, slot, lora_ids, enabled, torch.zeros(k, K, dtype=dtype, device=device),
-                    routed_weights=rw, gather=False, config=c2)),
-            ]
+        jobs += [("moe_sum", None, 0, lambda cf: moe_sum(y, k)), ("moe_sum_res", None, 0, lambda cf: moe_sum(y, k, x1))]
+        for path in paths.PATHS.values():  # every path's builds the plan can pick at M
+            jobs += path.warmup_jobs(c, M)
         for name, cfg, bm, fn in jobs:
             if (name, cfg, bm) not in seen:
                 seen.add((name, cfg, bm))

@@ -10,6 +10,7 @@ import pytest
 
 from lora_moe_lab.config import get_shape
 from lora_moe_lab.kernels import configs, plan
+from lora_moe_lab.kernels.paths.wide import wide_columns
 
 SHAPE = get_shape("tiny")  # hidden 64, intermediate 32, 8 experts, top_k 2
 K_OF = {"gate_up": SHAPE.hidden, "down": SHAPE.intermediate}
@@ -63,9 +64,9 @@ def test_torch_block_m_steps_at_16_and_64_pairs_per_expert(M, k, E, bm):
 
 def test_wide_columns_lay_each_slice_and_the_slots_rounded_up():
     assert configs.block_r(16) == 16 and configs.block_r(40) == 64
-    assert plan.wide_columns("gate_up", plan.LoRADims(3, 16, 3)) == 2 * 4 * 16  # two slices, 3 slots -> 4
-    assert plan.wide_columns("down", plan.LoRADims(3, 16, 3)) == 4 * 16
-    assert plan.wide_columns("down", plan.LoRADims(5, 40, 2)) == 8 * 64
+    assert wide_columns("gate_up", plan.LoRADims(3, 16, 3)) == 2 * 4 * 16  # two slices, 3 slots -> 4
+    assert wide_columns("down", plan.LoRADims(3, 16, 3)) == 4 * 16
+    assert wide_columns("down", plan.LoRADims(5, 40, 2)) == 8 * 64
 
 
 def test_no_lora_work_plans_the_base_alignment_only(rules, monkeypatch):
@@ -113,7 +114,7 @@ def test_wide_gate_up_carries_top_k_tails_and_its_own_shrink(rules, monkeypatch)
     own = plan.Options.of({"w": 1})
     e = plan.Entry("wide", per_slot=True, shrink=plan.Options.of({"s": 1}), wide_shrink=own, decided_by=("r",))
     _table(monkeypatch, gate_up=e)
-    C = plan.wide_columns("gate_up", DIMS)
+    C = wide_columns("gate_up", DIMS)
     p = plan.plan("gate_up", 100, SHAPE, lora=DIMS)
     assert p == plan.LoRAPlan("gate_up", "wide", _bm(100), True, shrink=own, columns=SHAPE.top_k * C,
                               decided_by=("r",)) and p.fused
@@ -141,7 +142,7 @@ def test_wide_down_window_two_slots_where_the_tile_allows(rules, monkeypatch):
     asked_for = _table(monkeypatch, down=e)
     p = plan.plan("down", 100, SHAPE, "the device", lora=DIMS)
     assert p == plan.LoRAPlan("down", "wide", _bm(100), True, shrink=e.shrink, window=2 * br,
-                              columns=plan.wide_columns("down", DIMS), decided_by=("r",))
+                              columns=wide_columns("down", DIMS), decided_by=("r",))
     assert asked_for == ["the device"]  # the device's own table
     assert type(p.window) is int and type(p.columns) is int  # a kernel's constexpr: 32, not 32.0
     rules.tile.block_k = 32  # the window is one tile step: still taken

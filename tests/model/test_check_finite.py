@@ -43,7 +43,7 @@ def test_an_adapter_with_nan_weights_is_named_at_its_layer_and_first_token():
     lab, batch, tensors, x = _lab("moe")
     slot = lab.pool.slot_of("a0")
     lab.pool.layers[1].down_b[slot, :, 0, 0] = float("inf")  # written past load's checks, as a corrupted pool would be
-    lab.pool.layers[1].refresh_packed()
+    lab.pool.layers[1].refresh_derived()
     with pytest.raises(NonFiniteOutputError, match=r"layer 1 .*first at row 3 "):  # a0's tokens start at row 3
         lab.forward(x, batch, tensors, check_finite=True)
 

@@ -8,6 +8,8 @@ import torch
 from helpers import covering, fp32_tol, rel_err
 
 from lora_moe_lab.kernels import configs, plan
+from lora_moe_lab.kernels.paths.packed import packed_b
+from lora_moe_lab.kernels.paths.wide import wide_w
 from lora_moe_lab.model.lab import build_lab
 from lora_moe_lab.model.moe import LoRAHook
 from lora_moe_lab.ops import reference as ref
@@ -168,41 +170,41 @@ def test_folded_down_path_has_no_host_sync(guard, build, monkeypatch):
 
 
 def test_packed_b_follows_every_load_in_place(device):
-    """The packed fold's B (`LayerLoRAWeights.packed_b`) is built once and rewritten in place by every load and
+    """The packed fold's B (kernels/paths/packed.py: `packed_b`) is built once and rewritten in place by every load and
     unload, so a CUDA graph captured over it sees the new adapter, as it does the stacks."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import pack_lora_b
     lab = _lab(device)
     w = lab.pool.layers[0]
-    before = {op: w.packed_b(op) for op in ("gate_up", "down")}
+    before = {op: packed_b(w, op) for op in ("gate_up", "down")}
     lab.pool.unload(lab.pool.slot_names[0])
     lab.pool.load("fresh", rank=4, seed=11)
     for op, t in before.items():
-        assert w.packed_b(op) is t  # the same buffer
+        assert packed_b(w, op) is t  # the same buffer
         b = w.gate_up_b if op == "gate_up" else w.down_b[None]
         assert torch.equal(t, pack_lora_b(b))
 
 
 @pytest.mark.parametrize("op", ["gate_up", "down"])
 def test_wide_weights_follow_every_load_in_place(op, device):
-    """The wide builds' weights (`LayerLoRAWeights.wide_w`: the layer's w13 or w2, then the op's B_packed) are built
-    once per weight and their adapter columns rewritten in place by every load and unload, as packed_b is."""
+    """The wide builds' weights (kernels/paths/wide.py: `wide_w`: the layer's w13 or w2, then the op's B_packed) are
+    built once per weight and their adapter columns rewritten in place by every load and unload, as packed_b is."""
     from lora_moe_lab.kernels.fused_moe_lora_packed import pack_lora_b
     lab = _lab(device)
     w, lay = lab.pool.layers[0], lab.model.layers[0]
     base = lay.w13 if op == "gate_up" else lay.w2
-    t = w.wide_w(op, base)
+    t = wide_w(w, op, base)
     K = base.shape[2]
     assert torch.equal(t[..., :K], base)
     lab.pool.unload(lab.pool.slot_names[0])
     lab.pool.load("fresh", rank=4, seed=11)
-    assert w.wide_w(op, base) is t  # the same buffer
+    assert wide_w(w, op, base) is t  # the same buffer
     assert torch.equal(t[..., :K], base) and torch.equal(t[..., K:], pack_lora_b(
         w.gate_up_b if op == "gate_up" else w.down_b[None]))
 
 
 @pytest.mark.parametrize("op", ["gate_up", "down"])
 def test_the_layer_holds_its_weights_in_the_wide_build(op, device, monkeypatch):
-    """On the Triton backend the model's weights live in the pool's wide builds (model/moe.py: hold_weights_wide):
+    """On the Triton backend the model's weights live in the pool's wide builds (model/moe.py: hold_weights):
     the layer's w13 or w2 is the view [..., :K] of the op's wide tensor (the weights once, not beside a copy), equal
     bit for bit to the same seed's weights on the torch backend. A pool swapped in (another max rank) holds them in
     its own, the old one's freed, and the forward with both ops wide matches the float64 reference."""
@@ -219,12 +221,12 @@ def test_the_layer_holds_its_weights_in_the_wide_build(op, device, monkeypatch):
     lab = _lab(device)
 
     def held(pool):
-        base, ww = getattr(lab.model.layers[0], name), pool.layers[0].wide[op][1]
+        base, ww = getattr(lab.model.layers[0], name), pool.layers[0].derived[("wide", op)][0]
         assert base.data_ptr() == ww.data_ptr() and base.stride() == ww.stride() and torch.equal(base, want)
         return ww.shape[2] - base.shape[2]
 
     c8 = held(lab.pool)
-    old = weakref.ref(lab.pool.layers[0].wide[op][1])
+    old = weakref.ref(lab.pool.layers[0].derived[("wide", op)][0])
     lab.pool = lab.model.pool = AdapterPool(lab.shape, LoRAConfig(3, 32), dtype=lab.dtype, device=lab.device)
     gc.collect()
     assert old() is None and held(lab.pool) == c8 * configs.block_r(32) // configs.block_r(8)  # C: slots x BLOCK_R

@@ -19,7 +19,7 @@ def held_bytes(lab) -> int:
     """Every distinct storage the model and its pool hold, counted once."""
     ts = list(lab.model.parameters()) + list(lab.model.buffers())
     for lw in lab.pool.layers:
-        ts += [lw.gate_up_a, lw.gate_up_b, lw.down_a, lw.down_b, *lw.packed.values(), *(v[1] for v in lw.wide.values())]
+        ts += [lw.gate_up_a, lw.gate_up_b, lw.down_a, lw.down_b, *(v[0] for v in lw.derived.values())]
     seen = {}
     for t in ts:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()

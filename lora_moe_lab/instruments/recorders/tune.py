@@ -41,7 +41,7 @@ from ...kernels.configs import GemmConfig
 from ...kernels.fused_moe import moe_gemm
 from ...model import sizing
 from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
-from ...model.moe import LoRAHook, MoELayer, hold_weights_wide
+from ...model.moe import LoRAHook, MoELayer, hold_weights
 from ...ops import get_backend
 from ...ops.reference import ref_lora_delta_grouped, ref_moe_gemm_grouped, rel, tolerance
 from ...provenance import git_commit
@@ -201,7 +201,7 @@ class Tuner:
             for s in range(SLOTS):
                 self._pool.load(f"a{s}", rank=RANK, seed=s)
             self._backend = get_backend("triton", self.dev)
-            hold_weights_wide([self._layer], self._pool, self._backend)
+            hold_weights([self._layer], self._pool, self._backend)
         if getattr(self, "_m", None) != M:
             sh, g = self.shape, torch.Generator(device=self.dev).manual_seed(M)
             x = torch.randn(M, sh.hidden, generator=g, device=self.dev).to(self.dtype)
