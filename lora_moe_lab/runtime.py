@@ -7,6 +7,7 @@ is imported on a machine without a GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import threading
@@ -33,8 +34,11 @@ def has_cuda() -> bool:
     return _HAS_CUDA
 
 
+@functools.cache
 def interpreter() -> bool:
-    """True when Triton kernels run under the CPU interpreter (no GPU, or forced by the user)."""
+    """True when Triton kernels run under the CPU interpreter (no GPU, or forced by the user). Read once: Triton
+    reads the variable when it decorates a kernel, so a later change moves no kernel, and every launch asks this
+    (an environment lookup is a few microseconds of the host's launch time)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

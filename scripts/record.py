@@ -47,6 +47,7 @@ RECORDINGS = {
               ["--session", "p1"]),
     "lora_tax": ("lora_tax", "nvidia-h200", "~2 min a session (--session s1, s2, each on a fresh H200)",
                  ["--session", "s1"]),
+    "launch_cost": ("launch_cost", "nvidia-h100-x1", "~1 min (where an eager LoRA launch's host time goes)", []),
     "replay": ("replay", "none (CPU)", "about a minute", None),
     "simulator": ("simulator", "none (CPU)", "~10 s", None),
     "setup": ("setup", "none (CPU)", "3 fresh set-ups, a few minutes", None),

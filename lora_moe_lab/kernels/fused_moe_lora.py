@@ -392,7 +392,7 @@ def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, h
     # for a slot while others hold several items.
     max_items = S * min(nb, num_pairs) * split
     br = block_r(R)
-    elt = torch.empty(0, dtype=dtype).element_size()
+    elt = dtype.itemsize
     stages = stages_for(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * elt)
     # one entry per compiled variant: every constexpr that changes the build (its registers, so what fits on an SM)
     key = (dev, dtype, N, K, R, P, S, bm, cfg, split, stages, gather, has_rw, write_exit, has_ranks)

@@ -6,9 +6,9 @@ each entry naming the recordings that decided it. Each path the plan can return 
 (its rule, weights, launches, warm-up and exits): an entry names a path, and that path's `rule` makes the op's plan
 (it may hand over: separate to decode at decode sizes, wide to packed where the wide build cannot run).
 
-Only a layer's first hook runs a path inside the base GEMM (`fuse`); a fused entry of another hook runs separate. The
-torch backend has no fused kernels: its plan is always separate, its blocks sized by its own rule. `override(table)`
-swaps the table (recordings, tests)."""
+Only a layer's first hook runs a path inside the base GEMM (`first`, the path's `in_gemm`); such an entry of another
+hook runs separate. The torch backend has no in-GEMM kernels: its plan is always separate, its blocks sized by its
+own rule. `override(table)` swaps the table (recordings, tests)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,10 +50,10 @@ class LoRAPlan:
     decided_by: tuple = ()
 
     @property
-    def fused(self) -> bool:
-        """The delta runs inside the base GEMM (no separate kernels, no LoRA alignment): the path's `fused`."""
+    def in_gemm(self) -> bool:
+        """The delta runs inside the base GEMM (no separate kernels, no LoRA alignment): the path's `in_gemm`."""
         from .paths import get
-        return get(self.path).fused
+        return get(self.path).in_gemm
 
     @property
     def shrink_options(self) -> dict:
@@ -77,10 +77,10 @@ def torch_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
 
 
 def plan(op: str, M: int, shape, device=None, *, lora: LoRADims | None = None, backend: str = "triton",
-         fuse: bool = True, alone: bool = True) -> LoRAPlan:
+         first: bool = True, alone: bool = True) -> LoRAPlan:
     """Op `op` of a layer of `shape` (config.MoEShape) at M tokens on `device`: its LoRA path and options.
     lora: the hook's static LoRA shapes (None: no LoRA work, the plan gives the alignment only); backend: the
-    backend's name; fuse: the hook may run its delta inside the base GEMM (a layer's first hook only); alone: it is
+    backend's name; first: the layer's first hook (only it may run its delta inside the base GEMM); alone: it is
     the layer's only hook (the wide builds need that). Static shapes only: capture-safe."""
     gemm_shape(op, shape)  # the op's check
     k, E, H, I = shape.top_k, shape.num_experts, shape.hidden, shape.intermediate
@@ -94,6 +94,6 @@ def plan(op: str, M: int, shape, device=None, *, lora: LoRADims | None = None, b
     table = table_for(device)
     e = table.entry(op, configs.token_bucket(M), H, I)
     path = paths.get(e.path)
-    if path.fused and not fuse:
+    if path.in_gemm and not first:
         path = paths.get("separate")
     return path.rule(paths.Question(op, M, shape, e, lora, table, bm, alone, device))

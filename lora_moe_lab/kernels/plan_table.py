@@ -71,10 +71,10 @@ class Entry:
     why: str = ""
 
     @property
-    def folds(self) -> bool:
-        """The entry's path runs inside the base GEMM (kernels/paths/: the path's `fused`)."""
+    def in_gemm(self) -> bool:
+        """The entry's path runs inside the base GEMM (kernels/paths/: the path's `in_gemm`)."""
         from .paths import get
-        return get(self.path).fused
+        return get(self.path).in_gemm
 
 
 @dataclass(frozen=True, eq=False)

@@ -103,13 +103,13 @@ class LoRAHook:
         only hook (the wide builds need it). Static shapes only: capture-safe."""
         key = (M, first, alone)
         if key not in self._plans:
-            kw = dict(lora=self.dims, backend=self.backend.name, fuse=first, alone=alone)
+            kw = dict(lora=self.dims, backend=self.backend.name, first=first, alone=alone)
             self._plans[key] = tuple(plan(op, M, shape, device, **kw) for op in OPS)
         self.plan = self._plans[key]
         return self.plan
 
     def gemm(self, p: LoRAPlan, x, w, align, top_k, out, routed_weights=None):
-        """The base GEMM of op `p.op` with this hook's delta inside (a fused path: the path's `gemm`, with the plan's
+        """The base GEMM of op `p.op` with this hook's delta inside (an in-GEMM path: the path's `gemm`, with the plan's
         options; no alignment of its own)."""
         return paths.get(p.path).gemm(self, p, x, w, align, top_k, out, routed_weights)
 
@@ -118,7 +118,7 @@ class LoRAHook:
         alignment per adapter, or the routing itself on the decode path)."""
         if self.plan is None:
             raise RuntimeError("LoRAHook.prepare: ask the plan first (`plans`, or the layer's forward)")
-        p = next(p for p in self.plan if not p.fused)
+        p = next(p for p in self.plan if not p.in_gemm)
         paths.get(p.path).prepare(self, p, topk_ids)
 
     def ranks(self):
@@ -129,16 +129,16 @@ class LoRAHook:
         """Hook point 1, after the gate_up GEMM: the gate_up delta into `inter` where it runs at the hook point (and
         the batch's state, where either op's does; a hook whose deltas both ran inside the GEMMs needs none)."""
         p13, p2 = self.plan
-        if not (p13.fused and p2.fused):
+        if not (p13.in_gemm and p2.in_gemm):
             self.prepare(topk_ids)
-        if not p13.fused:
+        if not p13.in_gemm:
             paths.get(p13.path).after_gate_up(self, p13, x, inter, topk_ids, top_k)
 
     def after_down(self, act, out, top_k, topk_w):
         """Hook point 2, after the down GEMM: the down delta (x routed weight) into `out` where it runs at the hook
         point."""
         p2 = self.plan[1]
-        if not p2.fused:
+        if not p2.in_gemm:
             paths.get(p2.path).after_down(self, p2, act, out, top_k, topk_w)
 
 
@@ -211,8 +211,8 @@ class MoELayer(torch.nn.Module):
 
     @staticmethod
     def _gemm(p: LoRAPlan, hooks, backend: Backend, x, w, align, top_k, out, topk_w=None):
-        """The op's GEMM: the first hook's, with its delta inside, where the plan fuses it; else the base GEMM."""
-        if p.fused:
+        """The op's GEMM: the first hook's, with its delta inside, where the plan puts it there; else the base GEMM."""
+        if p.in_gemm:
             return hooks[0].gemm(p, x, w, align, top_k, out, routed_weights=topk_w)
         if topk_w is None:
             return backend.moe_gemm(x, w, align, top_k, out, gather=True)

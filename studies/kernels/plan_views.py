@@ -36,7 +36,7 @@ def legacy(name: str, table: PlanTable | None = None):
     """The value the old module-level table `name` held, derived from `table` (None: the plan this device reads
     now), a fresh copy."""
     t = table or table_for()
-    folds = {op: frozenset(b for b, e in t.ops[op].items() if e.folds) for op in OPS}
+    folds = {op: frozenset(b for b, e in t.ops[op].items() if e.in_gemm) for op in OPS}
     every = list(_all_entries(t))
     if name == "DECODE_MAX_PAIRS":
         return t.decode_max_pairs
@@ -47,7 +47,7 @@ def legacy(name: str, table: PlanTable | None = None):
     if name == "FOLDED_LORA_SHAPE_TOKENS":
         out = {}
         for op, b, sh, e in every:
-            if sh and e.folds and b not in folds[op]:
+            if sh and e.in_gemm and b not in folds[op]:
                 out.setdefault((op, *gemm_shape(op, _Shape(*sh))), set()).add(b)
         return {key: frozenset(v) for key, v in out.items()}
     if name == "FOLDED_ORDER_BY_ROW":
@@ -55,17 +55,17 @@ def legacy(name: str, table: PlanTable | None = None):
     if name == "FOLD_BUILD":
         return "packed"
     if name == "PACKED_PER_SLOT_TOKENS":
-        return frozenset(b for _, b, _, e in every if e.folds and e.per_slot)
+        return frozenset(b for _, b, _, e in every if e.in_gemm and e.per_slot)
     if name in t.options:  # W1S
         return t.options[name].dict()
     if name == "WIDE_GATE_UP_SHRINK":
         return next((e.wide_shrink.dict() for op, _, _, e in every if op == "gate_up" and e.path == "wide"
                      and e.wide_shrink is not None), {})
     if name == "PACKED_SHRINK_TOKENS":
-        return {b: e.shrink.dict() for _, b, _, e in sorted(every, key=lambda r: r[1]) if e.folds and e.shrink}
+        return {b: e.shrink.dict() for _, b, _, e in sorted(every, key=lambda r: r[1]) if e.in_gemm and e.shrink}
     if name == "PACKED_EXPAND_TOKENS":
         return {b: {k: v for k, v in e.expand.dict().items() if k != "tile"} for _, b, sh, e in every
-                if e.folds and sh is None and e.expand}
+                if e.in_gemm and sh is None and e.expand}
     if name == "PACKED_TILE_SHAPE_TOKENS":
         out = {}
         for op, b, sh, e in every:

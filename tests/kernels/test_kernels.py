@@ -528,7 +528,7 @@ def test_fold_table_per_gemm_shape():
     assert _plan("down", 512, QWEN3).path == "packed" and _plan("down", 64, QWEN3).path == "separate"
     assert _plan("down", 16384, QWEN3).columns == 4 * 16  # C: 4 slots x BLOCK_R past I in each pair's row
     # a later hook never fuses, and the torch backend has no fused path
-    assert _plan("down", 8192, QWEN3, fuse=False).path == "separate"
+    assert _plan("down", 8192, QWEN3, first=False).path == "separate"
     assert _plan("down", 8192, QWEN3, backend="torch").path == "separate"
     assert plan.plan("down", 8192, QWEN3).path == "none"  # no LoRA: the base GEMM's alignment only
 

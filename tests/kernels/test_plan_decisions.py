@@ -105,9 +105,9 @@ def test_packed_entry_folds_in_the_first_hook_only(rules, monkeypatch, op):
     for M in (1, 100):  # a fold wins over the decode bound
         assert plan.plan(op, M, SHAPE, lora=DIMS) == plan.LoRAPlan(
             op, "packed", _bm(M), True, shrink=e.shrink, expand=e.expand, decided_by=("rec",))
-    later = plan.plan(op, 100, SHAPE, lora=DIMS, fuse=False)  # a later hook: separate, not decided by the fold
-    assert later.path == "separate" and later.decided_by == () and not later.fused
-    assert plan.plan(op, 1, SHAPE, lora=DIMS, fuse=False).path == "decode"
+    later = plan.plan(op, 100, SHAPE, lora=DIMS, first=False)  # a later hook: separate, not decided by the fold
+    assert later.path == "separate" and later.decided_by == () and not later.in_gemm
+    assert plan.plan(op, 1, SHAPE, lora=DIMS, first=False).path == "decode"
 
 
 def test_wide_gate_up_carries_top_k_tails_and_its_own_shrink(rules, monkeypatch):
@@ -117,7 +117,7 @@ def test_wide_gate_up_carries_top_k_tails_and_its_own_shrink(rules, monkeypatch)
     C = wide_columns("gate_up", DIMS)
     p = plan.plan("gate_up", 100, SHAPE, lora=DIMS)
     assert p == plan.LoRAPlan("gate_up", "wide", _bm(100), True, shrink=own, columns=SHAPE.top_k * C,
-                              decided_by=("r",)) and p.fused
+                              decided_by=("r",)) and p.in_gemm
     assert rules.asked == [(100, _bm(100), N_OF["gate_up"], K_OF["gate_up"], SHAPE.num_experts)]
     _table(monkeypatch, gate_up=plan.Entry("wide", shrink=plan.Options.of({"s": 1})))  # no shrink of its own
     assert plan.plan("gate_up", 100, SHAPE, lora=DIMS).shrink == plan.Options.of({"s": 1})

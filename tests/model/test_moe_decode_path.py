@@ -72,7 +72,7 @@ def test_hook_takes_the_decode_path_from_static_shapes(device):
         hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
         with pytest.raises(RuntimeError, match="ask the plan first"):
             hook.prepare(torch.zeros(M, k, dtype=torch.int32, device=device))
-        assert all(p.fused for p in hook.plans(M, lab.shape, device))  # the first hook's: its entries fold here
+        assert all(p.in_gemm for p in hook.plans(M, lab.shape, device))  # the first hook's: its entries fold here
         # a later hook's plan: the decode bound decides
         assert {p.path for p in hook.plans(M, lab.shape, device, first=False)} == {"decode" if decode else "separate"}
         ids = torch.zeros(M, k, dtype=torch.int32, device=device)
@@ -89,7 +89,7 @@ def test_folding_orders_the_alignment_by_lora_row(per_slot, device, monkeypatch)
     batch, tensors = lab.make_batch(["r3", None, "r8"], [2, 1, 3])
     M = batch.num_tokens
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
-    assert not any(p.order_by_row or p.fused for p in hook.plans(M, lab.shape, device))  # nothing folds this small
+    assert not any(p.order_by_row or p.in_gemm for p in hook.plans(M, lab.shape, device))  # nothing folds this small
     _use(monkeypatch, 0, down=_entries("down", True, per_slot=per_slot))
     hook = LoRAHook(lab.model.lora_info(0, batch, tensors), lab.model.backend, lab.shape.num_experts)
     p13, p2 = hook.plans(M, lab.shape, device)

@@ -12,12 +12,12 @@ A path module subclasses `LoRAPath` and registers an instance (`register`). It o
 - its rule: a table entry naming it (kernels/tile_tables/lora_plan_*.json) becomes the op's `LoRAPlan` (`rule`);
 - its weights: the layout its kernels read, built from the adapter pool's stacks and rewritten in place by every
   load and unload (`weights`, through `LayerLoRAWeights.derived`: the pool never knows a kernel layout);
-- its launches: at the layer's two hook points (`prepare`, `delta`), or inside the base GEMM (`gemm`, `fused`);
+- its launches: at the layer's two hook points (`prepare`, `delta`), or inside the base GEMM (`gemm`, `in_gemm`);
 - its warm-up (`warmup_jobs`: every build the plan can pick, compiled before any CUDA-graph capture);
 - its exits: the codes its kernels exit with are the one table's (kernels/exits.py).
 
 Every module in this package is imported with it, so adding a path is its module and its table entries. The
-MoE layer (model/moe.py) sees the two hook points and, for a fused path, one `gemm(op)`."""
+MoE layer (model/moe.py) sees the two hook points and, for an in-GEMM path, one `gemm(op)`."""
 from __future__ import annotations
 
 import importlib

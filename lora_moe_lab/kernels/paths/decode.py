@@ -32,7 +32,7 @@ class DecodePath(LoRAPath):
         from ..configs import decode_config
         from ..lora_decode import lora_delta_decode
         from ..plan import plan
-        if plan("down", M, c.shape, c.device, lora=c.dims, fuse=False).path != self.name:
+        if plan("down", M, c.shape, c.device, lora=c.dims, first=False).path != self.name:
             return []
         # the table's tile for M (split_n is a run-time argument, so configs differing only in it share one binary;
         # the key drops it)

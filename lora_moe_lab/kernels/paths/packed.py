@@ -41,7 +41,7 @@ def packed_b(lw, op: str):
 
 class PackedPath(LoRAPath):
     name = "packed"
-    fused = True
+    in_gemm = True
 
     def rule(self, q: Question) -> LoRAPlan:
         e = q.entry

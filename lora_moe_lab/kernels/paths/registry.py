@@ -28,19 +28,19 @@ class Question(NamedTuple):
 
 
 class LoRAPath:
-    """One LoRA path. `fused`: its delta runs inside the op's base GEMM (`gemm`), so only a layer's first hook may
+    """One LoRA path. `in_gemm`: its delta runs inside the op's base GEMM (`gemm`), so only a layer's first hook may
     take it; else at the op's hook point (`prepare` once per batch, then `delta`). `in_table`: a plan table's entry
     may name it."""
 
     name = ""
-    fused = False
+    in_gemm = False
     in_table = True
 
     def rule(self, q: Question):
         """The op's LoRAPlan where the table's entry names this path (it may hand over to another path's rule)."""
         raise NotImplementedError(f"the {self.name!r} path has no table rule")
 
-    # --- per batch, at the hook points (unfused paths) ---------------------------------------------------------
+    # --- per batch, at the hook points (the other paths) ---------------------------------------------------------
     def prepare(self, hook, p, topk_ids) -> None:
         """This batch's state for the deltas (an alignment, or the routing itself), set on the hook."""
 
@@ -55,7 +55,7 @@ class LoRAPath:
         w = hook.info.weights
         self.delta(hook, p, act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
 
-    # --- inside the base GEMM (fused paths) ---------------------------------------------------------------------
+    # --- inside the base GEMM (in-GEMM paths) ---------------------------------------------------------------------
     def gemm(self, hook, p, x, w, align, top_k, out, routed_weights=None):
         raise NotImplementedError(f"the {self.name!r} path does not run inside the base GEMM")
 

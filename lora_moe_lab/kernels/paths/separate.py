@@ -25,7 +25,7 @@ class SeparatePath(LoRAPath):
                                                                                       q.shape.intermediate)
         lbm = configs.lora_block_m(q.M, k, E, q.lora.rows)
         cfg = configs.lora_down_config(q.M, k, E, q.lora.rows, lbm, N, K) if q.op == "down" else None
-        why = q.entry.decided_by if q.entry.path == self.name else ()  # a fused entry did not decide this
+        why = q.entry.decided_by if q.entry.path == self.name else ()  # an in-GEMM entry did not decide this
         return LoRAPlan(q.op, self.name, q.block_m, lora_block_m=lbm, config=cfg, decided_by=why)
 
     def prepare(self, hook, p, topk_ids) -> None:

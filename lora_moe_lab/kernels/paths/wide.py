@@ -49,7 +49,7 @@ def wide_w(lw, op: str, w):
 
 class WidePath(LoRAPath):
     name = "wide"
-    fused = True
+    in_gemm = True
 
     def rule(self, q: Question) -> LoRAPlan:
         e, op, sh, M, bm = q.entry, q.op, q.shape, q.M, q.block_m

@@ -1,0 +1,17 @@
+"""The launch-cost recorder's rows (studies/launch_cost/record.py), run on the tiny preset on any machine: every path
+the plan can return has its steps, each timed with the kernels and then the checks taken out, and the kernels and
+checks are back in place afterwards. No figure is asserted: the figures are a GPU's, in data/launch_cost/."""
+from lora_moe_lab.kernels import common, fused_moe_lora
+from studies.launch_cost import record as R
+
+
+def test_every_path_has_its_steps_and_parts():
+    kernel, check = fused_moe_lora.fused_moe_lora_kernel, common.check_tensor
+    df = R.record("tiny", [4], inner=1, reps=10)
+    steps = set(zip(df.path, df.step))
+    for p in ("separate", "decode"):
+        assert {(p, "prepare"), (p, "gate_up delta"), (p, "down delta")} <= steps
+    for p in ("packed", "wide"):
+        assert {(p, "gate_up gemm"), (p, "down gemm")} <= steps
+    assert {"no_triton", "no_checks"} <= set(df.part) and (df.host_us > 0).all()
+    assert fused_moe_lora.fused_moe_lora_kernel is kernel and common.check_tensor is check  # put back
