@@ -96,4 +96,4 @@ def plan(op: str, M: int, shape, device=None, *, lora: LoRADims | None = None, b
     path = paths.get(e.path)
     if path.in_gemm and not first:
         path = paths.get("separate")
-    return path.rule(paths.Question(op, M, shape, e, lora, table, bm, alone, device))
+    return path.rule(paths.Question(op, M, shape, e, lora, table, bm, alone))

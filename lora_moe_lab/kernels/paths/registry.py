@@ -13,8 +13,8 @@ PATHS: dict = {}  # name -> LoRAPath, in registration order
 
 class Question(NamedTuple):
     """What a rule is asked: op `op` of a layer of `shape` at M tokens, the table's entry for its bucket, the hook's
-    static LoRA shapes (kernels/plan.py: LoRADims), the device's table, the base alignment's block_m, whether the
-    hook is the layer's only one (`alone`), and the device."""
+    static LoRA shapes (kernels/plan.py: LoRADims), the device's table, the base alignment's block_m, and whether the
+    hook is the layer's only one (`alone`)."""
 
     op: str
     M: int
@@ -24,7 +24,6 @@ class Question(NamedTuple):
     table: object
     block_m: int
     alone: bool
-    device: object
 
 
 class LoRAPath:

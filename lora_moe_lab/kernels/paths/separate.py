@@ -21,10 +21,10 @@ class SeparatePath(LoRAPath):
         k, E = q.shape.top_k, q.shape.num_experts
         if q.M * k <= q.table.decode_max_pairs:
             return LoRAPlan(q.op, "decode", q.block_m)
-        N, K = (2 * q.shape.intermediate, q.shape.hidden) if q.op == "gate_up" else (q.shape.hidden,
-                                                                                      q.shape.intermediate)
         lbm = configs.lora_block_m(q.M, k, E, q.lora.rows)
-        cfg = configs.lora_down_config(q.M, k, E, q.lora.rows, lbm, N, K) if q.op == "down" else None
+        # the down delta's launch config (N = hidden, K = intermediate); gate_up's comes from the kernel's table
+        cfg = (configs.lora_down_config(q.M, k, E, q.lora.rows, lbm, q.shape.hidden, q.shape.intermediate)
+               if q.op == "down" else None)
         why = q.entry.decided_by if q.entry.path == self.name else ()  # an in-GEMM entry did not decide this
         return LoRAPlan(q.op, self.name, q.block_m, lora_block_m=lbm, config=cfg, decided_by=why)
 
