@@ -34,7 +34,7 @@ lab_layers = 48      # layers of the lab's own MoE forward that the audit is poi
 live_reps = 0        # paired live repetitions per pattern (0 for none, 10 or more for an interval)
 live_warmup = 4      # warm-up pairs discarded before the live repetitions
 hf_tokens = 16       # input length of the tiny transformers Qwen3-MoE audited after the lab's forward
-graph_breaks = True  # which syncs break a torch.compile(fullgraph=True) graph (dynamo traces: ~1 min on a CPU)
+graph_breaks = True  # which syncs break a full-graph torch.compile (dynamo traces: ~1 min on a CPU)
 
 # %%
 import inspect

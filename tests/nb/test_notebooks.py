@@ -26,6 +26,22 @@ def test_committed_clean_with_parameters_cell(nb):
     assert nb.stem in CI_PARAMS, f"{nb.name} has no entry in notebooks/params/ci.yaml"
 
 
+@pytest.mark.parametrize("nb", NBS, ids=lambda p: p.stem)
+def test_papermill_reads_every_parameter(nb):
+    """papermill reads the parameters cell itself (a line with a second "=", even in its comment, is skipped with a
+    warning), so every name the cell assigns must be one papermill sees, and every CI parameter one of them."""
+    import ast
+
+    import papermill as pm
+
+    cell = next(c for c in json.loads(nb.read_text())["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    assigned = {t.id for n in ast.parse("".join(cell["source"])).body if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Name)}
+    seen = set(pm.inspect_notebook(str(nb)))
+    assert assigned <= seen, f"{nb.name}: papermill does not read {sorted(assigned - seen)}"
+    assert set(CI_PARAMS[nb.stem] or {}) <= seen, f"{nb.name}: ci.yaml passes {sorted(set(CI_PARAMS[nb.stem]) - seen)}"
+
+
 def test_sources_and_notebooks_in_sync():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_notebooks.py"), "--check"],
                        capture_output=True, text=True)
