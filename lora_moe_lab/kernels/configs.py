@@ -8,6 +8,7 @@ program sequentially on numpy, so big tiles only cost CPU time.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -121,9 +122,10 @@ def rules() -> dict:
     ((up to this BLOCK_M, GemmConfig), ...)."""
     f = RULES_FILE
     raw = json.loads(f.read_text())
-    if set(raw) != {"about", "moe_block_m", "lora_block_m", "rule_gemm"}:
-        raise TableError(f, "", f"holds about, moe_block_m, lora_block_m and rule_gemm, got {sorted(raw)}")
-    out = {}
+    if set(raw) != {"about", "moe_block_m", "lora_block_m", "rule_gemm", *_TILE_RULES}:
+        raise TableError(f, "", f"holds about, moe_block_m, lora_block_m, rule_gemm and {', '.join(_TILE_RULES)}, "
+                                f"got {sorted(raw)}")
+    out = {key: _tile_rules(raw[key], f, key) for key in _TILE_RULES}
     for key in ("moe_block_m", "lora_block_m"):
         e = raw[key]
         if not (isinstance(e, dict) and set(e) == {"steps", "why"} and isinstance(e["steps"], list)
@@ -143,6 +145,71 @@ def rules() -> dict:
                                  (GemmConfig(**{k: v for k, v in t.items() if k != "max_block_m"})
                                   for t in e["tiles"])))
     return out
+
+
+# the LoRA kernels' tile rules in rules.json: the config each builds, and what its `when` may test
+_TILE_RULES = {"lora_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket")),
+               "lora_down_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket", "K")),
+               "decode_tile": (DecodeConfig, ("units", "K", "block_r"))}
+_POW2 = tuple(2 ** i for i in range(4, 11))
+_TILE_BOUNDS = {"block_n": _POW2, "block_k": _POW2, "num_warps": (1, 2, 4, 8, 16), "num_stages": range(1, 9),
+                "programs_per_sm": range(1, 33), "prefetch": (0, 1, 2), "max_regs": (0, *range(32, 256)),
+                "expand_stages": range(0, 9)}
+
+
+def _said(values) -> str:
+    return f"{values.start}..{values.stop - 1}" if isinstance(values, range) else str(values)
+
+
+_TESTS = {"min_": lambda x, v: x >= v, "max_": lambda x, v: x <= v, "over_": lambda x, v: x > v}
+
+
+def _test_of(key: str):
+    """A `when` key: (variable, test): min_X (at least), max_X (at most), over_X (above), or X itself (equal)."""
+    for prefix, fn in _TESTS.items():
+        if key.startswith(prefix):
+            return key[len(prefix):], fn
+    return key, lambda x, v: x == v
+
+
+def _tile_rules(e, f, key: str) -> tuple:
+    """((tests, tile fields), ...) of one tile rule list, checked: the first rule whose tests all hold gives the tile
+    (split_n stays the launcher's: it follows the shape), the last one tests nothing."""
+    cls, variables = _TILE_RULES[key]
+    fields = {fl.name for fl in dataclasses.fields(cls)} - {"split_n"}
+    rs = e.get("rules") if isinstance(e, dict) and set(e) == {"rules"} else None
+    if not isinstance(rs, list) or not rs:
+        raise TableError(f, key, f"must hold rules [{{when, tile, why}}, ...], got {e!r}")
+    out = []
+    for i, r in enumerate(rs):
+        where = f"{key} rule {i}"
+        if not (isinstance(r, dict) and set(r) == {"when", "tile", "why"} and isinstance(r["when"], dict)
+                and isinstance(r["tile"], dict) and isinstance(r["why"], str) and r["why"]):
+            raise TableError(f, where, f"must hold when, tile and a why, got {r!r}")
+        tests = [(*_test_of(k), v) for k, v in r["when"].items()]
+        bad = [k for k, (var, _, v) in zip(r["when"], tests) if var not in variables
+               or not isinstance(v, (int, float)) or isinstance(v, bool)]
+        if bad:
+            raise TableError(f, where, f"when may test {variables} (min_, max_, over_ or equal) against a number, "
+                                       f"got {bad}")
+        if set(r["tile"]) - fields:
+            raise TableError(f, where, f"tile takes {sorted(fields)}, got {sorted(r['tile'])}")
+        for k, v in r["tile"].items():
+            if not isinstance(v, int) or isinstance(v, bool) or v not in _TILE_BOUNDS[k]:
+                raise TableError(f, where, f"tile {k} must be one of {_said(_TILE_BOUNDS[k])}, got {v!r}")
+        try:
+            cls(**r["tile"])
+        except (TypeError, ValueError) as err:
+            raise TableError(f, where, str(err)) from None
+        out.append((tuple(tests), r["tile"]))
+    if out[-1][0]:
+        raise TableError(f, f"{key} rule {len(out) - 1}", "the last rule's when must be empty (it takes any input)")
+    return tuple(out)
+
+
+def _tile(key: str, **at) -> dict:
+    """The tile fields of the first rule of rules.json's `key` whose tests hold at these values."""
+    return next(t for tests, t in rules()[key] if all(fn(at[var], v) for var, fn, v in tests))
 
 
 def _step_pick(avg: float, steps) -> int:
@@ -202,87 +269,36 @@ _NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function 
 
 def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                 N: int, K: int) -> LoRAKernelConfig:
-    """Tile of the fused LoRA kernel (values from the H200 sweeps of studies/kernels/record.py and
-    record_expand.py; the recordings: studies/kernels/README.md)."""
+    """Tile of the fused LoRA kernel: rules.json's `lora_tile` (each rule with the H200 recordings behind it) by
+    BLOCK_M and the mean pairs per (adapter, expert) group; split_n from the shape."""
     if runtime.interpreter():
         return _INTERP_LORA
+    b = token_bucket(num_tokens)
+    tile = _tile("lora_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b)
     # Rough count of busy blocks, from shapes only: at most one per pair, and about one per
     # (slot, expert) group while the groups are smaller than a block.
-    busy = max(1, min(token_bucket(num_tokens) * top_k, num_experts * num_slots))
-    block_n = 64
-    n_tiles = cdiv(N, block_n)
+    busy = max(1, min(b * top_k, num_experts * num_slots))
+    n_tiles = cdiv(N, tile["block_n"])
     # Split N until about two work items per SM exist; past a few dozen blocks, keep >= 256
     # columns per item (the shrink is recomputed per item).
     split = max(1, min(n_tiles, (2 * _NUM_SMS_GUESS + busy - 1) // busy))
     if busy >= 64:
         split = max(1, min(split, N // 256))
-    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)  # pairs per (adapter, expert) group
-    if block_m >= 64:
-        # 162 registers: 3 programs/SM. Capped at 128 (4 fit) it gained 7 % at 128+ pairs per group
-        # (M=8192: 232.9 -> 216.3 us, tp4 124.2 -> 115.7) and 15 % at 32 (M=2048: 101.2 -> 87.4 us,
-        # tp4 62.0 -> 57.2), and lost 8-11 % at 64 (M=4096, both recordings).
-        return LoRAKernelConfig(block_n=64, block_k=64, split_n=split, num_warps=4, num_stages=3,
-                                max_regs=128 if avg >= 128 or avg <= 32 else 0)
-    # bm16/32: (64, 128) beat (128, 64) at M = 16..1024 except qwen3 M=1024 (-5%) in the H200 sweep
-    # of data/kernels (persistent grid: 4 programs/SM fit with these tiles, 3 with the other).
-    # The expand loop pipelined by hand (prefetch) pays where the groups fill the blocks: at 16 pairs
-    # per group (M=1024 at 4 slots of 128 experts, top-8) prefetch 2 at 3 programs/SM beat the
-    # 4 programs/SM without it, 77.1 -> 71.0 us (tp4 50.3 -> 47.3); with BLOCK_M 32 (M=2048) prefetch 1
-    # 115.6 -> 99.1 us (tp4 73.4 -> 66.8). At 8 pairs and fewer, and with BLOCK_M 64, it lost.
-    if block_m == 32:
-        return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3, prefetch=1)
-    # BLOCK_M 16: Triton's pipeliner on the expand loop replaced the hand prefetch (H200, three sessions): 3 stages
-    # at 8 pairs per group and fewer (128 registers, still 4 programs/SM), qwen3 M=256/512 54.2 -> 51.2 and
-    # 57.9 -> 55.0 us (0.94-0.95x in all three; tp4 0.99x); 4 stages at 16 pairs (168 registers, 3 programs/SM as
-    # prefetch 2 had), M=1024 71.6 -> 67.1 us (0.93-0.94x; tp4 0.97-0.99x). M=64/128: timed in one session.
-    return LoRAKernelConfig(block_n=block_n, block_k=128, split_n=split, num_warps=4, num_stages=3,
-                            expand_stages=4 if avg > 8 else 3)
+    return LoRAKernelConfig(split_n=split, **tile)
 
 
 def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                      N: int, K: int) -> LoRAKernelConfig:
-    """Tile of the fused LoRA kernel for the down delta (P=1, routed weights): its N (hidden) is wide
-    and each work item's time goes to the read-add-write of `out`, so a wider BLOCK_N keeps more of
-    those bytes in flight per iteration; BLOCK_K 32 with 4 stages at small M, 64 above (H200 sweep: 277 -> 235 us
-    at M=8192 qwen3-30b-a3b, 77 -> 60 us at M=1024; the recordings: studies/kernels/README.md).
-
-    Programs per SM decide the bytes in flight, and registers decide the programs per SM (65536 per
-    SM: 128 per thread for 4 programs of 4 warps). Measured on the H200: at 8 pairs per
-    group (M=512) the BLOCK_K 64 tile needs 139 registers, 3 programs/SM; capped at 128 (maxnreg) 4 fit
-    and the delta drops 54.0 -> 38.2 us (tp4 45.5 -> 32.8). At 16 pairs prefetch 2 with a cap of 168:
-    60.4 -> 58.0 (tp4 51.2 -> 48.8). With BLOCK_M 64 (M >= 4096) the tile holds 233-240 registers
-    (2 programs/SM) and a cap spills: prefetch 2 alone, 236.3 -> 230.7 us at M=8192. At small M,
-    prefetch 2 (125 registers) 36.9 -> 35.1 us at M=256. Triton's pipelined expand (`expand_stages`) has since
-    replaced the hand prefetch at every M but 512 (below)."""
+    """Tile of the fused LoRA kernel for the down delta (P=1, routed weights): rules.json's `lora_down_tile`. Its N
+    (hidden) is wide and each work item's time goes to the read-add-write of `out`, so its tiles are wider than
+    gate_up's and keep more of those bytes in flight; registers decide the programs per SM (65536 per SM: 128 per
+    thread for 4 programs of 4 warps), so some rules cap them. split_n: gate_up's, at most one per 128 columns."""
     base = lora_config(num_tokens, top_k, num_experts, num_slots, block_m, N, K)
     if runtime.interpreter():
         return base
-    small = token_bucket(num_tokens) <= 256
-    avg = token_bucket(num_tokens) * top_k / (num_experts * num_slots)
-    prefetch, max_regs, stages = 2, 0, 0
-    if block_m == 32:
-        prefetch = 0
-    elif block_m == 16 and not small:
-        prefetch, max_regs = (0, 128) if avg <= 8 else (2, 168)
-    if small:
-        # 3 stages on the expand loop instead of prefetch 2 (128 registers, 4 programs/SM): M=256 35.1 -> 32.9 us
-        # (0.93-0.94x in three sessions, tp4 0.90x); M=64 and 128 0.83-0.92x (one session).
-        prefetch, stages = 0, 3
-    elif block_m == 64 or (block_m == 16 and avg > 8):
-        # Triton's pipeliner on the expand loop (3 stages) instead of the hand prefetch: the next `out` tiles
-        # stream into shared memory (36 -> 64 KB a program, still 2 programs/SM at BLOCK_M 64), 2-3 tiles in
-        # flight a program instead of one in registers. H200, two sessions: M=8192
-        # 231.2 -> 208.1 us, 77 -> 85 % of the copy bandwidth (tp4 205.5 -> 182.6, 75 -> 84 %); M=1024 58.1 ->
-        # 50.8 (tp4 49.0 -> 41.5). At 8 pairs per group (M=512) the register cap of 128 stays faster.
-        prefetch, max_regs, stages = 0, 0, 3
-    # BLOCK_N 64 where it beat the table paired in two device sessions (qwen3 M = 4096, 0.972 [0.961, 0.981] and
-    # 0.968 [0.965, 0.980]; at TP=4's K = 192 0.998 and 0.994, elsewhere 1.07-1.18x): ncu has the average SM busy
-    # 96 % of the span against 93 % (more, shorter expand steps even out the programs' ends).
-    narrow = block_m == 64 and token_bucket(num_tokens) == 4096 and K >= 512
-    return LoRAKernelConfig(block_n=64 if narrow else 128, block_k=32 if small else 64,
-                            split_n=max(1, min(base.split_n, cdiv(N, 128))), num_warps=4,
-                            num_stages=4 if small else 3, programs_per_sm=4, prefetch=prefetch, max_regs=max_regs,
-                            expand_stages=stages)
+    b = token_bucket(num_tokens)
+    tile = _tile("lora_down_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b, K=K)
+    return LoRAKernelConfig(split_n=max(1, min(base.split_n, cdiv(N, 128))), **tile)
 
 
 def block_r(rank: int) -> int:
@@ -297,15 +313,9 @@ _DECODE_PROGRAMS = 2 * _NUM_SMS_GUESS  # about two programs per SM
 
 
 def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfig:
-    """Decode tile: BLOCK_N 64; split N until about two programs per SM exist. With very few
-    programs and a long K (gate_up at one token), BLOCK_K 512 over 8 warps puts more of each
-    program's A bytes in flight per loop trip (H200: 12.0 -> 9.2 us, tp4 12.3 -> 8.6 us; slower from
-    M=8 on, where enough programs exist)."""
+    """Decode tile: rules.json's `decode_tile` by the programs' units (pairs x slices), K and BLOCK_R; N split in
+    64-column shares until about two programs per SM exist."""
     if runtime.interpreter():
         return _INTERP_DECODE
-    block_n = 64
-    split = max(1, min(cdiv(N, block_n), cdiv(_DECODE_PROGRAMS, max(1, num_pairs * P))))
-    if num_pairs * P <= 16 and K >= 1024:
-        return DecodeConfig(block_n=32, block_k=512, split_n=split, num_warps=8, num_stages=1)
-    return DecodeConfig(block_n=block_n, block_k=256 if block_r(R) <= 32 else 128, split_n=split, num_warps=4,
-                        num_stages=1)
+    split = max(1, min(cdiv(N, 64), cdiv(_DECODE_PROGRAMS, max(1, num_pairs * P))))
+    return DecodeConfig(split_n=split, **_tile("decode_tile", units=num_pairs * P, K=K, block_r=block_r(R)))

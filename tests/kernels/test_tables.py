@@ -59,7 +59,8 @@ def test_every_committed_table_validates():
         t, chain = plan_table._resolve(f)
         assert chain[-1] in plan_table.plan_gpus() and t.ops
     reg = gpus.registry()
-    assert set(configs.rules()) == {"moe_block_m", "lora_block_m", "rule_gemm"}
+    assert set(configs.rules()) == {"moe_block_m", "lora_block_m", "rule_gemm", "lora_tile", "lora_down_tile",
+                                    "decode_tile"}
     assert tiles.recorded_gpus() | plan_table.plan_gpus() <= set(reg["gpus"])
     for gpu in reg["base_gemm"]:
         assert gpus.base_gemm_follows(gpu, tiles.recorded_gpus())[0] in tiles.recorded_gpus() | {gpus.RULE}
@@ -122,6 +123,14 @@ def test_plan_entries_the_code_lacks_are_named(tables, change, entry, match):
     (lambda r: r["moe_block_m"].update(steps=[[16, 48], [None, 128]]), "moe_block_m", "BLOCK_M must be 16, 32"),
     (lambda r: r["rule_gemm"]["tiles"][0].update(block_k=2 ** 62), "rule_gemm tile 0", "tile block_k must be"),
     (lambda r: r["rule_gemm"]["tiles"][-1].update(max_block_m=128), "rule_gemm", "the last one null"),
+    (lambda r: r["lora_tile"]["rules"][0]["when"].update(min_blocks=3), "lora_tile rule 0", "when may test"),
+    (lambda r: r["decode_tile"]["rules"][-1]["when"].update(min_K=1), "decode_tile rule 2", "must be empty"),
+    (lambda r: r["lora_down_tile"]["rules"][1]["tile"].update(block_n=2 ** 62), "lora_down_tile rule 1",
+     "tile block_n must be one of"),
+    (lambda r: r["lora_tile"]["rules"][0]["tile"].update(prefetch=1, expand_stages=2), "lora_tile rule 0",
+     "set one of them to 0"),
+    (lambda r: r["lora_tile"]["rules"][2].pop("why"), "lora_tile rule 2", "when, tile and a why"),
+    (lambda r: r["decode_tile"]["rules"][0]["tile"].update(split_n=4), "decode_tile rule 0", "tile takes"),
 ])
 def test_rules_out_of_bounds_are_named(tables, change, entry, match):
     f = _edit(tables, "rules.json", change)
