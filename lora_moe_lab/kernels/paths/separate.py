@@ -2,7 +2,7 @@
 (kernels/fused_moe_lora.py: shrink and expand in one program per (LoRA row, block, N share), with the early exit),
 over an alignment of the batch's (token, k) pairs per LoRA row (`moe_align` with the token-to-row mapping).
 
-Rule: a table entry "separate" runs here, as does any entry of a hook that may not fuse (a layer's second hook); up
+Rule: a table entry "separate" runs here, as does an in-GEMM entry of a layer's later hook (only the first may); up
 to the table's decode bound of (token, k) pairs the decode path runs instead (no alignment at all). The alignment's
 rows per block and the down delta's launch config come from kernels/configs.py (`lora_block_m`,
 `lora_down_config`). Weights: the pool's stacks as they are. Exits: the one table's `fused_moe_lora_kernel` row
