@@ -141,7 +141,7 @@ def _steps(lab, path, hook, p13, p2, x, topk_w, topk_ids) -> dict:
 
 def record(preset: str, tokens, inner: int, reps: int) -> pd.DataFrame:
     gpu = runtime.has_cuda()
-    lab = build_lab(preset, num_layers=1, max_loras=4, max_rank=16, backend="triton", seed=0)
+    lab = build_lab(preset, num_layers=1, max_loras=4, max_rank=16, backend="triton", dtype="auto", seed=0)
     for i in range(4):
         lab.pool.load(f"a{i}", rank=16, seed=i)
     rows = []
