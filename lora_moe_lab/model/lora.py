@@ -83,7 +83,9 @@ class LayerLoRAWeights:
 
     def derive(self, key, build, refresh, tag=None) -> torch.Tensor:
         """The tensor a path keeps under `key`: build() at first use or when `tag` (what it was built from) changed;
-        refresh(t) rewrites it in place after every load and unload, in the order the tensors were first built."""
+        refresh(weights, t) rewrites it in place after every load and unload, in the order the tensors were first
+        built. refresh is handed these weights rather than holding them: a swapped-out pool's GPU memory is then
+        freed when its last reference goes, not at the cyclic collector's next pass."""
         d = self.derived.get(key)
         if d is None or d[2] != tag:
             self.derived[key] = d = (build(), refresh, tag)
@@ -91,7 +93,7 @@ class LayerLoRAWeights:
 
     def refresh_derived(self) -> None:
         for t, refresh, _ in list(self.derived.values()):
-            refresh(t)
+            refresh(self, t)
 
 
 class AdapterPool:

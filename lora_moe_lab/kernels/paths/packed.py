@@ -36,7 +36,7 @@ def packed_b(lw, op: str):
     """`pack_lora_b` of the op's B, built at first use (outside any graph: the layer's warm-up) and rewritten in
     place by every load and unload, so a captured graph that reads it sees the new adapter as it does the stacks."""
     from ..fused_moe_lora_packed import pack_lora_b
-    return lw.derive(("packed", op), lambda: pack_lora_b(b_of(lw, op)), lambda t, op=op: _repack(lw, op, t))
+    return lw.derive(("packed", op), lambda: pack_lora_b(b_of(lw, op)), lambda w, t, op=op: _repack(w, op, t))
 
 
 class PackedPath(LoRAPath):

@@ -43,7 +43,7 @@ def wide_w(lw, op: str, w):
     """`wide_weights(w, packed_b(op))` for op "gate_up" (w = w13) or "down" (w = w2), kept per op and weight (a
     weight not held in it gets a wide copy at first use, outside any graph) and refreshed in place."""
     from ..fused_moe_lora_packed import wide_weights  # the kernels import Triton: only when used
-    return lw.derive(("wide", op), lambda: wide_weights(w, packed_b(lw, op)), lambda t, op=op: _refresh(lw, op, t),
+    return lw.derive(("wide", op), lambda: wide_weights(w, packed_b(lw, op)), lambda w_, t, op=op: _refresh(w_, op, t),
                      tag=(w.data_ptr(), tuple(w.shape)))
 
 
@@ -84,7 +84,7 @@ class WidePath(LoRAPath):
         if backend != "triton":
             return w
         ww = wide_w(lw, op, w)
-        lw.derive(("wide", op), lambda: ww, lambda t, op=op: _refresh(lw, op, t),
+        lw.derive(("wide", op), lambda: ww, lambda w_, t, op=op: _refresh(w_, op, t),
                   tag=(ww.data_ptr(), tuple(w.shape)))  # the key of the view the layer now holds
         return ww[..., :w.shape[2]]
 
