@@ -121,6 +121,7 @@ def rules() -> dict:
     group, BLOCK_M), ...) of the base GEMM's and the per-adapter alignments, and the base GEMM's rule tiles
     ((up to this BLOCK_M, GemmConfig), ...)."""
     f = RULES_FILE
+    _MEMO.clear()  # the tiles worked out from the rules read before
     raw = json.loads(f.read_text())
     if set(raw) != {"about", "moe_block_m", "lora_block_m", "rule_gemm", *_TILE_RULES}:
         raise TableError(f, "", f"holds about, moe_block_m, lora_block_m, rule_gemm and {', '.join(_TILE_RULES)}, "
@@ -265,8 +266,27 @@ def rule_gemm_config(block_m: int) -> GemmConfig:
 
 
 _NUM_SMS_GUESS = 132  # H100/H200; only used to size split_n, a static function of the shape
+_MEMO: dict = {}  # (function, arguments) -> tile; emptied whenever rules.json is read again (`rules`)
 
 
+def _memo(fn):
+    """The LoRA kernels' tile for these arguments, worked out once: an eager launch asks for it every time, and
+    walking the rules and building the frozen config costs the host some microseconds per launch. The interpreter's
+    fixed tile is not kept (a test may switch the interpreter off and on)."""
+    @functools.wraps(fn)
+    def tile(*args):
+        if runtime.interpreter():
+            return fn(*args)
+        rules()  # first: a read of rules.json again empties the memo
+        key = (fn.__name__, args)
+        got = _MEMO.get(key)
+        if got is None:
+            got = _MEMO[key] = fn(*args)
+        return got
+    return tile
+
+
+@_memo
 def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                 N: int, K: int) -> LoRAKernelConfig:
     """Tile of the fused LoRA kernel: rules.json's `lora_tile` (each rule with the H200 recordings behind it) by
@@ -287,6 +307,7 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     return LoRAKernelConfig(split_n=split, **tile)
 
 
+@_memo
 def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, block_m: int,
                      N: int, K: int) -> LoRAKernelConfig:
     """Tile of the fused LoRA kernel for the down delta (P=1, routed weights): rules.json's `lora_down_tile`. Its N
@@ -312,6 +333,7 @@ def block_r(rank: int) -> int:
 _DECODE_PROGRAMS = 2 * _NUM_SMS_GUESS  # about two programs per SM
 
 
+@_memo
 def decode_config(num_pairs: int, P: int, N: int, K: int, R: int) -> DecodeConfig:
     """Decode tile: rules.json's `decode_tile` by the programs' units (pairs x slices), K and BLOCK_R; N split in
     64-column shares until about two programs per SM exist."""

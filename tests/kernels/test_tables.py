@@ -222,3 +222,15 @@ def test_the_h100s_base_gemm_switches_by_its_entry(tables, monkeypatch):
     assert src[0] == "NVIDIA H200"
     assert tiles.gemm_tile(128, 1536, 2048, 8192, bm) == tiles.lookup(128, 2048, 768, 8192, gpu="NVIDIA H200")[
         "gate_up"]
+
+
+def test_the_lora_tiles_follow_the_rules_read_again(tables, monkeypatch):
+    """The LoRA tiles are worked out once per arguments (configs._memo), and again once rules.json is read again: a
+    rule changed on disk is the tile the next launch takes, never the one kept from before."""
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)
+    args = (1024, 8, 128, 4, 16, 1536, 2048)  # BLOCK_M 16 at 16 pairs per group: lora_tile's rule 4
+    assert configs.lora_config(*args).expand_stages == 4
+    assert configs.lora_config(*args) is configs.lora_config(*args)  # kept
+    _edit(tables, "rules.json", lambda r: r["lora_tile"]["rules"][4]["tile"].update(expand_stages=2))
+    _clear()
+    assert configs.lora_config(*args).expand_stages == 2
