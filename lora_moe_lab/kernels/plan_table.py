@@ -30,9 +30,9 @@ OPS = ("gate_up", "down")
 
 def table_paths() -> tuple:
     """The paths an entry may name: the registered paths' (kernels/paths/, each module registers its own)."""
-    from .paths.registry import table_paths as registered
-    from . import paths  # noqa: F401  (imports every path module, each registering itself)
-    return registered()
+    from . import paths  # every path module, each registering itself
+    return paths.registry.table_paths()
+
 
 BUCKETS = tuple(2 ** i for i in range(15))  # every token bucket (configs.token_bucket caps at 16384)
 ENTRY_KEYS = frozenset({"path", "per_slot", "shrink", "wide_shrink", "expand", "window", "decided_by", "why"})

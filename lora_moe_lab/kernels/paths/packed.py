@@ -15,28 +15,19 @@ from __future__ import annotations
 from ..common import pow2
 from ..configs import block_r
 from ..plan import LoRAPlan
-from .registry import LoRAPath, Question, register
-
-
-def b_of(lw, op: str):
-    """The op's B stack as the packed layout reads it: gate_up (2, S, E, I, r), down (1, S, E, K, r)."""
-    return lw.gate_up_b if op == "gate_up" else lw.down_b[None]
-
-
-def a_of(lw, op: str):
-    return lw.gate_up_a if op == "gate_up" else lw.down_a[None]
+from .registry import LoRAPath, Question, register, stacks
 
 
 def _repack(lw, op, t) -> None:
     from ..fused_moe_lora_packed import pack_lora_b  # the kernels import Triton: only when used
-    t.copy_(pack_lora_b(b_of(lw, op)))
+    t.copy_(pack_lora_b(stacks(lw, op)[1]))
 
 
 def packed_b(lw, op: str):
     """`pack_lora_b` of the op's B, built at first use (outside any graph: the layer's warm-up) and rewritten in
     place by every load and unload, so a captured graph that reads it sees the new adapter as it does the stacks."""
     from ..fused_moe_lora_packed import pack_lora_b
-    return lw.derive(("packed", op), lambda: pack_lora_b(b_of(lw, op)), lambda w, t, op=op: _repack(w, op, t))
+    return lw.derive(("packed", op), lambda: pack_lora_b(stacks(lw, op)[1]), lambda w, t, op=op: _repack(w, op, t))
 
 
 class PackedPath(LoRAPath):
@@ -51,7 +42,7 @@ class PackedPath(LoRAPath):
     def gemm(self, hook, p, x, w, align, top_k, out, routed_weights=None):
         i, lw = hook.info, hook.info.weights
         return hook.backend.moe_gemm_lora_packed(
-            x, w, align, top_k, out, a_of(lw, p.op), b_of(lw, p.op), i.token_lora_mapping, i.lora_ids,
+            x, w, align, top_k, out, *stacks(lw, p.op), i.token_lora_mapping, i.lora_ids,
             i.adapter_enabled, routed_weights=routed_weights, gather=p.op == "gate_up", b_packed=packed_b(lw, p.op),
             per_slot=p.order_by_row, shrink=p.shrink_options, expand=p.expand_options)
 

@@ -26,6 +26,14 @@ class Question(NamedTuple):
     alone: bool
 
 
+def stacks(lw, op: str) -> tuple:
+    """(A, B) of op as every LoRA kernel reads them, a slice axis first: gate_up (2, S, E, r, K) and (2, S, E, I, r),
+    down (1, S, E, r, I) and (1, S, E, K, r)."""
+    if op == "gate_up":
+        return lw.gate_up_a, lw.gate_up_b
+    return lw.down_a[None], lw.down_b[None]
+
+
 class LoRAPath:
     """One LoRA path. `in_gemm`: its delta runs inside the op's base GEMM (`gemm`), so only a layer's first hook may
     take it; else at the op's hook point (`prepare` once per batch, then `delta`). `in_table`: a plan table's entry
@@ -47,12 +55,10 @@ class LoRAPath:
         """out += the op's delta (gate_up: into the intermediate; down: x routed weight, kw routed_weights)."""
 
     def after_gate_up(self, hook, p, x, inter, topk_ids, top_k) -> None:
-        w = hook.info.weights
-        self.delta(hook, p, x, w.gate_up_a, w.gate_up_b, inter, top_k, gather=True)
+        self.delta(hook, p, x, *stacks(hook.info.weights, "gate_up"), inter, top_k, gather=True)
 
     def after_down(self, hook, p, act, out, top_k, topk_w) -> None:
-        w = hook.info.weights
-        self.delta(hook, p, act, w.down_a[None], w.down_b[None], out, top_k, routed_weights=topk_w, gather=False)
+        self.delta(hook, p, act, *stacks(hook.info.weights, "down"), out, top_k, routed_weights=topk_w, gather=False)
 
     # --- inside the base GEMM (in-GEMM paths) ---------------------------------------------------------------------
     def gemm(self, hook, p, x, w, align, top_k, out, routed_weights=None):

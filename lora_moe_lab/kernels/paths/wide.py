@@ -15,8 +15,8 @@ from __future__ import annotations
 from ..common import pow2
 from .. import configs
 from ..plan import LoRAPlan
-from .packed import PACKED, a_of, packed_b
-from .registry import LoRAPath, Question, register
+from .packed import PACKED, packed_b
+from .registry import LoRAPath, Question, register, stacks
 
 
 def wide_columns(op: str, lora) -> int:
@@ -70,7 +70,7 @@ class WidePath(LoRAPath):
         i, lw = hook.info, hook.info.weights
         gate_up = p.op == "gate_up"
         ww = wide_w(lw, p.op, w)
-        return hook.backend.moe_gemm_lora_wide(x, ww[..., :w.shape[2]], align, top_k, out, a_of(lw, p.op),
+        return hook.backend.moe_gemm_lora_wide(x, ww[..., :w.shape[2]], align, top_k, out, stacks(lw, p.op)[0],
                                                i.token_lora_mapping, i.lora_ids, i.adapter_enabled,
                                                routed_weights=routed_weights,
                                                gather=gate_up, shrink=p.shrink_options, per_block=gate_up,
