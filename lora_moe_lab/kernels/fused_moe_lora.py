@@ -377,10 +377,25 @@ def lora_delta(x, lora_a, lora_b, align, lora_ids, adapter_enabled, top_k, out, 
     return out
 
 
+_PLANS: dict = {}  # the static part of a launch per arguments (the tile's config among them): worked out once
+
+
 def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, config,
                has_ranks=False):
-    M = num_pairs // top_k
-    cfg = config or lora_config(M, top_k, E, S, bm, N, K)
+    """The launch's tile, split, stages and persistent grid, from static shapes only. All but the grid is kept per
+    arguments (every eager launch asks); the grid reads the programs per SM that fit, known after the first compile."""
+    cfg = config or lora_config(num_pairs // top_k, top_k, E, S, bm, N, K)
+    args = (dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, cfg, has_ranks)
+    p = _PLANS.get(args)
+    if p is None:
+        if len(_PLANS) > 4096:  # eager batches of many distinct sizes: keep the memo bounded
+            _PLANS.clear()
+        p = _PLANS[args] = _static_plan(*args)
+    pps = _OCCUPANCY.get(p["key"], cfg.programs_per_sm)
+    return dict(p, pps=pps, grid=(max(1, min(p["max_items"], num_sms(dev) * pps)),))
+
+
+def _static_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, has_rw, write_exit, cfg, has_ranks):
     n_tiles = cdiv(N, cfg.block_n)
     split = max(1, min(cfg.split_n, n_tiles))
     n_per_split = cdiv(n_tiles, split) * cfg.block_n
@@ -396,10 +411,7 @@ def _lora_plan(dev, dtype, num_pairs, top_k, P, S, E, R, N, K, bm, nb, gather, h
     stages = stages_for(cfg.num_stages, (bm * cfg.block_k + P * cfg.block_k * br) * elt)
     # one entry per compiled variant: every constexpr that changes the build (its registers, so what fits on an SM)
     key = (dev, dtype, N, K, R, P, S, bm, cfg, split, stages, gather, has_rw, write_exit, has_ranks)
-    pps = _OCCUPANCY.get(key, cfg.programs_per_sm)
-    grid = (max(1, min(max_items, num_sms(dev) * pps)),)
-    return dict(cfg=cfg, split=split, n_per_split=n_per_split, br=br, stages=stages, key=key, pps=pps, grid=grid,
-                max_items=max_items)
+    return dict(cfg=cfg, split=split, n_per_split=n_per_split, br=br, stages=stages, key=key, max_items=max_items)
 
 
 def lora_launch_plan(x, lora_a, lora_b, align, top_k, *, gather=True, routed_weights=None, exit_codes=False,
