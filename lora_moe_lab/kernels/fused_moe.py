@@ -346,9 +346,20 @@ def tail_columns(t, c: int) -> bool:
     return last < t.untyped_storage().nbytes() // t.element_size()
 
 
+_TMA: dict = {}  # CUDA device index -> whether it runs TMA descriptors (asked at every launch: kept)
+
+
 def _tma_device(t) -> bool:
     """Whether t's device runs TMA descriptors: the interpreter, or a GPU of compute capability >= 9."""
-    return runtime.interpreter() or (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9)
+    if runtime.interpreter():
+        return True
+    if not t.is_cuda:
+        return False
+    i = t.get_device()
+    ok = _TMA.get(i)
+    if ok is None:
+        ok = _TMA[i] = torch.cuda.get_device_capability(i)[0] >= 9
+    return ok
 
 
 def packed_tma_ok(bp) -> bool:
@@ -393,7 +404,15 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     the K loop walks when any adapter is live (with tail.blk: only the columns of the slots in the tile's block, of
     the tile's slice); the plain GEMM's kernel, tile table and loop otherwise.
     """
-    N, K, num_pairs, bm = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
+    sizes = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
+    return checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config, packed, tail)
+
+
+def checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config, packed, tail):
+    """`moe_gemm` past its input checks: sizes = (N, K, num_pairs, block_m) as `check_gemm_inputs` returned them for
+    these inputs (a launcher that has checked them, such as the packed LoRA GEMM's, launches without checking
+    twice)."""
+    N, K, num_pairs, bm = sizes
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K, w.shape[0])
     # sub_m: the kernel's tile takes sub_m of the alignment's bm rows, SUB sub-blocks per block

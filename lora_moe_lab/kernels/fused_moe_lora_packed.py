@@ -37,7 +37,7 @@ import triton.language as tl
 from .align import slot_major_order
 from .common import check_tensor, pow2, reg_cap, stages_for
 from .configs import GemmConfig, block_r, gemm_config
-from .fused_moe import Packed, Tail, block_pairs, check_gemm_inputs, moe_gemm, tail_columns
+from .fused_moe import Packed, Tail, block_pairs, check_gemm_inputs, checked_gemm, moe_gemm, tail_columns
 
 # moe_gemm_lora_packed(expand=...): the expand dot's depth and the GEMM's tile (the expand builds no plan takes:
 # studies/kernels/tried/packed_switches.py)
@@ -304,7 +304,7 @@ def lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, ad
                          f"BLOCK_R={br} below C={pow2(S) * br}")
     if tail_win:
         tail_cols.zero_()  # the programs raise it with atomic_max: the window, or C where a block's slots spill over
-    bk = min(block_k, max(16, triton.next_power_of_2(K)))
+    bk = min(block_k, max(16, pow2(K)))
     stages = stages_for(num_stages, (rows * bk + bk * p_all * win * br) * x.element_size())
     packed_shrink_kernel[(nb_launch * (bm // rows), P // p_all)](
         x, lora_a, u, blk, tail_cols if u_pair else blk, align.sorted_token_ids, align.expert_ids,
@@ -341,9 +341,10 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
                          f"known: {sorted(EXPAND_OPTIONS)}")
-    N, K, num_pairs, bm, P, R, L = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
+    sizes = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
                                                           token_lora_mapping, lora_ids, adapter_enabled,
                                                           routed_weights, gather, "moe_gemm_lora_packed")
+    N, K, num_pairs, bm, P, R, L = sizes
     if R == 0:  # nothing to add; decided from the static shape
         return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
     S, E = lora_a.shape[1], lora_a.shape[2]
@@ -376,8 +377,7 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     blk = torch.empty((align.expert_ids.shape[1], 2), dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        **(shrink or {}))
-    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             packed=Packed(u, blk, b_packed, ek))
+    checked_gemm(x, w, align, top_k, out, sizes[:4], routed_weights, gather, config, Packed(u, blk, b_packed, ek), None)
     return out
 
 

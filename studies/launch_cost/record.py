@@ -5,10 +5,14 @@ issues it (kernels/paths/: the path's `prepare`, `delta` or `gemm`), timed on th
     full        the call as the layer makes it (a GPU only: under the interpreter the kernel runs on the host)
     no_triton   the Triton kernels replaced by a stub that launches nothing: everything but Triton's own launch
     no_checks   the input checks replaced by no-ops too: the path's and the launcher's Python alone
+    binder      Triton's own Python before its C launcher, for the step's kernels with the step's arguments: the
+                binding of the arguments, their specialization (alignment, dtypes, small ints) and the cache key
+                (triton.runtime.jit's binder and compute_cache_key, on a Hopper target where there is no GPU)
     empty       an empty Triton kernel with one pointer, and one with the aligned LoRA kernel's 35 arguments
-                (kernels/empty.py): Triton's launch floor on this machine (a GPU only)
+                (kernels/empty.py): Triton's launch floor on this machine (a GPU only; its binder on any machine)
 
-Triton's own launch is full - no_triton, the checks no_triton - no_checks. Every path runs with every adapter
+Triton's own launch is full - no_triton, of which the binder is Python that grows with the arguments; the checks
+are no_triton - no_checks. Every path runs with every adapter
 disabled (the CUDA-graph case: the kernels launch and exit early), at M tokens of qwen3-30b-a3b's layer shape on a
 GPU, of the tiny preset under the interpreter (its host-side parts only).
 
@@ -45,15 +49,22 @@ ALIGN_KERNELS = [n for n in dir(align) if n.endswith("_kernel")]
 
 
 class _Stub:
-    """A kernel that launches nothing: `kernel[grid](...)` returns None."""
+    """A kernel that launches nothing: `kernel[grid](...)` returns None; with `seen`, it keeps each launch's
+    (kernel, args, kwargs) there."""
+
+    def __init__(self, kernel=None, seen: list | None = None):
+        self.kernel, self.seen = kernel, seen
 
     def __getitem__(self, grid):
-        return lambda *a, **kw: None
+        if self.seen is None:
+            return lambda *a, **kw: None
+        return lambda *a, **kw: self.seen.append((self.kernel, a, kw))
 
 
 @contextlib.contextmanager
-def _taken_out(triton: bool, checks: bool):
-    """The kernels (and the checks) of every kernel module replaced for the block."""
+def _taken_out(triton: bool, checks: bool, seen: list | None = None):
+    """The kernels (and the checks) of every kernel module replaced for the block; with `seen`, the stubs keep
+    each launch there."""
     saved = []
     mods = [*KERNELS, align, common]
     try:
@@ -62,7 +73,8 @@ def _taken_out(triton: bool, checks: bool):
             names += [n for n in CHECKS if checks and hasattr(m, n)]
             for n in names:
                 saved.append((m, n, getattr(m, n)))
-                stub = _Stub() if n.endswith("_kernel") else (lambda *a, n=n, **kw: _return_of(n, a, kw))
+                stub = (_Stub(getattr(m, n), seen) if n.endswith("_kernel")
+                        else (lambda *a, n=n, **kw: _return_of(n, a, kw)))
                 setattr(m, n, stub)
         yield
     finally:
@@ -92,6 +104,34 @@ def _host_us(fn, inner: int, reps: int) -> float:
         out.append((time.perf_counter() - t0) * 1e6 / inner)
     runtime.synchronize()
     return statistics.median(out)
+
+
+def _binder(kernel):
+    """Triton's binder of a kernel (the function its JIT launch calls on every launch with the arguments, before the
+    cache lookup and the C launcher), built for this GPU's target, or for a Hopper one where there is none."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+    fn = kernel
+    while hasattr(fn, "fn"):  # the interpreter's wrapper, then the JIT function, then the Python function
+        fn = fn.fn
+    target = driver.active.get_current_target() if runtime.has_cuda() else GPUTarget("cuda", 90, 32)
+    jit = JITFunction(fn)
+    return create_function_from_signature(jit.signature, jit.params, make_backend(target))
+
+
+def binder_call(launches: list):
+    """One call of Triton's binder and cache key for each of `launches` ((kernel, args, kwargs), as a step made
+    them): what Triton's own launch does in Python before its C launcher."""
+    from triton.runtime.jit import compute_cache_key
+    jobs = [(_binder(k), a, dict(kw, debug=False, instrumentation_mode=""), {}) for k, a, kw in launches]
+
+    def call():
+        for bind, a, kw, cache in jobs:
+            _, spec, options = bind(*a, **kw)
+            compute_cache_key(cache, spec, options)
+    return call
 
 
 def _calls(lab, M: int) -> dict:
@@ -153,12 +193,25 @@ def record(preset: str, tokens, inner: int, reps: int) -> pd.DataFrame:
                       host_us=_host_us(lambda: empty_kernel[(1,)](d), inner, reps)),
                  dict(path="empty", step="12 pointers, 23 ints", M=0, part="full",
                       host_us=_host_us(lambda: empty_args_kernel[(1,)](*p12, *range(1, 24)), inner, reps))]
+    if not gpu:
+        from lora_moe_lab.kernels.empty import empty_args_kernel, empty_kernel
+        d = torch.zeros(1)
+    rows += [dict(path="empty", step="1 pointer", M=0, part="binder",
+                  host_us=_host_us(binder_call([(empty_kernel, (d,), {})]), inner, reps)),
+             dict(path="empty", step="12 pointers, 23 ints", M=0, part="binder",
+                  host_us=_host_us(binder_call([(empty_args_kernel, (*[d] * 12, *range(1, 24)), {})]), inner, reps))]
     for M in tokens:
         for (path, step), fn in _calls(lab, M).items():
             parts = (["full"] if gpu else []) + ["no_triton", "no_checks"]
             for part in parts:
                 with _taken_out(part != "full", part == "no_checks"):
                     rows.append(dict(path=path, step=step, M=M, part=part, host_us=_host_us(fn, inner, reps)))
+            seen: list = []
+            with _taken_out(True, False, seen):
+                fn()
+            if seen:  # the steps that launch only torch ops (an alignment on a CPU) have no Triton launch
+                rows.append(dict(path=path, step=step, M=M, part="binder",
+                                 host_us=_host_us(binder_call(seen), inner, reps), launches=len(seen)))
     df = pd.DataFrame(rows)
     meta = metadata(dict(preset=preset, inner=inner, reps=reps))
     for k, v in meta.items():
