@@ -405,13 +405,14 @@ def moe_gemm(x, w, align, top_k, out, *, routed_weights=None, gather=True, confi
     the tile's slice); the plain GEMM's kernel, tile table and loop otherwise.
     """
     sizes = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather)
+    check_tail_rows(tail, x, w, sizes[1], gather, top_k)
     return checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config, packed, tail)
 
 
 def checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config, packed, tail):
     """`moe_gemm` past its input checks: sizes = (N, K, num_pairs, block_m) as `check_gemm_inputs` returned them for
-    these inputs (a launcher that has checked them, such as the packed LoRA GEMM's, launches without checking
-    twice)."""
+    these inputs, and a tail's rows checked (`check_tail_rows`): a launcher that has checked them (the packed and
+    wide LoRA GEMMs) launches without checking twice."""
     N, K, num_pairs, bm = sizes
     M = num_pairs // top_k
     cfg = config or gemm_config(M, bm, N, K, w.shape[0])
@@ -476,13 +477,11 @@ def checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config,
     return out
 
 
-def _check_tail(tail, x, w, K, other, gather, top_k):
-    """(c, the kernel's keywords) of a `Tail` (0, {} for None); an error naming the problem where x's or w's rows
-    do not go on for c columns (x's for its last pair's tail, with a jump), or beside another LoRA build."""
+def check_tail_rows(tail, x, w, K, gather, top_k) -> None:
+    """An error naming the problem where x's or w's rows do not go on for a `Tail`'s c columns (x's for its last
+    pair's tail, with a jump): the kernel would read past their storage. Nothing for None."""
     if tail is None:
-        return 0, {}
-    if other:
-        raise ValueError("moe_gemm: tail (the wide build) excludes packed")
+        return
     c, jump = int(tail.c), int(tail.jump)
     if c <= 0:
         raise ValueError(f"moe_gemm: tail.c must be a positive number of columns, got {tail.c!r}")
@@ -493,6 +492,16 @@ def _check_tail(tail, x, w, K, other, gather, top_k):
         if not tail_columns(t, n):
             raise ValueError(f"moe_gemm: tail needs {nm} to be the first K={K} columns of a tensor with at least "
                              f"K + {n} columns (shape {tuple(t.shape)}, strides {t.stride()})")
+
+
+def _check_tail(tail, x, w, K, other, gather, top_k):
+    """(c, the kernel's keywords) of a `Tail` (0, {} for None), its rows checked already (`check_tail_rows`); an
+    error naming the problem beside another LoRA build or where its fields disagree."""
+    if tail is None:
+        return 0, {}
+    if other:
+        raise ValueError("moe_gemm: tail (the wide build) excludes packed")
+    c, jump = int(tail.c), int(tail.jump)
     if tail.cols.shape != (1,) or tail.cols.dtype != torch.int32 or tail.cols.device != x.device:
         raise ValueError(f"moe_gemm: tail.cols must be a (1,) int32 tensor on {x.device}, got {tuple(tail.cols.shape)} "
                          f"{tail.cols.dtype} on {tail.cols.device}")

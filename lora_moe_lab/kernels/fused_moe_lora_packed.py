@@ -453,6 +453,8 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     if x.shape[1] != K or w.shape[2] != K or w.shape[0] != E:
         raise ValueError(f"moe_gemm_lora_wide: lora_a (P, S, E, R, K)={tuple(lora_a.shape)} must match x "
                          f"{tuple(x.shape)} and w {tuple(w.shape)} in K and E")
+    sizes = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, "moe_gemm_lora_wide")  # before the
+    # shrink writes into x's columns past K
     xs, M = x.stride(0), x.shape[0] if gather else x.shape[0] // top_k
     # u (M, top_k, P, C // P): pair (token, j)'s columns in x_wide, past K of its own row (down) or of its token's
     u = torch.as_strided(x, (M, top_k, P, C // P), (xs, C, C // P, 1) if gather else (top_k * xs, xs, C, 1),
@@ -463,6 +465,7 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     cols = torch.empty(1, dtype=torch.int32, device=x.device)
     lora_shrink_packed(x, lora_a, align, top_k, token_lora_mapping, lora_ids, adapter_enabled, u, blk, gather=gather,
                        u_pair=True, tail_cols=cols, tail_win=window, **(shrink or {}))
-    moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config,
-             tail=Tail(C, cols, C if gather else 0, blk if per_block or window else None, P, window))
+    # x's and w's rows were checked above for the tail's C columns (x's for each of a token's top_k when gathered)
+    checked_gemm(x, w, align, top_k, out, sizes, routed_weights, gather, config, None,
+                 Tail(C, cols, C if gather else 0, blk if per_block or window else None, P, window))
     return out

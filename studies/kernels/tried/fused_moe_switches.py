@@ -23,7 +23,7 @@ from lora_moe_lab import runtime
 from lora_moe_lab.kernels.common import BASE_SMEM_BUDGET, cdiv, num_sms, reg_cap, stages_for
 from lora_moe_lab.kernels.configs import GemmConfig, gemm_config
 from lora_moe_lab.kernels.fused_moe import (Tail, _check_tail, _tma_device, block_pairs, check_gemm_inputs,
-                                            grouped_tile, packed_tma_ok, rows_desc, tma_ok)
+                                            check_tail_rows, grouped_tile, packed_tma_ok, rows_desc, tma_ok)
 from lora_moe_lab.kernels.fused_moe_lora_packed import lora_rows
 
 LAST_SWITCHES_LAUNCH: dict = {}  # the last launch's switches (tests, recordings)
@@ -512,6 +512,7 @@ def moe_gemm_switches(x, w, align, top_k, out, *, routed_weights=None, gather=Tr
     rw = routed_weights if routed_weights is not None else out  # dummy pointer, never read
     stages = stages_for(cfg.num_stages, (sub_m * cfg.block_k + cfg.block_k * cfg.block_n) * x.element_size(),
                         BASE_SMEM_BUDGET)
+    check_tail_rows(tail, x, w, K, gather, top_k)
     tail_c, tail_kw = _check_tail(tail, x, w, K, lora is not None or packed is not None, gather, top_k)
     if (tail_kw.get("TAIL_J") or tail_kw.get("TAIL_BLK") or tail_kw.get("TAIL_WIN")) and K % cfg.block_k:
         raise ValueError(f"moe_gemm: a tail with a jump (gathered rows), per-block columns or a window needs K={K} "
