@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# This GPU's tile tables and LoRA plan for both presets (lora_moe_lab/instruments/recorders/tune.py), in device
+# This GPU's tile tables, LoRA delta tiles and LoRA plan for both presets
+# (lora_moe_lab/instruments/recorders/tune.py), in device
 # calls of 10 minutes at most:
 #   scripts/gpu_tune.sh [BUDGET_S]
 # Each call goes on where the last stopped: the state lives in build/tune/ (kept between calls on a warm machine;

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from .. import runtime
 from . import tiles
@@ -117,9 +118,9 @@ def _bounded(items: list, key: str, f, entry: str) -> list:
 
 @functools.lru_cache(maxsize=1)
 def rules() -> dict:
-    """tile_tables/rules.json, read and checked once per process: the BLOCK_M steps ((at most this many pairs per
-    group, BLOCK_M), ...) of the base GEMM's and the per-adapter alignments, and the base GEMM's rule tiles
-    ((up to this BLOCK_M, GemmConfig), ...)."""
+    """tile_tables/rules.json (this GPU's own LoRA tile rules first, `gpu_rules`), read and checked once per process:
+    the BLOCK_M steps ((at most this many pairs per group, BLOCK_M), ...) of the base GEMM's and the per-adapter
+    alignments, the base GEMM's rule tiles ((up to this BLOCK_M, GemmConfig), ...) and the LoRA kernels' tile rules."""
     f = RULES_FILE
     _MEMO.clear()  # the tiles worked out from the rules read before
     raw = json.loads(f.read_text())
@@ -127,6 +128,9 @@ def rules() -> dict:
         raise TableError(f, "", f"holds about, moe_block_m, lora_block_m, rule_gemm and {', '.join(_TILE_RULES)}, "
                                 f"got {sorted(raw)}")
     out = {key: _tile_rules(raw[key], f, key) for key in _TILE_RULES}
+    gpu = tiles.gpu_name()
+    for key, own in (gpu_rules(gpu_rules_file(gpu), gpu) if gpu else {}).items():
+        out[key] = own + out[key]  # this GPU's tuned rules first; rules.json's catch what they do not
     for key in ("moe_block_m", "lora_block_m"):
         e = raw[key]
         if not (isinstance(e, dict) and set(e) == {"steps", "why"} and isinstance(e["steps"], list)
@@ -148,9 +152,37 @@ def rules() -> dict:
     return out
 
 
+def gpu_rules_file(gpu: str) -> Path:
+    """A GPU's own LoRA tile rules (the tuner writes them): tile_tables/rules_<GPU>.json."""
+    return tiles.TABLE_DIR / f"rules_{gpu.replace(' ', '_')}.json"
+
+
+def gpu_rules(f: Path, gpu: str) -> dict:
+    """{key: rules} of a GPU's rules file, checked ({} where it has none): any of rules.json's three tile rule lists,
+    each tried before rules.json's own, so its last rule may test something (rules.json's then catch the rest). The
+    file names its GPU, and that must be the one of its file name."""
+    if not f.exists():
+        return {}
+    try:
+        raw = json.loads(f.read_text())
+    except ValueError as e:
+        raise TableError(f, "", f"not JSON ({e})") from None
+    return check_gpu_rules(raw, f, gpu)
+
+
+def check_gpu_rules(raw, f: Path, gpu: str) -> dict:
+    """`gpu_rules` of a file's content (f names it in the errors)."""
+    if not isinstance(raw, dict) or not {"gpu", "about"} <= set(raw) or set(raw) - {"gpu", "about", *_TILE_RULES}:
+        raise TableError(f, "", f"holds gpu, about and any of {', '.join(_TILE_RULES)}, got "
+                                f"{sorted(raw) if isinstance(raw, dict) else type(raw).__name__}")
+    if raw["gpu"] != gpu or gpu_rules_file(gpu).name != f.name:
+        raise TableError(f, "gpu", f"the file says {raw['gpu']!r}, its name says {f.name}, this GPU is {gpu!r}")
+    return {key: _tile_rules(raw[key], f, key, fallback=False) for key in _TILE_RULES if key in raw}
+
+
 # the LoRA kernels' tile rules in rules.json: the config each builds, and what its `when` may test
-_TILE_RULES = {"lora_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket")),
-               "lora_down_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket", "K")),
+_TILE_RULES = {"lora_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket", "N", "K")),
+               "lora_down_tile": (LoRAKernelConfig, ("block_m", "avg", "bucket", "K", "N")),
                "decode_tile": (DecodeConfig, ("units", "K", "block_r"))}
 _POW2 = tuple(2 ** i for i in range(4, 11))
 _TILE_BOUNDS = {"block_n": _POW2, "block_k": _POW2, "num_warps": (1, 2, 4, 8, 16), "num_stages": range(1, 9),
@@ -173,9 +205,10 @@ def _test_of(key: str):
     return key, lambda x, v: x == v
 
 
-def _tile_rules(e, f, key: str) -> tuple:
+def _tile_rules(e, f, key: str, fallback: bool = True) -> tuple:
     """((tests, tile fields), ...) of one tile rule list, checked: the first rule whose tests all hold gives the tile
-    (split_n stays the launcher's: it follows the shape), the last one tests nothing."""
+    (split_n stays the launcher's: it follows the shape); the last one tests nothing where the list is the fallback
+    (rules.json's)."""
     cls, variables = _TILE_RULES[key]
     fields = {fl.name for fl in dataclasses.fields(cls)} - {"split_n"}
     rs = e.get("rules") if isinstance(e, dict) and set(e) == {"rules"} else None
@@ -203,7 +236,7 @@ def _tile_rules(e, f, key: str) -> tuple:
         except (TypeError, ValueError) as err:
             raise TableError(f, where, str(err)) from None
         out.append((tuple(tests), r["tile"]))
-    if out[-1][0]:
+    if fallback and out[-1][0]:
         raise TableError(f, f"{key} rule {len(out) - 1}", "the last rule's when must be empty (it takes any input)")
     return tuple(out)
 
@@ -294,7 +327,7 @@ def lora_config(num_tokens: int, top_k: int, num_experts: int, num_slots: int, b
     if runtime.interpreter():
         return _INTERP_LORA
     b = token_bucket(num_tokens)
-    tile = _tile("lora_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b)
+    tile = _tile("lora_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b, N=N, K=K)
     # Rough count of busy blocks, from shapes only: at most one per pair, and about one per
     # (slot, expert) group while the groups are smaller than a block.
     busy = max(1, min(b * top_k, num_experts * num_slots))
@@ -318,7 +351,7 @@ def lora_down_config(num_tokens: int, top_k: int, num_experts: int, num_slots: i
     if runtime.interpreter():
         return base
     b = token_bucket(num_tokens)
-    tile = _tile("lora_down_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b, K=K)
+    tile = _tile("lora_down_tile", block_m=block_m, avg=b * top_k / (num_experts * num_slots), bucket=b, K=K, N=N)
     return LoRAKernelConfig(split_n=max(1, min(base.split_n, cdiv(N, 128))), **tile)
 
 

@@ -84,9 +84,11 @@ def read(f: Path) -> dict:
 
 
 def table_files(table_dir: Path | None = None) -> list[Path]:
-    """Every tile table file: the folder's JSON files but the LoRA plans, gpus.json and rules.json."""
+    """Every tile table file: the folder's JSON files but the LoRA plans, gpus.json, rules.json and the GPUs' own
+    LoRA tile rules (rules_<GPU>.json)."""
     d = table_dir or TABLE_DIR
-    return sorted(f for f in d.glob("*.json") if not f.name.startswith("lora_plan_") and f.name not in OTHER_TABLES)
+    return sorted(f for f in d.glob("*.json") if not f.name.startswith(("lora_plan_", "rules_"))
+                  and f.name not in OTHER_TABLES)
 
 
 @functools.lru_cache(maxsize=4)

@@ -3,11 +3,12 @@ measuring half (CUDA events, the float64 check, the card's memory) is instrument
 
     candidates   the base GEMM's tiles per token bucket (BLOCK_M about the rule's, each with the sweep's tiles
                  of that BLOCK_M, with and without TMA weight loads; and the tiles the code takes today: the
-                 rule's and the recorded tables'); the LoRA plan's entries per op (every entry the default plan
-                 holds, and each path plain)
+                 rule's and the recorded tables'); the LoRA delta's tiles per op (rules.json's and `LORA_TILES`);
+                 the LoRA plan's entries per op (every entry the default plan holds, and each path plain)
     tables       the house's formats, checked by the house's loaders before a byte is written: tile tables
                  `<GPU>_E<experts>_H<hidden>_I<intermediate>.json` (kernels/tiles.py), the plan
-                 `lora_plan_<GPU>.json` (kernels/plan_table.py), each entry with its `why`
+                 `lora_plan_<GPU>.json` (kernels/plan_table.py), the GPU's LoRA tile rules `rules_<GPU>.json`
+                 (kernels/configs.py: gpu_rules), each entry with its `why`
     state        one JSON file per GPU and shape under the output folder: the run's settings and every finished
                  (kind, op, M, candidate) cell, written after each cell, so a run killed or stopped by its
                  budget resumes where it was; resumed with other settings, it names the setting that differs
@@ -38,6 +39,13 @@ TILES = {
           (128, 128, 8, 8, 3), (256, 128, 8, 8, 2), (256, 64, 32, 8, 4)],
 }
 TILE_FIELDS = ("block_n", "block_k", "group_m", "num_warps", "num_stages")
+# the LoRA delta kernel's tiles (fused_moe_lora_kernel: BLOCK_N, BLOCK_K, warps, stages and one of: a register cap,
+# the hand-pipelined expand (prefetch) or Triton's pipeliner on it (expand_stages)), besides the ones rules.json gives
+LORA_TILES = [dict(zip(("block_n", "block_k", "num_warps", "num_stages"), t), **extra)
+              for t in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 32, 4, 4), (128, 64, 8, 3),
+                        (256, 64, 8, 3))
+              for extra in ({}, {"expand_stages": 3}, {"max_regs": 128})]
+LORA_RULES = {"gate_up": "lora_tile", "down": "lora_down_tile"}  # each op's rule list (kernels/configs.py)
 TUNER = "tuner"  # the `source` of a tile table and the start of a plan's `about` that the tuner wrote
 STATE_VERSION = 1
 
@@ -137,6 +145,52 @@ def unique(cands: list[dict]) -> list[dict]:
     for c in cands:
         seen.setdefault(gemm_key(c), c)
     return list(seen.values())
+
+
+_LORA_FLAGS = (("programs_per_sm", "pps"), ("prefetch", "pf"), ("expand_stages", "es"), ("max_regs", "r"))
+
+
+def lora_key(tile: dict) -> str:
+    """A LoRA delta tile as one token: bn64/bk128/w4/s3[/pps2][/pf1][/es3][/r128]."""
+    return (f"bn{tile['block_n']}/bk{tile['block_k']}/w{tile.get('num_warps', 4)}/s{tile.get('num_stages', 3)}"
+            + "".join(f"/{a}{tile[k]}" for k, a in _LORA_FLAGS if tile.get(k)))
+
+
+def lora_candidates(op: str) -> list[dict]:
+    """The op's LoRA delta tiles: every tile of its rule list in rules.json (so a tuned rule can only match or beat
+    what the code takes today), then `LORA_TILES`, each once."""
+    from .configs import RULES_FILE
+
+    raw = json.loads(RULES_FILE.read_text())[LORA_RULES[op]]["rules"]
+    seen = {}
+    for t in [r["tile"] for r in raw] + LORA_TILES:
+        seen.setdefault(lora_key(t), dict(t))
+    return list(seen.values())
+
+
+def rules_file(gpu: str, shape: tuple, picks: dict, old: dict | None) -> dict:
+    """The GPU's own LoRA tile rules (kernels/configs.py: gpu_rules) with this layer shape's tuned tiles: picks
+    {op: {M: (tile, why)}}. Per op, a rule per tuned bucket that tests the op's N and K, the largest bucket first
+    (min_bucket: a bucket between two tuned ones takes the one below, as a tile table is read; the smallest takes
+    the buckets below it too). old: the file the tuner wrote before, its other shapes' rules kept."""
+    from .configs import check_gpu_rules, gpu_rules_file
+
+    _, H, I = shape
+    keep = old if old and str(old.get("about", "")).startswith(TUNER) else {}
+    raw = {"gpu": gpu, "about": f"{TUNER}: this GPU's LoRA delta tiles per layer shape and token bucket, each the "
+                                f"fastest candidate that matched float64 (timed as its why says), tried "
+                                f"before rules.json's"}
+    for op, key in LORA_RULES.items():
+        N, K = (I, H) if op == "gate_up" else (H, I)
+        mine = {"N": N, "K": K}
+        others = [r for r in keep.get(key, {}).get("rules", []) if {k: r["when"].get(k) for k in mine} != mine]
+        tuned = sorted(picks.get(op, {}), reverse=True)
+        ours = [{"when": ({"min_bucket": M} if i < len(tuned) - 1 else {}) | mine, "tile": picks[op][M][0],
+                 "why": picks[op][M][1]} for i, M in enumerate(tuned)]
+        if ours or others:
+            raw[key] = {"rules": ours + others}
+    check_gpu_rules(raw, gpu_rules_file(gpu), gpu)  # the house's checks, before a byte is written
+    return raw
 
 
 def raw_entry(e: plan_table.Entry) -> dict:

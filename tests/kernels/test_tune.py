@@ -15,6 +15,8 @@ from lora_moe_lab.kernels import tune_tables as tt
 SHAPE = MoEShape("tune-tiny", 32, 16, 2, 1, 1)
 GRID = {16: [(16, 16, 1, 1, 1), (32, 16, 1, 1, 1)]}
 PLANS = {op: [{"path": "separate"}, {"path": "packed"}] for op in plan_table.OPS}
+LORAS = {op: [{"block_n": 16, "block_k": 16, "num_warps": 1, "num_stages": 1},
+              {"block_n": 32, "block_k": 16, "num_warps": 1, "num_stages": 1}] for op in plan_table.OPS}
 COMMIT = "0123456789abcdef"
 
 
@@ -22,14 +24,14 @@ def fake_timer(calls):
     """Times from the candidate alone: BLOCK_N 32 and the packed path are the faster; each call is counted."""
     def timer(fn, cell):
         calls.append(cell)
-        fast = "/bn32/" in cell["cand"] or "packed" in cell["cand"]
+        fast = "bn32/" in cell["cand"] or "packed" in cell["cand"]
         return {"median_us": (10.0 if fast else 20.0) + cell["M"], "reps": 10, "timer": "fake"}
     return timer
 
 
 def run(tmp_path, calls=None, **kw):
     args = dict(device="cpu", allow_cpu=True, out=tmp_path / "state", tables=tmp_path / "tables", buckets=(1,),
-                reps=1, gemm_grid=GRID, tma=(False,), plan_cands=PLANS, commit=COMMIT,
+                reps=1, gemm_grid=GRID, tma=(False,), plan_cands=PLANS, lora_cands=LORAS, commit=COMMIT,
                 timer=fake_timer([] if calls is None else calls))
     return tune.tune(SHAPE, **{**args, **kw})
 
@@ -52,7 +54,7 @@ def read_from(monkeypatch):
 def test_a_tiny_shape_tuned_end_to_end_loads_through_the_checked_loaders(tmp_path, read_from):
     calls = []
     assert run(tmp_path, calls) is True
-    assert len(calls) == 2 * 2 + 2 * 2  # every candidate of both GEMMs and both ops' plans, each timed once
+    assert len(calls) == 3 * 2 * 2  # every candidate of both GEMMs, both deltas and both plans, each timed once
     name = tiles.file_name(tune.CPU_NAME, 2, 32, 16)
     t = tiles.read(tmp_path / "tables" / name)  # the checked loader, the name against the content
     e = t["buckets"]["1"]
@@ -159,3 +161,39 @@ def test_the_tiles_the_code_takes_today_are_candidates():
     keys = [tt.gemm_key(c) for c in tt.unique(tt.gemm_candidates(8192, k, E) + known + known)]
     assert len(keys) == len(set(keys)) and {tt.gemm_key(c) for c in known} <= set(keys)
     assert any("/p2/" in key for key in keys)  # the H200 TP=4 table's persistent down tile at 8192
+
+
+def test_the_lora_tiles_tuned_become_this_gpus_rules(tmp_path, monkeypatch):
+    """Each op's fastest delta tile per bucket becomes a rule of the GPU's own file, for this shape only, tried before
+    rules.json's: a launch of this shape on that GPU takes it, any other shape rules.json's tile. A second shape joins
+    the file; a file under another GPU's name, or with a bad tile, is a named TableError."""
+    from lora_moe_lab.kernels import configs
+    from lora_moe_lab.kernels.table_checks import TableError
+    assert run(tmp_path, what=("lora",), buckets=(1, 4))
+    f = tmp_path / "tables" / configs.gpu_rules_file(tune.CPU_NAME).name
+    raw = json.loads(f.read_text())
+    up = raw["lora_tile"]["rules"]
+    assert [r["when"] for r in up] == [{"min_bucket": 4, "N": 16, "K": 32}, {"N": 16, "K": 32}]
+    assert all(r["tile"]["block_n"] == 32 and "runner-up bn16/" in r["why"] for r in up)
+    assert raw["lora_down_tile"]["rules"][0]["when"] == {"min_bucket": 4, "N": 32, "K": 16}
+    monkeypatch.setattr(tiles, "TABLE_DIR", tmp_path / "tables")
+    monkeypatch.setattr(tiles, "gpu_name", lambda: tune.CPU_NAME)
+    monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)  # the rules as a GPU reads them
+    configs.rules.cache_clear()
+    try:
+        ours, other = configs.lora_config(64, 1, 2, 4, 16, 16, 32), configs.lora_config(64, 1, 2, 4, 16, 48, 32)
+        assert ours.block_n == 32 and ours.num_warps == 1 and other.num_warps == 4  # rules.json's for another N
+        assert configs.lora_down_config(1, 1, 2, 4, 16, 32, 16).block_n == 32
+        # a second shape joins the file; the first keeps its rules
+        joined = tt.rules_file(tune.CPU_NAME, (2, 64, 16), {"gate_up": {1: (LORAS["gate_up"][0], "w")}}, raw)
+        assert len(joined["lora_tile"]["rules"]) == 3 and len(joined["lora_down_tile"]["rules"]) == 2
+        with pytest.raises(TableError, match="its name says rules_cpu-interpreter.json, this GPU is 'G'"):
+            configs.check_gpu_rules(raw, f, "G")
+        raw["lora_tile"]["rules"][0]["tile"]["block_n"] = 2 ** 62
+        f.write_text(json.dumps(raw))
+        configs.rules.cache_clear()
+        with pytest.raises(TableError, match="lora_tile rule 0.*block_n"):
+            configs.lora_config(64, 1, 2, 4, 16, 16, 32)
+    finally:
+        monkeypatch.undo()
+        configs.rules.cache_clear()

@@ -1,5 +1,5 @@
-"""The tuner: on the GPU it runs on, the base GEMM's tile table and the LoRA plan for one layer shape, written as
-kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the formats, the state).
+"""The tuner: on the GPU it runs on, the base GEMM's tile table, the LoRA delta's tiles and the LoRA plan for one layer
+shape, written as kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the formats, the state).
 
     python -m lora_moe_lab.instruments.recorders.tune --preset qwen3-30b-a3b [--resume] [--budget-s 540]
     scripts/gpu_tune.sh                     # both presets, in device calls of 10 minutes
@@ -7,7 +7,8 @@ kernels/tile_tables/ holds them (kernels/tune_tables.py: the candidates, the for
 
 Cells, M outermost: per token bucket M, each base GEMM candidate of gate_up and of down (BLOCK_M, BLOCK_N,
 BLOCK_K, GROUP_M, warps, stages, TMA weight loads; and the tiles the code takes today, persistent builds and all),
-then each LoRA plan candidate of each op (the whole layer with rank-16 adapters on every token, the op's entry
+then each LoRA delta tile of each op (the separate path's kernel alone: rules.json's tiles and a small grid), then
+each LoRA plan candidate of each op (the whole layer with rank-16 adapters on every token, the op's entry
 swapped into the default plan: each path plain and every entry that plan holds; the base GEMMs on the tiles this
 GPU read when the process started, so a plan tuned after the tile table is in place is tuned against it). Each
 candidate runs once and is held against float64 (ops/reference.py's grouped references, ops.reference.tolerance)
@@ -19,13 +20,15 @@ runs only).
 Every finished cell goes to the state file under --out at once; --resume goes on from it, --budget-s stops before
 a cell that the longest cell so far says would pass the budget (exit 3, the state saved). When every cell is done
 the tables are written to --tables (the package's tile_tables by default): `<GPU>_E.._H.._I...json` with per bucket
-and op the tile, its time and `why` (median, repetitions, the runner-up and its time, the commit), and
-`lora_plan_<GPU>.json` with this shape's entries under `shapes`. A table git tracks, or one the tuner did not write,
-is replaced only with --overwrite (refused before any device work).
+and op the tile, its time and `why` (median, repetitions, the runner-up and its time, the commit);
+`rules_<GPU>.json` with a delta tile rule per op and bucket that tests this shape's N and K (kernels/configs.py tries
+them before rules.json's); `lora_plan_<GPU>.json` with this shape's entries under `shapes`. A table git tracks, or one
+the tuner did not write, is replaced only with --overwrite (refused before any device work).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -34,11 +37,12 @@ import torch
 
 from ... import runtime
 from ...config import LoRAConfig, MoEShape, get_shape, parse_dtype
-from ...kernels import plan_table, tiles
+from ...kernels import configs, plan_table, tiles
 from ...kernels import tune_tables as tt
 from ...kernels.align import moe_align
 from ...kernels.configs import GemmConfig
 from ...kernels.fused_moe import moe_gemm
+from ...kernels.fused_moe_lora import lora_delta
 from ...model import sizing
 from ...model.lora import AdapterPool, LoRABatchInfo, LoRABatchTensors, LoRAInfo
 from ...model.moe import LoRAHook, MoELayer, hold_weights
@@ -119,8 +123,8 @@ class Tuner:
     """One layer shape on one device: its cells, their state, the picks and the tables."""
 
     def __init__(self, shape: MoEShape, *, dev, dtype, out: Path, tables: Path, buckets, reps: int, resume: bool,
-                 overwrite: bool, what=("gemm", "plan"), gemm_grid=None, tma=(False, True), plan_cands=None,
-                 timer=None, gpu=None, commit=None):
+                 overwrite: bool, what=("gemm", "lora", "plan"), gemm_grid=None, tma=(False, True), plan_cands=None,
+                 lora_cands=None, timer=None, gpu=None, commit=None):
         self.shape, self.dev, self.dtype, self.reps, self.what = shape, dev, dtype, reps, tuple(what)
         E, H, I, k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
         self.buckets = tuple(sorted(buckets))
@@ -130,7 +134,8 @@ class Tuner:
         self.tables, self.overwrite = Path(tables), overwrite
         self.tile_path = self.tables / tiles.file_name(self.gpu, E, H, I)
         self.plan_path = self.tables / plan_table.file_name(self.gpu)
-        for p, kind in ((self.tile_path, "gemm"), (self.plan_path, "plan")):
+        self.rules_path = self.tables / configs.gpu_rules_file(self.gpu).name
+        for p, kind in ((self.tile_path, "gemm"), (self.plan_path, "plan"), (self.rules_path, "lora")):
             if kind in self.what:
                 tt.check_writable(p, overwrite)
         self.base = plan_table.load(None)  # the default plan (the candidates' source, the other op's entries)
@@ -138,11 +143,14 @@ class Tuner:
                                     + ([] if gemm_grid else tt.known_tiles(M, E, H, I, k)))
                        for M in self.buckets}
         self.plan_c = {op: (plan_cands or {}).get(op) or tt.plan_candidates(op, self.base) for op in plan_table.OPS}
+        self.lora_c = {op: (lora_cands or {}).get(op) or tt.lora_candidates(op) for op in plan_table.OPS}
         settings = {"gpu": self.gpu, "preset": shape.name, "shape": [E, H, I, k], "dtype": str(dtype),
                     "commit": self.commit, "buckets": list(self.buckets), "reps": reps, "what": list(self.what),
                     "lora": [SLOTS, RANK],
                     "candidates": tt.fingerprint([[tt.gemm_key(c) for M in self.buckets for c in self.gemm_c[M]],
-                                                  {op: [tt.plan_key(r) for r in c] for op, c in self.plan_c.items()}])}
+                                                  {op: [tt.plan_key(r) for r in c] for op, c in self.plan_c.items()}]
+                                                 + ([{op: [tt.lora_key(t) for t in c] for op, c in self.lora_c.items()}]
+                                                    if "lora" in self.what else []))}
         stem = self.tile_path.stem
         state = Path(out) / f"tune_state_{stem}.json"
         self.state = tt.State(state, settings, state.exists() if resume == "auto" else resume)
@@ -157,6 +165,10 @@ class Tuner:
                 for op in plan_table.OPS:
                     for c in self.gemm_c[M]:
                         yield "gemm", op, M, tt.gemm_key(c), c
+            if "lora" in self.what:
+                for op in plan_table.OPS:
+                    for t in self.lora_c[op]:
+                        yield "lora", op, M, tt.lora_key(t), t
             if "plan" in self.what:
                 for op in plan_table.OPS:
                     for r in self.plan_c[op]:
@@ -183,7 +195,7 @@ class Tuner:
         cell = {"kind": kind, "op": op, "M": M, "cand": key}
         step = "run"
         try:
-            fn, check = self._gemm(op, M, cand) if kind == "gemm" else self._plan(op, M, cand)
+            fn, check = {"gemm": self._gemm, "lora": self._lora, "plan": self._plan}[kind](op, M, cand)
             err = check(fn())
             if not err <= self.tol:  # NaN too
                 return {"ok": False, "error": f"relative error {err:.3g} against float64 above {self.tol:g}"}
@@ -223,6 +235,33 @@ class Tuner:
             self._ref[op] = ref_moe_gemm_grouped(x, w, d["ids"], k, rw, gather=gate_up)
         ref = self._ref[op]
         return (lambda: moe_gemm(x, w, al, k, out, routed_weights=rw, gather=gate_up, config=cfg),
+                lambda y: rel(y, ref))
+
+    def _lora(self, op, M, tile):
+        """The op's LoRA delta alone, as the separate path launches it (kernels/paths/separate.py): rank-16 adapters
+        on every token, taking turns, over the alignment per adapter at the rules' BLOCK_M; the candidate's tile, the
+        launcher's split. It adds into a buffer of zeros: the first call's output is the delta."""
+        d, w, sh = self._inputs(M), self._pool.layers[0], self.shape
+        E, k, S = sh.num_experts, sh.top_k, SLOTS
+        key = ("lora", op)
+        if key not in self._ref:
+            slot = (torch.arange(M, device=self.dev) % S).to(torch.int32)
+            rows = torch.arange(S, dtype=torch.int32, device=self.dev)
+            bm = configs.lora_block_m(M, k, E, S)
+            al = moe_align(d["ids"], E, bm, slot, S)
+            gate_up = op == "gate_up"
+            x, a, b = (d["x"], w.gate_up_a, w.gate_up_b) if gate_up else (d["h"], w.down_a[None], w.down_b[None])
+            rw = None if gate_up else d["rw"]
+            ref = ref_lora_delta_grouped(x, a, b, d["ids"], slot, rows, torch.ones_like(rows), k, rw,
+                                         gather=gate_up)[0]
+            N, K = b.shape[3], a.shape[4]
+            base = (configs.lora_config if gate_up else configs.lora_down_config)(M, k, E, S, bm, N, K)
+            self._ref[key] = (x, a, b, al, slot, rows, rw, gate_up, ref, base)
+        x, a, b, al, slot, rows, rw, gate_up, ref, base = self._ref[key]
+        cfg = dataclasses.replace(base, **tile)
+        out = torch.zeros(ref.shape, dtype=self.dtype, device=self.dev)
+        return (lambda: lora_delta(x, a, b, al, rows, torch.ones_like(rows), k, out, routed_weights=rw,
+                                   gather=gate_up, config=cfg),
                 lambda y: rel(y, ref))
 
     def _plan(self, op, M, raw):
@@ -282,6 +321,20 @@ class Tuner:
             out[M] = e
         return out
 
+    def lora_picks(self) -> dict:
+        """{op: {M: (tile, why)}}: each op's fastest LoRA delta tile per bucket."""
+        out = {}
+        for op in plan_table.OPS:
+            cands = {tt.lora_key(t): t for t in self.lora_c[op]}
+            out[op] = {}
+            for M in self.buckets:
+                ranked = self._ranked("lora", op, M, list(cands))
+                if not ranked:
+                    raise tt.TuneError(f"{self.shape.name} {op} M={M}: no LoRA tile matched float64 (the errors: "
+                                       f"{self.state.path})")
+                out[op][M] = (dict(cands[ranked[0][1]]), self._why(ranked, len(cands), f"at {M} tokens, the delta"))
+        return out
+
     def plan_picks(self) -> dict:
         out = {}
         tag = f"tune_{self.commit[:12]}"
@@ -306,6 +359,11 @@ class Tuner:
             tt.write_json(self.tile_path, t)
             tiles.read(self.tile_path)  # the house's loader, file name against content
             written.append(self.tile_path)
+        if "lora" in self.what:
+            raw = tt.rules_file(self.gpu, (E, H, I), self.lora_picks(), tt.tuner_plan(self.rules_path))
+            tt.check_writable(self.rules_path, self.overwrite)
+            tt.write_json(self.rules_path, raw)
+            written.append(self.rules_path)
         if "plan" in self.what:
             old = tt.tuner_plan(self.plan_path)
             decode = {"max_pairs": self.base.decode_max_pairs, "decided_by": [],
@@ -320,7 +378,7 @@ class Tuner:
 
 
 def tune(preset, *, device=None, dtype=None, out="build/tune", tables=None, buckets=tt.BUCKETS, reps=MIN_GPU_REPS,
-         resume=False, overwrite=False, budget_s=None, allow_cpu=False, what=("gemm", "plan"), capacity=None,
+         resume=False, overwrite=False, budget_s=None, allow_cpu=False, what=("gemm", "lora", "plan"), capacity=None,
          clock=time.monotonic, **kw) -> bool:
     """Tune one layer shape (a preset's name or a MoEShape) on this machine's device: True when its tables are
     written, False where the budget stopped it. The refusals are tune_tables' named errors."""
@@ -346,7 +404,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="build/tune", help="the state files' folder")
     p.add_argument("--tables", default=None, help="where the tables go (default: the package's tile_tables)")
     p.add_argument("--buckets", default=",".join(map(str, tt.BUCKETS)), help="token buckets, comma-separated")
-    p.add_argument("--only", choices=("gemm", "plan"), default=None, help="tune one table only")
+    p.add_argument("--only", choices=("gemm", "lora", "plan"), default=None, help="tune one table only")
     p.add_argument("--reps", type=int, default=MIN_GPU_REPS, help=f"timed repetitions (>= {MIN_GPU_REPS} on a GPU)")
     p.add_argument("--dtype", default=None, help="bfloat16 on a GPU (default), float32 under the interpreter")
     p.add_argument("--budget-s", type=float, default=None, help="stop before this many seconds, state saved")
@@ -364,7 +422,7 @@ def main(argv=None) -> int:
     try:
         done = tune(a.preset, dtype=a.dtype, out=a.out, tables=a.tables, buckets=buckets, reps=a.reps,
                     resume=a.resume, overwrite=a.overwrite, budget_s=a.budget_s, allow_cpu=a.allow_cpu,
-                    what=(a.only,) if a.only else ("gemm", "plan"))
+                    what=(a.only,) if a.only else ("gemm", "lora", "plan"))
     except (tt.TuneError, ValueError) as e:
         print(f"tune: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
