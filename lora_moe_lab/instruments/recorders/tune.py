@@ -256,12 +256,11 @@ class Tuner:
                                          gather=gate_up)[0]
             N, K = b.shape[3], a.shape[4]
             base = (configs.lora_config if gate_up else configs.lora_down_config)(M, k, E, S, bm, N, K)
-            self._ref[key] = (x, a, b, al, slot, rows, rw, gate_up, ref, base)
-        x, a, b, al, slot, rows, rw, gate_up, ref, base = self._ref[key]
+            self._ref[key] = (x, a, b, al, rows, torch.ones_like(rows), rw, gate_up, ref, base)
+        x, a, b, al, rows, on, rw, gate_up, ref, base = self._ref[key]
         cfg = dataclasses.replace(base, **tile)
         out = torch.zeros(ref.shape, dtype=self.dtype, device=self.dev)
-        return (lambda: lora_delta(x, a, b, al, rows, torch.ones_like(rows), k, out, routed_weights=rw,
-                                   gather=gate_up, config=cfg),
+        return (lambda: lora_delta(x, a, b, al, rows, on, k, out, routed_weights=rw, gather=gate_up, config=cfg),
                 lambda y: rel(y, ref))
 
     def _plan(self, op, M, raw):
