@@ -3,7 +3,8 @@
 #   scripts/gpu_pending.sh STEP [STEP ...]
 # Steps, in the order to call them:
 #   tests      the whole suite over 14 workers (scripts/gpu_check.py --what tests), the wheels installed first
-#   launch     where an eager LoRA launch's host time goes, per path (studies/launch_cost/record.py, ~1 min)
+#   launch     where an eager LoRA launch's host time goes, per path (studies/launch_cost/record.py, ~1 min), and
+#              the functions that take it (studies/launch_cost/hotspots.py)
 #   notebooks  every notebook live (scripts/gpu_check.py --what notebooks); MERGE=<the tests' JSON, carried back>
 #              makes one log of both calls
 #   tune       this card's tile tables and LoRA plan, resumable (scripts/gpu_tune.sh; call it again on exit 3)
@@ -20,7 +21,8 @@ for step in "$@"; do
   case $step in
     tests) timeout 560 python3 scripts/gpu_check.py --wheels .whl --out "$OUT/gc" --build /tmp/gc --what tests \
              --pytest-args "-n 14 --dist load" 2>&1 | tail -40 || rc=1 ;;
-    launch) timeout 300 python3 studies/launch_cost/record.py --out "$OUT/launch_cost" || rc=1 ;;
+    launch) timeout 300 python3 studies/launch_cost/record.py --out "$OUT/launch_cost" || rc=1
+            timeout 120 python3 -m studies.launch_cost.hotspots --calls 1000 > "$OUT/launch_cost/hotspots.txt" 2>&1 ;;
     notebooks) timeout 560 python3 scripts/gpu_check.py --wheels .whl --out "$OUT/gc" --build /tmp/gcn \
                  ${MERGE:+--merge "$MERGE"} --what notebooks 2>&1 | tail -40 || rc=1 ;;
     tune) OUT=$OUT scripts/gpu_tune.sh 520 || rc=$? ;;

@@ -1,5 +1,5 @@
 """cProfile of each LoRA path's eager steps (every adapter disabled), the functions that take the host's time:
-    python3 studies/launch_cost/hotspots.py [--tokens 256] [--calls 2000] [--top 18]
+    python3 -m studies.launch_cost.hotspots [--tokens 256] [--calls 2000] [--top 18]
 A GPU's figures only (under the interpreter the kernels themselves run on the host)."""
 from __future__ import annotations
 
@@ -7,12 +7,9 @@ import argparse
 import cProfile
 import io
 import pstats
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record  # noqa: E402
-from lora_moe_lab.model.lab import build_lab  # noqa: E402
+from lora_moe_lab.model.lab import build_lab
+from studies.launch_cost import record
 
 
 def main(argv=None) -> int:
