@@ -8,13 +8,15 @@ issues it (kernels/paths/: the path's `prepare`, `delta` or `gemm`), timed on th
     binder      Triton's own Python before its C launcher, for the step's kernels with the step's arguments: the
                 binding of the arguments, their specialization (alignment, dtypes, small ints) and the cache key
                 (triton.runtime.jit's binder and compute_cache_key, on a Hopper target where there is no GPU)
+    launcher    the compiled kernels' C launchers alone, called with the step's arguments bound once (a GPU only):
+                the floor of any launch of these kernels from Python, Triton's binder and our code skipped
     empty       an empty Triton kernel with one pointer, and one with the aligned LoRA kernel's 35 arguments
-                (kernels/empty.py): Triton's launch floor on this machine (a GPU only; its binder on any machine)
+                (kernels/empty.py): Triton's launch floor on this machine (a GPU only; their binder on any machine)
 
-Triton's own launch is full - no_triton, of which the binder is Python that grows with the arguments; the checks
-are no_triton - no_checks. Every path runs with every adapter
-disabled (the CUDA-graph case: the kernels launch and exit early), at M tokens of qwen3-30b-a3b's layer shape on a
-GPU, of the tiny preset under the interpreter (its host-side parts only).
+Triton's own launch is full - no_triton: its binder (Python that grows with the arguments), the launcher, and the
+rest of JITFunction.run. The checks are no_triton - no_checks. Every path runs with every adapter disabled (the
+CUDA-graph case: the kernels launch and exit early), at M tokens of qwen3-30b-a3b's layer shape on a GPU, of the
+tiny preset under the interpreter (its host-side parts only).
 
     python3 studies/launch_cost/record.py                  -> data/launch_cost/launch_cost_<GPU>.csv
     python3 studies/launch_cost/record.py --smoke          -> build/launch_cost/ (tiny, any machine)
@@ -50,7 +52,7 @@ ALIGN_KERNELS = [n for n in dir(align) if n.endswith("_kernel")]
 
 class _Stub:
     """A kernel that launches nothing: `kernel[grid](...)` returns None; with `seen`, it keeps each launch's
-    (kernel, args, kwargs) there."""
+    (kernel, grid, args, kwargs) there."""
 
     def __init__(self, kernel=None, seen: list | None = None):
         self.kernel, self.seen = kernel, seen
@@ -58,7 +60,7 @@ class _Stub:
     def __getitem__(self, grid):
         if self.seen is None:
             return lambda *a, **kw: None
-        return lambda *a, **kw: self.seen.append((self.kernel, a, kw))
+        return lambda *a, **kw: self.seen.append((self.kernel, grid, a, kw))
 
 
 @contextlib.contextmanager
@@ -122,16 +124,48 @@ def _binder(kernel):
 
 
 def binder_call(launches: list):
-    """One call of Triton's binder and cache key for each of `launches` ((kernel, args, kwargs), as a step made
+    """One call of Triton's binder and cache key for each of `launches` ((kernel, grid, args, kwargs), as a step made
     them): what Triton's own launch does in Python before its C launcher."""
     from triton.runtime.jit import compute_cache_key
-    jobs = [(_binder(k), a, dict(kw, debug=False, instrumentation_mode=""), {}) for k, a, kw in launches]
+    jobs = [(_binder(k), a, dict(kw, debug=False, instrumentation_mode=""), {}) for k, _, a, kw in launches]
 
     def call():
         for bind, a, kw, cache in jobs:
             _, spec, options = bind(*a, **kw)
             compute_cache_key(cache, spec, options)
     return call
+
+
+def launcher_call(launches: list):
+    """The C launcher alone for each of `launches` (a GPU only): Triton's own launch runs each once (it compiles or
+    finds the kernel and returns it), the arguments are bound once with Triton's binder, and the call passes them
+    to the compiled kernel's launcher as `JITFunction.run` does, with no launch hooks."""
+    from triton.runtime import driver
+    jobs = []
+    for k, grid, a, kw in launches:
+        compiled = k[grid](*a, **kw)
+        bound, _, _ = _binder(k)(*a, **dict(kw, debug=False, instrumentation_mode=""))
+        dev = driver.active.get_current_device()
+        g = (*grid, 1, 1)[:3]
+        jobs.append((compiled.run, g, driver.active.get_current_stream(dev), compiled.function,
+                     compiled.packed_metadata, tuple(bound.values())))
+
+    def call():
+        for run, g, stream, fn, meta, args in jobs:
+            run(g[0], g[1], g[2], stream, fn, meta, None, None, None, *args)
+    return call
+
+
+def _launcher_row(path, step, M, seen, inner, reps) -> dict:
+    """The step's `launcher` row; where the direct call fails (a Triton whose launcher takes other arguments), a row
+    without a time whose `error` says why, so the other parts are still recorded."""
+    try:
+        us = _host_us(launcher_call(seen), inner, reps)
+    except Exception as e:  # noqa: BLE001 -- the message is the finding
+        print(f"launch_cost: {path} {step}: the C launcher called directly failed: {type(e).__name__}: {e}")
+        return dict(path=path, step=step, M=M, part="launcher", host_us=float("nan"), launches=len(seen),
+                    error=f"{type(e).__name__}: {e}"[:200])
+    return dict(path=path, step=step, M=M, part="launcher", host_us=us, launches=len(seen))
 
 
 def _calls(lab, M: int) -> dict:
@@ -192,14 +226,18 @@ def record(preset: str, tokens, inner: int, reps: int) -> pd.DataFrame:
         rows += [dict(path="empty", step="1 pointer", M=0, part="full",
                       host_us=_host_us(lambda: empty_kernel[(1,)](d), inner, reps)),
                  dict(path="empty", step="12 pointers, 23 ints", M=0, part="full",
-                      host_us=_host_us(lambda: empty_args_kernel[(1,)](*p12, *range(1, 24)), inner, reps))]
+                      host_us=_host_us(lambda: empty_args_kernel[(1,)](*p12, *range(1, 24)), inner, reps)),
+                 _launcher_row("empty", "1 pointer", 0, [(empty_kernel, (1,), (d,), {})], inner, reps),
+                 _launcher_row("empty", "12 pointers, 23 ints", 0,
+                               [(empty_args_kernel, (1,), (*p12, *range(1, 24)), {})], inner, reps)]
     if not gpu:
         from lora_moe_lab.kernels.empty import empty_args_kernel, empty_kernel
         d = torch.zeros(1)
     rows += [dict(path="empty", step="1 pointer", M=0, part="binder",
-                  host_us=_host_us(binder_call([(empty_kernel, (d,), {})]), inner, reps)),
+                  host_us=_host_us(binder_call([(empty_kernel, (1,), (d,), {})]), inner, reps)),
              dict(path="empty", step="12 pointers, 23 ints", M=0, part="binder",
-                  host_us=_host_us(binder_call([(empty_args_kernel, (*[d] * 12, *range(1, 24)), {})]), inner, reps))]
+                  host_us=_host_us(binder_call([(empty_args_kernel, (1,), (*[d] * 12, *range(1, 24)), {})]), inner,
+                                   reps))]
     for M in tokens:
         for (path, step), fn in _calls(lab, M).items():
             parts = (["full"] if gpu else []) + ["no_triton", "no_checks"]
@@ -212,6 +250,8 @@ def record(preset: str, tokens, inner: int, reps: int) -> pd.DataFrame:
             if seen:  # the steps that launch only torch ops (an alignment on a CPU) have no Triton launch
                 rows.append(dict(path=path, step=step, M=M, part="binder",
                                  host_us=_host_us(binder_call(seen), inner, reps), launches=len(seen)))
+                if gpu:
+                    rows.append(_launcher_row(path, step, M, seen, inner, reps))
     df = pd.DataFrame(rows)
     meta = metadata(dict(preset=preset, inner=inner, reps=reps))
     for k, v in meta.items():
