@@ -126,6 +126,8 @@ class Recorder:
         if overwrite is not None:
             self.claim(self.out_dir, name, overwrite)
         os.makedirs(self.out_dir, exist_ok=True)
+        if rows is None:  # a new recording in this process starts from no rows: one recorded before (a test that
+            ROWS.clear()  # ran another recorder in the same process) is not this one's
         self.rows = ROWS if rows is None else rows
         self.meta = metadata(params=dict(params or {}, interpreter=runtime.interpreter(), dry=_DRY))
         self.meta["errors"] = []

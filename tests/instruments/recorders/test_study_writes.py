@@ -212,3 +212,14 @@ def test_a_writer_killed_by_its_pid_leaves_whole_tables(tmp_path):
     assert len(df) == 20 * one and df["rep"].min() % len(df) == 0 and df["rep"].max() - df["rep"].min() == len(df) - 1
     n = tables.check_tail(work / "clocks.csv")  # whole rows only: one write per sample
     assert n >= 1 and list(S.read_csv(work / "clocks.csv", "clocks")["t_unix"]) == [float(i + 1) for i in range(n)]
+
+
+def test_a_recording_starts_from_no_rows_when_another_ran_in_the_process_before(tmp_path):
+    """Recorders share the process's row list (`harness.row`); a second recording in one process (two recorders'
+    tests in one worker) must not write the first one's rows as its own."""
+    from lora_moe_lab.instruments.recorders import harness
+    harness.row(section="check", op="left over")
+    rec = Recorder("second", tmp_path)
+    harness.row(section="sweep", op="mine")
+    rec.write()
+    assert pd.read_csv(tmp_path / "second.csv").section.tolist() == ["sweep"]
