@@ -197,3 +197,14 @@ def test_the_lora_tiles_tuned_become_this_gpus_rules(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         configs.rules.cache_clear()
+
+
+def test_every_default_lora_tile_is_one_the_rules_take():
+    """A tuned tile is written as a rule and checked then, after a whole GPU run: every default candidate must pass
+    the rules' checks (bounds, fields, LoRAKernelConfig) up front."""
+    from lora_moe_lab.kernels import configs
+    for op, key in tt.LORA_RULES.items():
+        cands = tt.lora_candidates(op)
+        assert len({tt.lora_key(t) for t in cands}) == len(cands) >= len(tt.LORA_TILES)
+        rules = [{"when": {"N": 1}, "tile": t, "why": "candidate"} for t in cands]
+        assert len(configs._tile_rules({"rules": rules}, "candidates", key, fallback=False)) == len(cands)
