@@ -341,9 +341,8 @@ def moe_gemm_lora_packed(x, w, align, top_k, out, lora_a, lora_b, token_lora_map
     if set(expand) - EXPAND_OPTIONS:
         raise ValueError(f"moe_gemm_lora_packed: unknown expand options {sorted(set(expand) - EXPAND_OPTIONS)}; "
                          f"known: {sorted(EXPAND_OPTIONS)}")
-    sizes = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b,
-                                                          token_lora_mapping, lora_ids, adapter_enabled,
-                                                          routed_weights, gather, "moe_gemm_lora_packed")
+    sizes = check_lora_gemm_inputs(x, w, align, top_k, out, lora_a, lora_b, token_lora_mapping, lora_ids,
+                                   adapter_enabled, routed_weights, gather, "moe_gemm_lora_packed")
     N, K, num_pairs, bm, P, R, L = sizes
     if R == 0:  # nothing to add; decided from the static shape
         return moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=gather, config=config)
@@ -453,8 +452,8 @@ def moe_gemm_lora_wide(x, w, align, top_k, out, lora_a, token_lora_mapping, lora
     if x.shape[1] != K or w.shape[2] != K or w.shape[0] != E:
         raise ValueError(f"moe_gemm_lora_wide: lora_a (P, S, E, R, K)={tuple(lora_a.shape)} must match x "
                          f"{tuple(x.shape)} and w {tuple(w.shape)} in K and E")
-    sizes = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, "moe_gemm_lora_wide")  # before the
-    # shrink writes into x's columns past K
+    # the base inputs checked before the shrink writes into x's columns past K
+    sizes = check_gemm_inputs(x, w, align, top_k, out, routed_weights, gather, "moe_gemm_lora_wide")
     xs, M = x.stride(0), x.shape[0] if gather else x.shape[0] // top_k
     # u (M, top_k, P, C // P): pair (token, j)'s columns in x_wide, past K of its own row (down) or of its token's
     u = torch.as_strided(x, (M, top_k, P, C // P), (xs, C, C // P, 1) if gather else (top_k * xs, xs, C, 1),

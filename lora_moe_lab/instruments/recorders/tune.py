@@ -320,34 +320,30 @@ class Tuner:
             out[M] = e
         return out
 
-    def lora_picks(self) -> dict:
-        """{op: {M: (tile, why)}}: each op's fastest LoRA delta tile per bucket."""
+    def _best(self, kind: str, op: str, cands: dict, what) -> dict:
+        """{M: (candidate, why)}: the op's fastest candidate of `kind` per bucket that matched float64 (what(M) starts
+        its why); a bucket where none did is a TuneError naming the state file that holds the errors."""
         out = {}
-        for op in plan_table.OPS:
-            cands = {tt.lora_key(t): t for t in self.lora_c[op]}
-            out[op] = {}
-            for M in self.buckets:
-                ranked = self._ranked("lora", op, M, list(cands))
-                if not ranked:
-                    raise tt.TuneError(f"{self.shape.name} {op} M={M}: no LoRA tile matched float64 (the errors: "
-                                       f"{self.state.path})")
-                out[op][M] = (dict(cands[ranked[0][1]]), self._why(ranked, len(cands), f"at {M} tokens, the delta"))
+        for M in self.buckets:
+            ranked = self._ranked(kind, op, M, list(cands))
+            if not ranked:
+                raise tt.TuneError(f"{self.shape.name} {op} M={M}: no {kind} candidate matched float64 (the errors: "
+                                   f"{self.state.path})")
+            out[M] = (dict(cands[ranked[0][1]]), self._why(ranked, len(cands), what(M)))
         return out
 
+    def lora_picks(self) -> dict:
+        """{op: {M: (tile, why)}}: each op's fastest LoRA delta tile per bucket."""
+        return {op: self._best("lora", op, {tt.lora_key(t): t for t in self.lora_c[op]},
+                               lambda M: f"at {M} tokens, the delta") for op in plan_table.OPS}
+
     def plan_picks(self) -> dict:
-        out = {}
+        """{op: {M: raw entry with decided_by and why}}: each op's fastest plan entry per bucket."""
         tag = f"tune_{self.commit[:12]}"
-        for op in plan_table.OPS:
-            cands = {tt.plan_key(r): r for r in self.plan_c[op]}
-            out[op] = {}
-            for M in self.buckets:
-                ranked = self._ranked("plan", op, M, list(cands))
-                if not ranked:
-                    raise tt.TuneError(f"{self.shape.name} {op} M={M}: no plan candidate matched float64 "
-                                       f"(the errors: {self.state.path})")
-                out[op][M] = {**cands[ranked[0][1]], "decided_by": [tag],
-                              "why": self._why(ranked, len(cands), "the layer with")}
-        return out
+        return {op: {M: {**e, "decided_by": [tag], "why": why} for M, (e, why) in
+                     self._best("plan", op, {tt.plan_key(r): r for r in self.plan_c[op]},
+                                lambda M: "the layer with").items()}
+                for op in plan_table.OPS}
 
     def write(self) -> list[Path]:
         E, H, I = self.shape.num_experts, self.shape.hidden, self.shape.intermediate
