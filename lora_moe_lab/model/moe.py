@@ -76,6 +76,36 @@ def _tail_columns(x, c):
     return tail_columns(x, c)
 
 
+def base_gemm(backend: Backend, x, w, align, top_k, out, routed_weights=None):
+    """The op's base GEMM: gate_up gathers x's rows (routed_weights None); down reads the pairs' rows in order and
+    scales each by its routed weight."""
+    if routed_weights is None:
+        return backend.moe_gemm(x, w, align, top_k, out, gather=True)
+    return backend.moe_gemm(x, w, align, top_k, out, routed_weights=routed_weights, gather=False)
+
+
+class BareLayer:
+    """The lead of a batch without LoRA hooks: the base GEMMs on the base alignment, no buffers of their own. It
+    answers what `LoRAHook` answers the layer (`MoELayer.lead`)."""
+
+    def __init__(self, backend: Backend, plan: tuple[LoRAPlan, LoRAPlan]):
+        self.backend, self.plan = backend, plan
+
+    block_m = property(lambda self: self.plan[0].block_m)
+
+    def align_order(self):
+        return None
+
+    def input_buffer(self, op, rows, width, like):
+        return None
+
+    def gate_up_input(self, x):
+        return x
+
+    def gemm(self, op, x, w, align, top_k, out, routed_weights=None):
+        return base_gemm(self.backend, x, w, align, top_k, out, routed_weights)
+
+
 class LoRAHook:
     """The LoRA work of one layer for one batch, at the layer's two hook points (as SGLang's LoRAHooks):
     `after_gate_up` and `after_down`. Where each op's delta runs is the plan's (kernels/plan.py, asked once per op
@@ -108,10 +138,38 @@ class LoRAHook:
         self.plan = self._plans[key]
         return self.plan
 
-    def gemm(self, p: LoRAPlan, x, w, align, top_k, out, routed_weights=None):
-        """The base GEMM of op `p.op` with this hook's delta inside (an in-GEMM path: the path's `gemm`, with the plan's
-        options; no alignment of its own)."""
-        return paths.get(p.path).gemm(self, p, x, w, align, top_k, out, routed_weights)
+    # --- what the layer asks its first hook (`MoELayer.lead`): the alignment, the buffers and each op's GEMM -----
+    @property
+    def block_m(self) -> int:
+        return self.plan[0].block_m
+
+    def align_order(self):
+        """The rows' LoRA rows where an in-GEMM delta wants the base alignment ordered by them inside each expert
+        (same blocks and padding: a tile then spans few LoRA rows), else None."""
+        return self.info.token_lora_mapping if any(p.order_by_row for p in self.plan) else None
+
+    def input_buffer(self, op: str, rows: int, width: int, like):
+        """Where the layer writes op's input (rows, width): the first `width` columns of a wider buffer where the
+        op's delta reads columns past them in the same rows (the wide build), else None (write it anywhere)."""
+        C = self.plan[OPS.index(op)].columns
+        return like.new_empty(rows, width + C)[:, :width] if C else None
+
+    def gate_up_input(self, x):
+        """x, or a copy into `input_buffer`'s wider rows where gate_up's wide build reads past K and x has no
+        such columns (the layer's norm writes them there: no copy)."""
+        C = self.plan[0].columns
+        if not C or _tail_columns(x, C):
+            return x
+        xw = self.input_buffer("gate_up", x.shape[0], x.shape[1], x)
+        xw.copy_(x)
+        return xw
+
+    def gemm(self, op: str, x, w, align, top_k, out, routed_weights=None):
+        """Op's base GEMM, with this hook's delta inside where the plan puts it there (an in-GEMM path's `gemm`)."""
+        p = self.plan[OPS.index(op)]
+        if p.in_gemm:
+            return paths.get(p.path).gemm(self, p, x, w, align, top_k, out, routed_weights)
+        return base_gemm(self.backend, x, w, align, top_k, out, routed_weights)
 
     def prepare(self, topk_ids: torch.Tensor) -> None:
         """This batch's state for the deltas that run at the hook points (the first such op's path sets it: an
@@ -184,39 +242,23 @@ class MoELayer(torch.nn.Module):
         backend = get_backend("auto", x.device) if backend is None else backend
         return backend.route(x, self.router_w, self.top_k, self.router_bias)
 
-    def plans(self, M: int, hooks: list[LoRAHook], backend: Backend) -> tuple[LoRAPlan, LoRAPlan]:
-        """(gate_up, down): the layer's plan per op for M tokens (kernels/plan.py), the first hook's; without hooks
-        the base GEMMs' alone. Each hook keeps its own (`LoRAHook.plans`: asked once per op for the batch); only the
-        first may run its delta inside the base GEMM. Static shapes decide: capture-safe."""
+    def lead(self, M: int, hooks: list[LoRAHook], backend: Backend):
+        """The layer's lead for M tokens: its first hook, or a `BareLayer` without hooks. Every hook asks its plan
+        per op once for the batch (kernels/plan.py, `LoRAHook.plans`); only the first may run its delta inside the
+        base GEMM, so the lead decides the alignment, the buffers and each op's GEMM. Static shapes decide:
+        capture-safe."""
         device = self.w13.device
         for i, h in enumerate(hooks):
             h.plans(M, self.shape, device, first=i == 0, alone=len(hooks) == 1)
         if hooks:
-            return hooks[0].plan
-        return tuple(plan(op, M, self.shape, device, backend=backend.name) for op in OPS)
-
-    def input_columns(self, M: int, hooks: list[LoRAHook]) -> int:
-        """The columns past K this layer's gate_up reads in its input's rows for this batch (the plan's wide build:
-        each pair's u); 0 when it reads none. Static shapes decide: capture-safe."""
-        if not hooks:
-            return 0
-        return self.plans(M, hooks, hooks[0].backend)[0].columns
+            return hooks[0]
+        return BareLayer(backend, tuple(plan(op, M, self.shape, device, backend=backend.name) for op in OPS))
 
     def norm(self, h, hooks: list[LoRAHook], backend: Backend):
-        """The layer's pre-norm of h, written where the layer reads it: the first K columns of a wider buffer when
-        gate_up takes the wide build (`input_columns`), so the layer needs no copy of x."""
-        C = self.input_columns(h.shape[0], hooks)
-        out = h.new_empty(h.shape[0], h.shape[1] + C)[:, :h.shape[1]] if C else None
-        return backend.rmsnorm(h, self.norm_w, self.eps, out=out)
-
-    @staticmethod
-    def _gemm(p: LoRAPlan, hooks, backend: Backend, x, w, align, top_k, out, topk_w=None):
-        """The op's GEMM: the first hook's, with its delta inside, where the plan puts it there; else the base GEMM."""
-        if p.in_gemm:
-            return hooks[0].gemm(p, x, w, align, top_k, out, routed_weights=topk_w)
-        if topk_w is None:
-            return backend.moe_gemm(x, w, align, top_k, out, gather=True)
-        return backend.moe_gemm(x, w, align, top_k, out, routed_weights=topk_w, gather=False)
+        """The layer's pre-norm of h, written where the layer reads it (the lead's `input_buffer`: the first K
+        columns of a wider buffer when gate_up takes the wide build), so the layer needs no copy of x."""
+        lead = self.lead(h.shape[0], hooks, backend)
+        return backend.rmsnorm(h, self.norm_w, self.eps, out=lead.input_buffer("gate_up", *h.shape, h))
 
     def forward(self, x, hooks: list[LoRAHook], backend: Backend, routing_log: list | None = None,
                 before_down=None, residual=None):
@@ -224,32 +266,25 @@ class MoELayer(torch.nn.Module):
         pass (`backend.moe_sum`: one kernel instead of a sum and an add, rounded once). `before_down()`, when
         given, runs between SiLU-and-mul and the down GEMM (the decoder puts guard sites there). Where gate_up
         takes the wide build, x should be the first K columns of a wider buffer (`norm` writes it so); a plain x
-        is copied into one."""
+        is copied into one. The LoRA work enters at the two hook points and, where the plan puts a delta inside
+        a base GEMM, through the lead's `gemm(op)`."""
         M, K = x.shape
         k, E, I = self.top_k, self.shape.num_experts, self.shape.intermediate
         topk_w, topk_ids = self.route(x, backend)
         if routing_log is not None:
             routing_log.append((topk_w, topk_ids))
-        p13, p2 = self.plans(M, hooks, backend)  # the plan, once per op (kernels/plan.py)
-        # Where the first hook's delta runs inside a GEMM on the alignment ordered by LoRA row inside each expert
-        # (same blocks and padding), a tile spans few LoRA rows.
-        order = hooks[0].info.token_lora_mapping if p13.order_by_row or p2.order_by_row else None
-        align = backend.align(topk_ids, E, p13.block_m, order_by=order)
+        lead = self.lead(M, hooks, backend)
+        align = backend.align(topk_ids, E, lead.block_m, order_by=lead.align_order())
+        x = lead.gate_up_input(x)
         inter = x.new_empty(M * k, 2 * I)
-        if p13.columns and not _tail_columns(x, p13.columns):  # gate_up's wide build reads each pair's u past K
-            xw = x.new_empty(M, K + p13.columns)
-            xw[:, :K] = x
-            x = xw[:, :K]
-        self._gemm(p13, hooks, backend, x, self.w13, align, k, inter)
+        lead.gemm("gate_up", x, self.w13, align, k, inter)
         for h in hooks:  # hook point 1
             h.after_gate_up(x, inter, topk_ids, k)
-        # The down GEMM's wide build reads its adapters' columns from past I in the same rows: act is then the first
-        # I columns of a wider buffer, written in place (no copy)
-        act = backend.silu_and_mul(inter, out=x.new_empty(M * k, I + p2.columns)[:, :I] if p2.columns else None)
+        act = backend.silu_and_mul(inter, out=lead.input_buffer("down", M * k, I, x))
         if before_down is not None:
             before_down()
         out = x.new_empty(M * k, K)
-        self._gemm(p2, hooks, backend, act, self.w2, align, k, out, topk_w)
+        lead.gemm("down", act, self.w2, align, k, out, topk_w)
         for h in hooks:  # hook point 2
             h.after_down(act, out, k, topk_w)
         return backend.moe_sum(out, k, residual)

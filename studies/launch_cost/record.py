@@ -205,8 +205,8 @@ def _steps(lab, path, hook, p13, p2, x, topk_w, topk_ids) -> dict:
     y = x.new_zeros(M * k, K)
     xw = x.new_zeros(M, K + p13.columns)[:, :K] if p13.columns else x
     if path.in_gemm:
-        return {(path.name, "gate_up gemm"): lambda: hook.gemm(p13, xw, layer.w13, al, k, inter),
-                (path.name, "down gemm"): lambda: hook.gemm(p2, act, layer.w2, al, k, y, topk_w)}
+        return {(path.name, "gate_up gemm"): lambda: hook.gemm("gate_up", xw, layer.w13, al, k, inter),
+                (path.name, "down gemm"): lambda: hook.gemm("down", act, layer.w2, al, k, y, topk_w)}
     hook.prepare(topk_ids)
     return {(path.name, "prepare"): lambda: hook.prepare(topk_ids),
             (path.name, "gate_up delta"): lambda: path.after_gate_up(hook, p13, x, inter, topk_ids, k),

@@ -3,6 +3,8 @@ production's (`signature`), the TP=1 / TP=2 recording (`production`) and the REA
 (`lab-headline`), from data/production/ through `instruments.analysers.production_runs`."""
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from lora_moe_lab.instruments.analysers import schemas
@@ -130,14 +132,21 @@ def signature_block() -> str | None:
 
 def _trace_medians(chunk: int, guard: str) -> tuple[float, float, float] | None:
     """(span, busy, idle) ms, medians over the profiled steady forwards of the lab's own regime."""
-    from lora_moe_lab.instruments.analysers import trace
-
     f = sorted((DATA / "production").glob(f"signature_*/traces/*_C{chunk}_gs5.41667_none_{guard}_rank0.json.gz"))
     if not f:
         return None
-    m = trace.forward_metrics(trace.load_trace(f[0]))
-    m = m[m.forward >= 1]
+    m = _steady_forwards(f[0])
     return tuple(float(m[c].median()) / 1e6 for c in ("gpu_span_ns", "busy_ns", "idle_ns"))
+
+
+@functools.lru_cache(maxsize=8)
+def _steady_forwards(path):
+    """The profiled steady forwards' metrics of one trace (the first forward is the warm-up), parsed once per
+    process: two blocks read the C=16384 traces."""
+    from lora_moe_lab.instruments.analysers import trace
+
+    m = trace.forward_metrics(trace.load_trace(path))
+    return m[m.forward >= 1]
 
 
 def _chunk_sentence(sig) -> list[str]:
@@ -173,15 +182,12 @@ def _prodlike_sessions(sig, head) -> str:
 def _profiled_vs_live(lost_live_ms: float) -> list[str]:
     """The lab's own regime: the profiled steady forwards' GPU span and busy time per guard against
     the unprofiled time lost (why a profiled run is never the timing)."""
-    from lora_moe_lab.instruments.analysers import trace
-
     got = {}
     for g in ("sync", "cpu_flag"):
         f = sorted((DATA / "production").glob(f"signature_*/traces/*_C16384_gs5.41667_none_{g}_rank0.json.gz"))
         if not f:
             return []
-        m = trace.forward_metrics(trace.load_trace(f[0]))
-        m = m[m.forward >= 1]
+        m = _steady_forwards(f[0])
         got[g] = (float(m.gpu_span_ns.median()) / 1e6, float(m.busy_ns.median()) / 1e6)
     (sp_s, bu_s), (sp_c, bu_c) = got["sync"], got["cpu_flag"]
     return [f"- **A profiled forward is a picture, not a timing.** Profiled, `sync` spans {sp_s - sp_c:.0f} ms more "

@@ -272,13 +272,8 @@ class Tuner:
         info, ref = self._ref["info"], self._ref["layer"]
         table = candidate_table(self.base, op, raw, self.shape.hidden, self.shape.intermediate)
         hook = LoRAHook(info, backend, self.shape.num_experts)
-        x, K = d["x"], self.shape.hidden
-        with plan_table.override(table):
-            C = self._layer.input_columns(M, [hook])
-        if C:  # gate_up's wide build reads x as the first K columns of wider rows, where the lab's norm writes it
-            xw = x.new_empty(M, K + C)
-            xw[:, :K] = x
-            x = xw[:, :K]
+        with plan_table.override(table):  # gate_up's wide build reads x in wider rows, where the lab's norm writes it
+            x = self._layer.lead(M, [hook], backend).gate_up_input(d["x"])
 
         def fn():
             with plan_table.override(table):
