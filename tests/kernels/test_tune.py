@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from lora_moe_lab import runtime
 from lora_moe_lab.config import MoEShape, get_shape
 from lora_moe_lab.instruments.recorders import tune
 from lora_moe_lab.kernels import plan_table, tiles
@@ -29,10 +30,15 @@ def fake_timer(calls):
     return timer
 
 
+# The kernels run where the suite runs them: under the interpreter on a CPU, on the GPU where there is one (Triton
+# takes no CPU tensors there); the tables keep the interpreter's name either way, so the tests read one name.
+DEV = runtime.default_device()
+
+
 def run(tmp_path, calls=None, **kw):
-    args = dict(device="cpu", allow_cpu=True, out=tmp_path / "state", tables=tmp_path / "tables", buckets=(1,),
-                reps=1, gemm_grid=GRID, tma=(False,), plan_cands=PLANS, lora_cands=LORAS, commit=COMMIT,
-                timer=fake_timer([] if calls is None else calls))
+    args = dict(device=str(DEV), allow_cpu=True, out=tmp_path / "state", tables=tmp_path / "tables", buckets=(1,),
+                reps=1 if DEV.type == "cpu" else tune.MIN_GPU_REPS, gemm_grid=GRID, tma=(False,), plan_cands=PLANS,
+                lora_cands=LORAS, commit=COMMIT, gpu=tune.CPU_NAME, timer=fake_timer([] if calls is None else calls))
     return tune.tune(SHAPE, **{**args, **kw})
 
 
@@ -108,7 +114,7 @@ def test_a_run_stopped_by_its_budget_resumes_and_refuses_other_settings(tmp_path
 
 def test_bad_input_is_refused_by_name(tmp_path):
     with pytest.raises(tt.TuneError, match="no CUDA device"):
-        run(tmp_path, allow_cpu=False)
+        run(tmp_path, allow_cpu=False, device="cpu")
     qwen = get_shape("qwen3-30b-a3b")
     with pytest.raises(tt.CardTooSmallError, match=r"needs \d+\.\d GiB, the card has 8\.0 GiB free"):
         tune.tune(qwen, device="cpu", allow_cpu=True, capacity=lambda: (8 * 2 ** 30, 16 * 2 ** 30))

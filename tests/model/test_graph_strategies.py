@@ -107,7 +107,11 @@ def test_capture_without_a_gpu_is_a_clear_error():
 def test_replay_after_adapter_switches_is_the_eager_graph_bit_for_bit(kind, strategy, sync_check):
     lab = _lab(kind, device="cuda", backend="triton")
     gs = GraphSet(lab, strategy, sizes=[4, 8]).capture()
-    assert gs.memory["reserved"] >= 0 and gs.capture_s > 0
+    # the pool's own bytes (the global reserved delta may be negative: under memory pressure, with other test
+    # processes on the card, the allocator frees cached blocks of other pools during the capture)
+    assert gs.capture_s > 0 and set(gs.memory) >= {"allocated", "reserved"}
+    if "pool_segments" in gs.memory:
+        assert gs.memory["pool_segments"] >= gs.memory["pool_allocated"] > 0
     for i, adapters in enumerate(SWITCHES):
         x = lab.random_input(len(adapters), seed=i)
         with sync_check():  # choosing, loading and replaying a graph never waits for the GPU

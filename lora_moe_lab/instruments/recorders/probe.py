@@ -39,6 +39,7 @@ from .cli import arg_type, pos_int
 
 GUARD_SITES = 260 / 48  # production's 260 guard syncs per forward over 48 layers
 LEAD_RUNS = 3
+BLOCKS = 3  # blocks of paired repetitions tried before the probe says the timings never settled
 nonneg_float = arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 
 
@@ -108,19 +109,28 @@ def probe(lab, plan, names, *, reps: int = 10, host_us_per_layer: float = 0.0, r
     pred = rel.predict(lead["sync_forward_ms"], n_syncs) if rel is not None else math.nan
     log(f"lead: the later syncs block the host {lead['lead_us']:.0f} us (median); a sync forward takes "
         f"{lead['sync_forward_ms']:.1f} ms with {n_syncs:.0f} syncs"
-        f" -> predicted gain {pred:+.1f} %" + (f"  [{rel.describe()}]" if rel else "  [no recorded relation]"))
+        + (f" -> predicted gain {pred:+.1f} %  [{rel.describe()}]" if rel else ": no prediction (no recorded relation)"))
     key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
                input_len=plan.input_len, chunk=plan.chunk, guard_sites=GUARD_SITES)
-    rows = P.measure({"none": d}, ["sync", "cpu_flag"], reps, key=key, profile=False, progress=False,
-                     warmup_reps=1)
-    s = P.summarize(pd.DataFrame(rows, columns=P.COLUMNS))
-    srow = s[s["guard"] == "sync"].iloc[0]
+    for block in range(1, BLOCKS + 1):  # a block whose timings never settle has no figure: measure another
+        rows = P.measure({"none": d}, ["sync", "cpu_flag"], reps, key=key, profile=False, progress=False,
+                         warmup_reps=1)
+        s = P.summarize(pd.DataFrame(rows, columns=P.COLUMNS))
+        srow = s[s["guard"] == "sync"].iloc[0]
+        if bool(srow["stable"]):
+            break
+        log(f"unstable: block {block} of {BLOCKS} of {reps} paired repetitions never settled "
+            f"({srow.get('warmup_note', '')})" + ("; measuring again" if block < BLOCKS else
+                                                   ": no measured gain on this machine now (the row keeps stable "
+                                                   "False and NaN figures; make gpu-probe exits 3)"))
     out = dict(host_us_per_layer=host_us_per_layer, **lead, predicted_gain_pct=pred,
                measured_gain_pct=float(srow["fix_throughput_gain_pct"]),
                measured_gain_pct_lo=float(srow["fix_throughput_gain_pct_lo"]),
                measured_gain_pct_hi=float(srow["fix_throughput_gain_pct_hi"]),
                reps=int(srow["reps"]), warmup_dropped=int(srow["warmup_dropped"]), stable=bool(srow["stable"]),
                ci_method=str(srow["ci_method"]), **key, seconds=round(time.monotonic() - t, 1))
+    if not out["stable"]:
+        return out
     log(f"measured: the fix gains {out['measured_gain_pct']:+.1f} % [{out['measured_gain_pct_lo']:+.1f}, "
         f"{out['measured_gain_pct_hi']:+.1f}] input throughput (paired bootstrap 95 %, {out['reps']} repetitions)"
         + (f"; predicted {pred:+.1f} %, error {pred - out['measured_gain_pct']:+.1f} pp" if rel else ""))
@@ -164,7 +174,7 @@ def main(argv=None) -> int:
         pd.DataFrame(rows).to_csv(tmp, index=False)
         tmp.replace(a.out)  # whole or not at all
         print(f"wrote {a.out}")
-    return 0
+    return 0 if all(r["stable"] for r in rows) else 3
 
 
 if __name__ == "__main__":
