@@ -109,7 +109,8 @@ def probe(lab, plan, names, *, reps: int = 10, host_us_per_layer: float = 0.0, r
     pred = rel.predict(lead["sync_forward_ms"], n_syncs) if rel is not None else math.nan
     log(f"lead: the later syncs block the host {lead['lead_us']:.0f} us (median); a sync forward takes "
         f"{lead['sync_forward_ms']:.1f} ms with {n_syncs:.0f} syncs"
-        + (f" -> predicted gain {pred:+.1f} %  [{rel.describe()}]" if rel else ": no prediction (no recorded relation)"))
+        + (f" -> predicted gain {pred:+.1f} %  [{rel.describe()}]" if rel
+           else ": no prediction (no recorded relation)"))
     key = dict(preset=lab.shape.name, layers=lab.shape.num_layers, tp=1, requests=plan.requests,
                input_len=plan.input_len, chunk=plan.chunk, guard_sites=GUARD_SITES)
     for block in range(1, BLOCKS + 1):  # a block whose timings never settle has no figure: measure another
