@@ -52,9 +52,11 @@ def test_every_committed_table_validates():
     """Every tile table, every plan (through its follows), gpus.json, rules.json, and each recorded GPU has its
     properties."""
     files = tiles.table_files()
-    assert {f.name for f in files} >= {"NVIDIA_H200_E128_H2048_I768.json", "NVIDIA_H200_E128_H2048_I192.json"}
-    for f in files:
-        assert "record_kernels_base.py" in tiles.read(f)["source"]
+    assert {f.name for f in files} >= {f"{g}_E128_H2048_I{i}.json" for g in ("NVIDIA_H200", "NVIDIA_H100_80GB_HBM3")
+                                       for i in (768, 192)}
+    for f in files:  # the kernels study's recorder wrote the H200's, the tuner the others
+        src = tiles.read(f)["source"]
+        assert "record_kernels_base.py" in src or src.startswith("tuner (lora_moe_lab.instruments.recorders.tune)")
     for f in plan_table.TABLE_DIR.glob("lora_plan_*.json"):
         t, chain = plan_table._resolve(f)
         assert chain[-1] in plan_table.plan_gpus() and t.ops
@@ -170,58 +172,66 @@ def test_base_gemm_follows_are_checked(tables):
     def base(entries):
         return lambda r: r.update(base_gemm={k: {"follows": v, "why": "t"} for k, v in entries.items()})
 
-    _edit(tables, "gpus.json", base({H100: "NVIDIA B200"}))
+    g = HOPPER.name  # a GPU without tables of its own
+    _edit(tables, "gpus.json", base({g: "NVIDIA B200"}))
     with pytest.raises(TableError, match="follows 'NVIDIA B200', which has no tile table") as e:
-        tiles.source(H100)
-    assert e.value.entry == f"base_gemm {H100!r}"
+        tiles.source(g)
+    assert e.value.entry == f"base_gemm {g!r}"
     _clear()
-    _edit(tables, "gpus.json", base({H100: "G1", "G1": H100}))
-    with pytest.raises(TableError, match=f"a cycle of follows: {H100} -> G1 -> {H100}"):
-        tiles.source(H100)
+    _edit(tables, "gpus.json", base({g: "G1", "G1": g}))
+    with pytest.raises(TableError, match=f"a cycle of follows: {g} -> G1 -> {g}"):
+        tiles.source(g)
     _clear()
     _edit(tables, "gpus.json", lambda r: r["gpus"]["NVIDIA H200"].update(sms="many"))
     with pytest.raises(TableError, match="gpus 'NVIDIA H200'"):
-        tiles.source(H100)
+        tiles.source(g)
 
 
 def test_a_gpu_without_tables_follows_the_closest_and_says_so_once(tables, monkeypatch):
     """By architecture first (the base GEMM only within it), then minor, family, SMs and memory."""
     assert gpus.closest(HOPPER, {"NVIDIA H200"}, same_arch=True)[0] == "NVIDIA H200"
+    assert gpus.closest(HOPPER, {"NVIDIA H200", H100}, same_arch=True)[0] == H100  # 80 GiB, as the PCIe card
     assert gpus.closest(AMPERE, {"NVIDIA H200"}, same_arch=True)[0] is None
     assert gpus.closest(AMPERE, {"NVIDIA H200"}, same_arch=False)[0] == "NVIDIA H200"
     assert configs.base_gemm_source("NVIDIA H200") == ("NVIDIA H200", "its own tile tables")
     with pytest.warns(gpus.TableFollowed, match="NVIDIA H100 PCIe has no tile table of its own: it takes the tile "
-                                                "table of NVIDIA H200 \\(closest recorded GPU: same architecture"):
-        assert configs.base_gemm_source(HOPPER.name, HOPPER)[0] == "NVIDIA H200"
+                                                f"table of {H100} \\(closest recorded GPU: same architecture"):
+        assert configs.base_gemm_source(HOPPER.name, HOPPER)[0] == H100
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once per process
         configs.base_gemm_source(HOPPER.name, HOPPER)
     with pytest.warns(gpus.TableFollowed, match="takes the rule tiles \\(no recorded GPU has its architecture"):
         assert configs.base_gemm_source(AMPERE.name, AMPERE)[0] == gpus.RULE
     with pytest.warns(gpus.TableFollowed, match=f"{AMPERE.name} has no LoRA plan of its own: it takes the LoRA "
-                                                "plan of NVIDIA H200"):
-        assert plan_table.load(AMPERE.name, AMPERE).ops == plan_table.load("NVIDIA H200").ops
+                                                f"plan of {H100}"):  # another architecture: the closest by memory
+        assert plan_table.load(AMPERE.name, AMPERE).ops == plan_table.load(H100).ops
     with pytest.warns(gpus.TableFollowed, match="Some GPU has no LoRA plan .* the default plan"):
         assert plan_table.load("Some GPU").ops == plan_table.load("NVIDIA H200").ops
     assert configs.base_gemm_source(None)[0] == gpus.RULE
 
 
-def test_the_h100s_base_gemm_switches_by_its_entry(tables, monkeypatch):
-    """The H100's base GEMM takes the rule tiles by its gpus.json entry (as it always has); set to the H200, it
-    takes the H200's tile tables. Its LoRA plan is the H200's (the closest recorded GPU) either way."""
+def test_the_h100_reads_its_own_tables_and_an_entry_speaks_only_for_a_gpu_without_them(tables, monkeypatch):
+    """The H100 has the tuner's tables: its base GEMM, its LoRA rules and its plan are its own, and a gpus.json
+    base_gemm entry cannot move it (an entry speaks for a GPU without tables: with its tables gone, it follows the
+    entry to the rule tiles)."""
     monkeypatch.setattr(configs.runtime, "interpreter", lambda: False)
     monkeypatch.setattr(tiles, "gpu_name", lambda: H100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its own: nothing to say
+        assert configs.base_gemm_source(H100) == (H100, "its own tile tables")
+        bm = configs.moe_block_m(8192, 8, 128, 2048, 768)
+        own = tiles.lookup(128, 2048, 768, 8192, gpu=H100)["gate_up"]
+        assert tiles.gemm_tile(128, 1536, 2048, 8192, bm) == own
+        assert plan_table.load(H100).gpu == H100
+    _edit(tables, "gpus.json", lambda r: r["base_gemm"].update({H100: {"follows": "rule", "why": "t"}}))
+    _clear()
+    assert configs.base_gemm_source(H100)[0] == H100
+    for f in tables.glob(H100.replace(" ", "_") + "_E*.json"):
+        f.unlink()
+    _clear()
     with pytest.warns(gpus.TableFollowed, match="takes the rule tiles \\(gpus.json base_gemm entry"):
         assert configs.base_gemm_source(H100)[0] == gpus.RULE
         assert configs.gemm_config(8192, 128, 1536, 2048, 128) == configs.rule_gemm_config(128)
-    _edit(tables, "gpus.json", lambda r: r["base_gemm"][H100].update(follows="NVIDIA H200"))
-    _clear()
-    with pytest.warns(gpus.TableFollowed, match="it takes the tile table of NVIDIA H200"):
-        src = configs.base_gemm_source(H100)
-        bm = configs.moe_block_m(8192, 8, 128, 2048, 768)
-    assert src[0] == "NVIDIA H200"
-    assert tiles.gemm_tile(128, 1536, 2048, 8192, bm) == tiles.lookup(128, 2048, 768, 8192, gpu="NVIDIA H200")[
-        "gate_up"]
 
 
 def test_the_lora_tiles_follow_the_rules_read_again(tables, monkeypatch):
