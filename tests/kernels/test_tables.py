@@ -5,8 +5,10 @@ entry; a GPU without tables takes the closest recorded GPU's (fake properties, o
 import dataclasses
 import inspect
 import json
+import re
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +68,14 @@ def test_every_committed_table_validates():
     assert tiles.recorded_gpus() | plan_table.plan_gpus() <= set(reg["gpus"])
     for gpu in reg["base_gemm"]:
         assert gpus.base_gemm_follows(gpu, tiles.recorded_gpus())[0] in tiles.recorded_gpus() | {gpus.RULE}
+
+
+def test_no_committed_table_names_a_machines_path():
+    """A table names files by their names (a tuner on another machine once wrote its checkout's absolute path)."""
+    root = str(Path(plan_table.TABLE_DIR).resolve().parents[2])
+    for f in plan_table.TABLE_DIR.glob("*.json"):
+        text = f.read_text()
+        assert root not in text and not re.search(r'"(/|[^"]*\(/)(work|root|tmp|home|opt)/', text), f.name
 
 
 def test_the_bounds_name_the_codes_options():

@@ -96,6 +96,15 @@ def test_a_candidate_planted_wrong_is_rejected_by_the_float64_check(tmp_path, mo
     assert len(bad) == 2 and all(not r["ok"] and "against float64" in r["error"] for r in bad)
 
 
+def test_the_why_counts_the_candidates_of_the_block_m_it_chose(tmp_path):
+    """Two BLOCK_Ms of two tiles each, all matching float64: the pick's why says 2 candidates and 0 failed (the
+    other BLOCK_M's tiles are not its failures)."""
+    assert run(tmp_path, what=("gemm",), gemm_grid={16: GRID[16], 32: GRID[16]})
+    t = tiles.read(tmp_path / "tables" / tiles.file_name(tune.CPU_NAME, 2, 32, 16))
+    assert "least gate_up + down of 2" in t["buckets"]["1"]["why"]["down"]
+    assert "2 candidates, 0 failed" in t["buckets"]["1"]["why"]["down"]
+
+
 def test_a_run_stopped_by_its_budget_resumes_and_refuses_other_settings(tmp_path):
     ticks = iter(range(10 ** 6))
     calls = []

@@ -301,17 +301,18 @@ class Tuner:
                 keys = [tt.gemm_key(c) for c in self.gemm_c[M] if c["block_m"] == bm]
                 r = {op: self._ranked("gemm", op, M, keys) for op in plan_table.OPS}
                 if all(r.values()):
-                    by_bm[bm] = r
+                    by_bm[bm] = r, len(keys)
             if not by_bm:
                 raise tt.TuneError(f"{self.shape.name} M={M}: no BLOCK_M with a gate_up and a down candidate that "
                                    f"matched float64 (the errors: {self.state.path})")
-            bm = min(by_bm, key=lambda b: sum(v[0][0] for v in by_bm[b].values()))
+            bm = min(by_bm, key=lambda b: sum(v[0][0] for v in by_bm[b][0].values()))
             cands = {tt.gemm_key(c): c for c in self.gemm_c[M]}
             e = {"block_m": bm, "why": {}}
-            for op, ranked in by_bm[bm].items():
+            ranked_at, n = by_bm[bm]  # the why counts the candidates of the chosen BLOCK_M, as `ranked` does
+            for op, ranked in ranked_at.items():
                 e[op] = dict(cands[ranked[0][1]]["tile"])
                 e[f"{op}_us"] = round(ranked[0][0], 2)
-                e["why"][op] = self._why(ranked, len(self.gemm_c[M]), f"BLOCK_M {bm} (least gate_up + down),")
+                e["why"][op] = self._why(ranked, n, f"BLOCK_M {bm} (least gate_up + down of {len(by_bm)}),")
             out[M] = e
         return out
 
@@ -357,7 +358,8 @@ class Tuner:
         if "plan" in self.what:
             old = tt.tuner_plan(self.plan_path)
             decode = {"max_pairs": self.base.decode_max_pairs, "decided_by": [],
-                      "why": f"not tuned: the bound of the plan this GPU read ({self.base.source or self.base.gpu})"}
+                      "why": f"not tuned: the bound of the plan this GPU read "
+                                 f"({(self.base.source or self.base.gpu).replace(f'{plan_table.TABLE_DIR}/', '')})"}
             raw = tt.plan_file(self.gpu, (E, H, I), self.plan_picks(), decode, old)
             tt.check_writable(self.plan_path, self.overwrite)
             tt.write_json(self.plan_path, raw)
