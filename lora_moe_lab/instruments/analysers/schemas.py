@@ -286,6 +286,15 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
                                    measured_gain_pct=_num(), error_pp=_num(), within_goal=_bool(nullable=True)),
           unique=["session", "host", "relation", "left_out"],
           what="the probe's leave-one-out checks (studies/probe/read.py): by session, by GPU model"),
+    # an eager launch's host time, part by part (studies/launch_cost/record.py); host_us is empty only where the
+    # direct launcher call failed and `error` says why (studies/launch_cost/read.py holds each row to that)
+    _kind("launch_cost", dict(path=_str(), step=_str(), M=_int(NONNEG),
+                              part=_str(pa.Check.isin(["full", "no_triton", "no_checks", "binder", "launcher"])),
+                              host_us=_num(POS, _at_most(1e6, "µs", "a second per call: a time in ns written as µs?")),
+                              launches=_int(pa.Check.ge(1), nullable=True, required=False),
+                              error=_str(nullable=True, required=False)),
+          unique=["path", "step", "M", "part"], what="where an eager LoRA launch's host time goes, one GPU per file "
+                                                      "(studies/launch_cost/record.py)"),
     _kind("tp_prediction", dict(task=_str(), metric=_str(), sessions=_int(POS), estimate=_num(), lo=_num(), hi=_num()),
           unique=["task", "metric"], what="the TP=4 prediction from the emulated sessions (studies/tp_emulation)"),
     _kind("tp_validation", dict(point=_str(), guard_sites=_str(), guard=_str(), emulated=_num(POS),
