@@ -7,9 +7,21 @@ import argparse
 import cProfile
 import io
 import pstats
+import re
+from pathlib import Path
 
 from lora_moe_lab.model.lab import build_lab
 from studies.launch_cost import record
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def short_paths(text: str) -> str:
+    """The profile's file names without the machine's folders: the checkout's relative to it, an installed
+    package's from its site-packages (the same file on every machine reads the same)."""
+    text = text.replace(f"{ROOT}/", "")
+    return re.sub(r"/\S*/site-packages/", "site-packages/", text)
 
 
 def main(argv=None) -> int:
@@ -33,7 +45,7 @@ def main(argv=None) -> int:
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(a.top)
         lines = [ln for ln in s.getvalue().splitlines() if ln.strip()][2:]
         print(f"=== {path} / {step}: {a.calls} calls")
-        print("\n".join(lines[: a.top + 3]))
+        print(short_paths("\n".join(lines[: a.top + 3])))
     return 0
 
 
