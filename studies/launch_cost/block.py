@@ -26,8 +26,9 @@ def gpu_table(gpu: str, path, df) -> str:
     for p, step in dict.fromkeys((p, st) for p, st, _ in t.index):
         at = {M: t.loc[(p, step, M)] for M in set(Ms + [0]) if (p, step, M) in t.index}
         last = at.get(top, at.get(0))
-        cells = [_cell(at[M]["full"], False) if M in at else "" for M in Ms] if p != "empty" else [
-            _cell(at[0]["full"], False)] + [""] * (len(Ms) - 1)
+        cells = [_cell(at[M]["full"], False) if M in at else "" for M in Ms]
+        if 0 in at:  # an empty kernel (no tokens): its one full launch in the first column
+            cells[0] = _cell(at[0]["full"], False)
         failed = any((p, step, M) in bad for M in at)  # a direct call that failed at any M is never hidden
         cells += [_cell(last["binder"], False), _cell(last["launcher"], failed)]
         lines.append(f"| {p} | {step} | " + " | ".join(cells) + " |")
